@@ -49,10 +49,16 @@ struct GgufValue {
   std::string s;        // STRING
   std::vector<GgufValue> arr;  // ARRAY
 
+  static GgufValue u8(uint8_t v);
+  static GgufValue i8(int8_t v);
+  static GgufValue u16(uint16_t v);
+  static GgufValue i16(int16_t v);
   static GgufValue u32(uint32_t v);
   static GgufValue i32(int32_t v);
   static GgufValue u64(uint64_t v);
+  static GgufValue i64(int64_t v);
   static GgufValue f32(float v);
+  static GgufValue f64(double v);
   static GgufValue boolean(bool v);
   static GgufValue str(std::string v);
   static GgufValue arr_str(const std::vector<std::string>& v);
