@@ -52,12 +52,12 @@ std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
 
 // A file from a literal JSON header and `data_size` bytes of buffer (pattern filled).
 std::vector<uint8_t> st_bytes(const std::string& json, size_t data_size) {
-  std::vector<uint8_t> out(8);
   const uint64_t n = json.size();
-  std::memcpy(out.data(), &n, 8);
-  out.insert(out.end(), json.begin(), json.end());
   const auto d = pattern(data_size, 1);
-  out.insert(out.end(), d.begin(), d.end());
+  std::vector<uint8_t> out(8 + n + data_size);  // [u64 n][n bytes JSON][data_size bytes]
+  std::memcpy(out.data(), &n, 8);
+  std::memcpy(out.data() + 8, json.data(), n);
+  if (data_size) std::memcpy(out.data() + 8 + n, d.data(), data_size);
   return out;
 }
 
@@ -195,7 +195,7 @@ TEST(SafetensorsBroken, TruncatedLengthAndHeader) {
   EXPECT_THAT(st_error(std::vector<uint8_t>{1, 2, 3}), HasSubstr("truncated: 3 bytes"));
   auto b = st_bytes(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", 1);
   b.resize(20);
-  EXPECT_THAT(st_error(b), HasSubstr("truncated: header length 54 but only 12 bytes follow"));
+  EXPECT_THAT(st_error(b), HasSubstr("truncated: header length 53 but only 12 bytes follow"));
 }
 
 TEST(SafetensorsBroken, AbsurdHeaderLength) {
