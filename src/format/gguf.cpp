@@ -4,6 +4,7 @@
 #include "format/gguf.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -208,7 +209,11 @@ void write_value(Sink& s, const std::string& key, const GgufValue& v, int depth)
     case GgufType::INT16: check_range(key, v, 0, INT16_MIN, INT16_MAX); s.put<int16_t>(int16_t(v.i)); break;
     case GgufType::INT32: check_range(key, v, 0, INT32_MIN, INT32_MAX); s.put<int32_t>(int32_t(v.i)); break;
     case GgufType::INT64: s.put<int64_t>(v.i); break;
-    case GgufType::FLOAT32: s.put<float>(float(v.f)); break;
+    case GgufType::FLOAT32:
+      if (std::isfinite(v.f) && std::fabs(v.f) > double(std::numeric_limits<float>::max()))
+        fail("GGUF writer: key '{}': value {} does not fit FLOAT32", key, v.f);
+      s.put<float>(float(v.f));
+      break;
     case GgufType::FLOAT64: s.put<double>(v.f); break;
     case GgufType::BOOL: s.put<uint8_t>(v.b ? 1 : 0); break;
     case GgufType::STRING: s.put_string(v.s); break;
@@ -555,6 +560,9 @@ int64_t GgufFile::get_i64(const std::string& key) const {
 float GgufFile::get_f32(const std::string& key) const {
   const GgufValue& v = require(*this, key);
   if (!is_float(v.type)) wrong_type(*this, key, v, "FLOAT32 or FLOAT64");
+  // A finite FLOAT64 beyond the float range would be undefined behaviour to convert, and wrong anyway.
+  if (std::isfinite(v.f) && std::fabs(v.f) > double(std::numeric_limits<float>::max()))
+    fail("{}: key '{}' value {} does not fit f32", path_, key, v.f);
   return float(v.f);
 }
 bool GgufFile::get_bool(const std::string& key) const {
