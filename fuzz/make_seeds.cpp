@@ -86,7 +86,7 @@ void safetensors_seeds(const std::string& dir) {
       w.add(std::string("t_") + st_dtype_name(d), d, {2}, bytes(2 * st_dtype_size(d), uint8_t(k++)));
     }
     w.add("scalar", StDtype::F32, {}, bytes(4, 9));
-    w.add("empty", StDtype::F16, {0, 3}, {});
+    w.add("empty", StDtype::F16, {0, 3}, std::vector<uint8_t>{});
     w.write(dir + "/dtypes.safetensors");
   }
 }

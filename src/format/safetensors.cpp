@@ -141,7 +141,10 @@ void SafetensorsFile::parse(const uint8_t* data, uint64_t size) {
   }
   if (!header.is_object()) fail("{}: header JSON is {}, expected an object", name, json_kind(header));
 
-  for (const auto& [key, val] : header.items()) {
+  for (auto entry = header.begin(); entry != header.end(); ++entry) {
+    // Named references, not a structured binding: lambdas below capture them (clang 14 refuses bindings).
+    const std::string& key = entry.key();
+    const nlohmann::json& val = entry.value();
     if (key == "__metadata__") {
       if (!val.is_object()) fail("{}: '__metadata__' is {}, expected an object of strings", name, json_kind(val));
       for (const auto& [mk, mv] : val.items()) {
