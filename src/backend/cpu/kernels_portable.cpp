@@ -1,0 +1,147 @@
+// Portable C++ variants of the CPU inner kernels (see kernels.h). Written with fixed-width partial-sum
+// arrays so that the compiler vectorises them for plain SSE2; no intrinsics.
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+#include "backend/cpu/kernels.h"
+#include "util/half.h"
+
+namespace bonsai::cpu {
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "canonical words are read as bytes: byte b of a group holds elements 4b..4b+3");
+
+// kCodeLut[byte][i] = (code_i - 1) for the 4 two-bit codes of a byte (element 4b+i at bits 2i).
+// Decoding a byte is then one 16-byte load; 4 KiB, resident in L1.
+struct CodeLut {
+  alignas(64) float v[256][4];
+  constexpr CodeLut() : v{} {
+    for (int b = 0; b < 256; ++b)
+      for (int i = 0; i < 4; ++i) v[b][i] = float(((b >> (2 * i)) & 3) - 1);
+  }
+};
+constexpr CodeLut kCodeLut{};
+
+float dot_portable(const float* a, const float* b, int64_t n) {
+  float acc[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
+  float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void fwht_block_portable(float* x, int64_t n, const int8_t* pre_signs, const int8_t* post_signs, float scale) {
+  if (pre_signs)
+    for (int64_t i = 0; i < n; ++i) x[i] *= float(pre_signs[i]);
+  int64_t h = 1;
+  // Stages h and 2h at once (radix 4): pairs (j, j+h), (j+2h, j+3h) then (j, j+2h), (j+h, j+3h).
+  // Half the loads and stores of radix 2; the inner j loop vectorises for h >= 4.
+  for (; 4 * h <= n; h *= 4)
+    for (int64_t i = 0; i < n; i += 4 * h) {
+      float* p = x + i;
+      for (int64_t j = 0; j < h; ++j) {
+        const float a = p[j], b = p[j + h], c = p[j + 2 * h], d = p[j + 3 * h];
+        const float ab = a + b, amb = a - b, cd = c + d, cmd = c - d;
+        p[j] = ab + cd;
+        p[j + h] = amb + cmd;
+        p[j + 2 * h] = ab - cd;
+        p[j + 3 * h] = amb - cmd;
+      }
+    }
+  if (h < n)  // one radix-2 stage left when log2(n) is odd
+    for (int64_t j = 0; j < h; ++j) {
+      const float a = x[j], b = x[j + h];
+      x[j] = a + b;
+      x[j + h] = a - b;
+    }
+  if (post_signs)
+    for (int64_t i = 0; i < n; ++i) x[i] *= float(post_signs[i]) * scale;
+  else
+    for (int64_t i = 0; i < n; ++i) x[i] *= scale;
+}
+
+// One 128-group of one row against one x group: sum (code - 1) * x, 16 partial sums.
+inline float group_dot(const uint8_t* b, const float* xg) {
+  float acc[16] = {};
+  for (int i = 0; i < 32; i += 4)
+    for (int k = 0; k < 4; ++k) {
+      const float* l = kCodeLut.v[b[i + k]];
+      const float* xx = xg + 4 * (i + k);
+      for (int c = 0; c < 4; ++c) acc[4 * k + c] += l[c] * xx[c];
+    }
+  float s[4];
+  for (int c = 0; c < 4; ++c) s[c] = (acc[c] + acc[4 + c]) + (acc[8 + c] + acc[12 + c]);
+  return (s[0] + s[2]) + (s[1] + s[3]);
+}
+
+void ternary_rows_x1_portable(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
+                              const float* x, float* y) {
+  const int64_t G = K / 128;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* wb = reinterpret_cast<const uint8_t*>(words + n * (K / 16));
+    const uint16_t* sr = scales + n * G;
+    float total = 0.0f;
+    for (int64_t g = 0; g < G; ++g) total += group_dot(wb + 32 * g, x + 128 * g) * fp16_to_f32(sr[g]);
+    y[n - n0] = total;
+  }
+}
+
+// R weight rows (decoded to fp32, [R][128]) against one x group.
+template <int R>
+inline void tile_dot(const float (*w)[128], const float* xg, float* out) {
+  float acc[R][8] = {};
+  for (int j = 0; j < 128; j += 8)
+    for (int r = 0; r < R; ++r)
+      for (int l = 0; l < 8; ++l) acc[r][l] += w[r][j + l] * xg[j + l];
+  for (int r = 0; r < R; ++r)
+    out[r] = ((acc[r][0] + acc[r][4]) + (acc[r][1] + acc[r][5])) + ((acc[r][2] + acc[r][6]) + (acc[r][3] + acc[r][7]));
+}
+
+template <int R>
+void rows_tile_xm(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t nb, const float* x, int64_t M,
+                  float* y, int64_t ldy) {
+  // Decode R rows of one group once, reuse them for up to kMT activation rows; the x tile of one group
+  // (kMT x 512 B) stays in L1 across the R rows.
+  constexpr int kMT = 32;
+  const int64_t G = K / 128;
+  alignas(64) float wt[R][128];
+  float d[R];
+  for (int64_t m0 = 0; m0 < M; m0 += kMT) {
+    const int64_t mc = std::min<int64_t>(kMT, M - m0);
+    float acc[kMT][R] = {};
+    for (int64_t g = 0; g < G; ++g) {
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* b = reinterpret_cast<const uint8_t*>(words + (nb + r) * (K / 16)) + 32 * g;
+        for (int i = 0; i < 32; ++i) std::memcpy(&wt[r][4 * i], kCodeLut.v[b[i]], 16);
+        d[r] = fp16_to_f32(scales[(nb + r) * G + g]);
+      }
+      for (int64_t m = 0; m < mc; ++m) {
+        float s[R];
+        tile_dot<R>(wt, x + (m0 + m) * K + 128 * g, s);
+        for (int r = 0; r < R; ++r) acc[m][r] += s[r] * d[r];
+      }
+    }
+    for (int64_t m = 0; m < mc; ++m)
+      for (int r = 0; r < R; ++r) y[(m0 + m) * ldy + r] = acc[m][r];
+  }
+}
+
+void ternary_rows_xm_portable(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
+                              const float* x, int64_t M, float* y, int64_t ldy) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) rows_tile_xm<4>(words, scales, K, n, x, M, y + (n - n0), ldy);
+  for (; n < n1; ++n) rows_tile_xm<1>(words, scales, K, n, x, M, y + (n - n0), ldy);
+}
+
+constexpr Kernels kPortable{"portable", fwht_block_portable, ternary_rows_x1_portable, ternary_rows_xm_portable,
+                            dot_portable};
+
+}  // namespace
+
+const Kernels& portable_kernels() { return kPortable; }
+
+}  // namespace bonsai::cpu

@@ -1,0 +1,97 @@
+// CPU ternary linear layers (and the small dense bf16 one), threaded over output rows.
+//
+// ternary_matmul_multi runs all its weight sets in ONE parallel_for over the concatenated row space,
+// so q+k+v (or gate+up) cost one dispatch and balance across threads as one matrix would.
+#include <algorithm>
+
+#include "backend/cpu/kernels.h"
+#include "backend/cpu/ops.h"
+#include "backend/cpu/thread_pool.h"
+#include "util/error.h"
+#include "util/half.h"
+
+namespace bonsai::cpu {
+namespace {
+
+void check_k(int64_t K) {
+  if (K <= 0 || K % 128 != 0) fail("ternary_matmul: K = {} is not a positive multiple of 128", K);
+}
+
+// Rows per chunk: ~64K multiply-adds of work, a multiple of 4 (the GEMM row tile).
+int64_t row_grain(int64_t K, int64_t M) {
+  const int64_t g = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, K * M));
+  return (g + 3) / 4 * 4;
+}
+
+// Rows [lo, hi) of one weight set.
+void rows(const TernaryOut& o, int64_t K, const float* x, int64_t M, int64_t lo, int64_t hi) {
+  const Kernels& kr = kernels();
+  if (M == 1)
+    kr.ternary_rows_x1(o.words, o.scales, K, lo, hi, x, o.y + lo);
+  else
+    kr.ternary_rows_xm(o.words, o.scales, K, lo, hi, x, M, o.y + lo, o.N);
+}
+
+}  // namespace
+
+void ternary_matmul(const uint32_t* words, const uint16_t* scales, int64_t N, int64_t K, const float* x,
+                    int64_t M, float* y) {
+  check_k(K);
+  const TernaryOut o{words, scales, N, y};
+  parallel_for(0, N, row_grain(K, M), [&](int64_t lo, int64_t hi) { rows(o, K, x, M, lo, hi); });
+}
+
+void ternary_matmul_multi(const TernaryOut* outs, int n_outs, int64_t K, const float* x, int64_t M) {
+  check_k(K);
+  int64_t total = 0;
+  for (int i = 0; i < n_outs; ++i) total += outs[i].N;
+  parallel_for(0, total, row_grain(K, M), [&](int64_t lo, int64_t hi) {
+    // Map the flat range onto the weight sets it covers.
+    int64_t base = 0;
+    for (int i = 0; i < n_outs && lo < hi; ++i) {
+      const int64_t end = base + outs[i].N;
+      if (lo < end) {
+        const int64_t a = lo - base, b = std::min(hi, end) - base;
+        rows(outs[i], K, x, M, a, b);
+        lo = base + b;
+      }
+      base = end;
+    }
+  });
+}
+
+void ternary_dequant_row(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t row, float* out) {
+  check_k(K);
+  const uint32_t* w = words + row * (K / 16);
+  const uint16_t* s = scales + row * (K / 128);
+  for (int64_t g = 0; g < K / 128; ++g) {
+    const float d = fp16_to_f32(s[g]);
+    for (int64_t e = 0; e < 128; ++e) {
+      const int64_t i = g * 128 + e;
+      out[i] = float(int((w[i >> 4] >> (2 * (i & 15))) & 3u) - 1) * d;
+    }
+  }
+}
+
+void dense_matmul_bf16(const uint16_t* w, int64_t N, int64_t K, const float* x, int64_t M, float* y) {
+  const auto dot = kernels().dot;
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, K * M));
+  parallel_for(0, N, grain, [&](int64_t lo, int64_t hi) {
+    constexpr int64_t kPiece = 512;  // bf16 -> fp32 a piece of a row at a time, reused for every m
+    alignas(64) float wf[kPiece];
+    float acc[64];
+    for (int64_t n = lo; n < hi; ++n)
+      for (int64_t m0 = 0; m0 < M; m0 += 64) {
+        const int64_t mc = std::min<int64_t>(64, M - m0);
+        std::fill(acc, acc + mc, 0.0f);
+        for (int64_t e0 = 0; e0 < K; e0 += kPiece) {
+          const int64_t len = std::min(kPiece, K - e0);
+          for (int64_t e = 0; e < len; ++e) wf[e] = bf16_to_f32(w[n * K + e0 + e]);
+          for (int64_t m = 0; m < mc; ++m) acc[m] += dot(wf, x + (m0 + m) * K + e0, len);
+        }
+        for (int64_t m = 0; m < mc; ++m) y[(m0 + m) * N + n] = acc[m];
+      }
+  });
+}
+
+}  // namespace bonsai::cpu
