@@ -26,6 +26,14 @@ constexpr uint32_t kDefaultAlignment = 32;
 // recursion so a file of nested array headers cannot exhaust the stack.
 constexpr int kMaxArrayDepth = 8;
 constexpr uint32_t kMaxDims = 4;
+// Caps that keep a hostile but internally consistent header (a multi-GB file of tiny entries) from
+// exhausting memory: each GgufValue costs ~100 bytes however small its encoding. The real 27B pack has
+// 851 tensors and ~750k metadata values (tokens, token types, merges).
+constexpr uint64_t kMaxTensors = uint64_t(1) << 20;
+constexpr uint64_t kMaxMetadataValues = uint64_t(1) << 24;
+// Never reserve more than this up front from a count read from the file; vectors grow past it as real
+// entries arrive.
+constexpr uint64_t kMaxReserve = uint64_t(1) << 16;
 // ggml stores ne as int64: anything at or above 2^63 elements / bytes is not a real tensor.
 constexpr uint64_t kMaxI64 = uint64_t(std::numeric_limits<int64_t>::max());
 
@@ -128,8 +136,11 @@ class Cursor {
 };
 
 // Reads one value of type `t` (already read) for key `key`; arrays recurse up to kMaxArrayDepth.
-GgufValue read_value(Cursor& c, GgufType t, const std::string& key, int depth) {
+// `budget` counts the values the file may still create (kMaxMetadataValues in all).
+GgufValue read_value(Cursor& c, GgufType t, const std::string& key, int depth, uint64_t& budget) {
   auto what = [&] { return fmt::format("value of key '{}'", key); };
+  if (budget == 0) fail("{}: key '{}': metadata holds more than {} values", c.name(), key, kMaxMetadataValues);
+  --budget;
   GgufValue v;
   v.type = t;
   switch (t) {
@@ -163,8 +174,11 @@ GgufValue read_value(Cursor& c, GgufType t, const std::string& key, int depth) {
       if (count > c.left() / min_size)
         fail("{}: key '{}': array of {} {} elements needs at least {} bytes each, but only {} bytes are left",
              c.name(), key, count, gguf_type_name(v.elem_type), min_size, c.left());
-      v.arr.reserve(size_t(count));
-      for (uint64_t k = 0; k < count; ++k) v.arr.push_back(read_value(c, v.elem_type, key, depth + 1));
+      if (count > budget)
+        fail("{}: key '{}': array of {} elements would take the metadata past {} values", c.name(), key, count,
+             kMaxMetadataValues);
+      v.arr.reserve(size_t(std::min(count, kMaxReserve)));
+      for (uint64_t k = 0; k < count; ++k) v.arr.push_back(read_value(c, v.elem_type, key, depth + 1, budget));
       break;
     }
   }
@@ -431,13 +445,20 @@ void GgufFile::parse() {
     fail("{}: header claims {} tensors, but the {} bytes left can hold at most {}", name, n_tensors, c.left(),
          c.left() / kMinTensor);
 
-  key_order_.reserve(size_t(n_kv));
+  if (n_tensors > kMaxTensors)
+    fail("{}: header claims {} tensors, more than the {} this reader accepts", name, n_tensors, kMaxTensors);
+  if (n_kv > kMaxMetadataValues)
+    fail("{}: header claims {} metadata entries, more than the {} this reader accepts", name, n_kv,
+         kMaxMetadataValues);
+
+  uint64_t budget = kMaxMetadataValues;
+  key_order_.reserve(size_t(std::min(n_kv, kMaxReserve)));
   for (uint64_t k = 0; k < n_kv; ++k) {
     std::string key = c.get_string([&] { return fmt::format("key of metadata entry #{}", k); });
     if (key.empty()) fail("{}: metadata entry #{} has an empty key", name, k);
     const uint32_t t = c.get<uint32_t>([&] { return fmt::format("value type of key '{}'", key); });
     if (!gguf_type_valid(t)) fail("{}: key '{}' has unknown value type id {} (valid ids are 0..12)", name, key, t);
-    GgufValue v = read_value(c, GgufType(t), key, 0);
+    GgufValue v = read_value(c, GgufType(t), key, 0, budget);
     auto [it, inserted] = kv_.emplace(key, std::move(v));
     if (!inserted) fail("{}: duplicate metadata key '{}'", name, key);
     key_order_.push_back(std::move(key));
@@ -450,7 +471,7 @@ void GgufFile::parse() {
     alignment_ = uint32_t(a->u);
   }
 
-  tensors_.reserve(size_t(n_tensors));
+  tensors_.reserve(size_t(std::min(n_tensors, kMaxReserve)));
   for (uint64_t k = 0; k < n_tensors; ++k) {
     GgufTensorInfo ti;
     ti.name = c.get_string([&] { return fmt::format("name of tensor #{}", k); });

@@ -445,6 +445,17 @@ TEST(GgufBroken, AbsurdCounts) {
   EXPECT_THAT(gguf_error(k.b), HasSubstr("header claims 1152921504606846976 metadata entries"));
 }
 
+TEST(GgufBroken, CountsThatFitTheFileButNotMemoryLimits) {
+  // Internally consistent headers whose entries are too many to hold: refused before they are built.
+  Bytes t;
+  t.header((1ull << 20) + 1, 0).zeros(33 * ((1ull << 20) + 1));
+  EXPECT_THAT(gguf_error(t.b), HasSubstr("header claims 1048577 tensors, more than the 1048576 this reader accepts"));
+  Bytes a;
+  const uint64_t n = (1ull << 24) + 1;
+  a.header(0, 1).str("big").u32(uint32_t(GgufType::ARRAY)).u32(uint32_t(GgufType::UINT8)).u64(n).zeros(n);
+  EXPECT_THAT(gguf_error(a.b), HasSubstr("key 'big': array of 16777217 elements would take the metadata past 16777216 values"));
+}
+
 TEST(GgufBroken, AbsurdStringLength) {
   Bytes g;
   g.header(0, 1).u64(1ull << 60).zeros(32);
