@@ -23,7 +23,7 @@ namespace bonsai {
 
 Vocabulary train_tiny_bpe(const std::string& corpus, int n_merges, const std::vector<std::string>& specials);
 
-// The built-in training text (English prose, code, chat transcripts, several scripts), ~30 KB.
+// The built-in training text (English prose, code, chat transcripts, several scripts), ~19 KB.
 std::string_view tiny_bpe_corpus();
 
 // train_tiny_bpe(tiny_bpe_corpus(), n_merges, qwen35_added_token_texts()).

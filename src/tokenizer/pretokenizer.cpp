@@ -15,15 +15,9 @@ static const char* const kQwen35Hf =
 static const char* const kQwen2Hf =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
-// The PCRE2 spelling of the same patterns. Why not the HF text as is: Oniguruma's (and Rust regex's)
-// Unicode \s is the White_Space property, which includes U+0085 (NEXT LINE); PCRE2's UCP \s is
-// "\p{Z} or \h\v-style ASCII spaces" and leaves U+0085 out. So \s is spelled [\s\x{85}] and \S as
-// [^\s\x{85}]; everything else (\p{L}, \p{M}, \p{N}, caseless 's matching U+017F) agrees and is checked
-// against HF on the fixture corpus.
-static const char* const kQwen35Pcre =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\x{85}\p{L}\p{M}\p{N}]+[\r\n]*|[\s\x{85}]*[\r\n]+|[\s\x{85}]+(?![^\s\x{85}])|[\s\x{85}]+)";
-static const char* const kQwen2Pcre =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\x{85}\p{L}\p{N}]+[\r\n]*|[\s\x{85}]*[\r\n]+|[\s\x{85}]+(?![^\s\x{85}])|[\s\x{85}]+)";
+// PCRE2 (UTF + UCP) compiles these HF patterns verbatim and agrees with Oniguruma / HF on them: \s
+// includes U+0085 and the Unicode spaces, \p{L}/\p{M}/\p{N} are the general categories, and the caseless
+// 's also matches U+017F (long s), as in HF. The fixture corpus covers each of these cases.
 
 const std::vector<PreTokenizerSpec>& known_pretokenizers() {
   static const std::vector<PreTokenizerSpec> v = {{"qwen35", kQwen35Hf}, {"qwen2", kQwen2Hf}};
@@ -81,10 +75,7 @@ struct PreTokenizer::Impl {
 };
 
 PreTokenizer::PreTokenizer(std::string_view name) : name_(name), impl_(std::make_unique<Impl>()) {
-  const char* pattern = nullptr;
-  if (name == "qwen35") pattern = kQwen35Pcre;
-  else if (name == "qwen2") pattern = kQwen2Pcre;
-  else fail("tokenizer: unknown pre-tokenizer '{}' (known: {})", name, known_pretokenizer_names());
+  const char* pattern = pretokenizer_hf_regex(name);  // throws for an unknown name, listing the known ones
   int err = 0;
   PCRE2_SIZE erroff = 0;
   impl_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern), PCRE2_ZERO_TERMINATED,

@@ -195,6 +195,208 @@ Then print the total number of lines, words, and characters. If the file does no
 Error: file not found: /tmp/input.txt
 Warning: the value of `max_tokens` is larger than the context length; it will be reduced to 4096.
 Info: loaded 12 layers in 0.84 s (1.2 GB/s).
+
+Chapter two. The engineer's notebook.
+Monday: measured the water level at the old mill. It was higher than last year, which is strange, because there was less rain.
+Tuesday: talked to the farmer who owns the land near the bend. He says the river changes its mind every spring.
+Wednesday: the instruments arrived. Two of them were broken, so I spent the afternoon repairing them with tape and patience.
+Thursday: first real data. The flow near the surface goes one way, and the flow near the bottom goes the other way. Nobody will believe this.
+Friday: everybody believed it. Apparently this is well known to anyone who has studied estuaries. I should have read more books.
+Saturday: read more books. Learned about tides, salt wedges, density, and the difference between fresh water and sea water.
+Sunday: rested. Walked along the river for three hours and did not measure anything at all. It was the best day of the week.
+
+Good software is written twice: once to understand the problem and once to solve it. The first version teaches you what the second version should be.
+Write tests before you trust your code. Measure before you optimize. Read the error message before you search for the answer.
+A function should do one thing, and its name should say what that thing is. If you cannot name it, you do not yet understand it.
+Keep the data close to the code that uses it. Copying memory is cheap until it is not, and then it is the only thing that matters.
+Performance is a feature. Correctness is a requirement. Simplicity is what makes both of them possible over a long period of time.
+When a program is slow, the reason is usually one of three things: it does too much work, it waits for something, or it moves too much data.
+The computer does exactly what you tell it to do. The hard part is knowing what you told it.
+
+import json
+import os
+from pathlib import Path
+
+
+def load_config(path: str) -> dict:
+    """Load a JSON configuration file and fill in default values."""
+    with open(path, "r", encoding="utf-8") as f:
+        config = json.load(f)
+    config.setdefault("batch_size", 32)
+    config.setdefault("learning_rate", 0.001)
+    config.setdefault("num_layers", 4)
+    return config
+
+
+def save_results(results: list, output_dir: str) -> None:
+    os.makedirs(output_dir, exist_ok=True)
+    for i, result in enumerate(results):
+        path = Path(output_dir) / f"result_{i:04d}.json"
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=2, ensure_ascii=False)
+
+
+class Model:
+    def __init__(self, config):
+        self.config = config
+        self.layers = [Layer(i, config) for i in range(config["num_layers"])]
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+    def __repr__(self):
+        return f"Model(num_layers={len(self.layers)})"
+
+template <typename T>
+class Matrix {
+ public:
+  Matrix(size_t rows, size_t cols) : rows_(rows), cols_(cols), data_(rows * cols) {}
+  T& operator()(size_t r, size_t c) { return data_[r * cols_ + c]; }
+  const T& operator()(size_t r, size_t c) const { return data_[r * cols_ + c]; }
+  size_t rows() const { return rows_; }
+  size_t cols() const { return cols_; }
+
+ private:
+  size_t rows_;
+  size_t cols_;
+  std::vector<T> data_;
+};
+
+// y = W x for a row-major matrix W of shape [rows, cols].
+void matvec(const Matrix<float>& w, const float* x, float* y) {
+  for (size_t r = 0; r < w.rows(); ++r) {
+    float acc = 0.0f;
+    for (size_t c = 0; c < w.cols(); ++c) {
+      acc += w(r, c) * x[c];
+    }
+    y[r] = acc;
+  }
+}
+
+static void check(bool condition, const std::string& message) {
+  if (!condition) {
+    throw std::runtime_error("check failed: " + message);
+  }
+}
+
+package main
+
+import (
+	"fmt"
+	"strings"
+)
+
+func main() {
+	words := strings.Fields("the quick brown fox")
+	for i, w := range words {
+		fmt.Printf("%d %s\n", i, strings.ToUpper(w))
+	}
+}
+
+<!DOCTYPE html>
+<html lang="en">
+<head>
+  <meta charset="utf-8">
+  <title>Example page</title>
+</head>
+<body>
+  <h1>Hello, world</h1>
+  <p class="note">This is a paragraph with a <a href="/about">link</a>.</p>
+</body>
+</html>
+
+<|im_start|>system
+You are a careful assistant. Answer briefly and accurately.<|im_end|>
+<|im_start|>user
+Write a function that reverses a string in Python.<|im_end|>
+<|im_start|>assistant
+<think>
+The user wants a simple function. Slicing with a negative step reverses a string.
+</think>
+
+Here is a short function:
+
+```python
+def reverse(s: str) -> str:
+    return s[::-1]
+```
+
+It returns a new string with the characters in reverse order.<|im_end|>
+<|im_start|>user
+How do I read a file line by line in C++?<|im_end|>
+<|im_start|>assistant
+<think>
+Use std::ifstream and std::getline in a loop.
+</think>
+
+Open the file with `std::ifstream` and call `std::getline` until it returns false:
+
+```cpp
+std::ifstream in("input.txt");
+std::string line;
+while (std::getline(in, line)) {
+  std::cout << line << '\n';
+}
+```<|im_end|>
+<|im_start|>user
+Summarize the story of the river in one sentence.<|im_end|>
+<|im_start|>assistant
+<think>
+The story is about a river that seems to run backwards; an engineer finds it and learns that true things are often not where we expect them.
+</think>
+
+A girl who grew up hearing about a river that ran backwards became an engineer, found the river beyond the hills, and learned that the truth was real but unexpected.<|im_end|>
+<|im_start|>user
+What time is it in Tokyo?<|im_end|>
+<|im_start|>assistant
+<tool_call>
+<function=get_time>
+<parameter=timezone>
+Asia/Tokyo
+</parameter>
+</function>
+</tool_call><|im_end|>
+<|im_start|>user
+<tool_response>
+{"time": "21:15", "date": "2025-03-02"}
+</tool_response><|im_end|>
+<|im_start|>assistant
+It is 21:15 in Tokyo on March 2, 2025.<|im_end|>
+<|endoftext|>
+
+The weather today is sunny with a light breeze from the west. Temperatures will reach 24 degrees in the afternoon and fall to 15 degrees at night.
+Tomorrow there is a chance of rain in the morning, clearing by noon. The weekend looks dry and warm, with more sunshine on Sunday than on Saturday.
+In the news: the city council approved a new park near the river, the library will stay open later on weekdays, and the train station is being repaired.
+Sports: the home team won their third game in a row, scoring two goals in the second half after a quiet first half.
+Recipe: mix two cups of flour, one cup of milk, two eggs, a pinch of salt, and a spoon of sugar. Let the batter rest for ten minutes, then cook it in a hot pan.
+Travel tips: carry a small bottle of water, check the opening hours before you go, and always keep a copy of your passport in a separate bag.
+Health: sleep at least seven hours, walk every day, drink water, eat vegetables, and do not spend the whole day looking at a screen.
+
+Dear team,
+Thank you for your work on the new release. The tests are passing, the documentation is up to date, and the performance numbers look good.
+Please review the open issues before Friday, and let me know if anything is blocking you. We will discuss the plan for the next release on Monday.
+Best regards,
+Alice
+
+Hi Bob,
+Could you send me the latest version of the report? I would like to check the numbers in the third table before the meeting.
+Thanks,
+Carol
+
+Le matin, nous prenons le café sur la terrasse. L'après-midi, nous travaillons dans le jardin, et le soir nous lisons des livres.
+Am Morgen trinken wir Kaffee auf der Terrasse. Am Nachmittag arbeiten wir im Garten, und am Abend lesen wir Bücher.
+Por la mañana tomamos café en la terraza. Por la tarde trabajamos en el jardín, y por la noche leemos libros.
+Утром мы пьём кофе на террасе. Днём мы работаем в саду, а вечером читаем книги.
+早上我们在阳台上喝咖啡。下午我们在花园里工作，晚上我们看书。
+朝はテラスでコーヒーを飲みます。午後は庭で働き、夜は本を読みます。
+아침에는 테라스에서 커피를 마십니다. 오후에는 정원에서 일하고 저녁에는 책을 읽습니다.
+في الصباح نشرب القهوة على الشرفة. في المساء نقرأ الكتب.
+सुबह हम छत पर कॉफ़ी पीते हैं। शाम को हम किताबें पढ़ते हैं।
+
+Frequently used words: the, be, to, of, and, a, in, that, have, it, for, not, on, with, he, as, you, do, at, this, but, his, by, from, they, we, say, her, she, or, an, will, my, one, all, would, there, their, what, so, up, out, if, about, who, get, which, go, me, when, make, can, like, time, no, just, him, know, take, people, into, year, your, good, some, could, them, see, other, than, then, now, look, only, come, its, over, think, also, back, after, use, two, how, our, work, first, well, way, even, new, want, because, any, these, give, day, most, us.
+Common code words: return, if, else, for, while, break, continue, function, class, struct, public, private, const, static, void, int, float, double, bool, true, false, null, None, self, this, import, include, namespace, template, typename, auto, std, vector, string, size_t, printf, print, range, len, list, dict, map, set, key, value, index, count, result, error, data, buffer, input, output, config, model, layer, token, tokens, text, path, file, line, lines, name, type, test, tests.
 )CORPUS";
   return kText;
 }
