@@ -179,6 +179,17 @@ TEST_F(CpuVsRef, Norms) {
     EXPECT_CLOSE(b, a, 1e-6);
   }
   (void)z;
+  {  // out may alias x (documented): in place gives the same bits as out of place
+    auto a = poisoned(x.size());
+    cpu::rmsnorm(x.data(), rows, n, gain.data(), 1e-6f, a.data());
+    auto inplace = x;
+    cpu::rmsnorm(inplace.data(), rows, n, gain.data(), 1e-6f, inplace.data());
+    EXPECT_EQ(inplace, a);
+    auto r_inplace = x, r_out = poisoned(x.size());
+    ref::rmsnorm(x.data(), rows, n, gain.data(), 1e-6f, r_out.data());
+    ref::rmsnorm(r_inplace.data(), rows, n, gain.data(), 1e-6f, r_inplace.data());
+    EXPECT_EQ(r_inplace, r_out);
+  }
 }
 
 TEST_F(CpuVsRef, Rope) {
