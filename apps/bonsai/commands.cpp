@@ -2,8 +2,12 @@
 
 namespace bonsai::cli {
 
+void register_make_pack(CLI::App& app);
+void register_inspect(CLI::App& app);
+
 void register_commands(CLI::App& app) {
-  (void)app;
+  register_make_pack(app);
+  register_inspect(app);
 }
 
 }  // namespace bonsai::cli

@@ -1,0 +1,94 @@
+#include "model/weights.h"
+
+#include <cstring>
+
+#include "model/pack.h"
+
+namespace bonsai {
+
+std::vector<const TernaryMatrix*> Model::ternary_matrices() const {
+  std::vector<const TernaryMatrix*> v{&embed};
+  for (const LayerWeights& l : layers) {
+    if (l.full_attention) {
+      for (const TernaryMatrix* t : {&l.attn.q, &l.attn.k, &l.attn.v, &l.attn.o}) v.push_back(t);
+    } else {
+      for (const TernaryMatrix* t : {&l.gdn.qkv, &l.gdn.z, &l.gdn.out}) v.push_back(t);
+    }
+    for (const TernaryMatrix* t : {&l.gate, &l.up, &l.down}) v.push_back(t);
+  }
+  v.push_back(&head);
+  return v;
+}
+
+uint64_t Model::total_weight_bytes() const {
+  uint64_t b = 0;
+  for (const TernaryMatrix* t : ternary_matrices()) b += t->bytes();
+  auto fv = [](const std::vector<float>& x) { return uint64_t(x.size()) * 4; };
+  b += fv(out_norm);
+  for (const LayerWeights& l : layers)
+    b += fv(l.attn_norm) + fv(l.post_norm) + fv(l.attn.q_norm) + fv(l.attn.k_norm) + fv(l.gdn.a) + fv(l.gdn.b) +
+         fv(l.gdn.A) + fv(l.gdn.dt_bias) + fv(l.gdn.conv) + fv(l.gdn.norm);
+  return b;
+}
+
+uint64_t Model::decode_weight_bytes() const {
+  // One embedding row is read per token instead of the whole table.
+  const uint64_t row = embed.rows ? embed.bytes() / uint64_t(embed.rows) : 0;
+  return total_weight_bytes() - embed.bytes() + row;
+}
+
+namespace {
+
+template <typename T>
+bool same(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+
+bool same_ternary(const TernaryMatrix& a, const TernaryMatrix& b) {
+  return a.rows == b.rows && a.cols == b.cols && a.folded == b.folded && same(a.words, b.words) &&
+         same(a.scales, b.scales) && same(a.input_perm, b.input_perm);
+}
+
+}  // namespace
+
+bool canonical_equal(const Model& a, const Model& b, std::string* diff) {
+  auto report = [&](const std::string& what) {
+    if (diff) *diff = what;
+    return false;
+  };
+  if (a.layers.size() != b.layers.size()) return report("layer count");
+  if (a.hadamard.enabled != b.hadamard.enabled || a.hadamard.block != b.hadamard.block ||
+      a.hadamard.widths != b.hadamard.widths || a.hadamard.signs != b.hadamard.signs)
+    return report("hadamard rotation");
+  if (!same_ternary(a.embed, b.embed) || a.embed_inverse != b.embed_inverse) return report("token_embd");
+  if (!same_ternary(a.head, b.head)) return report("output");
+  if (!same(a.out_norm, b.out_norm)) return report("output_norm");
+  for (size_t i = 0; i < a.layers.size(); ++i) {
+    const LayerWeights &x = a.layers[i], &y = b.layers[i];
+    const std::string p = "blk." + std::to_string(i) + ".";
+    if (x.full_attention != y.full_attention) return report(p + "kind");
+    if (!same(x.attn_norm, y.attn_norm)) return report(p + "attn_norm");
+    if (!same(x.post_norm, y.post_norm)) return report(p + "post_attention_norm");
+    if (!same_ternary(x.gate, y.gate)) return report(p + "ffn_gate");
+    if (!same_ternary(x.up, y.up)) return report(p + "ffn_up");
+    if (!same_ternary(x.down, y.down)) return report(p + "ffn_down");
+    if (!same_ternary(x.attn.q, y.attn.q)) return report(p + "attn_q");
+    if (!same_ternary(x.attn.k, y.attn.k)) return report(p + "attn_k");
+    if (!same_ternary(x.attn.v, y.attn.v)) return report(p + "attn_v");
+    if (!same_ternary(x.attn.o, y.attn.o)) return report(p + "attn_output");
+    if (!same(x.attn.q_norm, y.attn.q_norm)) return report(p + "attn_q_norm");
+    if (!same(x.attn.k_norm, y.attn.k_norm)) return report(p + "attn_k_norm");
+    if (!same_ternary(x.gdn.qkv, y.gdn.qkv)) return report(p + "attn_qkv");
+    if (!same_ternary(x.gdn.z, y.gdn.z)) return report(p + "attn_gate");
+    if (!same_ternary(x.gdn.out, y.gdn.out)) return report(p + "ssm_out");
+    if (!same(x.gdn.a, y.gdn.a)) return report(p + "ssm_alpha");
+    if (!same(x.gdn.b, y.gdn.b)) return report(p + "ssm_beta");
+    if (!same(x.gdn.A, y.gdn.A)) return report(p + "ssm_a");
+    if (!same(x.gdn.dt_bias, y.gdn.dt_bias)) return report(p + "ssm_dt.bias");
+    if (!same(x.gdn.conv, y.gdn.conv)) return report(p + "ssm_conv1d");
+    if (!same(x.gdn.norm, y.gdn.norm)) return report(p + "ssm_norm");
+  }
+  return true;
+}
+
+}  // namespace bonsai
