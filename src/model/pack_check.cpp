@@ -183,7 +183,9 @@ void check_contract(PackCheck& pc, const std::string& src) {
       pc.problems.push_back(fmt::format("{}: '{}' has K = {} but prism.hadamard.sign_widths has no vector of that width (widths: {})",
                                         src, name, K, fmt::join(h.sign_widths, ", ")));
   };
+  std::set<std::string> seen;  // exact repeats are reported by the contract rules already
   for (const std::string& name : h.weight_names) {
+    if (!seen.insert(name).second) continue;
     const TensorSpec* s = find_spec(pc.specs, name);
     if (!s) {
       pc.problems.push_back(fmt::format("{}: prism.hadamard.weight_names lists '{}', which is not a tensor of this model", src, name));
