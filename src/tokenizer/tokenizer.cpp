@@ -70,6 +70,69 @@ class PairMap {
   int shift_ = 60;
 };
 
+// Open-addressing map from a byte string to a token id, the strings owned elsewhere (the vocabulary):
+// no allocation per entry, which keeps building the 248k-token tables of a real vocabulary fast.
+class StrIdMap {
+ public:
+  using KeyOf = std::string_view (*)(const void* ctx, int32_t id);
+  void init(size_t n, const void* ctx, KeyOf key_of) {
+    size_t cap = 16;
+    while (cap < n * 2) cap <<= 1;
+    slots_.assign(cap, Slot{0, -1});
+    mask_ = cap - 1;
+    ctx_ = ctx;
+    key_of_ = key_of;
+  }
+  // Keeps the first id given for a string.
+  void insert(std::string_view key, int32_t id) {
+    const uint64_t h = hash(key);
+    for (size_t i = h & mask_;; i = (i + 1) & mask_) {
+      if (slots_[i].id < 0) {
+        slots_[i] = Slot{h, id};
+        return;
+      }
+      if (slots_[i].hash == h && key_of_(ctx_, slots_[i].id) == key) return;
+    }
+  }
+  int32_t find(std::string_view key) const {
+    if (slots_.empty()) return -1;
+    const uint64_t h = hash(key);
+    for (size_t i = h & mask_;; i = (i + 1) & mask_) {
+      const Slot& s = slots_[i];
+      if (s.id < 0) return -1;
+      if (s.hash == h && key_of_(ctx_, s.id) == key) return s.id;
+    }
+  }
+  // FNV-1a over 8-byte words, then a final avalanche.
+  static uint64_t hash(std::string_view k) {
+    uint64_t h = 0xcbf29ce484222325ull ^ k.size();
+    size_t i = 0;
+    for (; i + 8 <= k.size(); i += 8) {
+      uint64_t w;
+      std::memcpy(&w, k.data() + i, 8);
+      h = (h ^ w) * 0x100000001b3ull;
+      h ^= h >> 29;
+    }
+    uint64_t w = 0;
+    if (k.size() > i) std::memcpy(&w, k.data() + i, k.size() - i);
+    h = (h ^ w) * 0x100000001b3ull;
+    h ^= h >> 32;
+    h *= 0xd6e8feb86659fd93ull;
+    h ^= h >> 32;
+    return h;
+  }
+
+ private:
+  struct Slot {
+    uint64_t hash;
+    int32_t id;
+  };
+  std::vector<Slot> slots_;
+  size_t mask_ = 0;
+  const void* ctx_ = nullptr;
+  KeyOf key_of_ = nullptr;
+};
+
 struct AddedToken {
   std::string text;
   int32_t id;
@@ -92,7 +155,7 @@ struct Tokenizer::Impl {
   PairMap pairs;
   std::array<int32_t, 256> byte_id{};              // token id of each single byte, -1 if missing
   std::vector<std::string> raw;                    // [n_vocab] raw bytes per id
-  std::unordered_map<std::string, int32_t> by_bytes;  // Normal tokens by raw bytes
+  StrIdMap by_bytes;                               // Normal tokens by raw bytes
   std::vector<AddedToken> added;                   // sorted by first byte, then longest first
   std::array<uint16_t, 257> added_start{};         // added[added_start[b] .. added_start[b+1]) start with b
   bool ignore_merges = false;
@@ -133,9 +196,14 @@ Tokenizer::Tokenizer(Vocabulary vocab) : vocab_(std::move(vocab)) {
   // how merges name them).
   m.raw.resize(n);
   m.byte_id.fill(-1);
-  std::unordered_map<std::string_view, int32_t> by_alpha;
-  by_alpha.reserve(n);
-  m.by_bytes.reserve(n);
+  std::vector<uint8_t> is_bpe(n, 0);  // Normal token spelled in the byte alphabet
+  StrIdMap by_alpha;  // by byte-alphabet spelling (how merges name tokens); build-time only
+  by_alpha.init(n, &vocab_.tokens, [](const void* c, int32_t id) -> std::string_view {
+    return (*static_cast<const std::vector<std::string>*>(c))[static_cast<size_t>(id)];
+  });
+  m.by_bytes.init(n, &m.raw, [](const void* c, int32_t id) -> std::string_view {
+    return (*static_cast<const std::vector<std::string>*>(c))[static_cast<size_t>(id)];
+  });
   for (size_t i = 0; i < n; ++i) {
     const auto id = static_cast<int32_t>(i);
     const std::string& t = vocab_.tokens[i];
@@ -154,33 +222,34 @@ Tokenizer::Tokenizer(Vocabulary vocab) : vocab_(std::move(vocab)) {
         // Normal (and Undefined/Unknown/Byte, treated alike): byte-alphabet spelling. A string outside the
         // alphabet cannot be produced by byte-level BPE; it still decodes, as its own UTF-8 text.
         auto bytes = alphabet_to_bytes(t);
-        m.raw[i] = bytes ? *bytes : t;
+        m.raw[i] = bytes ? std::move(*bytes) : t;
         if (bytes) {
-          by_alpha.emplace(t, id);  // first id wins for duplicates
-          m.by_bytes.emplace(*bytes, id);
-          if (bytes->size() == 1 && m.byte_id[static_cast<uint8_t>((*bytes)[0])] < 0)
-            m.byte_id[static_cast<uint8_t>((*bytes)[0])] = id;
+          is_bpe[i] = 1;
+          by_alpha.insert(t, id);  // first id wins for duplicates
+          if (m.raw[i].size() == 1 && m.byte_id[static_cast<uint8_t>(m.raw[i][0])] < 0)
+            m.byte_id[static_cast<uint8_t>(m.raw[i][0])] = id;
         }
       }
     }
   }
 
+  // raw[] is final now: index the BPE tokens by their bytes (raw[] strings do not move any more).
+  for (size_t i = 0; i < n; ++i)
+    if (is_bpe[i]) m.by_bytes.insert(m.raw[i], static_cast<int32_t>(i));
+
   m.pairs.reserve(vocab_.merges.size());
+  std::string ab;
   for (size_t r = 0; r < vocab_.merges.size(); ++r) {
     const std::string& mg = vocab_.merges[r];
     const size_t sp = mg.find(' ');
     const std::string_view a(mg.data(), sp), b(mg.data() + sp + 1, mg.size() - sp - 1);
-    const auto ia = by_alpha.find(a), ib = by_alpha.find(b);
-    if (ia == by_alpha.end() || ib == by_alpha.end())
-      fail("tokenizer: merge {} ('{}') names a token that is not in the vocabulary ('{}')", r, mg,
-           ia == by_alpha.end() ? a : b);
-    std::string ab;
-    ab.reserve(mg.size() - 1);
-    ab.append(a).append(b);
-    const auto iab = by_alpha.find(ab);
-    if (iab == by_alpha.end())
-      fail("tokenizer: merge {} ('{}') produces '{}', which is not in the vocabulary", r, mg, ab);
-    m.pairs.insert(ia->second, ib->second, static_cast<uint32_t>(r), iab->second);
+    const int32_t ia = by_alpha.find(a), ib = by_alpha.find(b);
+    if (ia < 0 || ib < 0)
+      fail("tokenizer: merge {} ('{}') names a token that is not in the vocabulary ('{}')", r, mg, ia < 0 ? a : b);
+    ab.assign(a).append(b);
+    const int32_t iab = by_alpha.find(ab);
+    if (iab < 0) fail("tokenizer: merge {} ('{}') produces '{}', which is not in the vocabulary", r, mg, ab);
+    m.pairs.insert(ia, ib, static_cast<uint32_t>(r), iab);
   }
 
   // Added tokens grouped by first byte, longest first inside a group (leftmost-longest matching).
@@ -280,9 +349,9 @@ void Tokenizer::Impl::bpe(std::string_view piece, Workspace& ws, std::vector<int
     return;
   }
   if (ignore_merges) {
-    const auto it = by_bytes.find(std::string(piece));
-    if (it != by_bytes.end()) {
-      out.push_back(it->second);
+    const int32_t id = by_bytes.find(piece);
+    if (id >= 0) {
+      out.push_back(id);
       return;
     }
   }
@@ -446,8 +515,7 @@ bool Tokenizer::is_control(int32_t id) const {
 }
 
 int32_t Tokenizer::token_id(std::string_view bytes) const {
-  const auto it = impl_->by_bytes.find(std::string(bytes));
-  if (it != impl_->by_bytes.end()) return it->second;
+  if (const int32_t id = impl_->by_bytes.find(bytes); id >= 0) return id;
   for (const AddedToken& t : impl_->added)
     if (t.text == bytes) return t.id;
   return -1;
