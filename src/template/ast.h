@@ -77,6 +77,7 @@ struct Expr {
   CallSpec call;                 // Call / Filter / Test arguments
   FilterFn filter = nullptr;
   TestFn test = nullptr;
+  bool pure = false;  // jinja2's optimizer would constant-fold it (see the `**` quirk in interp.cpp)
   Expr(EK k, int l, int c) : kind(k), line(l), col(c) {}
 };
 

@@ -508,6 +508,18 @@ void check_hashable(const Value& v) {
 
 // ---- filters ------------------------------------------------------------------------------
 
+// Runs a generator filter's body; Python raises its errors only when the generator is consumed.
+template <class F>
+Value lazy_generator(const char* owner, F&& body) {
+  try {
+    return make_iter("generator", body(), owner);
+  } catch (const PyError& e) {
+    Value v = make_iter("generator", {}, owner);
+    v.as<IterObj>()->error = std::make_shared<PyError>(e);
+    return v;
+  }
+}
+
 Value f_abs(Interp&, const Value& v, CallArgs& a) {
   bind("abs", a, {});
   if (v.is_intlike()) {
@@ -540,24 +552,26 @@ Value f_attr(Interp&, const Value& v, CallArgs& a) {
 }
 
 Value f_batch(Interp&, const Value& v, CallArgs& a) {
-  auto p = bind("batch", a, {"linecount", "fill_with"});
-  if (!p[0]) py_raise("TypeError", "do_batch() missing 1 required positional argument: 'linecount'");
-  int64_t n = need_int(*p[0], "linecount");
-  Value fill = arg(p[1], Value::none());
-  List out, tmp;
-  for (auto& x : iterate(v)) {
-    if (static_cast<int64_t>(tmp.size()) == n) {
-      out.push_back(Value::make_list(std::move(tmp)));
-      tmp.clear();
+  return lazy_generator("do_batch", [&]() -> List {
+    auto p = bind("batch", a, {"linecount", "fill_with"});
+    if (!p[0]) py_raise("TypeError", "do_batch() missing 1 required positional argument: 'linecount'");
+    int64_t n = need_int(*p[0], "linecount");
+    Value fill = arg(p[1], Value::none());
+    List out, tmp;
+    for (auto& x : iterate(v)) {
+      if (static_cast<int64_t>(tmp.size()) == n) {
+        out.push_back(Value::make_list(std::move(tmp)));
+        tmp.clear();
+      }
+      tmp.push_back(std::move(x));
     }
-    tmp.push_back(std::move(x));
-  }
-  if (!tmp.empty()) {
-    if (!fill.is_none())
-      while (static_cast<int64_t>(tmp.size()) < n) tmp.push_back(fill);
-    out.push_back(Value::make_list(std::move(tmp)));
-  }
-  return Value::make_list(std::move(out));
+    if (!tmp.empty()) {
+      if (!fill.is_none())
+        while (static_cast<int64_t>(tmp.size()) < n) tmp.push_back(fill);
+      out.push_back(Value::make_list(std::move(tmp)));
+    }
+    return out;
+  });
 }
 
 Value f_capitalize(Interp&, const Value& v, CallArgs& a) {
@@ -627,6 +641,10 @@ Value f_forceescape(Interp&, const Value& v, CallArgs& a) {
 
 Value f_first(Interp&, const Value& v, CallArgs& a) {
   bind("first", a, {});
+  if (IterObj* it = v.as<IterObj>(); it && !it->view) {
+    if (it->pos >= it->items.size()) return Value::undefined("No first item, sequence was empty.");
+    return it->items[it->pos++];
+  }
   List xs = iterate(v);
   if (xs.empty()) return Value::undefined("No first item, sequence was empty.");
   return xs.front();
@@ -634,6 +652,9 @@ Value f_first(Interp&, const Value& v, CallArgs& a) {
 
 Value f_last(Interp&, const Value& v, CallArgs& a) {
   bind("last", a, {});
+  IterObj* it = v.as<IterObj>();
+  if ((!v.is_seq() && !v.is_dict() && !v.is_string() && !v.is_undefined() && !it) || (it && !it->view))
+    py_raise("TypeError", "'" + type_name(v) + "' object is not reversible");
   List xs = iterate(v);
   if (xs.empty()) return Value::undefined("No last item, sequence was empty.");
   return xs.back();
@@ -672,6 +693,8 @@ Value f_indent(Interp&, const Value& v, CallArgs& a) {
   bool first = truthy(arg(p[1], Value::boolean(false)));
   bool blank = truthy(arg(p[2], Value::boolean(false)));
   if (v.is_undefined()) fail_undefined(v);
+  if (v.is_list()) py_raise("AttributeError", "'list' object has no attribute 'splitlines'");
+  if (v.is_tuple()) py_raise("TypeError", "can only concatenate tuple (not \"str\") to tuple");
   if (!v.is_string()) py_raise("TypeError", "unsupported operand type(s) for +=: '" + type_name(v) + "' and 'str'");
   std::string ind;
   if (w.is_string()) {
@@ -723,12 +746,15 @@ Value f_int(Interp&, const Value& v, CallArgs& a) {
 }
 
 Value f_items(Interp&, const Value& v, CallArgs& a) {
-  bind("items", a, {});
-  if (v.is_undefined()) return Value::make_list({});
-  if (!v.is_dict()) py_raise("TypeError", "Can only get item pairs from a mapping.");
-  List out;
-  for (const auto& kv : v.dict->items) out.push_back(Value::make_list({Value::string(kv.first), kv.second}, true));
-  return Value::make_list(std::move(out));
+  return lazy_generator("do_items", [&]() -> List {
+    bind("items", a, {});
+    List out;
+    if (!v.is_undefined()) {
+      if (!v.is_dict()) py_raise("TypeError", "Can only get item pairs from a mapping.");
+      for (const auto& kv : v.dict->items) out.push_back(Value::make_list({Value::string(kv.first), kv.second}, true));
+    }
+    return out;
+  });
 }
 
 Value f_join(Interp& in, const Value& v, CallArgs& a) {
@@ -765,27 +791,29 @@ Value f_upper(Interp&, const Value& v, CallArgs& a) {
 }
 
 Value f_map(Interp& in, const Value& v, CallArgs& a) {
-  List out;
-  if (!truthy(v)) return Value::make_list({});
-  Value attribute;
-  if (a.pos.empty() && a.take_kw("attribute", attribute)) {
-    Value def;
-    bool has_def = a.take_kw("default", def);
-    if (!a.kw.empty()) py_raise("FilterArgumentError", "Unexpected keyword argument " + repr_str(a.kw[0].first));
-    AttrGetter g = make_attrgetter(attribute, false, has_def ? std::optional<Value>(def) : std::nullopt);
-    for (auto& x : iterate(v)) out.push_back(g(in, x));
-    return Value::make_list(std::move(out));
-  }
-  if (a.pos.empty()) py_raise("FilterArgumentError", "map requires a filter argument");
-  std::string name = to_str(a.pos[0]);
-  CallArgs rest;
-  rest.pos.assign(a.pos.begin() + 1, a.pos.end());
-  rest.kw = a.kw;
-  for (auto& x : iterate(v)) {
-    CallArgs c = rest;
-    out.push_back(in.call_filter(name, x, c));
-  }
-  return Value::make_list(std::move(out));
+  return lazy_generator("sync_do_map", [&]() -> List {
+    List out;
+    if (!truthy(v)) return List{};
+    Value attribute;
+    if (a.pos.empty() && a.take_kw("attribute", attribute)) {
+      Value def;
+      bool has_def = a.take_kw("default", def);
+      if (!a.kw.empty()) py_raise("FilterArgumentError", "Unexpected keyword argument " + repr_str(a.kw[0].first));
+      AttrGetter g = make_attrgetter(attribute, false, has_def ? std::optional<Value>(def) : std::nullopt);
+      for (auto& x : iterate(v)) out.push_back(g(in, x));
+      return out;
+    }
+    if (a.pos.empty()) py_raise("FilterArgumentError", "map requires a filter argument");
+    std::string name = to_str(a.pos[0]);
+    CallArgs rest;
+    rest.pos.assign(a.pos.begin() + 1, a.pos.end());
+    rest.kw = a.kw;
+    for (auto& x : iterate(v)) {
+      CallArgs c = rest;
+      out.push_back(in.call_filter(name, x, c));
+    }
+    return out;
+  });
 }
 
 Value min_max(Interp& in, const Value& v, CallArgs& a, bool want_max) {
@@ -799,7 +827,7 @@ Value min_max(Interp& in, const Value& v, CallArgs& a, bool want_max) {
   Value bk = g(in, xs[0]);
   for (size_t k = 1; k < xs.size(); ++k) {
     Value key = g(in, xs[k]);
-    if (want_max ? less(bk, key) : less(key, bk)) {
+    if (want_max ? less(key, bk, ">") : less(key, bk, "<")) {
       best = k;
       bk = key;
     }
@@ -811,34 +839,38 @@ Value f_max(Interp& in, const Value& v, CallArgs& a) { return min_max(in, v, a, 
 Value f_min(Interp& in, const Value& v, CallArgs& a) { return min_max(in, v, a, false); }
 
 Value select_or_reject(Interp& in, const Value& v, CallArgs& a, bool select, bool lookup_attr) {
-  List out;
-  if (!truthy(v)) return Value::make_list({});
-  size_t off = 0;
-  std::optional<AttrGetter> g;
-  if (lookup_attr) {
-    if (a.pos.empty()) py_raise("FilterArgumentError", "Missing parameter for attribute name");
-    g = make_attrgetter(a.pos[0], false);
-    off = 1;
-  }
-  std::optional<std::string> test;
-  CallArgs targs;
-  if (a.pos.size() > off) {
-    test = to_str(a.pos[off]);
-    targs.pos.assign(a.pos.begin() + static_cast<long>(off) + 1, a.pos.end());
-    targs.kw = a.kw;
-  }
-  for (auto& x : iterate(v)) {
-    Value t = g ? (*g)(in, x) : x;
-    bool r;
-    if (test) {
-      CallArgs c = targs;
-      r = in.call_test(*test, t, c);
-    } else {
-      r = truthy(t);
+  const char* owner = select ? (lookup_attr ? "sync_do_selectattr" : "sync_do_select")
+                             : (lookup_attr ? "sync_do_rejectattr" : "sync_do_reject");
+  return lazy_generator(owner, [&]() -> List {
+    List out;
+    if (!truthy(v)) return List{};
+    size_t off = 0;
+    std::optional<AttrGetter> g;
+    if (lookup_attr) {
+      if (a.pos.empty()) py_raise("FilterArgumentError", "Missing parameter for attribute name");
+      g = make_attrgetter(a.pos[0], false);
+      off = 1;
     }
-    if (r == select) out.push_back(x);
-  }
-  return Value::make_list(std::move(out));
+    std::optional<std::string> test;
+    CallArgs targs;
+    if (a.pos.size() > off) {
+      test = to_str(a.pos[off]);
+      targs.pos.assign(a.pos.begin() + static_cast<long>(off) + 1, a.pos.end());
+      targs.kw = a.kw;
+    }
+    for (auto& x : iterate(v)) {
+      Value t = g ? (*g)(in, x) : x;
+      bool r;
+      if (test) {
+        CallArgs c = targs;
+        r = in.call_test(*test, t, c);
+      } else {
+        r = truthy(t);
+      }
+      if (r == select) out.push_back(x);
+    }
+    return out;
+  });
 }
 
 Value f_select(Interp& in, const Value& v, CallArgs& a) { return select_or_reject(in, v, a, true, false); }
@@ -857,9 +889,18 @@ Value f_replace(Interp&, const Value& v, CallArgs& a) {
 Value f_reverse(Interp&, const Value& v, CallArgs& a) {
   bind("reverse", a, {});
   if (v.is_string()) return slice_value(v, Value::none(), Value::none(), Value::integer(-1));
+  IterObj* it = v.as<IterObj>();
+  if (!v.is_seq() && !v.is_dict() && !v.is_undefined() && !it)
+    py_raise("FilterArgumentError", "argument must be iterable");
   List xs = iterate(v);
   std::reverse(xs.begin(), xs.end());
-  return Value::make_list(std::move(xs));
+  if (it && !it->view) return Value::make_list(std::move(xs));  // reversed() fails, list(value) reversed
+  std::string name = v.is_list() ? "list_reverseiterator"
+                     : v.is_dict() ? "dict_reversekeyiterator"
+                     : it ? (it->name == "dict_items" ? "dict_reverseitemiterator"
+                             : it->name == "dict_values" ? "dict_reversevalueiterator" : "dict_reversekeyiterator")
+                          : "reversed";
+  return make_iter(name, std::move(xs));
 }
 
 Value f_round(Interp&, const Value& v, CallArgs& a) {
@@ -868,12 +909,13 @@ Value f_round(Interp&, const Value& v, CallArgs& a) {
   std::string method = to_str(arg(p[1], Value::string("common")));
   if (method != "common" && method != "ceil" && method != "floor")
     py_raise("FilterArgumentError", "method must be common, ceil or floor");
-  if (v.is_undefined()) fail_undefined(v);
-  if (!v.is_number()) py_raise("TypeError", "type " + type_name(v) + " doesn't define __round__ method");
   if (method == "common") {
+    if (!v.is_number()) py_raise("TypeError", "type " + type_name(v) + " doesn't define __round__ method");
     if (v.is_intlike()) return Value::integer(py_round_int(v.as_int(), prec));
     return Value::number(py_round_float(v.f, prec));
   }
+  if (v.is_undefined()) fail_undefined(v);
+  if (!v.is_number()) py_raise("TypeError", "must be real number, not " + type_name(v));
   double scale = std::pow(10.0, static_cast<double>(prec));
   double x = v.as_double() * scale;
   double r = method == "ceil" ? std::ceil(x) : std::floor(x);
@@ -907,14 +949,10 @@ Value f_sort(Interp& in, const Value& v, CallArgs& a) {
   std::vector<std::pair<Value, Value>> keyed;
   keyed.reserve(xs.size());
   for (auto& x : xs) {
-    Value key;
-    if (getters.size() == 1) {
-      key = getters[0](in, x);
-    } else {
-      List parts;
-      for (const auto& g : getters) parts.push_back(g(in, x));
-      key = Value::make_list(std::move(parts));
-    }
+    // jinja2's make_multi_attrgetter: the key is always a list (so Undefined keys compare equal).
+    List parts;
+    for (const auto& g : getters) parts.push_back(g(in, x));
+    Value key = Value::make_list(std::move(parts));
     keyed.emplace_back(std::move(key), std::move(x));
   }
   std::stable_sort(keyed.begin(), keyed.end(), [&](const auto& x, const auto& y) {
@@ -1008,9 +1046,13 @@ Value f_truncate(Interp&, const Value& v, CallArgs& a) {
   int64_t endlen = static_cast<int64_t>(uni::length(end));
   if (length < endlen) py_raise("AssertionError", "expected length >= " + std::to_string(endlen) + ", got " + std::to_string(length));
   if (leeway < 0) py_raise("AssertionError", "expected leeway >= 0, got " + std::to_string(leeway));
-  std::string s = to_str(v);
+  if (!v.is_string()) {
+    if (py_len(v) <= length + leeway) return v;
+    py_raise("TypeError", "truncate of a " + type_name(v) + " value is not supported");
+  }
+  std::string s = v.s;
   U32 u = uni::decode(s);
-  if (static_cast<int64_t>(u.size()) <= length + leeway) return Value::string(s);
+  if (static_cast<int64_t>(u.size()) <= length + leeway) return v;
   std::string head = uni::encode(U32(u.substr(0, static_cast<size_t>(length - endlen))));
   if (killwords) return Value::string(head + end);
   size_t sp = head.rfind(' ');
@@ -1019,25 +1061,27 @@ Value f_truncate(Interp&, const Value& v, CallArgs& a) {
 }
 
 Value f_unique(Interp& in, const Value& v, CallArgs& a) {
-  auto p = bind("unique", a, {"case_sensitive", "attribute"});
-  bool cs = truthy(arg(p[0], Value::boolean(false)));
-  AttrGetter g = make_attrgetter(arg(p[1], Value::none()), !cs);
-  List out, seen;
-  for (auto& x : iterate(v)) {
-    Value key = g(in, x);
-    check_hashable(key);
-    bool dup = false;
-    for (const Value& s : seen)
-      if (equals(s, key)) {
-        dup = true;
-        break;
+  return lazy_generator("sync_do_unique", [&]() -> List {
+    auto p = bind("unique", a, {"case_sensitive", "attribute"});
+    bool cs = truthy(arg(p[0], Value::boolean(false)));
+    AttrGetter g = make_attrgetter(arg(p[1], Value::none()), !cs);
+    List out, seen;
+    for (auto& x : iterate(v)) {
+      Value key = g(in, x);
+      check_hashable(key);
+      bool dup = false;
+      for (const Value& s : seen)
+        if (equals(s, key)) {
+          dup = true;
+          break;
+        }
+      if (!dup) {
+        seen.push_back(key);
+        out.push_back(x);
       }
-    if (!dup) {
-      seen.push_back(key);
-      out.push_back(x);
     }
-  }
-  return Value::make_list(std::move(out));
+    return out;
+  });
 }
 
 Value f_wordcount(Interp&, const Value& v, CallArgs& a) {
@@ -1066,7 +1110,8 @@ bool t_number(Interp&, const Value& v, CallArgs&) { return v.is_number(); }
 bool t_string(Interp&, const Value& v, CallArgs&) { return v.is_string(); }
 bool t_mapping(Interp&, const Value& v, CallArgs&) { return v.is_dict(); }
 bool t_iterable(Interp&, const Value& v, CallArgs&) {
-  return v.is_undefined() || v.is_string() || v.is_seq() || v.is_dict() || v.as<LoopObj>() != nullptr;
+  return v.is_undefined() || v.is_string() || v.is_seq() || v.is_dict() || v.as<LoopObj>() != nullptr ||
+         v.as<IterObj>() != nullptr;
 }
 bool t_sequence(Interp&, const Value& v, CallArgs&) {
   return v.is_undefined() || v.is_string() || v.is_seq() || v.is_dict();
@@ -1648,17 +1693,17 @@ Value call_method(Interp& in, const Value& self, const std::string& name, CallAr
     if (name == "items") {
       List out;
       for (const auto& kv : d.items) out.push_back(Value::make_list({Value::string(kv.first), kv.second}, true));
-      return Value::make_list(std::move(out));
+      return make_view("dict_items", std::move(out));
     }
     if (name == "keys") {
       List out;
       for (const auto& kv : d.items) out.push_back(Value::string(kv.first));
-      return Value::make_list(std::move(out));
+      return make_view("dict_keys", std::move(out));
     }
     if (name == "values") {
       List out;
       for (const auto& kv : d.items) out.push_back(kv.second);
-      return Value::make_list(std::move(out));
+      return make_view("dict_values", std::move(out));
     }
     if (name == "copy") return self;
   }
@@ -1749,6 +1794,8 @@ Value call_method(Interp& in, const Value& self, const std::string& name, CallAr
     if (name == "splitlines") {
       auto p = bind("splitlines", a, {"keepends"});
       List parts = py_splitlines(s, truthy(arg(p[0], Value::boolean(false))));
+      if (mk)
+        for (auto& x : parts) x.flag = true;
       return Value::make_list(std::move(parts));
     }
     if (name == "isdigit" || name == "isnumeric" || name == "isdecimal") {
@@ -2005,7 +2052,7 @@ std::string py_percent_format(const std::string& fmt, const Value& args) {
       }
     }
   }
-  if (!used_mapping && !mapping && next < items.size())
+  if (!used_mapping && !mapping && !args.is_list() && !args.is_undefined() && next < items.size())
     py_raise("TypeError", "not all arguments converted during string formatting");
   return out;
 }

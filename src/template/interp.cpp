@@ -116,6 +116,7 @@ void float_divmod(double vx, double wx, double& floordiv, double& mod) {
 
 Value binop(const std::string& op, const Value& a, const Value& b) {
   if (a.is_undefined()) fail_undefined(a);
+  if (op == "%" && a.is_string()) return Value::string(py_percent_format(a.s, b), a.flag);
   if (b.is_undefined()) fail_undefined(b);
   const bool nums = a.is_number() && b.is_number();
   const bool ints = a.is_intlike() && b.is_intlike();
@@ -161,6 +162,10 @@ Value binop(const std::string& op, const Value& a, const Value& b) {
       return Value::integer(r);
     }
     if (nums) return Value::number(a.as_double() * b.as_double());
+    if (a.is_markup() && !b.is_intlike())
+      py_raise("TypeError", "'" + type_name(b) + "' object cannot be interpreted as an integer");
+    if (b.is_markup() && !a.is_intlike())
+      py_raise("TypeError", "'" + type_name(a) + "' object cannot be interpreted as an integer");
     if ((a.is_string() || a.is_seq()) && b.is_intlike()) return repeat(a, b.as_int());
     if ((b.is_string() || b.is_seq()) && a.is_intlike()) return repeat(b, a.as_int());
     if (a.is_string() || a.is_seq())
@@ -247,6 +252,13 @@ bool contains(const Value& c, const Value& item) {
       if (item.is_dict()) py_raise("TypeError", "unhashable type: 'dict'");
       if (!item.is_string()) return false;
       return c.dict->find(item.s) != nullptr;
+    case Type::Object:
+      if (c.as<IterObj>()) {
+        for (const Value& x : iterate(c))
+          if (equals(x, item)) return true;
+        return false;
+      }
+      [[fallthrough]];
     default: py_raise("TypeError", "argument of type '" + type_name(c) + "' is not iterable");
   }
 }
@@ -778,6 +790,14 @@ Value Interp::eval(const Expr& e, const ScopePtr& scope) {
       Value a = eval(*e.kids[0], scope);
       Value b = eval(*e.kids[1], scope);
       line_ = e.line;
+      if (e.name == "**" && e.kids[0]->pure && !e.kids[1]->pure && a.is_number() &&
+          (a.is_float() ? std::signbit(a.f) : a.as_int() < 0)) {
+        // jinja2 constant-folds the base and emits it unparenthesised ("(-2 ** x)"), which Python
+        // reads as -(2 ** x). Reproduce that.
+        Value pos = a.is_float() ? Value::number(-a.f) : Value::integer(-a.as_int());
+        Value r = binop("**", pos, b);
+        return r.is_float() ? Value::number(-r.f) : Value::integer(-r.as_int());
+      }
       return binop(e.name, a, b);
     }
     case EK::Compare: {

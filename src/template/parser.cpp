@@ -46,6 +46,7 @@ class Parser {
     auto prog = std::make_unique<Program>();
     prog->body = subparse({});
     if (cur().type != Tok::Eof) fail_here("unexpected " + repr_str(describe(cur())));
+    mark_pure(prog->body);
     return prog;
   }
 
@@ -300,6 +301,40 @@ class Parser {
       }
     }
   }
+  // Which expressions jinja2's optimizer folds to constants (nodes.*.as_const succeeds).
+  static bool mark_pure(Expr* e) {
+    if (!e) return true;
+    bool all = true;
+    for (auto& k : e->kids) all = mark_pure(k.get()) && all;
+    for (auto& a : e->call.args) all = mark_pure(a.get()) && all;
+    for (auto& kv : e->call.kwargs) all = mark_pure(kv.second.get()) && all;
+    all = mark_pure(e->call.dyn_args.get()) && all;
+    all = mark_pure(e->call.dyn_kwargs.get()) && all;
+    switch (e->kind) {
+      case EK::Name:
+      case EK::Call: e->pure = false; break;
+      case EK::Filter:
+        e->pure = all && e->kids[0] && e->name != "map" && e->name != "select" && e->name != "reject" &&
+                  e->name != "selectattr" && e->name != "rejectattr";
+        break;
+      case EK::CondExpr: e->pure = all && e->kids[2]; break;
+      default: e->pure = all;
+    }
+    return e->pure;
+  }
+  static void mark_pure(Body& body) {
+    for (auto& s : body) {
+      for (auto& e : s->exprs) mark_pure(e.get());
+      for (auto& b : s->bodies) mark_pure(b);
+      mark_pure(s->expr.get());
+      mark_pure(s->cond.get());
+      if (s->macro) {
+        for (auto& d : s->macro->defaults) mark_pure(d.get());
+        mark_pure(s->macro->body);
+      }
+    }
+  }
+
   static void mark_special(MacroDef& m) {
     std::set<std::string> names;
     collect_names(m.body, names);

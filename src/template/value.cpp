@@ -40,6 +40,43 @@ Value Object::call(Interp&, CallArgs&) { py_raise("TypeError", "'" + type_name()
 
 bool Object::get_attr(const std::string&, Value&) const { return false; }
 
+std::string IterObj::repr() const {
+  if (view) {
+    List rest(items.begin(), items.end());
+    return name + "(" + tpl::repr(Value::make_list(std::move(rest))) + ")";
+  }
+  if (name == "generator") return "<generator object " + owner + ">";
+  return "<" + name + " object>";
+}
+
+List IterObj::take() {
+  if (view) return items;
+  if (error) {
+    PyError e = *error;
+    error.reset();
+    throw e;
+  }
+  List out(items.begin() + static_cast<long>(std::min(pos, items.size())), items.end());
+  pos = items.size();
+  return out;
+}
+
+Value make_iter(std::string name, List items, std::string owner) {
+  auto it = std::make_shared<IterObj>();
+  it->name = std::move(name);
+  it->owner = std::move(owner);
+  it->items = std::move(items);
+  return Value::object(std::move(it));
+}
+
+Value make_view(std::string name, List items) {
+  auto it = std::make_shared<IterObj>();
+  it->name = std::move(name);
+  it->items = std::move(items);
+  it->view = true;
+  return Value::object(std::move(it));
+}
+
 bool CallArgs::take_kw(std::string_view name, Value& out) {
   for (auto it = kw.begin(); it != kw.end(); ++it) {
     if (it->first == name) {
@@ -93,7 +130,7 @@ bool truthy(const Value& v) {
     case Type::String: return !v.s.empty();
     case Type::List: return !v.list->empty();
     case Type::Dict: return v.dict->size() != 0;
-    case Type::Object: return true;
+    case Type::Object: return v.obj->truthy();
   }
   return false;
 }
@@ -495,16 +532,19 @@ List iterate(const Value& v) {
       List out;
       if (uni::is_ascii(v.s)) {
         out.reserve(v.s.size());
-        for (char c : v.s) out.push_back(Value::string(std::string(1, c), v.flag));
+        for (char c : v.s) out.push_back(Value::string(std::string(1, c)));
       } else {
         for (char32_t c : uni::decode(v.s)) {
           std::string s;
           uni::append_utf8(s, c);
-          out.push_back(Value::string(std::move(s), v.flag));
+          out.push_back(Value::string(std::move(s)));
         }
       }
       return out;
     }
+    case Type::Object:
+      if (auto* it = dynamic_cast<IterObj*>(v.obj.get())) return it->take();
+      [[fallthrough]];
     default: py_raise("TypeError", "'" + type_name(v) + "' object is not iterable");
   }
 }
@@ -515,6 +555,9 @@ int64_t py_len(const Value& v) {
     case Type::String: return static_cast<int64_t>(uni::length(v.s));
     case Type::List: return static_cast<int64_t>(v.list->size());
     case Type::Dict: return static_cast<int64_t>(v.dict->size());
+    case Type::Object:
+      if (auto* it = dynamic_cast<IterObj*>(v.obj.get()); it && it->view) return static_cast<int64_t>(it->items.size());
+      [[fallthrough]];
     default: py_raise("TypeError", "object of type '" + type_name(v) + "' has no len()");
   }
 }

@@ -43,6 +43,7 @@ struct Object {
   virtual Value call(Interp& in, CallArgs& args);
   // Attribute lookup on the object itself (namespace attrs, loop.index, ...).
   virtual bool get_attr(const std::string& name, Value& out) const;
+  virtual bool truthy() const { return true; }
 };
 
 enum class Type : uint8_t { Undefined, None, Bool, Int, Float, String, List, Dict, Object };
@@ -136,6 +137,24 @@ struct Value {
   int64_t as_int() const { return type == Type::Bool ? (b ? 1 : 0) : i; }
   double as_double() const { return type == Type::Float ? f : static_cast<double>(as_int()); }
 };
+
+// The lazy iterables jinja2 hands out: generators (map/select/unique/batch/|items ...), reverse
+// iterators (|reverse of a list) and dict views (d.items()/keys()/values()). Generators and iterators
+// are single-use, unsized and always truthy; views are reusable, sized and truthy when non-empty.
+struct IterObj : Object {
+  std::string name;   // Python type name: "generator", "list_reverseiterator", "dict_items", ...
+  std::string owner;  // generator function name, for repr
+  List items;
+  size_t pos = 0;     // items before pos were consumed
+  bool view = false;
+  std::shared_ptr<PyError> error;  // raised when consumed (errors inside a generator are lazy)
+  std::string type_name() const override { return name; }
+  std::string repr() const override;
+  bool truthy() const override { return !view || !items.empty(); }
+  List take();  // what iter() would yield now (consumes a generator)
+};
+Value make_iter(std::string name, List items, std::string owner = "");
+Value make_view(std::string name, List items);
 
 struct CallArgs {
   std::vector<Value> pos;

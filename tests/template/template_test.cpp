@@ -2,6 +2,7 @@
 // gen_template_fixtures.py) must come out byte-identical; errors must be clear TemplateErrors.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -118,6 +119,23 @@ TEST(TemplateFixtures, Qwen35MatchesJinja2) {
 TEST(TemplateFixtures, FeaturesMatchJinja2) {
   auto rows = read_jsonl(data_path("features_fixtures.jsonl"));
   ASSERT_GE(rows.size(), 100u);
+  std::vector<std::string> failures;
+  for (const auto& row : rows) {
+    std::string f = check_row(row, [&] {
+      ChatTemplate t(row.at("template").get<std::string>());
+      return t.render(row.at("context"));
+    });
+    if (!f.empty()) failures.push_back(f);
+  }
+  report(failures, rows.size());
+}
+
+// Extra fixtures in the features_fixtures.jsonl format (e.g. other models' templates rendered by the
+// same generator), for local differential runs: BONSAI_TEMPLATE_EXTRA_FIXTURES=/path/to/rows.jsonl
+TEST(TemplateFixtures, ExtraFixturesFromEnv) {
+  const char* path = std::getenv("BONSAI_TEMPLATE_EXTRA_FIXTURES");
+  if (!path || !*path) GTEST_SKIP() << "BONSAI_TEMPLATE_EXTRA_FIXTURES not set";
+  auto rows = read_jsonl(path);
   std::vector<std::string> failures;
   for (const auto& row : rows) {
     std::string f = check_row(row, [&] {
