@@ -10,6 +10,7 @@
 #include "format/ternary_codec.h"
 #include "model/pack.h"
 #include "model/tensor_names.h"
+#include "tokenizer/gguf_vocabulary.h"
 #include "tokenizer/hf_tokenizer_json.h"
 #include "util/error.h"
 #include "util/half.h"
@@ -180,19 +181,6 @@ HadamardContract contract_for(const Model& m) {
   return h;
 }
 
-void vocabulary_to_gguf(const Vocabulary& v, const std::string& chat_template, GgufWriter& w) {
-  w.set("tokenizer.ggml.model", GgufValue::str("gpt2"));
-  w.set("tokenizer.ggml.pre", GgufValue::str(v.pre));
-  w.set("tokenizer.ggml.tokens", GgufValue::arr_str(v.tokens));
-  w.set("tokenizer.ggml.token_type", GgufValue::arr_i32(v.token_types));
-  w.set("tokenizer.ggml.merges", GgufValue::arr_str(v.merges));
-  if (v.eos_id >= 0) w.set("tokenizer.ggml.eos_token_id", GgufValue::u32(uint32_t(v.eos_id)));
-  if (v.pad_id) w.set("tokenizer.ggml.padding_token_id", GgufValue::u32(uint32_t(*v.pad_id)));
-  if (v.bos_id) w.set("tokenizer.ggml.bos_token_id", GgufValue::u32(uint32_t(*v.bos_id)));
-  w.set("tokenizer.ggml.add_bos_token", GgufValue::boolean(v.add_bos));
-  if (!chat_template.empty()) w.set("tokenizer.chat_template", GgufValue::str(chat_template));
-}
-
 void write_gguf_pack(const Model& m, const PackExtras& x, TernaryFormat fmt, const std::string& path) {
   const ModelConfig& c = m.config;
   GgufWriter w;
@@ -200,7 +188,8 @@ void write_gguf_pack(const Model& m, const PackExtras& x, TernaryFormat fmt, con
   w.set("general.name", GgufValue::str(x.name));
   w.set("general.file_type", GgufValue::u32(fmt == TernaryFormat::PQ2_0 ? 141 : 142));
   config_to_gguf(c, w);
-  if (x.vocab) vocabulary_to_gguf(*x.vocab, x.chat_template, w);
+  if (x.vocab) add_vocabulary_to_gguf(w, *x.vocab);
+  if (!x.chat_template.empty()) w.set("tokenizer.chat_template", GgufValue::str(x.chat_template));
   if (m.hadamard.enabled) hadamard_to_gguf(contract_for(m), w);
   const uint32_t ttype = fmt == TernaryFormat::PQ2_0 ? ggml_type::PQ2_0 : ggml_type::PTQ1_0;
   for (const TensorSpec& s : tensor_specs(c)) {

@@ -39,8 +39,4 @@ void write_mlx_pack(const Model& m, const PackExtras& x, const std::string& dir)
 // Writes dir/model.safetensors (F32, HF names) and dir/config.json (Qwen3_5ForCausalLM) + tokenizer.json.
 void write_effective_weights(const FloatModel& f, const PackExtras& x, const std::string& dir);
 
-// GGUF tokenizer.ggml.* keys of a vocabulary (+ chat template when non-empty).
-class GgufWriter;
-void vocabulary_to_gguf(const Vocabulary& v, const std::string& chat_template, GgufWriter& w);
-
 }  // namespace bonsai

@@ -9,6 +9,8 @@
 #include <set>
 
 #include "format/gguf.h"
+#include "format/mlx_pack.h"
+#include "format/safetensors.h"
 #include "model/pack.h"
 #include "tiny_packs.h"
 #include "util/error.h"
@@ -315,4 +317,58 @@ TEST(BrokenPacks, LoadRefusesListingEveryProblem) {
     EXPECT_NE(m.find("version is 3"), std::string::npos) << m;
     EXPECT_NE(m.find("axis is 'rows'"), std::string::npos) << m;
   }
+}
+
+namespace {
+
+// Copies the good MLX folder, then rewrites model.safetensors with `edit` applied to one tensor's bytes
+// and/or replaces hadamard.json.
+std::string broken_mlx(const std::string& name, const std::string& tensor, const std::function<void(std::vector<uint8_t>&)>& edit,
+                       const std::function<void(nlohmann::json&)>& edit_contract = nullptr) {
+  namespace fs = std::filesystem;
+  const std::string dir = tiny_packs().dir + "/broken_" + name + "-mlx";
+  fs::remove_all(dir);
+  fs::copy(tiny_packs().mlx, dir, fs::copy_options::recursive);
+  if (!tensor.empty()) {
+    SafetensorsWriter w;
+    {
+      SafetensorsFile f(tiny_packs().mlx + "/model.safetensors");
+      for (const StTensor& t : f.tensors()) {
+        std::vector<uint8_t> b(t.data, t.data + t.nbytes);
+        if (t.name == tensor) edit(b);
+        w.add(t.name, t.dtype, t.shape, std::move(b));
+      }
+    }
+    w.write(dir + "/model.safetensors");
+  }
+  if (edit_contract) {
+    nlohmann::json j = read_json_file(dir + "/hadamard.json");
+    edit_contract(j);
+    std::ofstream(dir + "/hadamard.json") << j.dump();
+  }
+  return dir;
+}
+
+}  // namespace
+
+TEST(BrokenPacks, MlxBiasesMustBeMinusScales) {
+  const std::string dir = broken_mlx("biases", "language_model.model.layers.1.mlp.up_proj.biases", [](std::vector<uint8_t>& b) {
+    b[2 * 77 + 1] ^= 0x80;  // flip the sign of one bias: now equal to +scale
+  });
+  try {
+    load_model(dir);
+    FAIL() << "loaded MLX biases that are not -scales";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("up_proj"), std::string::npos) << e.what();
+  }
+}
+
+TEST(BrokenPacks, MlxContractIsCheckedLikeGguf) {
+  const std::string dir = broken_mlx("contract", "", nullptr, [](nlohmann::json& j) {
+    j.erase("transform");
+    j["inverse_weight_names"] = {"blk.0.ffn_up.weight"};
+  });
+  const std::string msg = problems_of(dir);
+  EXPECT_NE(msg.find("hadamard.json: key 'transform' is missing"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("inverse_weight_names lists 'blk.0.ffn_up.weight'"), std::string::npos) << msg;
 }
