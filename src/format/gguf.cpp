@@ -467,7 +467,8 @@ void GgufFile::parse() {
   if (const GgufValue* a = find("general.alignment")) {
     if (a->type != GgufType::UINT32)
       fail("{}: key 'general.alignment' has type {}, expected UINT32", name, gguf_type_name(a->type));
-    if (!is_pow2(a->u)) fail("{}: key 'general.alignment' must be a non-zero power of two, found {}", name, a->u);
+    if (!is_pow2(a->u) || a->u > kMaxGgufAlignment)
+      fail("{}: key 'general.alignment' must be a power of two in 1..{}, found {}", name, kMaxGgufAlignment, a->u);
     alignment_ = uint32_t(a->u);
   }
 
@@ -650,7 +651,8 @@ std::optional<std::string> GgufFile::opt_str(const std::string& key) const {
 // --- writer --------------------------------------------------------------------------------------
 
 void GgufWriter::set_alignment(uint32_t a) {
-  if (!is_pow2(a)) fail("GGUF writer: alignment must be a non-zero power of two, got {}", a);
+  if (!is_pow2(a) || a > kMaxGgufAlignment)
+    fail("GGUF writer: alignment must be a power of two in 1..{}, got {}", kMaxGgufAlignment, a);
   alignment_ = a;
   if (a != kDefaultAlignment) {
     set("general.alignment", GgufValue::u32(a));
@@ -664,8 +666,8 @@ void GgufWriter::set(const std::string& key, GgufValue v) {
   if (key.empty()) fail("GGUF writer: empty metadata key");
   if (key == "general.alignment") {
     // Keep the key and the layout the writer uses in agreement, whichever way the caller set it.
-    if (v.type != GgufType::UINT32 || !is_pow2(v.u) || v.u > 0xffffffffu)
-      fail("GGUF writer: key 'general.alignment' must be a UINT32 non-zero power of two");
+    if (v.type != GgufType::UINT32 || !is_pow2(v.u) || v.u > kMaxGgufAlignment)
+      fail("GGUF writer: key 'general.alignment' must be a UINT32 power of two in 1..{}", kMaxGgufAlignment);
     alignment_ = uint32_t(v.u);
   }
   for (auto& kv : kv_) {

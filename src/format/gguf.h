@@ -18,6 +18,10 @@ namespace bonsai {
 
 class Progress;
 
+// Largest general.alignment accepted (real packs use 32). Bounding it keeps the padding a writer or
+// reader may have to materialise small (found by fuzzing: a 2^31 alignment made the writer allocate 2 GB).
+constexpr uint32_t kMaxGgufAlignment = 1u << 16;
+
 enum class GgufType : uint32_t {
   UINT8 = 0, INT8 = 1, UINT16 = 2, INT16 = 3, UINT32 = 4, INT32 = 5, FLOAT32 = 6, BOOL = 7,
   STRING = 8, ARRAY = 9, UINT64 = 10, INT64 = 11, FLOAT64 = 12,

@@ -373,7 +373,7 @@ TEST_F(GgufTest, WriterRefusesWhatItCannotWriteFaithfully) {
   w.add_tensor("t", ggml_type::F32, {4}, std::vector<uint8_t>(16));
   EXPECT_THAT(error_of([&] { w.add_tensor("t", ggml_type::F32, {4}, std::vector<uint8_t>(16)); }),
               HasSubstr("duplicate tensor name 't'"));
-  EXPECT_THAT(error_of([&] { w.set_alignment(48); }), HasSubstr("power of two, got 48"));
+  EXPECT_THAT(error_of([&] { w.set_alignment(48); }), HasSubstr("power of two in 1..65536, got 48"));
   EXPECT_THAT(error_of([&] { w.set("general.alignment", GgufValue::u64(64)); }), HasSubstr("UINT32"));
 
   GgufWriter bad_array;
@@ -524,10 +524,14 @@ TEST(GgufBroken, EmptyKeyAndEmptyTensorName) {
 TEST(GgufBroken, BadAlignmentValue) {
   Bytes g;
   g.header(0, 1).kv_u32("general.alignment", 48);
-  EXPECT_THAT(gguf_error(g.b), HasSubstr("key 'general.alignment' must be a non-zero power of two, found 48"));
+  EXPECT_THAT(gguf_error(g.b), HasSubstr("key 'general.alignment' must be a power of two in 1..65536, found 48"));
   Bytes z;
   z.header(0, 1).kv_u32("general.alignment", 0);
-  EXPECT_THAT(gguf_error(z.b), HasSubstr("non-zero power of two, found 0"));
+  EXPECT_THAT(gguf_error(z.b), HasSubstr("power of two in 1..65536, found 0"));
+  // Found by fuzzing: a huge power of two made a writer re-serialising the file allocate 2 GB of padding.
+  Bytes h;
+  h.header(0, 1).kv_u32("general.alignment", 1u << 31);
+  EXPECT_THAT(gguf_error(h.b), HasSubstr("power of two in 1..65536, found 2147483648"));
   Bytes t;
   t.header(0, 1).str("general.alignment").u32(uint32_t(GgufType::UINT64)).u64(32);
   EXPECT_THAT(gguf_error(t.b), HasSubstr("key 'general.alignment' has type UINT64, expected UINT32"));
