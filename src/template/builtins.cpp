@@ -75,21 +75,22 @@ std::string py_strip(const std::string& s, const Value& chars, bool left, bool r
     set = uni::decode(chars.s);
     cs = &set;
   }
-  if (!cs && uni::is_ascii(s)) {
-    size_t b = 0, e = s.size();
-    if (left)
-      while (b < e && uni::is_space(static_cast<unsigned char>(s[b]))) ++b;
-    if (right)
-      while (e > b && uni::is_space(static_cast<unsigned char>(s[e - 1]))) --e;
-    return s.substr(b, e - b);
+  size_t b = 0, e = s.size();
+  if (left) {
+    while (b < e) {
+      size_t p = b;
+      if (!in_set(uni::next_cp(s, p), cs)) break;
+      b = p;
+    }
   }
-  U32 u = uni::decode(s);
-  size_t b = 0, e = u.size();
-  if (left)
-    while (b < e && in_set(u[b], cs)) ++b;
-  if (right)
-    while (e > b && in_set(u[e - 1], cs)) --e;
-  return uni::encode(U32(u.substr(b, e - b)));
+  if (right) {
+    while (e > b) {
+      size_t p = e;
+      if (!in_set(uni::prev_cp(s, p), cs)) break;
+      e = p;
+    }
+  }
+  return s.substr(b, e - b);
 }
 
 std::string py_replace(const std::string& s, const std::string& old, const std::string& nw, int64_t count) {

@@ -54,6 +54,43 @@ std::u32string decode(std::string_view s) {
   return out;
 }
 
+char32_t next_cp(std::string_view s, size_t& pos) {
+  unsigned char c = static_cast<unsigned char>(s[pos]);
+  if (c < 0x80) {
+    ++pos;
+    return c;
+  }
+  int len = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+  if (len == 0 || pos + static_cast<size_t>(len) > s.size()) {
+    ++pos;
+    return 0xFFFD;
+  }
+  char32_t cp = c & (len == 2 ? 0x1F : len == 3 ? 0x0F : 0x07);
+  for (int k = 1; k < len; ++k) {
+    unsigned char cc = static_cast<unsigned char>(s[pos + static_cast<size_t>(k)]);
+    if ((cc & 0xC0) != 0x80) {
+      ++pos;
+      return 0xFFFD;
+    }
+    cp = (cp << 6) | (cc & 0x3F);
+  }
+  pos += static_cast<size_t>(len);
+  return cp;
+}
+
+char32_t prev_cp(std::string_view s, size_t& pos) {
+  size_t start = pos - 1;
+  while (start > 0 && pos - start < 4 && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
+  size_t p = start;
+  char32_t cp = next_cp(s, p);
+  if (p != pos) {  // malformed: step back one byte
+    pos -= 1;
+    return 0xFFFD;
+  }
+  pos = start;
+  return cp;
+}
+
 void append_utf8(std::string& out, char32_t cp) {
   if (cp < 0x80) {
     out.push_back(static_cast<char>(cp));

@@ -13,6 +13,10 @@ namespace bonsai::tpl::uni {
 std::u32string decode(std::string_view s);
 void append_utf8(std::string& out, char32_t cp);
 std::string encode(std::u32string_view s);
+// Decodes the code point at pos and advances pos (invalid byte: U+FFFD, one byte).
+char32_t next_cp(std::string_view s, size_t& pos);
+// Decodes the code point ending at pos and moves pos to its start.
+char32_t prev_cp(std::string_view s, size_t& pos);
 // Number of code points (Python len(str)).
 size_t length(std::string_view s);
 bool is_ascii(std::string_view s);
