@@ -1,13 +1,44 @@
 // The CPU backend's innermost kernels, behind a table chosen once at startup (runtime dispatch).
 //
-// Only portable C++ variants exist today (written so that GCC/Clang auto-vectorise them for the
-// baseline x86-64 SSE2 target). An AVX2 / AVX-512 variant is added by writing the same functions in a
-// file compiled with the matching target attribute and selecting it in kernels.cpp when
-// __builtin_cpu_supports says the machine has it. The op entry points (ops.h) never change.
+// Variants (each in its own translation unit, compiled with function-level target attributes so the
+// binary still runs on any x86-64; no -march=native):
+//   "avx512vnni"  AVX-512 F/BW/VL/DQ + VNNI (vpdpbusd)        kernels_avx512vnni.cpp
+//   "avx512bw"    AVX-512 F/BW/VL/DQ, no VNNI (vpmaddubsw)     kernels_avx512bw.cpp
+//   "avx2"        AVX2 + FMA                                   kernels_avx2.cpp
+//   "portable"    4-wide GCC/Clang vector extensions           kernels_portable.cpp
+// kernels() picks the best one the CPU supports (__builtin_cpu_supports, which also checks that the OS
+// saves the AVX-512 state). The environment variable BONSAI_CPU_KERNELS=avx512|avx2|portable (or an
+// exact variant name) overrides the choice; "avx512" is the family: avx512vnni when present, else avx512bw. A request
+// the CPU cannot run falls back to the best supported variant below it, with one line on stderr.
+// set_kernels() switches at run time (tests force each path through the ops with it).
+//
+// Two kinds of ternary kernel:
+//   fp32 activations (ternary_rows_x1 / _xm): exact up to fp32 accumulation (~1e-6 relative);
+//   int8 activations ("q8": quantize_q8 once per activation site, then ternary_rows_q8_x1 / _xm): the
+//   activation is rounded to int8 per 128-group, which is what lets the decode matvec keep up with memory
+//   (64 multiply-adds per vpdpbusd instead of 16 per FMA, and 16 codes per 4-byte word decoded with two
+//   byte-wide vector ops per 64 codes). Its error vs the fp64 reference is bounded in
+//   tests/backend/cpu_kernels_test.cpp; which one ternary_matmul uses is ternary_activation() below.
 #pragma once
 #include <cstdint>
 
 namespace bonsai::cpu {
+
+// ---- int8 activation layout ("q8") ---------------------------------------------------------------
+// One activation row x fp32 [K] (K % 128 == 0, G = K/128 groups of 128) becomes:
+//   q     int8  [K]  q = rint(x * (127 / amax_g)) (round to nearest even; 0 when amax_g == 0),
+//                    stored PLANE-PERMUTED within each chunk of 256 elements (two groups; a last odd
+//                    group forms a chunk of 128): with P = chunk/4 (64, or 32 for the odd tail),
+//                      q[chunk_base + t*P + p] = quantised x[chunk_base + 4*p + t],  t = 0..3, p < P.
+//                    Why: canonical code byte p of a chunk holds elements 4p..4p+3 at bits 2t, so
+//                    (codes >> 2t) & 3 over the chunk's P code bytes is "plane t", whose byte p lines up
+//                    with q plane t byte p. The weights are read in their canonical layout (no repack,
+//                    1x memory); only the activation, once per site, is reordered.
+//   scale fp32  [G]  s_g = amax_g / 127, so x ~= s_g * q
+//   sum   int32 [G]  sum of q over the group (maps the unsigned codes c to c - 1: sum (c-1) q = sum c q - sum q)
+// Several rows (M > 1): q [M, K], scale [M, G], sum [M, G], row-major.
+// Every variant quantises bit-identically (same fp32 ops, same rounding), so the q8 variants differ from
+// each other only by fp32 summation order.
 
 struct Kernels {
   const char* name;
@@ -24,9 +55,42 @@ struct Kernels {
                           const float* x, int64_t M, float* y, int64_t ldy);
   // fp32 dot product of length n with several partial sums.
   float (*dot)(const float* a, const float* b, int64_t n);
+
+  // One activation row to the q8 layout above: x fp32 [K] -> q int8 [K], scale fp32 [K/128], sum int32 [K/128].
+  void (*quantize_q8)(const float* x, int64_t K, int8_t* q, float* scale, int32_t* sum);
+  // q8 matvec: y[n - n0] = sum_g d[n][g] * s_g * sum_{e in g} (code[n][e] - 1) * q[e], rows n0 <= n < n1;
+  // q, qscale, qsum: one quantised row (layout above).
+  void (*ternary_rows_q8_x1)(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
+                             const int8_t* q, const float* qscale, const int32_t* qsum, float* y);
+  // q8 GEMM tile: the same for M quantised rows (q [M, K], qscale / qsum [M, K/128]); y as ternary_rows_xm.
+  void (*ternary_rows_q8_xm)(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
+                             const int8_t* q, const float* qscale, const int32_t* qsum, int64_t M, float* y,
+                             int64_t ldy);
 };
 
-const Kernels& kernels();          // the variant for this machine
-const Kernels& portable_kernels();  // always the portable one (tests compare variants against it)
+const Kernels& kernels();            // the active variant (chosen at first use; see above)
+const char* kernels_name();          // kernels().name: what `bonsai run` / `bonsai bench` print
+const Kernels& portable_kernels();   // always the portable one
+// The variant with exactly this name ("avx512vnni", "avx512bw", "avx2", "portable") when this build has
+// it and this CPU can run it; nullptr otherwise.
+const Kernels* find_kernels(const char* name);
+// Makes `name` (an exact variant name or "avx512") the active variant; false (nothing changes) when the
+// CPU cannot run it. Call it while no op is running.
+bool set_kernels(const char* name);
+
+// ---- Activation precision of the ternary ops (ternary_matmul / _multi) --------------------------------
+// f32: the fp32-activation kernels (exact to fp32 rounding). q8: quantise the activation once per call
+// (once per site for ternary_matmul_multi) and use the int8 kernels.
+// Default: f32 until the whole-model gate has measured q8; BONSAI_CPU_ACT=q8|f32 overrides at startup.
+enum class TernaryActivation { f32, q8 };
+TernaryActivation ternary_activation();
+void set_ternary_activation(TernaryActivation a);  // call while no op is running
+
+namespace detail {
+// Per-ISA tables, defined in kernels_<isa>.cpp; nullptr when the build has no such variant (non-x86).
+const Kernels* avx512vnni_kernels();
+const Kernels* avx512bw_kernels();
+const Kernels* avx2_kernels();
+}  // namespace detail
 
 }  // namespace bonsai::cpu

@@ -3,6 +3,7 @@
 // ternary dot products scalar (measured: ~2.5 cycles per weight).
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 
 #include "backend/cpu/kernels.h"
@@ -162,8 +163,78 @@ void ternary_rows_xm_portable(const uint32_t* words, const uint16_t* scales, int
   for (; n < n1; ++n) rows_tile_xm<1>(words, scales, K, n, x, M, y + (n - n0), ldy);
 }
 
-const Kernels kPortable{"portable", fwht_block_portable, ternary_rows_x1_portable, ternary_rows_xm_portable,
-                            dot_portable};
+// ---- int8 activations (layout in kernels.h) ----
+
+// The q8 rounding every variant reproduces bit for bit: v = x * (127 / amax), round to nearest even.
+// |v| <= 127 (+1 ulp) so the result always fits int8; a NaN input quantises to 0 here (undefined anyway).
+inline int8_t q8_round(float v) {
+  const float r = std::nearbyint(v);
+  return (r >= -127.0f && r <= 127.0f) ? int8_t(r) : int8_t(0);
+}
+
+void quantize_q8_portable(const float* x, int64_t K, int8_t* q, float* scale, int32_t* sum) {
+  const int64_t G = K / 128;
+  for (int64_t g = 0; g < G; ++g) {
+    const float* xg = x + 128 * g;
+    float amax = 0.0f;
+    for (int e = 0; e < 128; ++e) amax = std::max(amax, std::fabs(xg[e]));
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    scale[g] = amax / 127.0f;
+    const int64_t base = 256 * (g / 2), P = (g / 2 * 2 + 1 < G) ? 64 : 32;
+    int32_t s = 0;
+    for (int64_t e = 128 * g; e < 128 * g + 128; ++e) {
+      const int64_t local = e - base;  // element 4p + t of its chunk
+      const int8_t v = q8_round(x[e] * inv);
+      q[base + (local & 3) * P + (local >> 2)] = v;
+      s += v;
+    }
+    sum[g] = s;
+  }
+}
+
+// Exact integer dot of one row's codes with one quantised row, per group, then scaled in fp32:
+// y = sum_g float(sum_e code*q - sum_g q) * (d_g * s_g).
+float q8_row_dot(const uint8_t* wb, const uint16_t* sr, int64_t G, const int8_t* q, const float* qs,
+                 const int32_t* qsum) {
+  float total = 0.0f;
+  for (int64_t c = 0; 2 * c < G; ++c) {
+    const int64_t P = (2 * c + 1 < G) ? 64 : 32;
+    const uint8_t* cb = wb + 64 * c;
+    const int8_t* qc = q + 256 * c;
+    int32_t acc[2] = {0, 0};
+    for (int64_t p = 0; p < P; ++p) {
+      const int b = cb[p];
+      acc[p >> 5] += (b & 3) * qc[p] + ((b >> 2) & 3) * qc[P + p] + ((b >> 4) & 3) * qc[2 * P + p] +
+                     (b >> 6) * qc[3 * P + p];
+    }
+    for (int64_t h = 0; h < P / 32; ++h) {
+      const int64_t g = 2 * c + h;
+      total += float(acc[h] - qsum[g]) * (fp16_to_f32(sr[g]) * qs[g]);
+    }
+  }
+  return total;
+}
+
+void ternary_rows_q8_x1_portable(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
+                                 const int8_t* q, const float* qscale, const int32_t* qsum, float* y) {
+  const int64_t G = K / 128;
+  for (int64_t n = n0; n < n1; ++n)
+    y[n - n0] = q8_row_dot(reinterpret_cast<const uint8_t*>(words + n * (K / 16)), scales + n * G, G, q, qscale, qsum);
+}
+
+void ternary_rows_q8_xm_portable(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
+                                 const int8_t* q, const float* qscale, const int32_t* qsum, int64_t M, float* y,
+                                 int64_t ldy) {
+  const int64_t G = K / 128;
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t m = 0; m < M; ++m)
+      y[m * ldy + (n - n0)] = q8_row_dot(reinterpret_cast<const uint8_t*>(words + n * (K / 16)), scales + n * G, G,
+                                         q + m * K, qscale + m * G, qsum + m * G);
+}
+
+const Kernels kPortable{"portable",           fwht_block_portable,        ternary_rows_x1_portable,
+                        ternary_rows_xm_portable, dot_portable,           quantize_q8_portable,
+                        ternary_rows_q8_x1_portable, ternary_rows_q8_xm_portable};
 
 }  // namespace
 

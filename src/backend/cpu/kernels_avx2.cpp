@@ -1,0 +1,405 @@
+// The "avx2" kernel variant: AVX2 + FMA (Haswell / Zen 1 and later). Same algorithms as the AVX-512
+// variant (kernels_avx512_impl.h) on 8-lane vectors; the int8 dot products use vpmaddubsw + vpmaddwd
+// (no VNNI): one group of 128 codes is one 32-byte vector, its 4 code planes times the activation's 4
+// planes are summed in int16 (|.| <= 3048) and widened once.
+//
+// Every function carries the target attribute itself (not per-file -mavx2), so inline functions of the
+// standard headers stay baseline code in this translation unit (no ODR trap).
+#include "backend/cpu/kernels.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "util/half.h"
+
+#define TGT __attribute__((target("avx2,fma,popcnt,bmi,bmi2")))
+#define TGT_INLINE TGT inline __attribute__((always_inline))
+
+namespace bonsai::cpu {
+namespace {
+
+TGT_INLINE float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+TGT_INLINE int32_t hsum8i(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(s);
+}
+
+// 8 fp16 bit patterns -> fp32 without F16C: move exponent+mantissa into place and multiply by 2^112
+// (rebias 15 -> 127), which also gets zero and subnormals right. Scales are finite (inf/NaN not handled).
+TGT_INLINE __m256 fp16x8_to_f32(const uint16_t* h) {
+  const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+  const __m256i mag = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x7fff)), 13);
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x8000)), 16);
+  const __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(mag), _mm256_castsi256_ps(_mm256_set1_epi32(0x77800000)));
+  return _mm256_or_ps(f, _mm256_castsi256_ps(sign));
+}
+
+TGT float dot_avx2(const float* a, const float* b, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  float s = hsum8(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// x <- x * sign for 8 lanes: flip the fp32 sign bit where the int8 sign is negative.
+TGT_INLINE __m256 apply_signs(__m256 v, const int8_t* s) {
+  int64_t bytes;
+  std::memcpy(&bytes, s, 8);
+  const __m256i w = _mm256_cvtepi8_epi32(_mm_cvtsi64_si128(bytes));
+  return _mm256_xor_ps(v, _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(int(0x80000000u)))));
+}
+
+// In-register stages h = 1, 2, 4 of one 8-float vector: self + partner, or partner - self for the upper
+// element of each pair.
+TGT_INLINE __m256 fwht8(__m256 v) {
+  __m256 y = _mm256_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1));
+  v = _mm256_blend_ps(_mm256_add_ps(v, y), _mm256_sub_ps(y, v), 0xAA);
+  y = _mm256_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2));
+  v = _mm256_blend_ps(_mm256_add_ps(v, y), _mm256_sub_ps(y, v), 0xCC);
+  y = _mm256_permute2f128_ps(v, v, 1);
+  v = _mm256_blend_ps(_mm256_add_ps(v, y), _mm256_sub_ps(y, v), 0xF0);
+  return v;
+}
+
+TGT void fwht_block_avx2(float* x, int64_t n, const int8_t* pre_signs, const int8_t* post_signs, float scale) {
+  if (n < 8) {
+    portable_kernels().fwht_block(x, n, pre_signs, post_signs, scale);
+    return;
+  }
+  for (int64_t i = 0; i < n; i += 8) {
+    __m256 v = _mm256_loadu_ps(x + i);
+    if (pre_signs) v = apply_signs(v, pre_signs + i);
+    _mm256_storeu_ps(x + i, fwht8(v));
+  }
+  int64_t h = 8;
+  for (; 4 * h <= n; h *= 4)
+    for (int64_t i = 0; i < n; i += 4 * h) {
+      float* p = x + i;
+      for (int64_t j = 0; j < h; j += 8) {
+        const __m256 a = _mm256_loadu_ps(p + j), b = _mm256_loadu_ps(p + j + h);
+        const __m256 c = _mm256_loadu_ps(p + j + 2 * h), d = _mm256_loadu_ps(p + j + 3 * h);
+        const __m256 ab = _mm256_add_ps(a, b), amb = _mm256_sub_ps(a, b);
+        const __m256 cd = _mm256_add_ps(c, d), cmd = _mm256_sub_ps(c, d);
+        _mm256_storeu_ps(p + j, _mm256_add_ps(ab, cd));
+        _mm256_storeu_ps(p + j + h, _mm256_add_ps(amb, cmd));
+        _mm256_storeu_ps(p + j + 2 * h, _mm256_sub_ps(ab, cd));
+        _mm256_storeu_ps(p + j + 3 * h, _mm256_sub_ps(amb, cmd));
+      }
+    }
+  if (h < n)
+    for (int64_t j = 0; j < h; j += 8) {
+      const __m256 a = _mm256_loadu_ps(x + j), b = _mm256_loadu_ps(x + j + h);
+      _mm256_storeu_ps(x + j, _mm256_add_ps(a, b));
+      _mm256_storeu_ps(x + j + h, _mm256_sub_ps(a, b));
+    }
+  const __m256 sc = _mm256_set1_ps(scale);
+  for (int64_t i = 0; i < n; i += 8) {
+    __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), sc);
+    if (post_signs) v = apply_signs(v, post_signs + i);
+    _mm256_storeu_ps(x + i, v);
+  }
+}
+
+// ---- fp32-activation ternary kernels ----------------------------------------------------------------
+
+// 8 codes (16 bits of a word, starting at bit `base`) -> 8 floats (code - 1): lane i shifted by
+// base + 2i, then vpermps with an 8-entry table on the low 3 bits, entry k = (k & 3) - 1.
+TGT_INLINE __m256 decode8(uint32_t word, __m256i shifts, __m256 lut) {
+  return _mm256_permutevar8x32_ps(lut, _mm256_srlv_epi32(_mm256_set1_epi32(int(word)), shifts));
+}
+
+template <int R>
+TGT_INLINE void f32_rows_x1(const uint32_t* w0, int64_t K, const uint16_t* s0, const float* x, float* y) {
+  const int64_t G = K / 128, W = K / 16;
+  const __m256i sh_lo = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+  const __m256i sh_hi = _mm256_setr_epi32(16, 18, 20, 22, 24, 26, 28, 30);
+  const __m256 lut = _mm256_setr_ps(-1, 0, 1, 2, -1, 0, 1, 2);
+  __m256 tot[R];
+  for (int r = 0; r < R; ++r) tot[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    __m256 a[R][2];
+    for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = _mm256_setzero_ps();
+    for (int i = 0; i < 8; ++i) {
+      const __m256 x0 = _mm256_loadu_ps(x + 128 * g + 16 * i), x1 = _mm256_loadu_ps(x + 128 * g + 16 * i + 8);
+      for (int r = 0; r < R; ++r) {
+        const uint32_t wd = w0[r * W + 8 * g + i];
+        a[r][0] = _mm256_fmadd_ps(decode8(wd, sh_lo, lut), x0, a[r][0]);
+        a[r][1] = _mm256_fmadd_ps(decode8(wd, sh_hi, lut), x1, a[r][1]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      tot[r] = _mm256_fmadd_ps(_mm256_add_ps(a[r][0], a[r][1]), _mm256_set1_ps(fp16_to_f32(s0[r * G + g])), tot[r]);
+  }
+  for (int r = 0; r < R; ++r) y[r] = hsum8(tot[r]);
+}
+
+TGT void ternary_rows_x1_avx2(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
+                              const float* x, float* y) {
+  const int64_t G = K / 128, W = K / 16;
+  int64_t n = n0;
+  for (; n + 2 <= n1; n += 2) f32_rows_x1<2>(words + n * W, K, scales + n * G, x, y + (n - n0));
+  for (; n < n1; ++n) f32_rows_x1<1>(words + n * W, K, scales + n * G, x, y + (n - n0));
+}
+
+// GEMM tile, fp32 activations: R rows of one group decoded (times d, exact) into an L1 tile, then every
+// activation row m runs against them.
+template <int R>
+TGT_INLINE void f32_rows_xm(const uint32_t* w0, int64_t K, const uint16_t* s0, const float* x, int64_t M, float* y,
+                            int64_t ldy) {
+  const int64_t G = K / 128, W = K / 16;
+  const __m256i sh_lo = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+  const __m256i sh_hi = _mm256_setr_epi32(16, 18, 20, 22, 24, 26, 28, 30);
+  const __m256 lut = _mm256_setr_ps(-1, 0, 1, 2, -1, 0, 1, 2);
+  constexpr int kMT = 32;
+  alignas(32) float wt[R][128];
+  float acc[kMT][R];
+  for (int64_t m0 = 0; m0 < M; m0 += kMT) {
+    const int64_t mc = std::min<int64_t>(kMT, M - m0);
+    for (int64_t m = 0; m < mc; ++m)
+      for (int r = 0; r < R; ++r) acc[m][r] = 0.0f;
+    for (int64_t g = 0; g < G; ++g) {
+      for (int r = 0; r < R; ++r) {
+        const __m256 d = _mm256_set1_ps(fp16_to_f32(s0[r * G + g]));
+        for (int i = 0; i < 8; ++i) {
+          const uint32_t wd = w0[r * W + 8 * g + i];
+          _mm256_store_ps(&wt[r][16 * i], _mm256_mul_ps(decode8(wd, sh_lo, lut), d));
+          _mm256_store_ps(&wt[r][16 * i + 8], _mm256_mul_ps(decode8(wd, sh_hi, lut), d));
+        }
+      }
+      for (int64_t m = 0; m < mc; ++m) {
+        const float* xg = x + (m0 + m) * K + 128 * g;
+        __m256 a[R][2];
+        for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = _mm256_setzero_ps();
+        for (int j = 0; j < 128; j += 16) {
+          const __m256 x0 = _mm256_loadu_ps(xg + j), x1 = _mm256_loadu_ps(xg + j + 8);
+          for (int r = 0; r < R; ++r) {
+            a[r][0] = _mm256_fmadd_ps(_mm256_load_ps(&wt[r][j]), x0, a[r][0]);
+            a[r][1] = _mm256_fmadd_ps(_mm256_load_ps(&wt[r][j + 8]), x1, a[r][1]);
+          }
+        }
+        for (int r = 0; r < R; ++r) acc[m][r] += hsum8(_mm256_add_ps(a[r][0], a[r][1]));
+      }
+    }
+    for (int64_t m = 0; m < mc; ++m)
+      for (int r = 0; r < R; ++r) y[(m0 + m) * ldy + r] = acc[m][r];
+  }
+}
+
+TGT void ternary_rows_xm_avx2(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
+                              const float* x, int64_t M, float* y, int64_t ldy) {
+  const int64_t G = K / 128, W = K / 16;
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) f32_rows_xm<4>(words + n * W, K, scales + n * G, x, M, y + (n - n0), ldy);
+  for (; n < n1; ++n) f32_rows_xm<1>(words + n * W, K, scales + n * G, x, M, y + (n - n0), ldy);
+}
+
+// ---- int8 activations ---------------------------------------------------------------------------------
+
+// 32 int32 in [-127, 127] (four vectors, natural order) -> 32 int8 in natural order.
+TGT_INLINE __m256i pack32(__m256i a, __m256i b, __m256i c, __m256i d) {
+  const __m256i ab = _mm256_packs_epi32(a, b), cd = _mm256_packs_epi32(c, d);  // per 128-bit lane
+  const __m256i abcd = _mm256_packs_epi16(ab, cd);
+  // Lane-wise packing leaves dwords in order a0 b0 c0 d0 | a1 b1 c1 d1 (4 bytes each); restore order.
+  return _mm256_permutevar8x32_epi32(abcd, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+TGT void quantize_q8_avx2(const float* x, int64_t K, int8_t* q, float* scale, int32_t* sum) {
+  const int64_t G = K / 128;
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  // Within 16 natural bytes (4 dwords = p .. p+3, byte t of each), gather byte t of every dword: the
+  // result's dword t holds plane t for those 4 p's.
+  const __m256i to_planes = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1,
+                                             5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m256i qword_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t g = 0; g < G; ++g) {
+    const float* xg = x + 128 * g;
+    __m256 mx = _mm256_setzero_ps();
+    for (int i = 0; i < 128; i += 8) mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(xg + i), absmask));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;  // the same scalar ops as the portable kernel
+    scale[g] = amax / 127.0f;
+    const __m256 vinv = _mm256_set1_ps(inv);
+    const int64_t c = g / 2, base = 256 * c, P = (2 * c + 1 < G) ? 64 : 32, p_off = (g & 1) * 32;
+    int8_t* qc = q + base;
+    __m256i s = _mm256_setzero_si256();
+    for (int i = 0; i < 128; i += 32) {
+      __m256i v[4];
+      for (int k = 0; k < 4; ++k) {
+        v[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + i + 8 * k), vinv));  // nearest even
+        s = _mm256_add_epi32(s, v[k]);
+      }
+      // 32 natural bytes = p in [p_off + i/4, +8), t = 0..3 -> 8 bytes of each plane.
+      const __m256i planes = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(pack32(v[0], v[1], v[2], v[3]), to_planes),
+                                                         qword_order);
+      const int64_t p0 = p_off + i / 4;
+      alignas(32) int64_t out[4];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(out), planes);
+      for (int t = 0; t < 4; ++t) std::memcpy(qc + t * P + p0, &out[t], 8);
+    }
+    sum[g] = hsum8i(s);
+  }
+}
+
+// Exact integer sum (code - 1) * q of one group, as 8 int32 lanes (plus the -sum(q) correction in lane 0).
+TGT_INLINE __m256i group_dot(const uint8_t* codes, const int8_t* q0, int64_t P, int32_t qsum) {
+  const __m256i m3 = _mm256_set1_epi8(3);
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
+  const __m256i c0 = _mm256_and_si256(w, m3), c1 = _mm256_and_si256(_mm256_srli_epi16(w, 2), m3);
+  const __m256i c2 = _mm256_and_si256(_mm256_srli_epi16(w, 4), m3), c3 = _mm256_and_si256(_mm256_srli_epi16(w, 6), m3);
+  const __m256i p01 =
+      _mm256_add_epi16(_mm256_maddubs_epi16(c0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q0))),
+                       _mm256_maddubs_epi16(c1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q0 + P))));
+  const __m256i p23 =
+      _mm256_add_epi16(_mm256_maddubs_epi16(c2, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q0 + 2 * P))),
+                       _mm256_maddubs_epi16(c3, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q0 + 3 * P))));
+  const __m256i i32 = _mm256_madd_epi16(_mm256_add_epi16(p01, p23), _mm256_set1_epi16(1));
+  return _mm256_sub_epi32(i32, _mm256_castsi128_si256(_mm_cvtsi32_si128(qsum)));
+}
+
+// The activation bytes of group g's plane 0 and the plane stride P.
+inline const int8_t* group_q(const int8_t* q, int64_t G, int64_t g, int64_t* P) {
+  const int64_t c = g / 2;
+  *P = (2 * c + 1 < G) ? 64 : 32;
+  return q + 256 * c + (g & 1) * 32;
+}
+
+template <int R>
+TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_t G, const int8_t* q,
+                           const float* qs, const int32_t* qsum, float* y) {
+  __m256 facc[R];
+  for (int r = 0; r < R; ++r) facc[r] = _mm256_setzero_ps();
+  alignas(32) float ds[R][8];
+  for (int64_t g0 = 0; g0 < G; g0 += 8) {
+    const int64_t gn = std::min<int64_t>(8, G - g0);
+    // d_g * s_g for the next 8 groups of each row.
+    for (int r = 0; r < R; ++r) {
+      if (gn == 8) {
+        _mm256_store_ps(ds[r], _mm256_mul_ps(fp16x8_to_f32(s0 + r * G + g0), _mm256_loadu_ps(qs + g0)));
+      } else {
+        for (int64_t k = 0; k < gn; ++k) ds[r][k] = fp16_to_f32(s0[r * G + g0 + k]) * qs[g0 + k];
+      }
+    }
+    for (int64_t k = 0; k < gn; ++k) {
+      const int64_t g = g0 + k;
+      int64_t P;
+      const int8_t* qg = group_q(q, G, g, &P);
+      for (int r = 0; r < R; ++r) {
+        const __m256i i32 = group_dot(w0 + r * rb + 32 * g, qg, P, qsum[g]);
+        facc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_broadcast_ss(&ds[r][k]), facc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) y[r] = hsum8(facc[r]);
+}
+
+TGT void ternary_rows_q8_x1_avx2(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
+                                 const int8_t* q, const float* qscale, const int32_t* qsum, float* y) {
+  const int64_t G = K / 128, rb = K / 4;
+  const uint8_t* wb = reinterpret_cast<const uint8_t*>(words);
+  int64_t n = n0;
+  for (; n + 2 <= n1; n += 2) q8_rows_x1<2>(wb + n * rb, rb, scales + n * G, G, q, qscale, qsum, y + (n - n0));
+  for (; n < n1; ++n) q8_rows_x1<1>(wb + n * rb, rb, scales + n * G, G, q, qscale, qsum, y + (n - n0));
+}
+
+// q8 GEMM tile: R rows' code planes of one group in registers, reused by every activation row m.
+template <int R>
+TGT_INLINE void q8_rows_xm(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_t K, const int8_t* q,
+                           const float* qs, const int32_t* qsum, int64_t M, float* y, int64_t ldy) {
+  const int64_t G = K / 128;
+  constexpr int kMT = 32;
+  __m256 facc[kMT][R];
+  const __m256i m3 = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
+  for (int64_t m0 = 0; m0 < M; m0 += kMT) {
+    const int64_t mc = std::min<int64_t>(kMT, M - m0);
+    for (int64_t m = 0; m < mc; ++m)
+      for (int r = 0; r < R; ++r) facc[m][r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; ++g) {
+      __m256i c[R][4];
+      float d[R];
+      for (int r = 0; r < R; ++r) {
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0 + r * rb + 32 * g));
+        c[r][0] = _mm256_and_si256(w, m3);
+        c[r][1] = _mm256_and_si256(_mm256_srli_epi16(w, 2), m3);
+        c[r][2] = _mm256_and_si256(_mm256_srli_epi16(w, 4), m3);
+        c[r][3] = _mm256_and_si256(_mm256_srli_epi16(w, 6), m3);
+        d[r] = fp16_to_f32(s0[r * G + g]);
+      }
+      int64_t P;
+      const int8_t* qg0 = group_q(q, G, g, &P);
+      for (int64_t m = 0; m < mc; ++m) {
+        const int64_t mm = m0 + m;
+        const int8_t* qg = qg0 + mm * K;
+        const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg));
+        const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + P));
+        const __m256i x2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + 2 * P));
+        const __m256i x3 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + 3 * P));
+        const __m256i ns = _mm256_castsi128_si256(_mm_cvtsi32_si128(qsum[mm * G + g]));
+        const float sm = qs[mm * G + g];
+        for (int r = 0; r < R; ++r) {
+          const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(c[r][0], x0), _mm256_maddubs_epi16(c[r][1], x1));
+          const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(c[r][2], x2), _mm256_maddubs_epi16(c[r][3], x3));
+          const __m256i i32 = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_add_epi16(p01, p23), ones), ns);
+          facc[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_set1_ps(d[r] * sm), facc[m][r]);
+        }
+      }
+    }
+    for (int64_t m = 0; m < mc; ++m)
+      for (int r = 0; r < R; ++r) y[(m0 + m) * ldy + r] = hsum8(facc[m][r]);
+  }
+}
+
+TGT void ternary_rows_q8_xm_avx2(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
+                                 const int8_t* q, const float* qscale, const int32_t* qsum, int64_t M, float* y,
+                                 int64_t ldy) {
+  const int64_t G = K / 128, rb = K / 4;
+  const uint8_t* wb = reinterpret_cast<const uint8_t*>(words);
+  int64_t n = n0;
+  for (; n + 2 <= n1; n += 2)
+    q8_rows_xm<2>(wb + n * rb, rb, scales + n * G, K, q, qscale, qsum, M, y + (n - n0), ldy);
+  for (; n < n1; ++n) q8_rows_xm<1>(wb + n * rb, rb, scales + n * G, K, q, qscale, qsum, M, y + (n - n0), ldy);
+}
+
+}  // namespace
+
+namespace detail {
+const Kernels* avx2_kernels() {
+  static const Kernels k{"avx2",
+                         fwht_block_avx2,
+                         ternary_rows_x1_avx2,
+                         ternary_rows_xm_avx2,
+                         dot_avx2,
+                         quantize_q8_avx2,
+                         ternary_rows_q8_x1_avx2,
+                         ternary_rows_q8_xm_avx2};
+  return &k;
+}
+}  // namespace detail
+}  // namespace bonsai::cpu
+
+#else  // not x86-64
+namespace bonsai::cpu::detail {
+const Kernels* avx2_kernels() { return nullptr; }
+}  // namespace bonsai::cpu::detail
+#endif

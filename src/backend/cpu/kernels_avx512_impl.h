@@ -1,0 +1,443 @@
+// AVX-512 kernel bodies, compiled twice: kernels_avx512vnni.cpp (BONSAI_AVX512_VNNI 1: vpdpbusd) and
+// kernels_avx512bw.cpp (BONSAI_AVX512_VNNI 0: vpmaddubsw + vpmaddwd). Include from exactly those two files.
+//
+// Every function carries the target attribute itself (BONSAI_AVX512_TARGET) instead of the file being
+// compiled with -mavx512*: inline functions from the standard headers then stay baseline x86-64 code, so
+// the linker can never pick an AVX-512 copy of one for the whole program (the classic per-file-flags trap).
+//
+// int8 ("q8") ternary kernels, the decode workhorse. Per chunk of 256 elements (two groups of 128):
+//   - one 64-byte load of canonical codes (byte p = elements 4p..4p+3 at bits 2t);
+//   - plane t = (codes >> 2t) & 3: unsigned bytes {0,1,2(,3)}, lined up with the activation's plane t
+//     (the activation is plane-permuted once per site by quantize_q8, see kernels.h);
+//   - 4 x vpdpbusd (u8 codes x s8 activations, 4 products per int32 lane): lanes 0-7 sum group 2c,
+//     lanes 8-15 group 2c+1. The accumulator starts at -sum(q) of each group (lane 0 / lane 8), so it ends
+//     at the exact integer sum (code - 1) * q of the group: no fp32 cancellation.
+//   - one int->fp32 conversion and one FMA with d_g * s_g spread over the matching 8 lanes.
+// Four rows share each activation load; the dpbusd chains of the four rows are independent.
+// GCC 12 warns inside its own AVX-512 headers (_mm256_undefined_* "used uninitialized") when intrinsics
+// are inlined into target-attribute functions: a false positive, silenced for this file only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "backend/cpu/kernels.h"
+#include "util/half.h"
+
+#if BONSAI_AVX512_VNNI
+#define BONSAI_AVX512_TARGET \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,popcnt,bmi,bmi2")))
+#else
+#define BONSAI_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,popcnt,bmi,bmi2")))
+#endif
+#define TGT BONSAI_AVX512_TARGET
+#define TGT_INLINE BONSAI_AVX512_TARGET inline __attribute__((always_inline))
+
+namespace bonsai::cpu {
+namespace {
+
+// ---- fp32 helpers ----------------------------------------------------------------------------------
+
+TGT float dot_avx512(const float* a, const float* b, int64_t n) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+    s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 32), _mm512_loadu_ps(b + i + 32), s2);
+    s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 48), _mm512_loadu_ps(b + i + 48), s3);
+  }
+  for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+  if (i < n) {
+    const __mmask16 m = __mmask16((1u << (n - i)) - 1);
+    s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s1);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+
+// x <- x * sign for 16 lanes; signs int8 +-1: the sign bit of each byte says "negate".
+TGT_INLINE __m512 apply_signs(__m512 v, const int8_t* s) {
+  const __mmask16 neg = _mm_movepi8_mask(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+  return _mm512_mask_sub_ps(v, neg, _mm512_setzero_ps(), v);
+}
+
+// The four in-register butterfly stages (h = 1, 2, 4, 8) of one 16-float vector. For lanes with bit h set
+// the result is partner - self (= a_lo - a_hi), for the others self + partner.
+TGT_INLINE __m512 fwht16(__m512 v) {
+  __m512 y = _mm512_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1));
+  v = _mm512_mask_sub_ps(_mm512_add_ps(v, y), 0xAAAA, y, v);
+  y = _mm512_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2));
+  v = _mm512_mask_sub_ps(_mm512_add_ps(v, y), 0xCCCC, y, v);
+  y = _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(2, 3, 0, 1));
+  v = _mm512_mask_sub_ps(_mm512_add_ps(v, y), 0xF0F0, y, v);
+  y = _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2));
+  v = _mm512_mask_sub_ps(_mm512_add_ps(v, y), 0xFF00, y, v);
+  return v;
+}
+
+TGT void fwht_block_avx512(float* x, int64_t n, const int8_t* pre_signs, const int8_t* post_signs, float scale) {
+  if (n < 16) {  // too short for a vector: the portable code
+    portable_kernels().fwht_block(x, n, pre_signs, post_signs, scale);
+    return;
+  }
+  // Stages 1..8 inside each vector (signs applied on the way in).
+  for (int64_t i = 0; i < n; i += 16) {
+    __m512 v = _mm512_loadu_ps(x + i);
+    if (pre_signs) v = apply_signs(v, pre_signs + i);
+    _mm512_storeu_ps(x + i, fwht16(v));
+  }
+  // Stages h >= 16 across vectors, two at a time (radix 4) as in the portable kernel: half the traffic.
+  int64_t h = 16;
+  for (; 4 * h <= n; h *= 4)
+    for (int64_t i = 0; i < n; i += 4 * h) {
+      float* p = x + i;
+      for (int64_t j = 0; j < h; j += 16) {
+        const __m512 a = _mm512_loadu_ps(p + j), b = _mm512_loadu_ps(p + j + h);
+        const __m512 c = _mm512_loadu_ps(p + j + 2 * h), d = _mm512_loadu_ps(p + j + 3 * h);
+        const __m512 ab = _mm512_add_ps(a, b), amb = _mm512_sub_ps(a, b);
+        const __m512 cd = _mm512_add_ps(c, d), cmd = _mm512_sub_ps(c, d);
+        _mm512_storeu_ps(p + j, _mm512_add_ps(ab, cd));
+        _mm512_storeu_ps(p + j + h, _mm512_add_ps(amb, cmd));
+        _mm512_storeu_ps(p + j + 2 * h, _mm512_sub_ps(ab, cd));
+        _mm512_storeu_ps(p + j + 3 * h, _mm512_sub_ps(amb, cmd));
+      }
+    }
+  if (h < n)  // one radix-2 stage left
+    for (int64_t j = 0; j < h; j += 16) {
+      const __m512 a = _mm512_loadu_ps(x + j), b = _mm512_loadu_ps(x + j + h);
+      _mm512_storeu_ps(x + j, _mm512_add_ps(a, b));
+      _mm512_storeu_ps(x + j + h, _mm512_sub_ps(a, b));
+    }
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int64_t i = 0; i < n; i += 16) {
+    __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), sc);
+    if (post_signs) v = apply_signs(v, post_signs + i);
+    _mm512_storeu_ps(x + i, v);
+  }
+}
+
+// ---- fp32-activation ternary kernels (the exact path) -----------------------------------------------
+
+// 16 codes of one word -> 16 floats (code - 1): shift lane i right by 2i, then vpermps with a 16-entry
+// table indexed by the low 4 bits (two codes), entry k = (k & 3) - 1, so no mask is needed.
+TGT_INLINE __m512 decode16(uint32_t word, __m512i shifts, __m512 lut) {
+  return _mm512_permutexvar_ps(_mm512_srlv_epi32(_mm512_set1_epi32(int(word)), shifts), lut);
+}
+TGT_INLINE __m512 code_lut() {
+  return _mm512_setr_ps(-1, 0, 1, 2, -1, 0, 1, 2, -1, 0, 1, 2, -1, 0, 1, 2);
+}
+TGT_INLINE __m512i code_shifts() {
+  return _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+}
+
+template <int R>
+TGT_INLINE void f32_rows_x1(const uint32_t* w0, int64_t K, const uint16_t* s0, const float* x, float* y) {
+  const int64_t G = K / 128, W = K / 16;
+  const __m512i shifts = code_shifts();
+  const __m512 lut = code_lut();
+  __m512 tot[R];
+  for (int r = 0; r < R; ++r) tot[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; ++g) {
+    __m512 a[R][2];
+    for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = _mm512_setzero_ps();
+    for (int i = 0; i < 8; i += 2) {
+      const __m512 x0 = _mm512_loadu_ps(x + 128 * g + 16 * i), x1 = _mm512_loadu_ps(x + 128 * g + 16 * i + 16);
+      for (int r = 0; r < R; ++r) {
+        const uint32_t* wr = w0 + r * W + 8 * g;
+        a[r][0] = _mm512_fmadd_ps(decode16(wr[i], shifts, lut), x0, a[r][0]);
+        a[r][1] = _mm512_fmadd_ps(decode16(wr[i + 1], shifts, lut), x1, a[r][1]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      tot[r] = _mm512_fmadd_ps(_mm512_add_ps(a[r][0], a[r][1]), _mm512_set1_ps(fp16_to_f32(s0[r * G + g])), tot[r]);
+  }
+  for (int r = 0; r < R; ++r) y[r] = _mm512_reduce_add_ps(tot[r]);
+}
+
+TGT void ternary_rows_x1_avx512(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
+                                const float* x, float* y) {
+  const int64_t G = K / 128, W = K / 16;
+  int64_t n = n0;
+  for (; n + 2 <= n1; n += 2) f32_rows_x1<2>(words + n * W, K, scales + n * G, x, y + (n - n0));
+  for (; n < n1; ++n) f32_rows_x1<1>(words + n * W, K, scales + n * G, x, y + (n - n0));
+}
+
+// GEMM tile, fp32 activations: two rows of one group are decoded to registers already multiplied by
+// their scale ((code - 1) * d is exact in fp32), then every activation row m runs 16 FMAs against them.
+template <int R>
+TGT_INLINE void f32_rows_xm(const uint32_t* w0, int64_t K, const uint16_t* s0, const float* x, int64_t M, float* y,
+                            int64_t ldy) {
+  const int64_t G = K / 128, W = K / 16;
+  const __m512i shifts = code_shifts();
+  const __m512 lut = code_lut();
+  constexpr int kMT = 32;
+  float acc[kMT][R];
+  for (int64_t m0 = 0; m0 < M; m0 += kMT) {
+    const int64_t mc = std::min<int64_t>(kMT, M - m0);
+    for (int64_t m = 0; m < mc; ++m)
+      for (int r = 0; r < R; ++r) acc[m][r] = 0.0f;
+    for (int64_t g = 0; g < G; ++g) {
+      __m512 wt[R][8];
+      for (int r = 0; r < R; ++r) {
+        const __m512 d = _mm512_set1_ps(fp16_to_f32(s0[r * G + g]));
+        for (int i = 0; i < 8; ++i) wt[r][i] = _mm512_mul_ps(decode16(w0[r * W + 8 * g + i], shifts, lut), d);
+      }
+      for (int64_t m = 0; m < mc; ++m) {
+        const float* xg = x + (m0 + m) * K + 128 * g;
+        __m512 a[R][2];
+        for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = _mm512_setzero_ps();
+        for (int i = 0; i < 8; i += 2) {
+          const __m512 x0 = _mm512_loadu_ps(xg + 16 * i), x1 = _mm512_loadu_ps(xg + 16 * i + 16);
+          for (int r = 0; r < R; ++r) {
+            a[r][0] = _mm512_fmadd_ps(wt[r][i], x0, a[r][0]);
+            a[r][1] = _mm512_fmadd_ps(wt[r][i + 1], x1, a[r][1]);
+          }
+        }
+        for (int r = 0; r < R; ++r) acc[m][r] += _mm512_reduce_add_ps(_mm512_add_ps(a[r][0], a[r][1]));
+      }
+    }
+    for (int64_t m = 0; m < mc; ++m)
+      for (int r = 0; r < R; ++r) y[(m0 + m) * ldy + r] = acc[m][r];
+  }
+}
+
+TGT void ternary_rows_xm_avx512(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
+                                const float* x, int64_t M, float* y, int64_t ldy) {
+  const int64_t G = K / 128, W = K / 16;
+  int64_t n = n0;
+  for (; n + 2 <= n1; n += 2) f32_rows_xm<2>(words + n * W, K, scales + n * G, x, M, y + (n - n0), ldy);
+  for (; n < n1; ++n) f32_rows_xm<1>(words + n * W, K, scales + n * G, x, M, y + (n - n0), ldy);
+}
+
+// ---- int8 activations ---------------------------------------------------------------------------------
+
+// One group of 128 floats -> scale, and the 128 int8 values in natural order into nat[128]; returns the sum.
+TGT_INLINE int32_t quantize_group(const float* xg, int8_t* nat, float* scale) {
+  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  __m512 mx = _mm512_setzero_ps();
+  for (int i = 0; i < 128; i += 16) mx = _mm512_max_ps(mx, _mm512_and_ps(_mm512_loadu_ps(xg + i), absmask));
+  const float amax = _mm512_reduce_max_ps(mx);
+  const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;  // the same scalar ops as the portable kernel
+  *scale = amax / 127.0f;
+  const __m512 vinv = _mm512_set1_ps(inv);
+  __m512i s = _mm512_setzero_si512();
+  for (int i = 0; i < 128; i += 16) {
+    // vcvtps2dq rounds to nearest even (MXCSR default), like std::nearbyint in the portable kernel.
+    const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xg + i), vinv));
+    s = _mm512_add_epi32(s, v);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(nat + i), _mm512_cvtepi32_epi8(v));
+  }
+  return _mm512_reduce_add_epi32(s);
+}
+
+TGT void quantize_q8_avx512(const float* x, int64_t K, int8_t* q, float* scale, int32_t* sum) {
+  const int64_t G = K / 128;
+  alignas(64) int8_t nat[256];
+  for (int64_t c = 0; 2 * c < G; ++c) {
+    const int64_t g = 2 * c, groups = std::min<int64_t>(2, G - g), P = 32 * groups;
+    for (int64_t h = 0; h < groups; ++h) sum[g + h] = quantize_group(x + 128 * (g + h), nat + 128 * h, scale + g + h);
+    // Natural bytes 4p + t -> plane t byte p: read them as int32 p (bytes t = 0..3), shift byte t down
+    // and keep the low byte of each dword (vpmovdb).
+    int8_t* qc = q + 256 * c;
+    for (int64_t p0 = 0; p0 < P; p0 += 16) {
+      const __m512i d = _mm512_loadu_si512(nat + 4 * p0);
+      for (int t = 0; t < 4; ++t)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(qc + t * P + p0), _mm512_cvtepi32_epi8(_mm512_srli_epi32(d, 8 * t)));
+    }
+  }
+}
+
+// Sum over the 4 planes of plane_t (u8 codes) x act_t (s8), added to acc (int32, 4 bytes per lane).
+TGT_INLINE __m512i dot4_planes(__m512i acc, __m512i c0, __m512i c1, __m512i c2, __m512i c3, __m512i x0, __m512i x1,
+                               __m512i x2, __m512i x3) {
+#if BONSAI_AVX512_VNNI
+  acc = _mm512_dpbusd_epi32(acc, c0, x0);
+  acc = _mm512_dpbusd_epi32(acc, c1, x1);
+  acc = _mm512_dpbusd_epi32(acc, c2, x2);
+  acc = _mm512_dpbusd_epi32(acc, c3, x3);
+  return acc;
+#else
+  // vpmaddubsw: pairs of u8*s8 -> s16 (|.| <= 2*3*127, no saturation); the 4 planes summed in s16
+  // (|.| <= 3048) and widened once with vpmaddwd against ones.
+  const __m512i p01 = _mm512_add_epi16(_mm512_maddubs_epi16(c0, x0), _mm512_maddubs_epi16(c1, x1));
+  const __m512i p23 = _mm512_add_epi16(_mm512_maddubs_epi16(c2, x2), _mm512_maddubs_epi16(c3, x3));
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_add_epi16(p01, p23), _mm512_set1_epi16(1)));
+#endif
+}
+TGT_INLINE __m256i dot4_planes256(__m256i acc, __m256i c0, __m256i c1, __m256i c2, __m256i c3, __m256i x0, __m256i x1,
+                                  __m256i x2, __m256i x3) {
+#if BONSAI_AVX512_VNNI
+  acc = _mm256_dpbusd_epi32(acc, c0, x0);
+  acc = _mm256_dpbusd_epi32(acc, c1, x1);
+  acc = _mm256_dpbusd_epi32(acc, c2, x2);
+  acc = _mm256_dpbusd_epi32(acc, c3, x3);
+  return acc;
+#else
+  const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(c0, x0), _mm256_maddubs_epi16(c1, x1));
+  const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(c2, x2), _mm256_maddubs_epi16(c3, x3));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_add_epi16(p01, p23), _mm256_set1_epi16(1)));
+#endif
+}
+
+// The 4 code planes of 64 code bytes.
+struct Planes {
+  __m512i p[4];
+};
+TGT_INLINE Planes planes(const void* codes) {
+  const __m512i m3 = _mm512_set1_epi8(3);
+  const __m512i w = _mm512_loadu_si512(codes);
+  // 16-bit shifts are fine: the mask drops the bits that cross from the neighbouring byte.
+  return {{_mm512_and_si512(w, m3), _mm512_and_si512(_mm512_srli_epi16(w, 2), m3),
+           _mm512_and_si512(_mm512_srli_epi16(w, 4), m3), _mm512_and_si512(_mm512_srli_epi16(w, 6), m3)}};
+}
+
+// -sum(q) of groups 2c and 2c+1 in lanes 0 and 8 (zeros elsewhere): a dpbusd accumulator started there
+// ends at the exact sum (code - 1) * q of each group.
+TGT_INLINE __m512i neg_sums(const int32_t* qsum2) {
+  const __m512i two = _mm512_castsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qsum2)));
+  const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  return _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_maskz_permutexvar_epi32(0x0101, idx, two));
+}
+
+TGT_INLINE __m256i ld256(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// Exact integer sum (code - 1) * q of one odd tail group (32 code bytes, planes of 32 activation bytes).
+TGT_INLINE int32_t tail_group_dot(const uint8_t* codes, const int8_t* qt, int32_t qsum) {
+  const __m256i m3 = _mm256_set1_epi8(3);
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
+  __m256i acc = _mm256_setr_epi32(-qsum, 0, 0, 0, 0, 0, 0, 0);
+  acc = dot4_planes256(acc, _mm256_and_si256(w, m3), _mm256_and_si256(_mm256_srli_epi16(w, 2), m3),
+                       _mm256_and_si256(_mm256_srli_epi16(w, 4), m3), _mm256_and_si256(_mm256_srli_epi16(w, 6), m3),
+                       ld256(qt), ld256(qt + 32), ld256(qt + 64), ld256(qt + 96));
+  const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+  const __m128i s2 = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, _MM_SHUFFLE(2, 3, 0, 1))));
+}
+
+// R rows of the q8 matvec. w0: row 0's code bytes (rows rb bytes apart); s0: row 0's scales (rows G apart).
+template <int R>
+TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_t G, const int8_t* q,
+                           const float* qs, const int32_t* qsum, float* y) {
+  const int64_t C = G / 2;  // full chunks of two groups
+  const __m512i idx_lo = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const __m512i two = _mm512_set1_epi32(2);
+  __m512 facc[R], ds[R];
+  for (int r = 0; r < R; ++r) facc[r] = ds[r] = _mm512_setzero_ps();
+  __m512i pidx = idx_lo;
+  for (int64_t c = 0; c < C; ++c) {
+    if ((c & 7) == 0) {
+      // d_g * s_g of the next 16 groups, per row; chunk c then takes lanes 2(c%8) and 2(c%8)+1.
+      const int64_t g0 = 2 * c, left = G - g0;
+      const __mmask16 m = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+      const __m512 sv = _mm512_maskz_loadu_ps(m, qs + g0);
+      for (int r = 0; r < R; ++r)
+        ds[r] = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, s0 + r * G + g0)), sv);
+      pidx = idx_lo;
+    }
+    const int8_t* qc = q + 256 * c;
+    const __m512i x0 = _mm512_loadu_si512(qc), x1 = _mm512_loadu_si512(qc + 64);
+    const __m512i x2 = _mm512_loadu_si512(qc + 128), x3 = _mm512_loadu_si512(qc + 192);
+    const __m512i ns = neg_sums(qsum + 2 * c);
+    for (int r = 0; r < R; ++r) {
+      const Planes pl = planes(w0 + r * rb + 64 * c);
+      const __m512i acc = dot4_planes(ns, pl.p[0], pl.p[1], pl.p[2], pl.p[3], x0, x1, x2, x3);
+      facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_permutexvar_ps(pidx, ds[r]), facc[r]);
+    }
+    pidx = _mm512_add_epi32(pidx, two);
+  }
+  for (int r = 0; r < R; ++r) {
+    float t = _mm512_reduce_add_ps(facc[r]);
+    if (G & 1) {
+      const int64_t g = G - 1;
+      const int32_t i = tail_group_dot(w0 + r * rb + 64 * C, q + 256 * C, qsum[g]);
+      t += float(i) * (fp16_to_f32(s0[r * G + g]) * qs[g]);
+    }
+    y[r] = t;
+  }
+}
+
+TGT void ternary_rows_q8_x1_avx512(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
+                                   const int8_t* q, const float* qscale, const int32_t* qsum, float* y) {
+  const int64_t G = K / 128, rb = K / 4;
+  const uint8_t* wb = reinterpret_cast<const uint8_t*>(words);
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) q8_rows_x1<4>(wb + n * rb, rb, scales + n * G, G, q, qscale, qsum, y + (n - n0));
+  for (; n < n1; ++n) q8_rows_x1<1>(wb + n * rb, rb, scales + n * G, G, q, qscale, qsum, y + (n - n0));
+}
+
+// q8 GEMM tile: R rows' code planes of one chunk are decoded into registers once and reused by every
+// activation row m; the fp32 partial sums of (m, r) live in a small stack tile.
+template <int R>
+TGT_INLINE void q8_rows_xm(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_t K, const int8_t* q,
+                           const float* qs, const int32_t* qsum, int64_t M, float* y, int64_t ldy) {
+  const int64_t G = K / 128, C = G / 2;
+  const __m512i idx_lo = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  constexpr int kMT = 32;
+  alignas(64) __m512 facc[kMT][R];
+  float tail[kMT][R];
+  for (int64_t m0 = 0; m0 < M; m0 += kMT) {
+    const int64_t mc = std::min<int64_t>(kMT, M - m0);
+    for (int64_t m = 0; m < mc; ++m)
+      for (int r = 0; r < R; ++r) facc[m][r] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < C; ++c) {
+      Planes pl[R];
+      __m512 dv[R];
+      for (int r = 0; r < R; ++r) {
+        pl[r] = planes(w0 + r * rb + 64 * c);
+        uint32_t d2;
+        std::memcpy(&d2, s0 + r * G + 2 * c, 4);
+        dv[r] = _mm512_permutexvar_ps(idx_lo, _mm512_cvtph_ps(_mm256_castsi128_si256(_mm_cvtsi32_si128(int(d2)))));
+      }
+      for (int64_t m = 0; m < mc; ++m) {
+        const int64_t mm = m0 + m;
+        const int8_t* qc = q + mm * K + 256 * c;
+        const __m512i x0 = _mm512_loadu_si512(qc), x1 = _mm512_loadu_si512(qc + 64);
+        const __m512i x2 = _mm512_loadu_si512(qc + 128), x3 = _mm512_loadu_si512(qc + 192);
+        const __m512i ns = neg_sums(qsum + mm * G + 2 * c);
+        const __m512 sv = _mm512_permutexvar_ps(
+            idx_lo, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(qs + mm * G + 2 * c)))));
+        for (int r = 0; r < R; ++r) {
+          const __m512i acc = dot4_planes(ns, pl[r].p[0], pl[r].p[1], pl[r].p[2], pl[r].p[3], x0, x1, x2, x3);
+          facc[m][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(dv[r], sv), facc[m][r]);
+        }
+      }
+    }
+    for (int64_t m = 0; m < mc; ++m)
+      for (int r = 0; r < R; ++r) tail[m][r] = 0.0f;
+    if (G & 1) {
+      const int64_t g = G - 1;
+      for (int64_t m = 0; m < mc; ++m) {
+        const int64_t mm = m0 + m;
+        for (int r = 0; r < R; ++r) {
+          const int32_t i = tail_group_dot(w0 + r * rb + 64 * C, q + mm * K + 256 * C, qsum[mm * G + g]);
+          tail[m][r] = float(i) * (fp16_to_f32(s0[r * G + g]) * qs[mm * G + g]);
+        }
+      }
+    }
+    for (int64_t m = 0; m < mc; ++m)
+      for (int r = 0; r < R; ++r) y[(m0 + m) * ldy + r] = _mm512_reduce_add_ps(facc[m][r]) + tail[m][r];
+  }
+}
+
+TGT void ternary_rows_q8_xm_avx512(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
+                                   const int8_t* q, const float* qscale, const int32_t* qsum, int64_t M, float* y,
+                                   int64_t ldy) {
+  const int64_t G = K / 128, rb = K / 4;
+  const uint8_t* wb = reinterpret_cast<const uint8_t*>(words);
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4)
+    q8_rows_xm<4>(wb + n * rb, rb, scales + n * G, K, q, qscale, qsum, M, y + (n - n0), ldy);
+  for (; n < n1; ++n) q8_rows_xm<1>(wb + n * rb, rb, scales + n * G, K, q, qscale, qsum, M, y + (n - n0), ldy);
+}
+
+}  // namespace
+}  // namespace bonsai::cpu
+
+#undef TGT
+#undef TGT_INLINE
+#pragma GCC diagnostic pop

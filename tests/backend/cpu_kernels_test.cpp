@@ -1,0 +1,314 @@
+// Every CPU kernel variant (avx512vnni, avx512bw, avx2, portable) against the fp64 reference ops, forced one
+// path at a time; a path the CPU cannot run is skipped (GTEST_SKIP), never silently replaced. Odd sizes
+// (N = 37 rows: tails of every row tile; K = 384: an odd number of 128-groups, so a half 256-chunk;
+// M = 1, 5, 64, 67: below, at and beyond the 32-row activation tile). Outputs are poisoned with NaN first.
+//
+// Tolerances, max |got - ref| / max |ref| over the output:
+//   fwht_block 1e-6; dot 1e-6 (relative to sum |a_i b_i|); fp32 ternary rows 1e-5;
+//   quantize_q8: bit-identical to the portable variant, and |x - s q| <= s/2 per element;
+//   q8 ternary rows vs the reference fed the DEquantised activation (s * q): 1e-5 (the kernel itself is
+//     exact integer arithmetic + fp32 scaling);
+//   q8 ternary rows vs the reference fed the original fp32 activation: every output within the rigorous
+//     bound sum_g |d_g| * (s_g / 2) * #(nonzero codes of the row in g) (+1e-5 relative), and the measured
+//     max relative error printed; for Gaussian activations it is ~4e-3, the test asserts < 1.5e-2.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/act_q8.h"
+#include "backend/cpu/kernels.h"
+#include "backend/cpu/ops.h"
+#include "backend/cpu/thread_pool.h"
+#include "backend/ref/ops.h"
+#include "op_test_util.h"
+
+using namespace bonsai;
+using namespace bonsai::test;
+
+namespace {
+
+constexpr double kQ8Bound = 1.5e-2;  // q8 vs the fp32-activation truth, Gaussian activations (stated above)
+
+// x = s * q, un-permuted back to natural order (the inverse of the q8 layout in kernels.h).
+std::vector<float> dequantize_q8(const int8_t* q, const float* scale, int64_t K) {
+  const int64_t G = K / 128;
+  std::vector<float> x(static_cast<size_t>(K));
+  for (int64_t e = 0; e < K; ++e) {
+    const int64_t g = e / 128, c = g / 2, base = 256 * c, P = (2 * c + 1 < G) ? 64 : 32, local = e - base;
+    x[size_t(e)] = scale[g] * float(q[base + (local & 3) * P + (local >> 2)]);
+  }
+  return x;
+}
+
+struct Q8Row {
+  std::vector<int8_t> q;
+  std::vector<float> scale;
+  std::vector<int32_t> sum;
+};
+Q8Row quantize_rows(const cpu::Kernels& k, const float* x, int64_t M, int64_t K) {
+  const int64_t G = K / 128;
+  Q8Row r{std::vector<int8_t>(size_t(M * K), int8_t(0x5a)), std::vector<float>(size_t(M * G), NAN),
+          std::vector<int32_t>(size_t(M * G), 0x7fffffff)};
+  for (int64_t m = 0; m < M; ++m) k.quantize_q8(x + m * K, K, r.q.data() + m * K, r.scale.data() + m * G, r.sum.data() + m * G);
+  return r;
+}
+
+// The rigorous per-output bound of the q8 rounding: |y - y_q8| <= sum_g |d_g| * s_g/2 * nnz_g.
+std::vector<double> q8_bound(const Ternary& W, const std::vector<float>& scale, int64_t M) {
+  const int64_t K = W.K, G = K / 128;
+  std::vector<double> b(size_t(M * W.N), 0.0);
+  for (int64_t n = 0; n < W.N; ++n)
+    for (int64_t g = 0; g < G; ++g) {
+      int nnz = 0;
+      for (int64_t e = 128 * g; e < 128 * g + 128; ++e)
+        nnz += ((W.words[size_t((n * K + e) / 16)] >> (2 * (e % 16))) & 3u) != 1u;
+      const double d = std::fabs(double(fp16_to_f32(W.scales[size_t(n * G + g)])));
+      for (int64_t m = 0; m < M; ++m) b[size_t(m * W.N + n)] += d * double(scale[size_t(m * G + g)]) / 2 * nnz;
+    }
+  return b;
+}
+
+class Variant : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    prev_kernels_ = cpu::kernels_name();
+    prev_act_ = cpu::ternary_activation();
+    k_ = cpu::find_kernels(GetParam());
+    if (!k_) GTEST_SKIP() << "this CPU cannot run the " << GetParam() << " kernels";
+    ASSERT_STREQ(k_->name, GetParam());
+  }
+  void TearDown() override {  // restore what the process chose (BONSAI_CPU_KERNELS / BONSAI_CPU_ACT)
+    cpu::set_kernels(prev_kernels_.c_str());
+    cpu::set_ternary_activation(prev_act_);
+    cpu::set_num_threads(0);
+  }
+  std::string prev_kernels_;
+  cpu::TernaryActivation prev_act_{};
+  const cpu::Kernels* k_ = nullptr;
+};
+
+TEST_P(Variant, FwhtBlock) {
+  for (int64_t n : {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048}) {
+    const auto x = randn(size_t(n), 10 + uint32_t(n));
+    const auto s = random_signs(size_t(n), 20 + uint32_t(n));
+    const float scale = float(1.0 / std::sqrt(double(n)));
+    for (int mode = 0; mode < 3; ++mode) {  // no signs, pre (forward), post (inverse)
+      auto want = x, got = x;
+      if (mode == 2)
+        ref::hadamard_inverse(want.data(), 1, n, s.data(), n);
+      else
+        ref::hadamard_forward(want.data(), 1, n, mode == 1 ? s.data() : nullptr, n);
+      k_->fwht_block(got.data(), n, mode == 1 ? s.data() : nullptr, mode == 2 ? s.data() : nullptr, scale);
+      SCOPED_TRACE(testing::Message() << "n " << n << " mode " << mode);
+      EXPECT_LE(max_rel_err(got.data(), want.data(), size_t(n)), 1e-6);
+    }
+  }
+}
+
+TEST_P(Variant, Dot) {
+  for (int64_t n : {1, 7, 16, 33, 100, 1000, 5120, 17408}) {
+    const auto a = randn(size_t(n), 30), b = randn(size_t(n), 31);
+    double want = 0, mag = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      want += double(a[size_t(i)]) * b[size_t(i)];
+      mag += std::fabs(double(a[size_t(i)]) * b[size_t(i)]);
+    }
+    EXPECT_LE(std::fabs(k_->dot(a.data(), b.data(), n) - want) / mag, 1e-6) << "n " << n;
+  }
+}
+
+TEST_P(Variant, TernaryRowsF32) {
+  for (auto [N, K] : {std::pair<int64_t, int64_t>{37, 384}, {37, 128}, {9, 1152}, {6, 5120}}) {
+    const auto W = random_ternary(N, K, 40 + uint32_t(K), /*p3=*/0.002);  // code 3 must decode as +2d
+    for (int64_t M : {1, 5, 64, 67}) {
+      const auto x = randn(size_t(M * K), 41 + uint32_t(M));
+      std::vector<float> want(size_t(M * N));
+      ref::ternary_matmul(W.words.data(), W.scales.data(), N, K, x.data(), M, want.data());
+      // Rows [n0, N) written at y[m * N + n]: the kernels see a row range not starting at 0.
+      const int64_t n0 = 3;
+      auto got = poisoned(size_t(M * N));
+      for (int64_t n = 0; n < n0; ++n)
+        for (int64_t m = 0; m < M; ++m) got[size_t(m * N + n)] = want[size_t(m * N + n)];
+      if (M == 1)
+        k_->ternary_rows_x1(W.words.data(), W.scales.data(), K, n0, N, x.data(), got.data() + n0);
+      else
+        k_->ternary_rows_xm(W.words.data(), W.scales.data(), K, n0, N, x.data(), M, got.data() + n0, N);
+      SCOPED_TRACE(testing::Message() << "N " << N << " K " << K << " M " << M);
+      EXPECT_LE(max_rel_err(got.data(), want.data(), got.size()), 1e-5);
+    }
+  }
+}
+
+TEST_P(Variant, QuantizeQ8BitIdenticalToPortable) {
+  const cpu::Kernels& p = cpu::portable_kernels();
+  for (int64_t K : {128, 384, 1024, 5120, 17408}) {
+    auto x = randn(size_t(K), 50 + uint32_t(K));
+    for (int64_t e = 0; e < 128; ++e) x[size_t(e)] = 0.0f;  // an all-zero group: s = 0, q = 0
+    x[200] = 37.5f;                                        // an outlier group
+    const auto a = quantize_rows(*k_, x.data(), 1, K), b = quantize_rows(p, x.data(), 1, K);
+    EXPECT_EQ(0, std::memcmp(a.q.data(), b.q.data(), a.q.size())) << "K " << K;
+    EXPECT_EQ(0, std::memcmp(a.scale.data(), b.scale.data(), 4 * a.scale.size())) << "K " << K;
+    EXPECT_EQ(a.sum, b.sum) << "K " << K;
+    // The layout round-trips: |x - s q| <= s/2 for every element, and the group sums are the sums.
+    const auto back = dequantize_q8(a.q.data(), a.scale.data(), K);
+    for (int64_t e = 0; e < K; ++e)
+      ASSERT_LE(std::fabs(double(back[size_t(e)]) - x[size_t(e)]), 0.5001 * a.scale[size_t(e / 128)] + 1e-30)
+          << "K " << K << " e " << e;
+    for (int64_t g = 0; g < K / 128; ++g) {
+      int32_t s = 0;
+      for (int64_t e = 128 * g; e < 128 * g + 128; ++e) s += int32_t(std::lrint(back[size_t(e)] / (a.scale[size_t(g)] ? a.scale[size_t(g)] : 1.0f)));
+      EXPECT_EQ(s, a.sum[size_t(g)]) << "K " << K << " g " << g;
+    }
+  }
+}
+
+TEST_P(Variant, TernaryRowsQ8) {
+  double worst = 0;
+  for (auto [N, K] : {std::pair<int64_t, int64_t>{37, 384}, {37, 128}, {9, 1152}, {6, 5120}, {5, 17408}}) {
+    const auto W = random_ternary(N, K, 60 + uint32_t(K), /*p3=*/0.002);
+    for (int64_t M : {1, 5, 64, 67}) {
+      const auto x = randn(size_t(M * K), 61 + uint32_t(M));
+      const auto xq = quantize_rows(*k_, x.data(), M, K);
+      // The reference on the dequantised activation: what the q8 kernel computes exactly.
+      std::vector<float> xd(size_t(M * K));
+      for (int64_t m = 0; m < M; ++m) {
+        const auto row = dequantize_q8(xq.q.data() + m * K, xq.scale.data() + m * (K / 128), K);
+        std::copy(row.begin(), row.end(), xd.begin() + m * K);
+      }
+      std::vector<float> want_q(size_t(M * N)), want(size_t(M * N));
+      ref::ternary_matmul(W.words.data(), W.scales.data(), N, K, xd.data(), M, want_q.data());
+      ref::ternary_matmul(W.words.data(), W.scales.data(), N, K, x.data(), M, want.data());
+      const int64_t n0 = 3;
+      auto got = poisoned(size_t(M * N));
+      for (int64_t n = 0; n < n0; ++n)
+        for (int64_t m = 0; m < M; ++m) got[size_t(m * N + n)] = want_q[size_t(m * N + n)];
+      if (M == 1)
+        k_->ternary_rows_q8_x1(W.words.data(), W.scales.data(), K, n0, N, xq.q.data(), xq.scale.data(),
+                               xq.sum.data(), got.data() + n0);
+      else
+        k_->ternary_rows_q8_xm(W.words.data(), W.scales.data(), K, n0, N, xq.q.data(), xq.scale.data(),
+                               xq.sum.data(), M, got.data() + n0, N);
+      SCOPED_TRACE(testing::Message() << "N " << N << " K " << K << " M " << M);
+      EXPECT_LE(max_rel_err(got.data(), want_q.data(), got.size()), 1e-5);
+      const auto bound = q8_bound(W, xq.scale, M);
+      double ymax = 0;
+      for (float v : want) ymax = std::max(ymax, std::fabs(double(v)));
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_LE(std::fabs(double(got[i]) - want[i]), bound[i] + 1e-5 * ymax) << "output " << i;
+      const double e = max_rel_err(got.data(), want.data(), got.size());
+      EXPECT_LE(e, kQ8Bound);
+      worst = std::max(worst, e);
+    }
+  }
+  std::printf("    %s q8 vs fp32 truth, Gaussian activations: max rel err %.3g (bound %.2g)\n", GetParam(), worst,
+              kQ8Bound);
+}
+
+// The same through the op entry points with this variant forced, both activation modes, 1-3 threads:
+// results must not depend on the thread count (bit for bit).
+TEST_P(Variant, OpsForcedPath) {
+  ASSERT_TRUE(cpu::set_kernels(GetParam()));
+  EXPECT_STREQ(cpu::kernels_name(), GetParam());
+  const int64_t N = 37, K = 384;
+  const auto W = random_ternary(N, K, 70, 0.002);
+  for (auto act : {cpu::TernaryActivation::f32, cpu::TernaryActivation::q8}) {
+    cpu::set_ternary_activation(act);
+    for (int64_t M : {1, 5, 64, 67}) {
+      const auto x = randn(size_t(M * K), 71 + uint32_t(M));
+      std::vector<float> want(size_t(M * N));
+      ref::ternary_matmul(W.words.data(), W.scales.data(), N, K, x.data(), M, want.data());
+      std::vector<float> first;
+      for (int threads : {1, 2, 3}) {
+        cpu::set_num_threads(threads);
+        auto got = poisoned(size_t(M * N));
+        cpu::ternary_matmul(W.words.data(), W.scales.data(), N, K, x.data(), M, got.data());
+        SCOPED_TRACE(testing::Message() << "act " << int(act) << " M " << M << " threads " << threads);
+        EXPECT_LE(max_rel_err(got.data(), want.data(), got.size()),
+                  act == cpu::TernaryActivation::f32 ? 1e-5 : kQ8Bound);
+        if (first.empty())
+          first = got;
+        else
+          EXPECT_EQ(0, std::memcmp(first.data(), got.data(), 4 * got.size()));
+      }
+      // multi: two weight sets sharing one quantised site.
+      const auto W2 = random_ternary(11, K, 72, 0.0);
+      std::vector<float> want2(size_t(M * 11));
+      ref::ternary_matmul(W2.words.data(), W2.scales.data(), 11, K, x.data(), M, want2.data());
+      auto y1 = poisoned(size_t(M * N)), y2 = poisoned(size_t(M * 11));
+      const TernaryOut outs[2] = {{W.words.data(), W.scales.data(), N, y1.data()},
+                                  {W2.words.data(), W2.scales.data(), 11, y2.data()}};
+      cpu::ternary_matmul_multi(outs, 2, K, x.data(), M);
+      EXPECT_EQ(0, std::memcmp(first.data(), y1.data(), 4 * y1.size()));
+      EXPECT_LE(max_rel_err(y2.data(), want2.data(), y2.size()), act == cpu::TernaryActivation::f32 ? 1e-5 : kQ8Bound);
+    }
+  }
+  cpu::set_num_threads(0);
+  // Hadamard and a dot-based op through the forced table.
+  const int64_t rows = 3, Kh = 2048;
+  auto x = randn(size_t(rows * Kh), 73);
+  const auto s = random_signs(size_t(Kh), 74);
+  auto a = x, b = x;
+  ref::hadamard_forward(a.data(), rows, Kh, s.data(), 1024);
+  cpu::hadamard_forward(b.data(), rows, Kh, s.data(), 1024);
+  EXPECT_LE(max_rel_err(b.data(), a.data(), a.size()), 1e-6);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, Variant, ::testing::Values("avx512vnni", "avx512bw", "avx2", "portable"),
+                         [](const testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
+
+TEST(CpuKernelsDispatch, NamesAndSwitching) {
+  EXPECT_NE(cpu::kernels_name(), nullptr);
+  EXPECT_NE(cpu::find_kernels("portable"), nullptr);
+  EXPECT_EQ(cpu::find_kernels("sse9"), nullptr);
+  EXPECT_FALSE(cpu::set_kernels("sse9"));
+  const std::string before = cpu::kernels_name();
+  ASSERT_TRUE(cpu::set_kernels("portable"));
+  EXPECT_STREQ(cpu::kernels_name(), "portable");
+  // "avx512" is the family: the VNNI variant when the CPU has it.
+  if (cpu::find_kernels("avx512vnni")) {
+    ASSERT_TRUE(cpu::set_kernels("avx512"));
+    EXPECT_STREQ(cpu::kernels_name(), "avx512vnni");
+  } else if (cpu::find_kernels("avx512bw")) {
+    ASSERT_TRUE(cpu::set_kernels("avx512"));
+    EXPECT_STREQ(cpu::kernels_name(), "avx512bw");
+  } else {
+    EXPECT_FALSE(cpu::set_kernels("avx512"));
+  }
+  ASSERT_TRUE(cpu::set_kernels(before.c_str()));
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") && !std::getenv("BONSAI_CPU_KERNELS")) {
+    EXPECT_STREQ(before.c_str(), "avx512vnni");  // the default picks the best
+  }
+#endif
+}
+
+// The q8 activation of a Hadamard-rotated site with LLM-like outlier channels: the rotation spreads the
+// outliers over the block, so per-group int8 keeps its accuracy. Prints the measured error.
+TEST(CpuKernelsAccuracy, Q8OnRotatedActivationWithOutliers) {
+  const int64_t N = 256, K = 5120, M = 4;
+  const auto W = random_ternary(N, K, 80, 0.0);
+  auto x = randn(size_t(M * K), 81);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t c : {7, 1500, 4000}) x[size_t(m * K + c)] *= 40.0f;  // a few massive channels
+  const auto s = random_signs(size_t(K), 82);
+  std::vector<float> want(size_t(M * N));
+  for (bool rotate : {false, true}) {
+    auto xr = x;
+    if (rotate) ref::hadamard_forward(xr.data(), M, K, s.data(), 1024);
+    ref::ternary_matmul(W.words.data(), W.scales.data(), N, K, xr.data(), M, want.data());
+    const auto xq = quantize_rows(*cpu::find_kernels("portable"), xr.data(), M, K);
+    auto got = poisoned(size_t(M * N));
+    cpu::portable_kernels().ternary_rows_q8_xm(W.words.data(), W.scales.data(), K, 0, N, xq.q.data(), xq.scale.data(),
+                                               xq.sum.data(), M, got.data(), N);
+    const double e = max_rel_err(got.data(), want.data(), got.size());
+    std::printf("    q8 vs fp32 truth, %s activation with 40x outlier channels: max rel err %.3g\n",
+                rotate ? "Hadamard-rotated" : "raw", e);
+    EXPECT_LE(e, rotate ? kQ8Bound : 5e-2);
+  }
+}
+
+}  // namespace
