@@ -69,6 +69,11 @@ void MappedFile::advise_sequential(uint64_t offset, uint64_t len) const {
   const uint64_t start = offset & ~(page_size() - 1);
   ::madvise(const_cast<uint8_t*>(data_) + start, size_t(end - start), MADV_SEQUENTIAL);
   ::madvise(const_cast<uint8_t*>(data_) + start, size_t(end - start), MADV_WILLNEED);
+#ifdef MADV_POPULATE_READ
+  // Map every page of the range in one call instead of one fault per 4 KiB page on first read
+  // (Linux >= 5.14; older kernels return EINVAL and the reads fault as usual).
+  ::madvise(const_cast<uint8_t*>(data_) + start, size_t(end - start), MADV_POPULATE_READ);
+#endif
 }
 
 void MappedFile::release(uint64_t offset, uint64_t len) const {

@@ -21,7 +21,7 @@ class MappedFile {
   uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
   // Hint the kernel that [offset, offset+len) will be read sequentially / is no longer needed
-  // (MADV_SEQUENTIAL / MADV_DONTNEED): lets a loader that copies tensors out keep RSS near one copy.
+  // (MADV_SEQUENTIAL + WILLNEED + POPULATE_READ / MADV_DONTNEED): lets a loader that copies tensors out keep RSS near one copy.
   void advise_sequential(uint64_t offset, uint64_t len) const;
   void release(uint64_t offset, uint64_t len) const;
 

@@ -48,17 +48,6 @@ std::vector<float> to_f32(const uint8_t* data, uint64_t n, bool is_gguf, uint32_
   return out;
 }
 
-// Size a large buffer that is about to be overwritten, asking for transparent huge pages first: a
-// 7 GB model in 4 KB pages costs ~1.8 M page faults on first touch, in 2 MB pages ~3.5 K.
-template <typename T>
-void sized_for_streaming(std::vector<T>& v, size_t n) {
-  v.reserve(n);
-  const uintptr_t huge = 2u << 20, b = (reinterpret_cast<uintptr_t>(v.data()) + huge - 1) & ~(huge - 1),
-                  e = (reinterpret_cast<uintptr_t>(v.data() + n)) & ~(huge - 1);
-  if (e > b) ::madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE);  // best effort
-  v.resize(n);
-}
-
 struct Loader {
   const Pack& pack;
   const PackCheck& pc;
@@ -102,8 +91,8 @@ struct Loader {
     t.cols = s.spec->cols();
     t.folded = s.folded;
     const int64_t N = t.rows, K = t.cols, wpr = K / 16, spr = K / 128;
-    sized_for_streaming(t.words, size_t(N * wpr));
-    sized_for_streaming(t.scales, size_t(N * spr));
+    t.words.resize(size_t(N * wpr));  // huge pages, not zero-filled (util/large_buffer.h)
+    t.scales.resize(size_t(N * spr));
     const std::vector<int64_t> rows = row_map(s);
     if (pack.gguf) {
       if (pack.gguf->mapping()) pack.gguf->mapping()->advise_sequential(uint64_t(s.data - pack.gguf->file_data()), s.nbytes);

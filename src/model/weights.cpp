@@ -39,9 +39,9 @@ uint64_t Model::decode_weight_bytes() const {
 
 namespace {
 
-template <typename T>
-bool same(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+template <typename V>
+bool same(const V& a, const V& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0);
 }
 
 bool same_ternary(const TernaryMatrix& a, const TernaryMatrix& b) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "util/large_buffer.h"
 
 namespace bonsai {
 
@@ -23,8 +24,8 @@ struct TernaryMatrix {
   std::string name;               // GGUF-style tensor name, for messages
   int64_t rows = 0;               // N (outputs)
   int64_t cols = 0;               // K (reduction)
-  std::vector<uint32_t> words;    // u32 [N, K/16], 16 codes per word, element 16i+j at bits 2j
-  std::vector<uint16_t> scales;   // fp16 [N, K/128]
+  LargeVector<uint32_t> words;    // u32 [N, K/16], 16 codes per word, element 16i+j at bits 2j
+  LargeVector<uint16_t> scales;   // fp16 [N, K/128]
   bool folded = false;            // input goes through sign+FWHT of width K before the product
   // Optional gather applied to the activation before sign+FWHT: x'[i] = x[input_perm[i]], [K].
   // Only for a folded GDN out_proj whose columns stay tiled (gdn_v_grouped = false).
