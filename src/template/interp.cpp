@@ -328,8 +328,21 @@ Interp::Interp(const Program& prog, Value context) : prog_(prog) {
     for (const auto& kv : context.dict->items) root_->vars.emplace_back(kv.first, kv.second);
 }
 
+namespace {
+constexpr int kMaxMacroDepth = 256;               // Python's recursion limit stops jinja2 near ~200
+constexpr std::ptrdiff_t kStackBudget = 3 << 20;  // bytes of C++ stack one render may use
+}  // namespace
+
+void Interp::check_stack() const {
+  char here;
+  if (stack_top_ && stack_top_ - &here > kStackBudget)
+    py_raise("RecursionError", "maximum recursion depth exceeded (template too deeply nested)");
+}
+
 std::string Interp::run() {
   std::string out;
+  char top;
+  stack_top_ = &top;
   try {
     exec(prog_.body, root_, out);
   } catch (const PyError& e) {
@@ -536,10 +549,11 @@ Value Interp::invoke_macro(const MacroObj& m, CallArgs& a) {
   } else if (a.pos.size() > n) {
     py_raise("TypeError", "macro " + repr_str(d.name) + " takes not more than " + std::to_string(n) + " argument(s)");
   }
-  if (++depth_ > 400) {
+  if (++depth_ > kMaxMacroDepth) {
     depth_ = 0;
     py_raise("RecursionError", "maximum recursion depth exceeded");
   }
+  check_stack();
   auto scope = std::make_shared<Scope>(m.closure);
   const size_t first_default = n - d.defaults.size();
   for (size_t k = 0; k < n; ++k) {
@@ -708,6 +722,7 @@ Value Interp::getitem(const Value& obj, const Value& key) {
 
 Value Interp::eval(const Expr& e, const ScopePtr& scope) {
   line_ = e.line;
+  check_stack();
   switch (e.kind) {
     case EK::Const: return e.value;
     case EK::Name: return lookup(e.name, scope);

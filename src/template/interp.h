@@ -105,6 +105,9 @@ class Interp {
   ScopePtr root_;
   int line_ = 0;
   int depth_ = 0;
+  const char* stack_top_ = nullptr;  // address of a local in run(): bounds the C++ stack used
+
+  void check_stack() const;
   const Value* filter_input_ = nullptr;  // input of {% filter %} / {% set x | f %} chains
 
   Flow exec(const Body& body, const ScopePtr& scope, std::string& out);

@@ -59,6 +59,16 @@ class Parser {
   size_t i_ = 0;
   std::vector<Open> open_;
   int loop_depth_ = 0;
+  int nesting_ = 0;  // recursion guard: expressions / blocks nested deeper than kMaxNesting fail
+
+  static constexpr int kMaxNesting = 400;
+  struct Nest {
+    Parser& p;
+    explicit Nest(Parser& parser) : p(parser) {
+      if (++p.nesting_ > kMaxNesting) p.fail_here("template nested too deeply");
+    }
+    ~Nest() { --p.nesting_; }
+  };
 
   const Token& cur() const { return t_[i_]; }
   const Token& look() const { return t_[std::min(i_ + 1, t_.size() - 1)]; }
@@ -115,6 +125,7 @@ class Parser {
   // ---- statements -------------------------------------------------------------------------
 
   Body subparse(const std::vector<std::string>& ends) {
+    Nest guard(*this);
     Body body;
     while (true) {
       const Token& t = cur();
@@ -478,7 +489,10 @@ class Parser {
     return t;
   }
 
-  ExprPtr parse_expression(bool with_condexpr) { return with_condexpr ? parse_condexpr() : parse_or(); }
+  ExprPtr parse_expression(bool with_condexpr) {
+    Nest guard(*this);
+    return with_condexpr ? parse_condexpr() : parse_or();
+  }
 
   ExprPtr parse_condexpr() {
     int line = cur().line, col = cur().col;
@@ -517,6 +531,7 @@ class Parser {
   }
 
   ExprPtr parse_not() {
+    Nest guard(*this);
     if (is_name("not")) {
       const Token& k = next();
       auto e = std::make_unique<Expr>(EK::Not, k.line, k.col);
@@ -593,6 +608,7 @@ class Parser {
   }
 
   ExprPtr parse_unary(bool with_filter) {
+    Nest guard(*this);
     ExprPtr node;
     if (is_op("-") || is_op("+")) {
       const Token& k = next();

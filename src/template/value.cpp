@@ -36,7 +36,12 @@ std::string Object::repr() const {
   return "<" + (m == "builtins" ? "" : m + ".") + type_name() + " object>";
 }
 
-Value Object::call(Interp&, CallArgs&) { py_raise("TypeError", "'" + type_name() + "' object is not callable"); }
+Value Object::call(Interp&, CallArgs&) {
+  std::string msg = "'";
+  msg += type_name();
+  msg += "' object is not callable";
+  py_raise("TypeError", std::move(msg));
+}
 
 bool Object::get_attr(const std::string&, Value&) const { return false; }
 

@@ -295,6 +295,27 @@ TEST(TemplateErrors, RuntimeErrorsCarryLine) {
   EXPECT_TRUE(has(e4.what(), "maximum recursion depth")) << e4.what();
 }
 
+TEST(TemplateErrors, NestingAndRecursionLimits) {
+  std::string deep = "{{ " + std::string(1000, '(') + "1" + std::string(1000, ')') + " }}";
+  auto e = syntax_error(deep);
+  EXPECT_TRUE(has(e.what(), "nested too deeply")) << e.what();
+  std::string ok = "{{ " + std::string(50, '(') + "1" + std::string(50, ')') + " }}";
+  EXPECT_EQ(ChatTemplate(ok).render(json::object()), "1");
+  std::string blocks;
+  for (int k = 0; k < 1000; ++k) blocks += "{% if true %}";
+  auto e2 = syntax_error(blocks);
+  EXPECT_TRUE(has(e2.what(), "nested too deeply")) << e2.what();
+  // jinja2 itself gives up near depth 200 (Python's recursion limit); 150 must work
+  ChatTemplate r("{% macro r(n) %}{% if n > 0 %}{{ r(n - 1) }}{% endif %}x{% endmacro %}{{ r(N)|length }}");
+  EXPECT_EQ(r.render(json{{"N", 150}}), "151");
+  try {
+    r.render(json{{"N", 100000}});
+    FAIL() << "expected a recursion error";
+  } catch (const TemplateError& err) {
+    EXPECT_TRUE(has(err.what(), "maximum recursion depth exceeded")) << err.what();
+  }
+}
+
 TEST(TemplateErrors, ContextMustBeObject) {
   ChatTemplate t("x");
   EXPECT_THROW(t.render(json::array()), bonsai::Error);
