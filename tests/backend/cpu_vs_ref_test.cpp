@@ -1,7 +1,7 @@
 // Every bonsai::cpu op against bonsai::ref on seeded random inputs with awkward sizes (row tails that
 // are not multiples of the 4-row tile, M beyond the 32-row activation tile, T not a multiple of the
 // chunk), outputs poisoned with NaN first. Tolerances are max |cpu - ref| / max |ref| per output:
-//   hadamard 1e-6; ternary_matmul / multi 1e-5; dequant_row exact; dense_bf16 1e-5; rmsnorm family 1e-6;
+//   hadamard 1e-6; ternary_matmul / multi 1e-5; dequant_row exact; dense_bf16 / dense_f32 1e-5; rmsnorm family 1e-6;
 //   rope 1e-6; attention 1e-5; sigmoid_gate_mul / silu_mul 1e-6; argmax exact; gdn_conv 1e-6;
 //   gdn_gates 1e-6; gdn_recurrent / gdn_chunked 1e-5 (outputs and state).
 // The measured errors are printed ("max rel err ...") when the tests run.
@@ -27,6 +27,7 @@ SAME_SIGNATURE(ternary_matmul);
 SAME_SIGNATURE(ternary_matmul_multi);
 SAME_SIGNATURE(ternary_dequant_row);
 SAME_SIGNATURE(dense_matmul_bf16);
+SAME_SIGNATURE(dense_matmul_f32);
 SAME_SIGNATURE(rmsnorm);
 SAME_SIGNATURE(add_rmsnorm);
 SAME_SIGNATURE(l2norm_heads);
@@ -136,6 +137,21 @@ TEST_F(CpuVsRef, DenseBf16) {
     cpu::dense_matmul_bf16(w.data(), N, K, x.data(), M, b.data());
     SCOPED_TRACE(M);
     EXPECT_CLOSE(b, a, 1e-5);
+  }
+}
+
+TEST_F(CpuVsRef, DenseF32) {
+  // The canonical GDN a/b projections: fp32 [Nv, E]. N, K and M with tails on purpose.
+  for (int64_t M : {1, 5, 70}) {
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{24, 1024}, {37, 1100}, {3, 7}}) {
+      auto w = randn(size_t(N * K), 335 + uint32_t(K));
+      auto x = randn(size_t(M * K), 336);
+      auto a = poisoned(size_t(M * N)), b = poisoned(size_t(M * N));
+      ref::dense_matmul_f32(w.data(), N, K, x.data(), M, a.data());
+      cpu::dense_matmul_f32(w.data(), N, K, x.data(), M, b.data());
+      SCOPED_TRACE(testing::Message() << "M " << M << " N " << N << " K " << K);
+      EXPECT_CLOSE(b, a, 1e-5);
+    }
   }
 }
 
@@ -287,10 +303,11 @@ TEST_F(CpuVsRef, GdnGates) {
   auto a = randn(size_t(T * Nv), 400, 8.0f), b = randn(size_t(T * Nv), 401, 3.0f);
   a[0] = 25.0f;  // above the softplus threshold
   a[1] = -30.0f;
-  auto A_log = uniform(size_t(Nv), 402, -2.0f, 1.0f), dt = randn(size_t(Nv), 403);
+  auto A = uniform(size_t(Nv), 402, -2.0f, 1.0f), dt = randn(size_t(Nv), 403);
+  for (auto& x : A) x = -std::exp(x);  // A = -exp(A_log), what GdnWeights::A holds
   auto ga = poisoned(size_t(T * Nv)), gb = ga, ba = ga, bb = ga;
-  ref::gdn_gates(a.data(), b.data(), A_log.data(), dt.data(), T, Nv, ga.data(), ba.data());
-  cpu::gdn_gates(a.data(), b.data(), A_log.data(), dt.data(), T, Nv, gb.data(), bb.data());
+  ref::gdn_gates(a.data(), b.data(), A.data(), dt.data(), T, Nv, ga.data(), ba.data());
+  cpu::gdn_gates(a.data(), b.data(), A.data(), dt.data(), T, Nv, gb.data(), bb.data());
   EXPECT_CLOSE(gb, ga, 1e-6);
   EXPECT_CLOSE(bb, ba, 1e-6);
 }

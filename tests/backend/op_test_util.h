@@ -93,10 +93,11 @@ inline GdnCase make_gdn_case(int64_t T, int64_t Nk, int64_t Nv, int64_t Dk, int6
   ref::l2norm_heads(c.k.data(), T * Nk, Dk);
   for (auto& x : c.q) x *= float(1.0 / std::sqrt(double(Dk)));
   auto a = randn(size_t(T * Nv), seed + 4, 2.0f), b = randn(size_t(T * Nv), seed + 5, 2.0f);
-  auto A_log = uniform(size_t(Nv), seed + 6, -2.0f, 1.0f), dt = randn(size_t(Nv), seed + 7);
+  auto A = uniform(size_t(Nv), seed + 6, -2.0f, 1.0f), dt = randn(size_t(Nv), seed + 7);
+  for (auto& x : A) x = -std::exp(x);  // A = -exp(A_log)
   c.g.resize(size_t(T * Nv));
   c.beta.resize(size_t(T * Nv));
-  ref::gdn_gates(a.data(), b.data(), A_log.data(), dt.data(), T, Nv, c.g.data(), c.beta.data());
+  ref::gdn_gates(a.data(), b.data(), A.data(), dt.data(), T, Nv, c.g.data(), c.beta.data());
   return c;
 }
 

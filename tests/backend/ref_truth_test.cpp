@@ -110,6 +110,15 @@ TEST(RefTernary, MatmulEqualsExplicitDequantisedMatmul) {
 
 // ---- Norms, RoPE, elementwise -------------------------------------------------------------------
 
+TEST(RefDense, F32KnownValues) {
+  // w [3, 2], x [2, 2]: y = x w^T.
+  const float w[6] = {1, 2, 3, 4, -1, 0.5f}, x[4] = {1, 1, 2, -1};
+  float y[6];
+  ref::dense_matmul_f32(w, 3, 2, x, 2, y);
+  const float want[6] = {3, 7, -0.5f, 0, 2, -2.5f};
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(y[i], want[i]) << i;
+}
+
 TEST(RefNorm, KnownValues) {
   const float x[2] = {3.0f, 4.0f}, gain[2] = {2.0f, 0.5f};
   float out[2];
@@ -225,9 +234,10 @@ TEST(RefGdn, ConvKnownValuesAndStateShift) {
 
 TEST(RefGdn, GatesKnownValues) {
   const float a[3] = {0.0f, 30.0f, -1.0f}, b[3] = {0.0f, 2.0f, -2.0f};
-  const float A_log[3] = {0.0f, std::log(2.0f), 0.5f}, dt_bias[3] = {0.0f, 0.0f, 1.0f};
+  // A = -exp(A_log) for A_log = 0, log 2, 0.5.
+  const float A[3] = {-1.0f, -2.0f, -float(std::exp(0.5))}, dt_bias[3] = {0.0f, 0.0f, 1.0f};
   float g[3], beta[3];
-  ref::gdn_gates(a, b, A_log, dt_bias, 1, 3, g, beta);
+  ref::gdn_gates(a, b, A, dt_bias, 1, 3, g, beta);
   EXPECT_FLOAT_EQ(g[0], -float(std::log(2.0)));  // -1 * softplus(0)
   EXPECT_FLOAT_EQ(g[1], -60.0f);                 // softplus(30) = 30 above the threshold
   EXPECT_FLOAT_EQ(g[2], -float(std::exp(0.5) * std::log(2.0)));

@@ -51,14 +51,14 @@ void gdn_conv(const float* x, float* conv_state, const float* taps, int64_t T, i
   });
 }
 
-void gdn_gates(const float* a, const float* b, const float* A_log, const float* dt_bias, int64_t T, int64_t Nv,
+void gdn_gates(const float* a, const float* b, const float* A, const float* dt_bias, int64_t T, int64_t Nv,
                float* g, float* beta) {
   parallel_for(0, T, std::max<int64_t>(1, 8192 / std::max<int64_t>(1, Nv)), [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t)
       for (int64_t h = 0; h < Nv; ++h) {
         const int64_t i = t * Nv + h;
         beta[i] = sigmoid(b[i]);
-        g[i] = -std::exp(A_log[h]) * softplus(a[i] + dt_bias[h]);
+        g[i] = A[h] * softplus(a[i] + dt_bias[h]);
       }
   });
 }

@@ -46,6 +46,9 @@ void ternary_dequant_row(const uint32_t* words, const uint16_t* scales, int64_t 
 
 // Dense bf16 linear (GDN's small a/b projections): w bf16 bits [N, K]; x fp32 [M, K]; y fp32 [M, N] = x w^T.
 void dense_matmul_bf16(const uint16_t* w, int64_t N, int64_t K, const float* x, int64_t M, float* y);
+// Dense fp32 linear (the canonical a/b projections are fp32 [Nv, E]): w fp32 [N, K]; x fp32 [M, K];
+// y fp32 [M, N] = x w^T (written).
+void dense_matmul_f32(const float* w, int64_t N, int64_t K, const float* x, int64_t M, float* y);
 
 // ---- Normalisation -------------------------------------------------------------------------------
 // x fp32 [rows, n]; gain fp32 [n] or nullptr (= 1); out fp32 [rows, n] (may alias x).
@@ -94,9 +97,10 @@ int64_t argmax(const float* x, int64_t n);
 //   taps       fp32 [C, Kc]       tap Kc-1 multiplies the current input, tap 0 the oldest
 //   out        fp32 [T, C]        silu(sum_j taps[c][j] * in[t - (Kc-1) + j][c]); must not alias x
 void gdn_conv(const float* x, float* conv_state, const float* taps, int64_t T, int64_t C, int64_t Kc, float* out);
-// a, b fp32 [T, Nv]; A_log, dt_bias fp32 [Nv]; g, beta fp32 [T, Nv] (outputs).
-// beta = sigmoid(b); g = -exp(A_log) * softplus(a + dt_bias)  (log decay, <= 0; softplus(x) = x for x > 20).
-void gdn_gates(const float* a, const float* b, const float* A_log, const float* dt_bias, int64_t T, int64_t Nv,
+// a, b fp32 [T, Nv]; A, dt_bias fp32 [Nv]; g, beta fp32 [T, Nv] (outputs).
+// A = -exp(A_log) (GdnWeights::A, GGUF's ssm_a: negative). beta = sigmoid(b);
+// g = A * softplus(a + dt_bias)  (log decay, <= 0; softplus(x) = x for x > 20).
+void gdn_gates(const float* a, const float* b, const float* A, const float* dt_bias, int64_t T, int64_t Nv,
                float* g, float* beta);
 // Token-by-token delta rule. V head h uses K head kh = h / (Nv/Nk) (grouped order); Nv % Nk == 0.
 //   state fp32 [Nv, Dk, Dv]  S per V head, in place

@@ -36,13 +36,13 @@ void gdn_conv(const float* x, float* conv_state, const float* taps, int64_t T, i
   for (int64_t i = 0; i < P * C; ++i) conv_state[i] = last[size_t(i)];
 }
 
-void gdn_gates(const float* a, const float* b, const float* A_log, const float* dt_bias, int64_t T, int64_t Nv,
+void gdn_gates(const float* a, const float* b, const float* A, const float* dt_bias, int64_t T, int64_t Nv,
                float* g, float* beta) {
   for (int64_t t = 0; t < T; ++t)
     for (int64_t h = 0; h < Nv; ++h) {
       const int64_t i = t * Nv + h;
       beta[i] = float(sigmoid(b[i]));
-      g[i] = float(-std::exp(double(A_log[h])) * softplus(double(a[i]) + double(dt_bias[h])));
+      g[i] = float(double(A[h]) * softplus(double(a[i]) + double(dt_bias[h])));
     }
 }
 

@@ -1,4 +1,4 @@
-// Reference ternary and bf16 linear layers: dequantise each weight exactly, accumulate in double.
+// Reference ternary, bf16 and fp32 linear layers: dequantise each weight exactly, accumulate in double.
 #include <vector>
 
 #include "backend/ref/ops.h"
@@ -54,6 +54,15 @@ void dense_matmul_bf16(const uint16_t* w, int64_t N, int64_t K, const float* x, 
     for (int64_t n = 0; n < N; ++n) {
       double acc = 0.0;
       for (int64_t e = 0; e < K; ++e) acc += double(bf16_to_f32(w[n * K + e])) * double(x[m * K + e]);
+      y[m * N + n] = float(acc);
+    }
+}
+
+void dense_matmul_f32(const float* w, int64_t N, int64_t K, const float* x, int64_t M, float* y) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = 0.0;
+      for (int64_t e = 0; e < K; ++e) acc += double(w[n * K + e]) * double(x[m * K + e]);
       y[m * N + n] = float(acc);
     }
 }
