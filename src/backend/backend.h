@@ -1,0 +1,151 @@
+// The backend interface: the one thing the hybrid forward (model/forward.h) is written against.
+//
+// A backend is a set of ops on fp32 activation buffers plus a memory model. The forward never touches an
+// element itself: every read or write of an activation, a KV cache or a recurrent state goes through a
+// method here, so a backend whose memory is not the host's (CUDA: weights, activations, KV cache and
+// states on the device) runs the same forward unchanged.
+//
+// Rules every implementation follows:
+// - prepare(model) is called once, before any op that names a weight of that model. A backend may keep
+//   its own copy of the weights there (a device upload, a repack into tiles or interleaved words for its
+//   SIMD kernels). Every op argument that points into the canonical Model (a TernaryMatrix, a norm gain,
+//   a sign vector, conv taps, input_perm, ...) is passed as the canonical object's own address; a backend
+//   that keeps copies finds its copy by that address. RefBackend and CpuBackend use the canonical
+//   buffers directly.
+// - Activation / state pointers (float*) are memory this backend allocated (Buffer below). Pointers
+//   named `host` are ordinary host memory.
+// - Shapes: [A, B] is row-major, contiguous. An op's output never aliases its inputs unless stated.
+// - Ops may throw bonsai::Error only on shape misuse (a bug, not a user error); none allocates per call
+//   once warmed up (ref excepted: it is the slow truth, not a hot path).
+// - Several sequences will later be stepped in one forward: everything per sequence (positions, the KV
+//   cache, conv and recurrent state) is an argument, never backend state, so nothing here changes then.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "model/weights.h"
+
+namespace bonsai {
+
+// One output of Backend::linear: y [M, w->rows] = x w^T (written, not accumulated).
+struct LinearOut {
+  const TernaryMatrix* w;
+  float* y;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+
+  // ---- lifetime -----------------------------------------------------------------------------------
+  // Once per model, before any op on its weights. Throws bonsai::Error for a model it cannot run.
+  virtual void prepare(const Model& m) = 0;
+
+  // ---- memory -------------------------------------------------------------------------------------
+  virtual float* allocate(size_t n) = 0;                  // fp32 [n], zero-filled
+  virtual void release(float* p) noexcept = 0;
+  virtual void zero(float* x, size_t n) = 0;
+  virtual void copy_to_host(const float* src, size_t n, float* host) = 0;
+  virtual void copy_from_host(const float* host, size_t n, float* dst) = 0;
+  // dst rows ld_dst apart, src rows ld_src apart: dst[r][0..cols) = src[r][0..cols) for r < rows.
+  // The splits (q | gate per head, q | k | v of the GDN conv output) and the KV cache writes.
+  virtual void copy_rows(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows, int64_t cols) = 0;
+  // x fp32 [n] *= s.
+  virtual void scale(float* x, size_t n, float s) = 0;
+
+  // ---- embedding ----------------------------------------------------------------------------------
+  // out fp32 [M, table.cols] = de-quantised rows ids[0..M) of the table; ids int32 [M] on the host,
+  // already checked to be in [0, table.rows).
+  virtual void embed_rows(const TernaryMatrix& table, const int32_t* host_ids, int64_t M, float* out) = 0;
+
+  // ---- Hadamard rotation (FACTS section 5; ops.h of ref has the exact definitions) ----------------
+  // x fp32 [rows, K] in place; signs int8 [K] (+-1, the model's vector of width K) or nullptr.
+  virtual void hadamard_forward(float* x, int64_t rows, int64_t K, const int8_t* signs, int64_t block) = 0;
+  virtual void hadamard_inverse(float* x, int64_t rows, int64_t K, const int8_t* signs, int64_t block) = 0;
+  // out fp32 [rows, K]: out[r][i] = x[r][perm[i]] (TernaryMatrix::input_perm, int32 [K]).
+  virtual void permute_cols(const float* x, int64_t rows, int64_t K, const int32_t* perm, float* out) = 0;
+
+  // ---- linear layers ------------------------------------------------------------------------------
+  // Ternary: every outs[i].w has cols == K; x fp32 [M, K] (already rotated when the weights are folded:
+  // the op never transforms). Several outputs sharing one x are one call (q+k+v, qkv+z, gate+up).
+  virtual void linear(const LinearOut* outs, int n_outs, int64_t K, const float* x, int64_t M) = 0;
+  // Dense fp32 w [N, K] (the GDN a/b projections); x fp32 [M, K]; y fp32 [M, N] = x w^T.
+  virtual void dense_linear(const float* w, int64_t N, int64_t K, const float* x, int64_t M, float* y) = 0;
+
+  // ---- normalisation (gains are the model's multiplicative gains) ---------------------------------
+  virtual void rmsnorm(const float* x, int64_t rows, int64_t n, const float* gain, float eps, float* out) = 0;
+  // h [rows, n] += delta; out = rmsnorm(h) * gain. out aliases neither.
+  virtual void add_rmsnorm(float* h, const float* delta, int64_t rows, int64_t n, const float* gain, float eps,
+                           float* out) = 0;
+  virtual void l2norm_heads(float* x, int64_t rows, int64_t head_dim, float eps) = 0;
+  // out [rows, Dv] = rmsnorm(o) * gain * silu(z); out may alias o.
+  virtual void gated_rmsnorm(const float* o, const float* z, const float* gain, int64_t rows, int64_t Dv, float eps,
+                             float* out) = 0;
+
+  // ---- attention ----------------------------------------------------------------------------------
+  // NEOX RoPE in place on x fp32 [M, n_heads, head_dim]; token m is at position p0 + m.
+  virtual void rope_neox(float* x, int64_t M, int64_t n_heads, int64_t head_dim, int64_t rot_dims, int64_t p0,
+                         float theta) = 0;
+  // Causal GQA attention of M query rows at positions p0..p0+M-1: q fp32 [M, Hq, D]; k_cache, v_cache
+  // fp32 [>= p0 + M, Hkv, D] with rows p0..p0+M-1 already written; out fp32 [M, Hq, D].
+  virtual void attention(const float* q, const float* k_cache, const float* v_cache, int64_t M, int64_t p0, int64_t Hq,
+                         int64_t Hkv, int64_t D, float scale, float* out) = 0;
+
+  // ---- elementwise --------------------------------------------------------------------------------
+  virtual void sigmoid_gate_mul(float* x, const float* gate, int64_t n) = 0;  // x *= sigmoid(gate)
+  virtual void silu_mul(const float* gate, const float* up, int64_t n, float* out) = 0;
+
+  // ---- Gated DeltaNet (FACTS section 6) -----------------------------------------------------------
+  // x fp32 [T, C]; conv_state fp32 [Kc-1, C] in place; taps fp32 [C, Kc]; out fp32 [T, C] = silu(conv).
+  virtual void gdn_conv(const float* x, float* conv_state, const float* taps, int64_t T, int64_t C, int64_t Kc,
+                        float* out) = 0;
+  // a, b fp32 [T, Nv]; A (= -exp(A_log)), dt_bias fp32 [Nv]; g = A softplus(a + dt_bias), beta = sigmoid(b).
+  virtual void gdn_gates(const float* a, const float* b, const float* A, const float* dt_bias, int64_t T, int64_t Nv,
+                         float* g, float* beta) = 0;
+  // The delta rule over T tokens (state fp32 [Nv, Dk, Dv] in place; q, k [T, Nk, Dk]; v, out [T, Nv, Dv];
+  // g, beta [T, Nv]). The backend picks the evaluation order (chunked WY form or token by token); every
+  // choice computes the same recurrence and the engine tests that chunked prefill equals the walk.
+  virtual void gdn_delta_rule(float* state, const float* q, const float* k, const float* v, const float* g,
+                              const float* beta, int64_t T, int64_t Nk, int64_t Nv, int64_t Dk, int64_t Dv,
+                              float* out) = 0;
+};
+
+// fp32 storage owned by a backend (host memory for ref / cpu, device memory for a GPU backend).
+// Move-only; released through the backend that allocated it.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Backend& be, size_t n) : be_(&be), p_(n ? be.allocate(n) : nullptr), n_(n) {}
+  ~Buffer() { reset(); }
+  Buffer(Buffer&& o) noexcept : be_(o.be_), p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      be_ = o.be_;
+      p_ = std::exchange(o.p_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+    }
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  float* data() const { return p_; }
+  size_t size() const { return n_; }
+  uint64_t bytes() const { return uint64_t(n_) * sizeof(float); }
+  explicit operator bool() const { return p_ != nullptr; }
+
+ private:
+  void reset() {
+    if (p_) be_->release(p_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+  Backend* be_ = nullptr;
+  float* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+}  // namespace bonsai

@@ -1,0 +1,57 @@
+// CpuBackend: the Backend interface over the CPU op library (backend/cpu/ops.h): fp32, threaded over
+// the global pool of backend/cpu/thread_pool.h. Weights are used in the canonical layout (no repack
+// yet: prepare() is where a SIMD variant will re-tile the ternary words).
+//
+// Evaluation choices: attention M == 1 -> attention_decode, else attention_prefill; the delta rule is
+// token by token (gdn_recurrent) for any T by default: measured faster than the chunked form on CPU
+// (backend/cpu/ops.h, gdn_chunked). Options::gdn_chunked switches prefill (T > 1) to the chunked form
+// (chunk 64), for parity tests of the two paths on this backend.
+#pragma once
+#include "backend/host_backend.h"
+
+namespace bonsai {
+
+class CpuBackend final : public HostBackend {
+ public:
+  struct Options {
+    int threads = 0;           // <= 0: hardware_concurrency (resizes the process-wide CPU pool)
+    bool gdn_chunked = false;  // prefill chunks through gdn_chunked instead of gdn_recurrent
+  };
+  static constexpr int64_t kGdnChunk = 64;
+
+  CpuBackend();
+  explicit CpuBackend(const Options& o);
+  const char* name() const override { return "cpu"; }
+  int threads() const;
+  void prepare(const Model& m) override;
+
+  void embed_rows(const TernaryMatrix& table, const int32_t* host_ids, int64_t M, float* out) override;
+  void hadamard_forward(float* x, int64_t rows, int64_t K, const int8_t* signs, int64_t block) override;
+  void hadamard_inverse(float* x, int64_t rows, int64_t K, const int8_t* signs, int64_t block) override;
+  void linear(const LinearOut* outs, int n_outs, int64_t K, const float* x, int64_t M) override;
+  void dense_linear(const float* w, int64_t N, int64_t K, const float* x, int64_t M, float* y) override;
+  void rmsnorm(const float* x, int64_t rows, int64_t n, const float* gain, float eps, float* out) override;
+  void add_rmsnorm(float* h, const float* delta, int64_t rows, int64_t n, const float* gain, float eps,
+                   float* out) override;
+  void l2norm_heads(float* x, int64_t rows, int64_t head_dim, float eps) override;
+  void gated_rmsnorm(const float* o, const float* z, const float* gain, int64_t rows, int64_t Dv, float eps,
+                     float* out) override;
+  void rope_neox(float* x, int64_t M, int64_t n_heads, int64_t head_dim, int64_t rot_dims, int64_t p0,
+                 float theta) override;
+  void attention(const float* q, const float* k_cache, const float* v_cache, int64_t M, int64_t p0, int64_t Hq,
+                 int64_t Hkv, int64_t D, float scale, float* out) override;
+  void sigmoid_gate_mul(float* x, const float* gate, int64_t n) override;
+  void silu_mul(const float* gate, const float* up, int64_t n, float* out) override;
+  void gdn_conv(const float* x, float* conv_state, const float* taps, int64_t T, int64_t C, int64_t Kc,
+                float* out) override;
+  void gdn_gates(const float* a, const float* b, const float* A, const float* dt_bias, int64_t T, int64_t Nv,
+                 float* g, float* beta) override;
+  void gdn_delta_rule(float* state, const float* q, const float* k, const float* v, const float* g,
+                      const float* beta, int64_t T, int64_t Nk, int64_t Nv, int64_t Dk, int64_t Dv,
+                      float* out) override;
+
+ private:
+  Options opt_;
+};
+
+}  // namespace bonsai

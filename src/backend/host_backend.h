@@ -1,0 +1,40 @@
+// HostBackend: the memory half of the Backend interface for backends whose buffers are ordinary host
+// memory (ref, cpu): 64-byte aligned allocations and plain loops for copies. The ops half is left to
+// the subclass.
+#pragma once
+#include <algorithm>
+#include <cstring>
+#include <new>
+
+#include "backend/backend.h"
+
+namespace bonsai {
+
+class HostBackend : public Backend {
+ public:
+  float* allocate(size_t n) override {
+    auto* p = static_cast<float*>(::operator new[](std::max<size_t>(n, 1) * sizeof(float), std::align_val_t(64)));
+    std::memset(p, 0, n * sizeof(float));
+    return p;
+  }
+  void release(float* p) noexcept override { ::operator delete[](p, std::align_val_t(64)); }
+  void zero(float* x, size_t n) override { std::memset(x, 0, n * sizeof(float)); }
+  void copy_to_host(const float* src, size_t n, float* host) override {
+    if (src != host) std::memcpy(host, src, n * sizeof(float));
+  }
+  void copy_from_host(const float* host, size_t n, float* dst) override {
+    if (host != dst) std::memcpy(dst, host, n * sizeof(float));
+  }
+  void copy_rows(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows, int64_t cols) override {
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * ld_dst, src + r * ld_src, size_t(cols) * sizeof(float));
+  }
+  void scale(float* x, size_t n, float s) override {
+    for (size_t i = 0; i < n; ++i) x[i] *= s;
+  }
+  void permute_cols(const float* x, int64_t rows, int64_t K, const int32_t* perm, float* out) override {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < K; ++i) out[r * K + i] = x[r * K + perm[i]];
+  }
+};
+
+}  // namespace bonsai

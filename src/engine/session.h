@@ -1,0 +1,68 @@
+// Session: one sequence being decoded. It owns the per-layer state (a KV cache per attention layer, conv
+// and recurrent state per GDN layer, see model/forward.h), the position and the token history, and
+// appends tokens without re-running the history. Several sessions can share one Decoder (one model, one
+// backend), stepped one after the other.
+//
+// Prefill planner: a prompt of n tokens is fed as the largest chunk (64, then 16) that still leaves at
+// least one token, repeatedly, and the rest token by token; the last token is always a step of its own
+// (the decode step that yields the next-token logits). 125 tokens = 64 + 16 + 16 + 16 + 13 walked.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "model/forward.h"
+
+namespace bonsai {
+
+struct SessionOptions {
+  // KV positions the session can hold (prompt + generated). 0: min(context_length, kDefaultCapacity).
+  // Must not exceed the model's context length.
+  int64_t capacity = 0;
+  // Prefill chunk sizes, largest first, each <= the decoder's max_chunk. Empty: walk every token.
+  std::vector<int64_t> chunks{64, 16};
+};
+
+// Step sizes (summing to n) in which n tokens are fed: greedily the largest chunk c with c <= remaining - 1,
+// then steps of 1. chunks: largest first.
+std::vector<int64_t> plan_prefill(int64_t n, std::span<const int64_t> chunks);
+
+class Session {
+ public:
+  static constexpr int64_t kDefaultCapacity = 4096;
+
+  // Throws bonsai::Error when the capacity exceeds the model's context length or a chunk size is not
+  // in [1, decoder.max_chunk()].
+  explicit Session(Decoder& decoder, SessionOptions opt = {});
+
+  Decoder& decoder() const { return *dec_; }
+  int64_t position() const { return state_.pos; }
+  int64_t capacity() const { return state_.capacity; }
+  int64_t remaining() const { return state_.capacity - state_.pos; }
+  const std::vector<int32_t>& history() const { return history_; }
+  const DecoderState& state() const { return state_; }
+  const SessionOptions& options() const { return opt_; }
+
+  // Throws bonsai::Error with a clear message unless `tokens` (non-empty, called `what` in messages)
+  // can be appended: every id in [0, vocab) and position() + size + extra <= capacity() (`extra`: more
+  // positions the caller will need after these, e.g. the tokens it is about to generate).
+  void check_append(std::span<const int32_t> tokens, const char* what = "prompt", int64_t extra = 0) const;
+
+  // Appends tokens after the history (prefill planner) and returns the logits after the last of them,
+  // fp32 [V], valid until the next call. Checks first (check_append); nothing runs on error.
+  std::span<const float> append(std::span<const int32_t> tokens);
+  // Teacher-forced: appends tokens and writes the logits after every one of them, host fp32 [n, V]
+  // (row t = after consuming tokens[0..t]).
+  void append_all(std::span<const int32_t> tokens, float* logits);
+  // Empty sequence again (state zeroed, position 0, history cleared); the KV memory is kept.
+  void reset();
+
+ private:
+  Decoder* dec_;
+  SessionOptions opt_;
+  DecoderState state_;
+  std::vector<int32_t> history_;
+  std::vector<float> logits_;  // [V]
+};
+
+}  // namespace bonsai

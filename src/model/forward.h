@@ -1,0 +1,121 @@
+// The hybrid decoder forward (Gated DeltaNet layers + gated full-attention layers), written once against
+// the Backend interface (backend/backend.h). It reads like FACTS.md section 6:
+//
+//   h = embed(ids)                                     gather, then R^T when the table is inverse-rotated
+//   for each layer:
+//     x = rmsnorm(h) * attn_norm
+//     h += attention(x) or gated_deltanet(x)
+//     f = rmsnorm(h) * post_norm
+//     h += down(silu(gate(f)) * up(f))
+//   logits = head(rmsnorm(h) * out_norm)
+//
+// Hadamard sites (FACTS section 5) are explicit: hadamard_site() turns one activation into what every
+// linear reading it needs, ONE transform per site shared by its readers:
+//   normed residual -> {q, k, v} or {qkv, z};  mixer output -> o / out_proj (input_perm gather first);
+//   normed residual -> {gate, up};  silu(gate) * up -> down;  final norm -> head.
+// A site transforms only when its readers are `folded`; an unrotated pack has no transforms at all.
+// GDN's a/b projections read the UN-rotated normed residual.
+//
+// One call consumes a chunk of M tokens (1 <= M <= max_chunk) of one sequence: every linear is one
+// M-row GEMM, attention is causal over the chunk, the delta rule runs over the chunk in whatever order the
+// backend picks. The same function is the prefill and the decode step (M = 1), so chunked prefill and the
+// token walk cannot drift apart in anything but evaluation order (tested in tests/engine).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/weights.h"
+
+namespace bonsai {
+
+// The state one layer carries between calls, for one sequence.
+struct LayerState {
+  Buffer k, v;        // full attention: fp32 [capacity, Hkv, Dh] keys (q/k-normed, RoPE applied) and values
+  Buffer conv;        // GDN: fp32 [Kc-1, C] the last Kc-1 qkv inputs of the conv, oldest row first
+  Buffer recurrent;   // GDN: fp32 [Nv, Dk, Dv] the delta-rule state S per V head (grouped order)
+};
+
+// Everything one sequence carries between forward calls. Made by Decoder::new_state, owned by a Session.
+struct DecoderState {
+  int64_t capacity = 0;  // KV positions allocated (the most tokens this sequence can hold)
+  int64_t pos = 0;       // tokens consumed so far = the position of the next token
+  std::vector<LayerState> layers;
+  uint64_t bytes() const;
+};
+
+enum class LogitsMode {
+  None,  // no head (prefill chunks whose logits nobody reads)
+  Last,  // logits of the last token of the chunk: host [V]
+  All,   // logits of every token of the chunk: host [M, V] (teacher-forced evaluation)
+};
+
+class Decoder {
+ public:
+  static constexpr int64_t kDefaultMaxChunk = 64;
+
+  // Checks that the model is one this forward runs (site readers agree on K / folded / input_perm,
+  // signs exist for every folded width, head_dim == value_dim, ...), calls backend.prepare(model) and
+  // allocates the activation workspace for chunks of up to max_chunk tokens. Throws bonsai::Error.
+  // The model and the backend must outlive the decoder.
+  Decoder(const Model& model, Backend& backend, int64_t max_chunk = kDefaultMaxChunk);
+
+  const Model& model() const { return m_; }
+  Backend& backend() const { return be_; }
+  int64_t max_chunk() const { return max_chunk_; }
+  int64_t vocab() const { return m_.head.rows; }
+
+  // A fresh, zeroed state for a sequence of up to `capacity` tokens (>= 1; not checked against the
+  // model's context length here: the Session does that).
+  DecoderState new_state(int64_t capacity) const;
+  // Back to an empty sequence: conv and recurrent state zeroed, pos = 0 (KV rows are overwritten before
+  // they are read, so they are left as they are).
+  void reset(DecoderState& s) const;
+
+  // Consumes ids[0..M) (host int32) at positions s.pos .. s.pos+M-1 and advances s.pos by M.
+  // Preconditions, checked before anything is touched (bonsai::Error): 1 <= M <= max_chunk,
+  // s.pos + M <= s.capacity, every id in [0, vocab). `logits` (host fp32) receives [V] for Last,
+  // [M, V] for All, nothing for None (may be null then).
+  void forward(DecoderState& s, const int32_t* ids, int64_t M, LogitsMode mode, float* logits);
+
+  // Bytes of state a decode step at position `pos` moves besides the weights: K and V rows read
+  // (pos + 1 of them) and written (1) per attention layer; conv and recurrent state read and written per
+  // GDN layer. For the GB/s figure.
+  uint64_t state_bytes_per_step(int64_t pos) const;
+
+ private:
+  // Hadamard site: the activation x fp32 [M, reader.cols] as `reader` (and every other linear at this
+  // site) must read it. Gather by input_perm when set, then sign + FWHT when folded, into the site
+  // workspace; with neither, x itself is returned (no copy).
+  const float* hadamard_site(const float* x, int64_t M, const TernaryMatrix& reader);
+  void attention_block(const LayerWeights& L, LayerState& st, int64_t M, int64_t p0);
+  void gdn_block(const LayerWeights& L, LayerState& st, int64_t M);
+  void ffn_block(const LayerWeights& L, int64_t M);
+  void check_model() const;
+
+  const Model& m_;
+  Backend& be_;
+  int64_t max_chunk_;
+
+  // Activation workspace, [max_chunk, width] each; reused by every layer and every call.
+  struct Workspace {
+    Buffer h;          // [M, E] the residual stream
+    Buffer x;          // [M, E] normed residual (attn_norm, then post_norm, then the next layer's)
+    Buffer delta;      // [M, E] a block's output, added to h
+    Buffer site;       // [M, max K of any linear] the transformed activation of the current site
+    Buffer q_gate;     // [M, 2*H*Dh] q_proj output, per head [Dh query | Dh gate]
+    Buffer q, gate;    // [M, H, Dh]
+    Buffer k, v;       // [M, Hkv, Dh]
+    Buffer attn;       // [M, H, Dh]
+    Buffer qkv, conv;  // [M, C] GDN in_proj_qkv output, conv + SiLU output
+    Buffer z;          // [M, Nv*Dv]
+    Buffer a, b;       // [M, Nv]
+    Buffer g, beta;    // [M, Nv]
+    Buffer gq, gk;     // [M, Nk, Dk]
+    Buffer gv, go;     // [M, Nv, Dv]
+    Buffer ff_gate, ff_up;  // [M, max FF]
+    Buffer logits;     // [1, V]; grows to [max_chunk, V] on the first LogitsMode::All
+  } ws_;
+};
+
+}  // namespace bonsai
