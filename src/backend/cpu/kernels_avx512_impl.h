@@ -288,9 +288,11 @@ TGT_INLINE __m256i dot4_planes256(__m256i acc, __m256i c0, __m256i c1, __m256i c
 struct Planes {
   __m512i p[4];
 };
+// (A GFNI variant, one gf2p8affineqb per plane instead of shift + mask, measured no faster on Zen 4:
+// gf2p8affineqb competes with vpdpbusd for the same two pipes, the shifts and masks do not.)
 TGT_INLINE Planes planes(const void* codes) {
-  const __m512i m3 = _mm512_set1_epi8(3);
   const __m512i w = _mm512_loadu_si512(codes);
+  const __m512i m3 = _mm512_set1_epi8(3);
   // 16-bit shifts are fine: the mask drops the bits that cross from the neighbouring byte.
   return {{_mm512_and_si512(w, m3), _mm512_and_si512(_mm512_srli_epi16(w, 2), m3),
            _mm512_and_si512(_mm512_srli_epi16(w, 4), m3), _mm512_and_si512(_mm512_srli_epi16(w, 6), m3)}};
@@ -328,27 +330,26 @@ TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t rb, const uint16_t* s0, in
   const __m512i two = _mm512_set1_epi32(2);
   __m512 facc[R], ds[R];
   for (int r = 0; r < R; ++r) facc[r] = ds[r] = _mm512_setzero_ps();
-  __m512i pidx = idx_lo;
-  for (int64_t c = 0; c < C; ++c) {
-    if ((c & 7) == 0) {
-      // d_g * s_g of the next 16 groups, per row; chunk c then takes lanes 2(c%8) and 2(c%8)+1.
-      const int64_t g0 = 2 * c, left = G - g0;
-      const __mmask16 m = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
-      const __m512 sv = _mm512_maskz_loadu_ps(m, qs + g0);
-      for (int r = 0; r < R; ++r)
-        ds[r] = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, s0 + r * G + g0)), sv);
-      pidx = idx_lo;
+  // Blocks of 8 chunks = 16 groups: d_g * s_g of the block's groups for each row in one vector; chunk c of
+  // the block then spreads lanes 2c and 2c+1 over the two 8-lane halves (vpermps with idx_lo + 2c).
+  for (int64_t c0 = 0; c0 < C; c0 += 8) {
+    const int64_t g0 = 2 * c0, left = G - g0, c1 = std::min<int64_t>(C, c0 + 8);
+    const __mmask16 m = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+    const __m512 sv = _mm512_maskz_loadu_ps(m, qs + g0);
+    for (int r = 0; r < R; ++r) ds[r] = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, s0 + r * G + g0)), sv);
+    __m512i pidx = idx_lo;
+    for (int64_t c = c0; c < c1; ++c) {
+      const int8_t* qc = q + 256 * c;
+      const __m512i x0 = _mm512_loadu_si512(qc), x1 = _mm512_loadu_si512(qc + 64);
+      const __m512i x2 = _mm512_loadu_si512(qc + 128), x3 = _mm512_loadu_si512(qc + 192);
+      const __m512i ns = neg_sums(qsum + 2 * c);
+      for (int r = 0; r < R; ++r) {
+        const Planes pl = planes(w0 + r * rb + 64 * c);
+        const __m512i acc = dot4_planes(ns, pl.p[0], pl.p[1], pl.p[2], pl.p[3], x0, x1, x2, x3);
+        facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_permutexvar_ps(pidx, ds[r]), facc[r]);
+      }
+      pidx = _mm512_add_epi32(pidx, two);
     }
-    const int8_t* qc = q + 256 * c;
-    const __m512i x0 = _mm512_loadu_si512(qc), x1 = _mm512_loadu_si512(qc + 64);
-    const __m512i x2 = _mm512_loadu_si512(qc + 128), x3 = _mm512_loadu_si512(qc + 192);
-    const __m512i ns = neg_sums(qsum + 2 * c);
-    for (int r = 0; r < R; ++r) {
-      const Planes pl = planes(w0 + r * rb + 64 * c);
-      const __m512i acc = dot4_planes(ns, pl.p[0], pl.p[1], pl.p[2], pl.p[3], x0, x1, x2, x3);
-      facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_permutexvar_ps(pidx, ds[r]), facc[r]);
-    }
-    pidx = _mm512_add_epi32(pidx, two);
   }
   for (int r = 0; r < R; ++r) {
     float t = _mm512_reduce_add_ps(facc[r]);

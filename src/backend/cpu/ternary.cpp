@@ -4,6 +4,7 @@
 // so q+k+v (or gate+up) cost one dispatch and balance across threads as one matrix would.
 #include <algorithm>
 
+#include "backend/cpu/act_q8.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/thread_pool.h"
@@ -23,26 +24,38 @@ int64_t row_grain(int64_t K, int64_t M) {
   return (g + 3) / 4 * 4;
 }
 
-// Rows [lo, hi) of one weight set.
-void rows(const TernaryOut& o, int64_t K, const float* x, int64_t M, int64_t lo, int64_t hi) {
+// Rows [lo, hi) of one weight set; xq: the activation quantised once per call (q8 mode) or nullptr (fp32).
+void rows(const TernaryOut& o, int64_t K, const float* x, const ActQ8* xq, int64_t M, int64_t lo, int64_t hi) {
   const Kernels& kr = kernels();
-  if (M == 1)
+  if (xq) {
+    if (M == 1)
+      kr.ternary_rows_q8_x1(o.words, o.scales, K, lo, hi, xq->q, xq->scale, xq->sum, o.y + lo);
+    else
+      kr.ternary_rows_q8_xm(o.words, o.scales, K, lo, hi, xq->q, xq->scale, xq->sum, M, o.y + lo, o.N);
+  } else if (M == 1) {
     kr.ternary_rows_x1(o.words, o.scales, K, lo, hi, x, o.y + lo);
-  else
+  } else {
     kr.ternary_rows_xm(o.words, o.scales, K, lo, hi, x, M, o.y + lo, o.N);
+  }
 }
 
 }  // namespace
 
 void ternary_matmul(const uint32_t* words, const uint16_t* scales, int64_t N, int64_t K, const float* x,
                     int64_t M, float* y) {
-  check_k(K);
   const TernaryOut o{words, scales, N, y};
-  parallel_for(0, N, row_grain(K, M), [&](int64_t lo, int64_t hi) { rows(o, K, x, M, lo, hi); });
+  ternary_matmul_multi(&o, 1, K, x, M);
 }
 
 void ternary_matmul_multi(const TernaryOut* outs, int n_outs, int64_t K, const float* x, int64_t M) {
   check_k(K);
+  // q8 mode: one quantisation per activation site, shared by every weight set and thread.
+  ActQ8 xq_site{};
+  const ActQ8* xq = nullptr;
+  if (ternary_activation() == TernaryActivation::q8 && M > 0) {
+    xq_site = quantize_activation(x, M, K);
+    xq = &xq_site;
+  }
   int64_t total = 0;
   for (int i = 0; i < n_outs; ++i) total += outs[i].N;
   parallel_for(0, total, row_grain(K, M), [&](int64_t lo, int64_t hi) {
@@ -52,7 +65,7 @@ void ternary_matmul_multi(const TernaryOut* outs, int n_outs, int64_t K, const f
       const int64_t end = base + outs[i].N;
       if (lo < end) {
         const int64_t a = lo - base, b = std::min(hi, end) - base;
-        rows(outs[i], K, x, M, a, b);
+        rows(outs[i], K, x, xq, M, a, b);
         lo = base + b;
       }
       base = end;

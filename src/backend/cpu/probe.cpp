@@ -1,0 +1,206 @@
+// Bandwidth and int8-peak probes (see probe.h). Each worker runs on its own std::thread (not the op pool,
+// so the probe's thread count is exactly what was asked), released together by a spin barrier; the time
+// is the slowest worker's.
+#include "backend/cpu/probe.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/cpu/kernels.h"
+
+#if defined(__x86_64__)
+// GCC 12's AVX-512 headers warn (_mm256_undefined_*) when inlined into target-attribute functions.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#endif
+
+namespace bonsai::cpu {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int resolve_threads(int threads) {
+  return threads > 0 ? threads : std::max(1, int(std::thread::hardware_concurrency()));
+}
+
+// Runs fn(t) on `threads` threads at once; returns the wall seconds from the common start to the last finish.
+double run_parallel(int threads, const std::function<void(int)>& fn) {
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false};
+  std::vector<std::thread> pool;
+  std::vector<Clock::time_point> end(static_cast<size_t>(threads));
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      ready.fetch_add(1);
+      while (!go.load(std::memory_order_acquire)) {
+      }
+      fn(t);
+      end[size_t(t)] = Clock::now();
+    });
+  while (ready.load() < threads) std::this_thread::yield();
+  const auto start = Clock::now();
+  go.store(true, std::memory_order_release);
+  for (auto& th : pool) th.join();
+  const auto last = *std::max_element(end.begin(), end.end());
+  return std::chrono::duration<double>(last - start).count();
+}
+
+// ---- read ----
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) uint64_t read_avx512(const uint8_t* p, size_t n) {
+  __m512i a = _mm512_setzero_si512(), b = a, c = a, d = a;
+  for (size_t i = 0; i + 256 <= n; i += 256) {
+    a = _mm512_xor_si512(a, _mm512_load_si512(p + i));
+    b = _mm512_xor_si512(b, _mm512_load_si512(p + i + 64));
+    c = _mm512_xor_si512(c, _mm512_load_si512(p + i + 128));
+    d = _mm512_xor_si512(d, _mm512_load_si512(p + i + 192));
+  }
+  const __m512i x = _mm512_xor_si512(_mm512_xor_si512(a, b), _mm512_xor_si512(c, d));
+  uint64_t out[8];
+  _mm512_storeu_si512(out, x);
+  return out[0] ^ out[7];
+}
+__attribute__((target("avx2"))) uint64_t read_avx2(const uint8_t* p, size_t n) {
+  __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
+  for (size_t i = 0; i + 128 <= n; i += 128) {
+    a = _mm256_xor_si256(a, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
+    b = _mm256_xor_si256(b, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
+    c = _mm256_xor_si256(c, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
+    d = _mm256_xor_si256(d, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 96)));
+  }
+  const __m256i x = _mm256_xor_si256(_mm256_xor_si256(a, b), _mm256_xor_si256(c, d));
+  uint64_t out[4];
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), x);
+  return out[0] ^ out[3];
+}
+#endif
+uint64_t read_scalar(const uint8_t* p, size_t n) {
+  uint64_t a = 0, b = 0, c = 0, d = 0;
+  for (size_t i = 0; i + 32 <= n; i += 32) {
+    uint64_t w[4];
+    std::memcpy(w, p + i, 32);
+    a ^= w[0];
+    b ^= w[1];
+    c ^= w[2];
+    d ^= w[3];
+  }
+  return a ^ b ^ c ^ d;
+}
+
+uint64_t (*pick_read())(const uint8_t*, size_t) {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f")) return read_avx512;
+  if (__builtin_cpu_supports("avx2")) return read_avx2;
+#endif
+  return read_scalar;
+}
+
+// ---- int8 peak: independent accumulators, register operands only ----
+
+constexpr int64_t kPeakIters = 1 << 22;
+// The accumulators' values land here so the loops are not optimised away; the functions return the
+// number of multiply-adds they issued.
+volatile int64_t g_peak_sink = 0;
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t peak_vnni(int64_t iters) {
+  __m512i acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_epi32(i);
+  const __m512i a = _mm512_set1_epi8(1), b = _mm512_set1_epi8(-1);
+  for (int64_t it = 0; it < iters; ++it)
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
+  __m512i s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_epi32(s, acc[i]);
+  g_peak_sink = _mm512_reduce_add_epi32(s);
+  return iters * 12 * 64;
+}
+__attribute__((target("avx512f,avx512bw"))) int64_t peak_avx512bw(int64_t iters) {
+  __m512i acc[8];
+  for (int i = 0; i < 8; ++i) acc[i] = _mm512_set1_epi32(i);
+  const __m512i a = _mm512_set1_epi8(1), b = _mm512_set1_epi8(-1), ones = _mm512_set1_epi16(1);
+  for (int64_t it = 0; it < iters; ++it)
+    for (int i = 0; i < 8; ++i) acc[i] = _mm512_add_epi32(acc[i], _mm512_madd_epi16(_mm512_maddubs_epi16(a, b), ones));
+  __m512i s = acc[0];
+  for (int i = 1; i < 8; ++i) s = _mm512_add_epi32(s, acc[i]);
+  g_peak_sink = _mm512_reduce_add_epi32(s);
+  return iters * 8 * 64;
+}
+__attribute__((target("avx2"))) int64_t peak_avx2(int64_t iters) {
+  __m256i acc[8];
+  for (int i = 0; i < 8; ++i) acc[i] = _mm256_set1_epi32(i);
+  const __m256i a = _mm256_set1_epi8(1), b = _mm256_set1_epi8(-1), ones = _mm256_set1_epi16(1);
+  for (int64_t it = 0; it < iters; ++it)
+    for (int i = 0; i < 8; ++i) acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones));
+  __m256i s = acc[0];
+  for (int i = 1; i < 8; ++i) s = _mm256_add_epi32(s, acc[i]);
+  int32_t out[8];
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), s);
+  g_peak_sink = out[0];
+  return iters * 8 * 32;
+}
+#endif
+int64_t peak_scalar(int64_t iters) {
+  volatile int8_t seed = 3;
+  int32_t acc[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  const int8_t a = seed, b = int8_t(-seed);
+  for (int64_t it = 0; it < iters; ++it)
+    for (int i = 0; i < 8; ++i) acc[i] += int8_t(acc[i]) * b + a;  // a dependent chain: no closed form
+  int64_t s = 0;
+  for (int i = 0; i < 8; ++i) s += acc[i];
+  g_peak_sink = s;
+  return iters * 8;
+}
+
+}  // namespace
+
+double probe_read_bandwidth_gbs(int threads) {
+  threads = resolve_threads(threads);
+  const size_t bytes = size_t(512) << 20;
+  const size_t slice = bytes / size_t(threads) / 4096 * 4096;
+  std::unique_ptr<uint8_t, decltype(&std::free)> buf(static_cast<uint8_t*>(std::aligned_alloc(4096, bytes)), &std::free);
+  if (!buf) return 0.0;
+  // First-touch each slice from the thread that reads it (NUMA placement), with non-zero bytes.
+  run_parallel(threads, [&](int t) { std::memset(buf.get() + size_t(t) * slice, 0x5a + t, slice); });
+  const auto read = pick_read();
+  std::atomic<uint64_t> sink{0};
+  double best = 0.0;
+  for (int pass = 0; pass < 5; ++pass) {
+    const double s = run_parallel(threads, [&](int t) { sink.fetch_xor(read(buf.get() + size_t(t) * slice, slice)); });
+    best = std::max(best, double(slice) * threads / s / 1e9);
+  }
+  return best;
+}
+
+double probe_int8_dot_peak_gops(int threads) {
+  threads = resolve_threads(threads);
+  int64_t (*fn)(int64_t) = peak_scalar;
+  const std::string name = kernels().name;
+#if defined(__x86_64__)
+  if (name == "avx512vnni") fn = peak_vnni;
+  else if (name == "avx512bw") fn = peak_avx512bw;
+  else if (name == "avx2") fn = peak_avx2;
+#endif
+  const int64_t iters = name == "portable" ? kPeakIters / 4 : kPeakIters / 16;
+  std::vector<int64_t> macs(static_cast<size_t>(threads));
+  double best = 0.0;
+  for (int pass = 0; pass < 3; ++pass) {
+    const double s = run_parallel(threads, [&](int t) { macs[size_t(t)] = fn(iters); });
+    int64_t total = 0;
+    for (int64_t m : macs) total += m;
+    best = std::max(best, 2.0 * double(total) / s / 1e9);
+  }
+  return best;
+}
+
+}  // namespace bonsai::cpu
