@@ -1,0 +1,1030 @@
+// CudaBackend host logic: device memory, weight upload, the deferred-op peephole fusion, decode-step
+// graphs. The kernels are in ternary.cu, elementwise.cu and mixers.cu (see kernels.h).
+#include "backend/cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/cuda/kernels.h"
+#include "util/error.h"
+#include "util/half.h"
+
+namespace bonsai {
+
+namespace {
+
+void cuda_check(cudaError_t e, const char* what, const char* file, int line) {
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // clear a sticky launch error where possible
+    fail("CUDA error {} ({}) at {}:{} in `{}`", cudaGetErrorName(e), cudaGetErrorString(e), file, line, what);
+  }
+}
+#define CUDA_CHECK(expr) cuda_check((expr), #expr, __FILE__, __LINE__)
+
+constexpr int kDecodeSplits = 16;      // attention splits for one query row (fixed: graph shapes stay put)
+constexpr size_t kPinnedMax = 64u << 20;
+
+uint64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  return h;
+}
+
+bool is_pow2(int64_t n) { return n > 0 && (n & (n - 1)) == 0; }
+
+}  // namespace
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device) {
+  CudaBackend::Options o;
+  o.device = device;
+  return std::make_unique<CudaBackend>(o);
+}
+
+// ---------------------------------------------------------------------------------------------------
+
+struct CudaBackend::Impl {
+  struct DevMatrix {
+    const uint32_t* words = nullptr;   // u32 [N, K/16]
+    const uint16_t* scales = nullptr;  // fp16 [N, K/128]
+    int64_t N = 0, K = 0;
+  };
+  struct Const {
+    void* ptr = nullptr;
+    bool bf16 = false;  // dense weights stored as bf16 (only when every value round-trips exactly)
+  };
+  // A deferred op (see the header: fused into its consumer, else launched in order at the next flush).
+  enum class PK { Copy, Permute, SiluMul, SigMul, GNorm, L2, Scale, Gates, Dense };
+  struct Pending {
+    PK kind;
+    float* dst = nullptr;         // Copy/Permute/SiluMul/GNorm out; SigMul/L2/Scale x; Gates g
+    float* dst2 = nullptr;        // Gates beta
+    const float* src = nullptr;   // Copy/Permute src; SiluMul gate; GNorm o; Gates a; Dense x
+    const float* src2 = nullptr;  // SiluMul up; SigMul gate; GNorm z; Gates b
+    const float* gain = nullptr;  // GNorm gain; Gates A
+    const float* gain2 = nullptr; // Gates dt_bias
+    const int32_t* perm = nullptr;
+    int64_t ld_dst = 0, ld_src = 0, rows = 0, cols = 0;  // rows x cols, or n in cols
+    float f = 0.f;                                        // eps or scale
+    cuda::DenseDev dense[2]{};
+    int n_dense = 0;
+    bool bf16 = false;
+  };
+  struct Scratch {
+    void* p = nullptr;
+    size_t bytes = 0;
+  };
+  struct GraphEntry {
+    uint64_t hash = 0;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    std::vector<cudaGraphNode_t> nodes;
+    std::vector<cuda::Launch> recs;
+  };
+
+  Options opt;
+  cudaDeviceProp prop{};
+  cudaStream_t stream = nullptr;
+  std::unordered_map<const TernaryMatrix*, DevMatrix> mats;
+  std::unordered_map<const void*, Const> consts;
+  std::vector<void*> owned;        // weight and constant allocations
+  std::vector<void*> retired;      // scratch replaced while work may still read it: freed at a sync
+  Stats st;
+
+  Scratch xq, xds, attn_o, attn_ml, attn_cnt, ids, am_v, am_i, am_cnt, am_res;
+  void* pinned = nullptr;
+  size_t pinned_bytes = 0;
+
+  struct Shadow {
+    const float* x = nullptr;
+    int64_t rows = 0, K = 0;
+    uint64_t seq = ~0ull;
+  } shadow;
+  uint64_t seq = 0;
+  std::vector<Pending> pend;
+
+  bool recording = false;
+  std::vector<cuda::Launch> rec;
+  std::vector<GraphEntry> graphs;
+
+  // ---- launching ----------------------------------------------------------------------------------
+  void launch_now(const cuda::Launch& l) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = l.grid;
+    cfg.blockDim = l.block;
+    cfg.dynamicSmemBytes = l.smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    if (opt.pdl) {
+      attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[0].val.programmaticStreamSerializationAllowed = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+    }
+    void* params[1] = {const_cast<unsigned char*>(l.args)};
+    CUDA_CHECK(cudaLaunchKernelExC(&cfg, l.func, params));
+  }
+
+  void emit(const cuda::Launch& l) {
+    ++st.kernels;
+    if (recording) rec.push_back(l);
+    else launch_now(l);
+  }
+
+  // ---- deferred ops ---------------------------------------------------------------------------------
+  void launch_pending(const Pending& p) {
+    switch (p.kind) {
+      case PK::Copy: emit(cuda::copy_rows_launch(p.dst, p.ld_dst, p.src, p.ld_src, p.rows, p.cols)); break;
+      case PK::Permute: emit(cuda::permute_launch(p.src, p.rows, p.cols, p.perm, p.dst)); break;
+      case PK::SiluMul: emit(cuda::silu_mul_launch(p.src, p.src2, p.cols, p.dst)); break;
+      case PK::SigMul: emit(cuda::sigmoid_mul_launch(p.dst, p.src2, p.cols)); break;
+      case PK::GNorm: emit(cuda::gated_rmsnorm_launch(p.src, p.src2, p.gain, p.rows, p.cols, p.f, p.dst)); break;
+      case PK::L2: emit(cuda::l2norm_launch(p.dst, p.rows, p.cols, p.f)); break;
+      case PK::Scale: emit(cuda::scale_launch(p.dst, p.cols, p.f)); break;
+      case PK::Gates: emit(cuda::gdn_gates_launch(p.src, p.src2, p.gain, p.gain2, p.rows, p.cols, p.dst, p.dst2)); break;
+      case PK::Dense: emit(cuda::dense_launch(p.dense, p.n_dense, p.bf16, p.cols, p.src, p.rows)); break;
+    }
+  }
+  void flush_pending() {
+    for (const Pending& p : pend) launch_pending(p);
+    pend.clear();
+  }
+  void defer(const Pending& p) {
+    if (opt.fuse) pend.push_back(p);
+    else {
+      flush_pending();
+      launch_pending(p);
+    }
+  }
+  const Pending* tail() const { return pend.empty() ? nullptr : &pend.back(); }
+
+  // ---- steps and graphs -----------------------------------------------------------------------------
+  void begin_step() {
+    end_step();
+    flush_pending();
+    recording = true;
+    rec.clear();
+  }
+  void end_step() {
+    if (!recording) return;
+    flush_pending();
+    recording = false;
+    run_graph();
+    rec.clear();
+  }
+  // A sync point: everything issued so far is on the stream.
+  void drain() {
+    end_step();
+    flush_pending();
+  }
+  void sync() {
+    drain();
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    for (void* p : retired) cudaFree(p);
+    retired.clear();
+  }
+
+  static cudaKernelNodeParams node_params(const cuda::Launch& l, void** holder) {
+    cudaKernelNodeParams p{};
+    p.func = const_cast<void*>(l.func);
+    p.gridDim = l.grid;
+    p.blockDim = l.block;
+    p.sharedMemBytes = l.smem;
+    holder[0] = const_cast<unsigned char*>(l.args);
+    p.kernelParams = holder;
+    p.extra = nullptr;
+    return p;
+  }
+
+  void run_graph() {
+    if (rec.empty()) return;
+    st.last_step_nodes = rec.size();
+    uint64_t h = rec.size();
+    for (const cuda::Launch& l : rec) {
+      h = mix(h, reinterpret_cast<uint64_t>(l.func));
+      h = mix(h, (uint64_t(l.grid.x) << 32) ^ (uint64_t(l.grid.y) << 16) ^ l.grid.z);
+      h = mix(h, (uint64_t(l.block.x) << 32) ^ (uint64_t(l.smem) << 8) ^ l.size);
+    }
+    GraphEntry* e = nullptr;
+    for (GraphEntry& g : graphs) {
+      if (g.hash != h || g.recs.size() != rec.size()) continue;
+      bool same = true;
+      for (size_t i = 0; i < rec.size() && same; ++i) same = g.recs[i].same_shape(rec[i]);
+      if (same) {
+        e = &g;
+        break;
+      }
+    }
+    if (e) {
+      for (size_t i = 0; i < rec.size(); ++i) {
+        if (e->recs[i].same_args(rec[i])) continue;
+        void* holder[1];
+        cudaKernelNodeParams p = node_params(rec[i], holder);
+        CUDA_CHECK(cudaGraphExecKernelNodeSetParams(e->exec, e->nodes[i], &p));
+        e->recs[i] = rec[i];
+        ++st.graph_patched_nodes;
+      }
+    } else {
+      if (graphs.size() >= 8) {
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        for (GraphEntry& g : graphs) {
+          cudaGraphExecDestroy(g.exec);
+          cudaGraphDestroy(g.graph);
+        }
+        graphs.clear();
+      }
+      GraphEntry g;
+      g.hash = h;
+      CUDA_CHECK(cudaGraphCreate(&g.graph, 0));
+      g.nodes.resize(rec.size());
+      for (size_t i = 0; i < rec.size(); ++i) {
+        void* holder[1];
+        cudaKernelNodeParams p = node_params(rec[i], holder);
+        CUDA_CHECK(cudaGraphAddKernelNode(&g.nodes[i], g.graph, nullptr, 0, &p));
+        if (i > 0) {
+          cudaGraphEdgeData ed{};
+          if (opt.pdl) {
+            ed.from_port = cudaGraphKernelNodePortProgrammatic;
+            ed.type = cudaGraphDependencyTypeProgrammatic;
+          }
+          CUDA_CHECK(cudaGraphAddDependencies(g.graph, &g.nodes[i - 1], &g.nodes[i], &ed, 1));
+        }
+      }
+      CUDA_CHECK(cudaGraphInstantiate(&g.exec, g.graph, 0));
+      g.recs = rec;
+      graphs.push_back(std::move(g));
+      e = &graphs.back();
+      ++st.graph_builds;
+    }
+    CUDA_CHECK(cudaGraphLaunch(e->exec, stream));
+    ++st.graph_launches;
+  }
+
+  // ---- memory -------------------------------------------------------------------------------------
+  void* device_alloc(size_t bytes, const char* what) {
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 16));
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      size_t fr = 0, tot = 0;
+      cudaMemGetInfo(&fr, &tot);
+      fail("CUDA backend: cannot allocate {:.3f} GB of device memory for {} ({}; {:.2f} GB free of {:.2f} GB on {})",
+           double(bytes) / 1e9, what, cudaGetErrorString(e), double(fr) / 1e9, double(tot) / 1e9, prop.name);
+    }
+    return p;
+  }
+  // Grows a scratch buffer; the old one is retired (work already issued may still read it).
+  void* ensure(Scratch& s, size_t bytes, const char* what, bool zeroed = false) {
+    if (s.bytes >= bytes) return s.p;
+    if (s.p) retired.push_back(s.p);
+    const size_t nb = std::max(bytes, s.bytes * 3 / 2);
+    s.p = device_alloc(nb, what);
+    s.bytes = nb;
+    if (zeroed) CUDA_CHECK(cudaMemsetAsync(s.p, 0, nb, stream));
+    return s.p;
+  }
+  void* pinned_buf(size_t bytes) {
+    if (pinned_bytes >= bytes) return pinned;
+    if (pinned) {
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      cudaFreeHost(pinned);
+    }
+    const size_t nb = std::max(bytes, size_t(1) << 20);
+    CUDA_CHECK(cudaMallocHost(&pinned, nb));
+    pinned_bytes = nb;
+    return pinned;
+  }
+
+  template <class T>
+  const T* dev(const T* host) const {
+    if (!host) return nullptr;
+    auto it = consts.find(static_cast<const void*>(host));
+    return it == consts.end() ? host : static_cast<const T*>(it->second.ptr);  // unknown: already device memory
+  }
+  const DevMatrix& matrix(const TernaryMatrix* w) const {
+    auto it = mats.find(w);
+    if (it == mats.end()) fail("CUDA backend: {} was not uploaded (prepare() the model first)", w->name);
+    return it->second;
+  }
+
+  void upload_const(const void* host, size_t bytes, bool try_bf16_of_f32 = false) {
+    if (!host || consts.count(host)) return;
+    Const c;
+    if (try_bf16_of_f32) {
+      const float* f = static_cast<const float*>(host);
+      const size_t n = bytes / 4;
+      std::vector<uint16_t> b(n);
+      bool exact = true;
+      for (size_t i = 0; i < n && exact; ++i) {
+        uint32_t u;
+        std::memcpy(&u, &f[i], 4);
+        b[i] = uint16_t(u >> 16);
+        exact = (u & 0xffffu) == 0;
+      }
+      if (exact) {
+        c.ptr = device_alloc(n * 2, "a dense projection");
+        CUDA_CHECK(cudaMemcpy(c.ptr, b.data(), n * 2, cudaMemcpyHostToDevice));
+        c.bf16 = true;
+        owned.push_back(c.ptr);
+        st.weight_bytes += n * 2;
+        consts[host] = c;
+        return;
+      }
+    }
+    c.ptr = device_alloc(bytes, "a model constant");
+    CUDA_CHECK(cudaMemcpy(c.ptr, host, bytes, cudaMemcpyHostToDevice));
+    owned.push_back(c.ptr);
+    st.weight_bytes += bytes;
+    consts[host] = c;
+  }
+
+  void upload_matrix(const TernaryMatrix& w) {
+    if (mats.count(&w)) return;
+    if (w.cols % 128 != 0 || w.rows < 1) fail("CUDA backend: {} has K = {} (must be a positive multiple of 128)", w.name, w.cols);
+    if (int64_t(w.words.size()) != w.rows * w.cols / 16 || int64_t(w.scales.size()) != w.rows * w.cols / 128)
+      fail("CUDA backend: {} has {} words / {} scales for [{}, {}]", w.name, w.words.size(), w.scales.size(), w.rows, w.cols);
+    const size_t wb = w.words.size() * 4, sb = w.scales.size() * 2;
+    const size_t soff = (wb + 255) / 256 * 256;
+    auto* base = static_cast<unsigned char*>(device_alloc(soff + sb, w.name.c_str()));
+    CUDA_CHECK(cudaMemcpy(base, w.words.data(), wb, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(base + soff, w.scales.data(), sb, cudaMemcpyHostToDevice));
+    owned.push_back(base);
+    st.weight_bytes += wb + sb;
+    if (!w.input_perm.empty()) upload_const(w.input_perm.data(), w.input_perm.size() * 4);
+    mats[&w] = DevMatrix{reinterpret_cast<const uint32_t*>(base), reinterpret_cast<const uint16_t*>(base + soff), w.rows,
+                         w.cols};
+  }
+
+  // ---- the site kernel with peephole fusion ----------------------------------------------------------
+  // Transforms (or just quantises, n = 1) x [rows, K] in place, fusing the producer ops at the tail of
+  // the pending list. quantise: also write the int8 form and record it as the shadow of x.
+  void site(float* x, int64_t rows, int64_t K, const int8_t* signs, int64_t n, bool inverse, bool quantise) {
+    cuda::SiteDesc d;
+    d.src = x;
+    d.ld = K;
+    d.dst = x;
+    d.rows = rows;
+    d.K = K;
+    d.n = n;
+    d.inverse = inverse;
+    d.signs = dev(signs);
+    const int64_t tile = n >= 1024 ? n : 1024;
+    if (opt.fuse && !inverse) {
+      const Pending* t = tail();
+      if (t && t->kind == PK::Copy && t->dst == x && t->ld_dst == K && t->cols == K && t->rows == rows) {
+        d.src = t->src;
+        d.ld = t->ld_src;
+        pend.pop_back();
+      } else if (t && t->kind == PK::Permute && t->dst == x && t->rows == rows && t->cols == K) {
+        d.src = t->src;
+        d.perm = t->perm;
+        pend.pop_back();
+      }
+      // A pre-op producing the (contiguous) source.
+      t = tail();
+      if (t && !d.perm && d.ld == K) {
+        const int64_t n_el = rows * K;
+        if (t->kind == PK::SiluMul && t->dst == d.src && t->cols == n_el) {
+          d.pre = cuda::kPreSiluMul;
+          d.src = t->src;
+          d.src2 = t->src2;
+          d.pre_out = t->dst;
+          pend.pop_back();
+        } else if (t->kind == PK::SigMul && t->dst == d.src && t->cols == n_el) {
+          d.pre = cuda::kPreSigmoidMul;
+          d.src2 = t->src2;
+          d.pre_out = t->dst;
+          pend.pop_back();
+        } else if (t->kind == PK::GNorm && t->dst == d.src && t->rows * t->cols == n_el && K % t->cols == 0 &&
+                   tile % t->cols == 0) {
+          d.pre = cuda::kPreGatedNorm;
+          d.src = t->src;
+          d.src2 = t->src2;
+          d.gain = t->gain;
+          d.seg = int32_t(t->cols);
+          d.eps = t->f;
+          d.pre_out = t->dst;
+          pend.pop_back();
+        }
+      }
+    }
+    flush_pending();
+    if (d.pre_out == d.dst) d.pre_out = nullptr;  // the site writes it anyway (n = 1, quantise only)
+    // Quantise-only of x itself: x already holds the values, skip the fp32 write.
+    if (quantise && n == 1 && !d.signs && d.pre == cuda::kPreNone && d.src == x && !d.perm) d.dst = nullptr;
+    if (quantise) {
+      if (K % 128 != 0) fail("CUDA backend: ternary input width {} is not a multiple of 128", K);
+      d.xq = static_cast<int8_t*>(ensure(xq, size_t(rows * K), "the int8 activations"));
+      d.xds = static_cast<float2*>(ensure(xds, size_t(rows * (K / 64)) * sizeof(float2), "the activation scales"));
+      shadow = {x, rows, K, seq};
+    }
+    emit(cuda::site_launch(d));
+  }
+};
+
+// ---------------------------------------------------------------------------------------------------
+
+CudaBackend::CudaBackend() : CudaBackend(Options{}) {}
+
+CudaBackend::CudaBackend(const Options& o) : p_(std::make_unique<Impl>()) {
+  p_->opt = o;
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    fail("CUDA backend: no CUDA device is available ({})",
+         e != cudaSuccess ? cudaGetErrorString(e) : "the runtime reports 0 devices");
+  }
+  if (o.device < 0 || o.device >= n) fail("CUDA backend: device {} does not exist ({} device(s))", o.device, n);
+  CUDA_CHECK(cudaSetDevice(o.device));
+  CUDA_CHECK(cudaGetDeviceProperties(&p_->prop, o.device));
+  if (p_->prop.major != 9)
+    fail("CUDA backend: built for sm_90a (H100 / H200); device {} ({}) is sm_{}{}", o.device, p_->prop.name,
+         p_->prop.major, p_->prop.minor);
+  CUDA_CHECK(cudaStreamCreateWithFlags(&p_->stream, cudaStreamNonBlocking));
+  cuda::init_kernel_attributes();
+}
+
+CudaBackend::~CudaBackend() {
+  if (!p_) return;
+  try {
+    p_->sync();
+  } catch (...) {
+  }
+  for (auto& g : p_->graphs) {
+    cudaGraphExecDestroy(g.exec);
+    cudaGraphDestroy(g.graph);
+  }
+  for (void* q : p_->owned) cudaFree(q);
+  for (Impl::Scratch* s : {&p_->xq, &p_->xds, &p_->attn_o, &p_->attn_ml, &p_->attn_cnt, &p_->ids, &p_->am_v, &p_->am_i,
+                           &p_->am_cnt, &p_->am_res})
+    if (s->p) cudaFree(s->p);
+  if (p_->pinned) cudaFreeHost(p_->pinned);
+  if (p_->stream) cudaStreamDestroy(p_->stream);
+}
+
+void CudaBackend::prepare(const Model& m) {
+  Impl& I = *p_;
+  uint64_t need = 0;
+  for (const TernaryMatrix* w : m.ternary_matrices())
+    if (!I.mats.count(w)) need += w->bytes();
+  size_t fr = 0, tot = 0;
+  CUDA_CHECK(cudaMemGetInfo(&fr, &tot));
+  if (need + (256u << 20) > fr)
+    fail("CUDA backend: {} needs {:.2f} GB of device memory for its weights; {} has {:.2f} GB free of {:.2f} GB",
+         m.source_path, double(need) / 1e9, I.prop.name, double(fr) / 1e9, double(tot) / 1e9);
+  for (const TernaryMatrix* w : m.ternary_matrices()) I.upload_matrix(*w);
+  auto vec = [&](const std::vector<float>& v) {
+    if (!v.empty()) I.upload_const(v.data(), v.size() * 4);
+  };
+  vec(m.out_norm);
+  for (const LayerWeights& L : m.layers) {
+    vec(L.attn_norm);
+    vec(L.post_norm);
+    if (L.full_attention) {
+      vec(L.attn.q_norm);
+      vec(L.attn.k_norm);
+    } else {
+      if (!L.gdn.a.empty()) I.upload_const(L.gdn.a.data(), L.gdn.a.size() * 4, true);
+      if (!L.gdn.b.empty()) I.upload_const(L.gdn.b.data(), L.gdn.b.size() * 4, true);
+      vec(L.gdn.A);
+      vec(L.gdn.dt_bias);
+      vec(L.gdn.conv);
+      vec(L.gdn.norm);
+    }
+  }
+  for (const auto& s : m.hadamard.signs)
+    if (!s.empty()) I.upload_const(s.data(), s.size());
+  CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void CudaBackend::prepare_matrix(const TernaryMatrix& w) { p_->upload_matrix(w); }
+void CudaBackend::upload_constant(const void* host, size_t bytes) { p_->upload_const(host, bytes); }
+
+// ---- memory ---------------------------------------------------------------------------------------
+
+float* CudaBackend::allocate(size_t n) {
+  Impl& I = *p_;
+  I.drain();
+  auto* q = static_cast<float*>(I.device_alloc(n * sizeof(float), "an activation / state buffer"));
+  CUDA_CHECK(cudaMemsetAsync(q, 0, std::max<size_t>(n, 1) * sizeof(float), I.stream));
+  return q;
+}
+
+void CudaBackend::release(float* q) noexcept {
+  if (!q) return;
+  try {
+    p_->sync();
+  } catch (...) {
+  }
+  cudaFree(q);
+}
+
+void CudaBackend::zero(float* x, size_t n) {
+  Impl& I = *p_;
+  ++I.seq;
+  I.flush_pending();
+  I.emit(cuda::zero_launch(x, int64_t(n)));
+}
+
+void CudaBackend::copy_to_host(const float* src, size_t n, float* host) {
+  Impl& I = *p_;
+  I.drain();
+  const size_t bytes = n * sizeof(float);
+  if (bytes <= kPinnedMax) {
+    void* pin = I.pinned_buf(bytes);
+    CUDA_CHECK(cudaMemcpyAsync(pin, src, bytes, cudaMemcpyDeviceToHost, I.stream));
+    CUDA_CHECK(cudaStreamSynchronize(I.stream));
+    std::memcpy(host, pin, bytes);
+  } else {
+    CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, I.stream));
+    CUDA_CHECK(cudaStreamSynchronize(I.stream));
+  }
+}
+
+void CudaBackend::copy_from_host(const float* host, size_t n, float* dst) {
+  Impl& I = *p_;
+  I.drain();
+  const size_t bytes = n * sizeof(float);
+  if (bytes <= kPinnedMax) {
+    CUDA_CHECK(cudaStreamSynchronize(I.stream));  // the staging buffer may still feed an earlier copy
+    void* pin = I.pinned_buf(bytes);
+    std::memcpy(pin, host, bytes);
+    CUDA_CHECK(cudaMemcpyAsync(dst, pin, bytes, cudaMemcpyHostToDevice, I.stream));
+    CUDA_CHECK(cudaStreamSynchronize(I.stream));
+  } else {
+    CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, I.stream));
+    CUDA_CHECK(cudaStreamSynchronize(I.stream));
+  }
+}
+
+void CudaBackend::copy_rows(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows, int64_t cols) {
+  Impl& I = *p_;
+  ++I.seq;
+  if (rows <= 0 || cols <= 0) return;
+  Impl::Pending q{Impl::PK::Copy};
+  q.dst = dst;
+  q.src = src;
+  q.ld_dst = rows == 1 ? cols : ld_dst;
+  q.ld_src = rows == 1 ? cols : ld_src;
+  q.rows = rows;
+  q.cols = cols;
+  I.defer(q);
+}
+
+void CudaBackend::scale(float* x, size_t n, float s) {
+  Impl& I = *p_;
+  ++I.seq;
+  Impl::Pending q{Impl::PK::Scale};
+  q.dst = x;
+  q.cols = int64_t(n);
+  q.f = s;
+  I.defer(q);
+}
+
+// ---- embedding / rotation ----------------------------------------------------------------------------
+
+void CudaBackend::embed_rows(const TernaryMatrix& table, const int32_t* host_ids, int64_t M, float* out) {
+  Impl& I = *p_;
+  if (I.opt.graphs && M == 1) I.begin_step();  // a decode step: record until the next sync point
+  else I.flush_pending();
+  ++I.seq;
+  const Impl::DevMatrix& t = I.matrix(&table);
+  const int32_t* ids_dev = nullptr;
+  if (M > cuda::kInlineIds) {
+    I.drain();
+    auto* d = static_cast<int32_t*>(I.ensure(I.ids, size_t(M) * 4, "token ids"));
+    CUDA_CHECK(cudaStreamSynchronize(I.stream));
+    void* pin = I.pinned_buf(size_t(M) * 4);
+    std::memcpy(pin, host_ids, size_t(M) * 4);
+    CUDA_CHECK(cudaMemcpyAsync(d, pin, size_t(M) * 4, cudaMemcpyHostToDevice, I.stream));
+    CUDA_CHECK(cudaStreamSynchronize(I.stream));
+    ids_dev = d;
+  }
+  I.emit(cuda::embed_launch(t.words, t.scales, t.K, host_ids, ids_dev, M, out));
+}
+
+static void check_hadamard(int64_t K, int64_t block) {
+  if (!is_pow2(block) || K % block != 0)
+    fail("CUDA backend: Hadamard block {} must be a power of two dividing K = {}", block, K);
+  if (block > cuda::kMaxHadamardBlock)
+    fail("CUDA backend: Hadamard block {} exceeds the supported {}", block, cuda::kMaxHadamardBlock);
+}
+
+void CudaBackend::hadamard_forward(float* x, int64_t rows, int64_t K, const int8_t* signs, int64_t block) {
+  Impl& I = *p_;
+  check_hadamard(K, block);
+  ++I.seq;
+  I.site(x, rows, K, signs, block, false, K % 128 == 0);
+}
+
+void CudaBackend::hadamard_inverse(float* x, int64_t rows, int64_t K, const int8_t* signs, int64_t block) {
+  Impl& I = *p_;
+  check_hadamard(K, block);
+  ++I.seq;
+  I.site(x, rows, K, signs, block, true, false);
+}
+
+void CudaBackend::permute_cols(const float* x, int64_t rows, int64_t K, const int32_t* perm, float* out) {
+  Impl& I = *p_;
+  ++I.seq;
+  Impl::Pending q{Impl::PK::Permute};
+  q.dst = out;
+  q.src = x;
+  q.perm = I.dev(perm);
+  q.rows = rows;
+  q.cols = K;
+  I.defer(q);
+}
+
+// ---- linear ---------------------------------------------------------------------------------------------
+
+void CudaBackend::linear(const LinearOut* outs, int n_outs, int64_t K, const float* x, int64_t M) {
+  Impl& I = *p_;
+  if (n_outs < 1) fail("linear: {} outputs", n_outs);
+  const bool fresh = I.shadow.x == x && I.shadow.rows == M && I.shadow.K == K && I.shadow.seq == I.seq;
+  ++I.seq;
+  for (int i = 0; i < n_outs; ++i)
+    if (outs[i].w->cols != K) fail("linear: {} has K = {}, the input has {}", outs[i].w->name, outs[i].w->cols, K);
+  if (!fresh) I.site(const_cast<float*>(x), M, K, nullptr, 1, false, true);  // quantise (x unchanged)
+  I.flush_pending();
+  const auto* xq = static_cast<const int8_t*>(I.xq.p);
+  const auto* xds = static_cast<const float2*>(I.xds.p);
+  for (int i0 = 0; i0 < n_outs; i0 += cuda::kMaxOuts) {
+    cuda::TernaryDev t[cuda::kMaxOuts];
+    const int n = std::min(cuda::kMaxOuts, n_outs - i0);
+    for (int i = 0; i < n; ++i) {
+      const Impl::DevMatrix& d = I.matrix(outs[i0 + i].w);
+      t[i] = {d.words, d.scales, outs[i0 + i].y, d.N};
+    }
+    if (M <= 4 || !I.opt.tensor_cores) I.emit(cuda::matvec_launch(t, n, K, xq, xds, M, I.prop.multiProcessorCount));
+    else I.emit(cuda::gemm_launch(t, n, K, xq, xds, M));
+  }
+}
+
+void CudaBackend::dense_linear(const float* w, int64_t N, int64_t K, const float* x, int64_t M, float* y) {
+  Impl& I = *p_;
+  ++I.seq;
+  auto it = I.consts.find(w);
+  const void* wd = it == I.consts.end() ? static_cast<const void*>(w) : it->second.ptr;
+  const bool bf16 = it != I.consts.end() && it->second.bf16;
+  if (I.opt.fuse && !I.pend.empty()) {
+    Impl::Pending& t = I.pend.back();
+    if (t.kind == Impl::PK::Dense && t.n_dense == 1 && t.src == x && t.cols == K && t.rows == M && t.bf16 == bf16) {
+      t.dense[1] = {wd, y, N};
+      t.n_dense = 2;
+      return;
+    }
+  }
+  Impl::Pending q{Impl::PK::Dense};
+  q.dense[0] = {wd, y, N};
+  q.n_dense = 1;
+  q.src = x;
+  q.cols = K;
+  q.rows = M;
+  q.bf16 = bf16;
+  I.defer(q);
+}
+
+// ---- norms -------------------------------------------------------------------------------------------
+
+void CudaBackend::rmsnorm(const float* x, int64_t rows, int64_t n, const float* gain, float eps, float* out) {
+  Impl& I = *p_;
+  ++I.seq;
+  I.flush_pending();
+  I.emit(cuda::rmsnorm_launch(x, rows, n, I.dev(gain), eps, out));
+}
+
+void CudaBackend::add_rmsnorm(float* h, const float* delta, int64_t rows, int64_t n, const float* gain, float eps,
+                              float* out) {
+  Impl& I = *p_;
+  ++I.seq;
+  I.flush_pending();
+  I.emit(cuda::add_rmsnorm_launch(h, delta, rows, n, I.dev(gain), eps, out));
+}
+
+void CudaBackend::l2norm_heads(float* x, int64_t rows, int64_t head_dim, float eps) {
+  Impl& I = *p_;
+  ++I.seq;
+  Impl::Pending q{Impl::PK::L2};
+  q.dst = x;
+  q.rows = rows;
+  q.cols = head_dim;
+  q.f = eps;
+  I.defer(q);
+}
+
+void CudaBackend::gated_rmsnorm(const float* o, const float* z, const float* gain, int64_t rows, int64_t Dv, float eps,
+                                float* out) {
+  Impl& I = *p_;
+  ++I.seq;
+  Impl::Pending q{Impl::PK::GNorm};
+  q.dst = out;
+  q.src = o;
+  q.src2 = z;
+  q.gain = I.dev(gain);
+  q.rows = rows;
+  q.cols = Dv;
+  q.f = eps;
+  I.defer(q);
+}
+
+// ---- attention ----------------------------------------------------------------------------------------
+
+void CudaBackend::rope_neox(float* x, int64_t M, int64_t n_heads, int64_t head_dim, int64_t rot_dims, int64_t p0,
+                            float theta) {
+  Impl& I = *p_;
+  ++I.seq;
+  if (rot_dims % 2 != 0 || rot_dims > head_dim) fail("rope_neox: rot_dims {} vs head_dim {}", rot_dims, head_dim);
+  I.flush_pending();
+  if (rot_dims == 0) return;
+  I.emit(cuda::rope_launch(x, M, n_heads, head_dim, rot_dims, p0, theta));
+}
+
+void CudaBackend::attention(const float* q, const float* k_cache, const float* v_cache, int64_t M, int64_t p0,
+                            int64_t Hq, int64_t Hkv, int64_t D, float scale, float* out) {
+  Impl& I = *p_;
+  ++I.seq;
+  if (Hkv < 1 || Hq % Hkv != 0 || Hq / Hkv > cuda::kAttnMaxGroup || D % 32 != 0 || D > cuda::kAttnMaxDim)
+    fail("CUDA backend: attention with Hq = {}, Hkv = {}, D = {} is not supported (Hq/Hkv <= {}, D a multiple of 32 "
+         "<= {})",
+         Hq, Hkv, D, cuda::kAttnMaxGroup, cuda::kAttnMaxDim);
+  I.flush_pending();
+  int S = kDecodeSplits;
+  if (M > 1) S = int(std::clamp<int64_t>((p0 + M + 255) / 256, 1, kDecodeSplits));
+  cuda::AttnDesc d{};
+  d.q = q;
+  d.k = k_cache;
+  d.v = v_cache;
+  d.out = out;
+  d.M = M;
+  d.p0 = p0;
+  d.Hq = Hq;
+  d.Hkv = Hkv;
+  d.D = D;
+  d.splits = S;
+  d.scale = scale;
+  if (S > 1) {
+    d.part_o = static_cast<float*>(I.ensure(I.attn_o, size_t(M * Hq * S * D) * 4, "attention partials"));
+    d.part_ml = static_cast<float*>(I.ensure(I.attn_ml, size_t(M * Hq * S * 2) * 4, "attention partials"));
+    d.counters = static_cast<int32_t*>(I.ensure(I.attn_cnt, size_t(M * Hkv) * 4, "attention counters", true));
+  }
+  I.emit(cuda::attention_launch(d));
+}
+
+// ---- elementwise ----------------------------------------------------------------------------------------
+
+void CudaBackend::sigmoid_gate_mul(float* x, const float* gate, int64_t n) {
+  Impl& I = *p_;
+  ++I.seq;
+  Impl::Pending q{Impl::PK::SigMul};
+  q.dst = x;
+  q.src2 = gate;
+  q.cols = n;
+  I.defer(q);
+}
+
+void CudaBackend::silu_mul(const float* gate, const float* up, int64_t n, float* out) {
+  Impl& I = *p_;
+  ++I.seq;
+  Impl::Pending q{Impl::PK::SiluMul};
+  q.dst = out;
+  q.src = gate;
+  q.src2 = up;
+  q.cols = n;
+  I.defer(q);
+}
+
+// ---- Gated DeltaNet --------------------------------------------------------------------------------------
+
+void CudaBackend::gdn_conv(const float* x, float* conv_state, const float* taps, int64_t T, int64_t C, int64_t Kc,
+                           float* out) {
+  Impl& I = *p_;
+  ++I.seq;
+  if (Kc < 1 || Kc > 8) fail("CUDA backend: conv kernel {} is not supported (1..8)", Kc);
+  I.flush_pending();
+  I.emit(cuda::gdn_conv_launch(x, conv_state, I.dev(taps), T, C, Kc, out));
+}
+
+void CudaBackend::gdn_gates(const float* a, const float* b, const float* A, const float* dt_bias, int64_t T, int64_t Nv,
+                            float* g, float* beta) {
+  Impl& I = *p_;
+  ++I.seq;
+  Impl::Pending q{Impl::PK::Gates};
+  q.src = a;
+  q.src2 = b;
+  q.gain = I.dev(A);
+  q.gain2 = I.dev(dt_bias);
+  q.dst = g;
+  q.dst2 = beta;
+  q.rows = T;
+  q.cols = Nv;
+  I.defer(q);
+}
+
+void CudaBackend::gdn_delta_rule(float* state, const float* q, const float* k, const float* v, const float* g,
+                                 const float* beta, int64_t T, int64_t Nk, int64_t Nv, int64_t Dk, int64_t Dv,
+                                 float* out) {
+  Impl& I = *p_;
+  ++I.seq;
+  if (Nk < 1 || Nv % Nk != 0) fail("gdn: Nv = {} is not a multiple of Nk = {}", Nv, Nk);
+  if (Dk > cuda::kDeltaMaxDk || Dk % 4 != 0 || Dv % 32 != 0)
+    fail("CUDA backend: delta rule with Dk = {}, Dv = {} is not supported (Dk <= {} and a multiple of 4, Dv a "
+         "multiple of 32)",
+         Dk, Dv, cuda::kDeltaMaxDk);
+  cuda::DeltaDesc d{};
+  d.state = state;
+  d.q = const_cast<float*>(q);
+  d.k = const_cast<float*>(k);
+  d.v = v;
+  d.g = const_cast<float*>(g);
+  d.beta = const_cast<float*>(beta);
+  d.out = out;
+  d.T = T;
+  d.Nk = Nk;
+  d.Nv = Nv;
+  d.Dk = Dk;
+  d.Dv = Dv;
+  d.q_scale = 1.f;
+  using PK = Impl::PK;
+  if (I.opt.fuse) {
+    const Impl::Pending* t = I.tail();
+    if (t && t->kind == PK::Gates && t->dst == g && t->dst2 == beta && t->rows == T && t->cols == Nv) {
+      d.a = t->src;
+      d.b = t->src2;
+      d.A = t->gain;
+      d.dt_bias = t->gain2;
+      I.pend.pop_back();
+      t = I.tail();
+    }
+    if (t && t->kind == PK::Scale && t->dst == q && t->cols == T * Nk * Dk) {
+      d.q_scale = t->f;
+      I.pend.pop_back();
+      t = I.tail();
+    }
+    for (int rep = 0; rep < 2; ++rep) {
+      if (t && t->kind == PK::L2 && t->rows == T * Nk && t->cols == Dk && !d.l2_k && t->dst == k) {
+        d.l2_k = 1;
+        d.eps_k = t->f;
+      } else if (t && t->kind == PK::L2 && t->rows == T * Nk && t->cols == Dk && !d.l2_q && t->dst == q &&
+                 d.q_scale == 1.f) {
+        d.l2_q = 1;
+        d.eps_q = t->f;
+      } else if (t && t->kind == PK::L2 && t->rows == T * Nk && t->cols == Dk && !d.l2_q && t->dst == q) {
+        // l2norm(q) happened before the (fused) scale: apply both in the kernel, l2 first.
+        d.l2_q = 1;
+        d.eps_q = t->f;
+      } else {
+        break;
+      }
+      I.pend.pop_back();
+      t = I.tail();
+    }
+  }
+  I.flush_pending();
+  I.emit(cuda::delta_launch(d));
+}
+
+// ---- extras ------------------------------------------------------------------------------------------------
+
+int64_t CudaBackend::argmax(const float* x, int64_t n) {
+  Impl& I = *p_;
+  I.drain();
+  auto* pv = static_cast<float*>(I.ensure(I.am_v, cuda::kArgmaxBlocks * 4, "argmax"));
+  auto* pi = static_cast<int64_t*>(I.ensure(I.am_i, cuda::kArgmaxBlocks * 8, "argmax"));
+  auto* cnt = static_cast<int32_t*>(I.ensure(I.am_cnt, 4, "argmax", true));
+  auto* res = static_cast<int64_t*>(I.ensure(I.am_res, 8, "argmax"));
+  I.emit(cuda::argmax_launch(x, n, pv, pi, cnt, res));
+  void* pin = I.pinned_buf(8);
+  CUDA_CHECK(cudaMemcpyAsync(pin, res, 8, cudaMemcpyDeviceToHost, I.stream));
+  CUDA_CHECK(cudaStreamSynchronize(I.stream));
+  int64_t r;
+  std::memcpy(&r, pin, 8);
+  return r;
+}
+
+void CudaBackend::synchronize() { p_->sync(); }
+
+CudaBackend::Stats CudaBackend::stats() const { return p_->st; }
+std::string CudaBackend::device_name() const { return p_->prop.name; }
+int CudaBackend::sm_count() const { return p_->prop.multiProcessorCount; }
+uint64_t CudaBackend::device_free_bytes() const {
+  size_t f = 0, t = 0;
+  cudaMemGetInfo(&f, &t);
+  return f;
+}
+uint64_t CudaBackend::device_total_bytes() const {
+  size_t f = 0, t = 0;
+  cudaMemGetInfo(&f, &t);
+  return t;
+}
+
+double CudaBackend::probe_read_gbs(uint64_t bytes, int reps) {
+  Impl& I = *p_;
+  I.sync();
+  bytes = bytes / 16 * 16;
+  void* buf = I.device_alloc(bytes, "the bandwidth probe");
+  const int blocks = I.prop.multiProcessorCount * 4;
+  uint32_t* sink = static_cast<uint32_t*>(I.device_alloc(size_t(blocks) * 4, "the bandwidth probe"));
+  CUDA_CHECK(cudaMemsetAsync(buf, 0x5A, bytes, I.stream));
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  const cuda::Launch l = cuda::probe_launch(buf, int64_t(bytes / 16), sink, blocks);
+  const bool pdl = I.opt.pdl;
+  I.opt.pdl = false;
+  for (int r = 0; r < reps + 1; ++r) {
+    CUDA_CHECK(cudaEventRecord(e0, I.stream));
+    I.launch_now(l);
+    CUDA_CHECK(cudaEventRecord(e1, I.stream));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    float t = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+    if (r > 0) ms.push_back(t);
+  }
+  I.opt.pdl = pdl;
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(buf);
+  cudaFree(sink);
+  std::sort(ms.begin(), ms.end());
+  return double(bytes) / (double(ms[ms.size() / 2]) * 1e-3) / 1e9;
+}
+
+double CudaBackend::time_linear_kernel(const TernaryMatrix* const* mats, int n_mats, int n_outs, int64_t M, int reps) {
+  Impl& I = *p_;
+  I.sync();
+  const int64_t K = mats[0]->cols;
+  int64_t maxN = 0;
+  for (int i = 0; i < n_mats; ++i) maxN = std::max(maxN, mats[i]->rows);
+  // random x -> quantised scratch (one site launch)
+  std::vector<float> hx(size_t(M * K));
+  std::mt19937 rng(1234);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (float& v : hx) v = nd(rng);
+  float* x = allocate(size_t(M * K));
+  float* y = allocate(size_t(M * maxN * n_outs));
+  copy_from_host(hx.data(), hx.size(), x);
+  I.site(x, M, K, nullptr, 1, false, true);
+  const auto* xq = static_cast<const int8_t*>(I.xq.p);
+  const auto* xds = static_cast<const float2*>(I.xds.p);
+  std::vector<cuda::Launch> ls;
+  for (int i = 0; i + n_outs <= n_mats; i += n_outs) {
+    cuda::TernaryDev t[cuda::kMaxOuts];
+    for (int j = 0; j < n_outs; ++j) {
+      const Impl::DevMatrix& d = I.matrix(mats[i + j]);
+      t[j] = {d.words, d.scales, y + j * M * maxN, d.N};
+    }
+    ls.push_back(M <= 4 || !I.opt.tensor_cores ? cuda::matvec_launch(t, n_outs, K, xq, xds, M, I.prop.multiProcessorCount)
+                                               : cuda::gemm_launch(t, n_outs, K, xq, xds, M));
+  }
+  // One round = every launch once, captured as a graph without PDL (kernel time + the graph's gap).
+  const bool pdl = I.opt.pdl;
+  I.opt.pdl = false;
+  CUDA_CHECK(cudaStreamSynchronize(I.stream));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CUDA_CHECK(cudaStreamBeginCapture(I.stream, cudaStreamCaptureModeThreadLocal));
+  for (const cuda::Launch& l : ls) I.launch_now(l);
+  CUDA_CHECK(cudaStreamEndCapture(I.stream, &g));
+  I.opt.pdl = pdl;
+  CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int r = 0; r < reps + 2; ++r) {
+    CUDA_CHECK(cudaEventRecord(e0, I.stream));
+    CUDA_CHECK(cudaGraphLaunch(ge, I.stream));
+    CUDA_CHECK(cudaEventRecord(e1, I.stream));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    float t = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+    if (r >= 2) ms.push_back(t);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  release(x);
+  release(y);
+  std::sort(ms.begin(), ms.end());
+  return double(ms[ms.size() / 2]) * 1e3 / double(ls.size());
+}
+
+}  // namespace bonsai

@@ -1,0 +1,126 @@
+// CudaBackend: the Backend interface on one NVIDIA GPU (written for the H200, sm_90a).
+//
+// Everything lives on the device: the canonical weights (uploaded as they are: ternary words + fp16
+// scales; device weight bytes == pack weight bytes), activations, KV caches and recurrent states
+// (Buffer memory is cudaMalloc'd). The host only issues work on one stream.
+//
+// Numerics (stated and tested in tests/cuda): the ternary products quantise the activation per 128-group
+// to int8 (symmetric, d = max|x|/127) and accumulate exactly in int32 (dp4a for M <= 4, int8 mma tensor
+// cores above); everything else is fp32 (RoPE angles in fp64); GDN state fp32.
+//
+// Speed machinery, all invisible to the forward:
+// - Peephole fusion: cheap ops are deferred and fused into the op that consumes them (copy / permute /
+//   silu_mul / sigmoid_gate_mul / gated_rmsnorm + hadamard_forward = one "site" kernel that also writes
+//   the int8 activation the next linear reads; l2norm q/k + scale + gates + delta rule = one kernel; the
+//   two dense a/b projections = one kernel). Fusion only elides writes to dead intermediates: with
+//   fusion, the q/k fed to gdn_delta_rule are left un-normalised (the forward never reads them again).
+// - Decode steps as CUDA graphs: an M = 1 embed_rows opens a step; every launch until the next sync
+//   point (copy_to_host, copy_from_host, allocate, release, argmax, synchronize) is recorded; the step
+//   becomes one graph, cached by its shape; later steps patch only the nodes whose arguments changed
+//   (positions, token id, KV row). Kernels chain with programmatic dependent launch (PDL).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+
+namespace bonsai {
+
+class CudaBackend final : public Backend {
+ public:
+  struct Options {
+    int device = 0;
+    bool graphs = true;        // decode steps as CUDA graphs
+    bool pdl = true;           // programmatic dependent launch between kernels
+    bool fuse = true;          // peephole fusion of deferred ops
+    bool tensor_cores = true;  // int8 mma GEMM for M > 4 (else the dp4a kernel, 4 tokens per pass)
+  };
+
+  // Throws bonsai::Error when there is no usable CUDA device.
+  CudaBackend();
+  explicit CudaBackend(const Options& o);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  const char* name() const override { return "cuda"; }
+  void prepare(const Model& m) override;
+
+  float* allocate(size_t n) override;
+  void release(float* p) noexcept override;
+  void zero(float* x, size_t n) override;
+  void copy_to_host(const float* src, size_t n, float* host) override;
+  void copy_from_host(const float* host, size_t n, float* dst) override;
+  void copy_rows(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows, int64_t cols) override;
+  void scale(float* x, size_t n, float s) override;
+
+  void embed_rows(const TernaryMatrix& table, const int32_t* host_ids, int64_t M, float* out) override;
+  void hadamard_forward(float* x, int64_t rows, int64_t K, const int8_t* signs, int64_t block) override;
+  void hadamard_inverse(float* x, int64_t rows, int64_t K, const int8_t* signs, int64_t block) override;
+  void permute_cols(const float* x, int64_t rows, int64_t K, const int32_t* perm, float* out) override;
+  void linear(const LinearOut* outs, int n_outs, int64_t K, const float* x, int64_t M) override;
+  void dense_linear(const float* w, int64_t N, int64_t K, const float* x, int64_t M, float* y) override;
+  void rmsnorm(const float* x, int64_t rows, int64_t n, const float* gain, float eps, float* out) override;
+  void add_rmsnorm(float* h, const float* delta, int64_t rows, int64_t n, const float* gain, float eps,
+                   float* out) override;
+  void l2norm_heads(float* x, int64_t rows, int64_t head_dim, float eps) override;
+  void gated_rmsnorm(const float* o, const float* z, const float* gain, int64_t rows, int64_t Dv, float eps,
+                     float* out) override;
+  void rope_neox(float* x, int64_t M, int64_t n_heads, int64_t head_dim, int64_t rot_dims, int64_t p0,
+                 float theta) override;
+  void attention(const float* q, const float* k_cache, const float* v_cache, int64_t M, int64_t p0, int64_t Hq,
+                 int64_t Hkv, int64_t D, float scale, float* out) override;
+  void sigmoid_gate_mul(float* x, const float* gate, int64_t n) override;
+  void silu_mul(const float* gate, const float* up, int64_t n, float* out) override;
+  void gdn_conv(const float* x, float* conv_state, const float* taps, int64_t T, int64_t C, int64_t Kc,
+                float* out) override;
+  void gdn_gates(const float* a, const float* b, const float* A, const float* dt_bias, int64_t T, int64_t Nv,
+                 float* g, float* beta) override;
+  void gdn_delta_rule(float* state, const float* q, const float* k, const float* v, const float* g,
+                      const float* beta, int64_t T, int64_t Nk, int64_t Nv, int64_t Dk, int64_t Dv,
+                      float* out) override;
+
+  // ---- CUDA extras (not in the Backend interface) ---------------------------------------------------
+  // Index of the largest element of x [n] on the device (ref::argmax semantics); one int64 comes back.
+  int64_t argmax(const float* x, int64_t n);
+  // Ends the current step (launches a pending graph) and waits for the stream.
+  void synchronize();
+  // Uploads one ternary matrix (prepare() does this for every matrix of a model); idempotent.
+  void prepare_matrix(const TernaryMatrix& w);
+  // Device copy of host bytes, found again by the host address (what prepare() does for norm gains,
+  // taps, signs, ...); for op tests that pass canonical host pointers. Idempotent per address.
+  void upload_constant(const void* host, size_t bytes);
+
+  struct Stats {
+    uint64_t weight_bytes = 0;       // device bytes of uploaded weights (ternary + constants)
+    uint64_t kernels = 0;            // kernels issued (eager + recorded)
+    uint64_t graph_builds = 0, graph_launches = 0, graph_patched_nodes = 0;
+    uint64_t last_step_nodes = 0;    // kernels in the last recorded step
+  };
+  Stats stats() const;
+  std::string device_name() const;
+  int sm_count() const;
+  uint64_t device_free_bytes() const;
+  uint64_t device_total_bytes() const;
+
+  // ---- measurement helpers (bench / docs) -----------------------------------------------------------
+  // Streaming-read bandwidth in GB/s over a fresh buffer of `bytes` (median of `reps` timed passes).
+  double probe_read_gbs(uint64_t bytes, int reps);
+  // Median microseconds of ONE ternary product kernel (no quantisation kernel) for x [M, K] random,
+  // rotating over `mats` (each prepared) so the working set exceeds L2. n_outs outputs per launch
+  // take mats[i*n_outs .. i*n_outs + n_outs) for launch i.
+  double time_linear_kernel(const TernaryMatrix* const* mats, int n_mats, int n_outs, int64_t M, int reps);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> p_;
+};
+
+// Number of CUDA devices the runtime sees (0 without a driver or a GPU; never throws).
+int cuda_device_count();
+
+// The factory the CLI uses for --backend cuda.
+std::unique_ptr<Backend> make_cuda_backend(int device = 0);
+
+}  // namespace bonsai

@@ -1,0 +1,471 @@
+// Norms, RoPE, elementwise ops, copies, the embedding gather, the dense a/b projections, the GDN conv and
+// gates, argmax and the bandwidth probe. All memory-light: written for few launches and coalesced access,
+// not for tricks.
+#include "backend/cuda/common.cuh"
+
+namespace bonsai::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// ---- rmsnorm / add_rmsnorm: one block per row -----------------------------------------------------
+struct NormArgs {
+  const float* x;      // rmsnorm input (add: delta)
+  float* h;            // add_rmsnorm: residual, updated in place; null for plain rmsnorm
+  const float* gain;   // [n] or null
+  float* out;
+  int64_t rows, n;
+  float eps;
+  int32_t pad;
+};
+
+__global__ __launch_bounds__(kThreads) void norm_kernel(const NormArgs a) {
+  __shared__ float red[32];
+  pdl_trigger();
+  pdl_wait();
+  const int64_t r = blockIdx.x;
+  const float* x = a.x + r * a.n;
+  float* out = a.out + r * a.n;
+  float ss = 0.f;
+  if (a.h) {
+    float* h = a.h + r * a.n;
+    for (int64_t i = threadIdx.x; i < a.n; i += kThreads) {
+      const float v = h[i] + x[i];
+      h[i] = v;
+      ss += v * v;
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < a.n; i += kThreads) ss += x[i] * x[i];
+  }
+  ss = block_sum(ss, red);
+  const float rr = rsqrtf(ss / float(a.n) + a.eps);
+  const float* src = a.h ? a.h + r * a.n : x;  // each thread re-reads only what it wrote itself
+  for (int64_t i = threadIdx.x; i < a.n; i += kThreads) out[i] = src[i] * rr * (a.gain ? a.gain[i] : 1.f);
+}
+
+// ---- per-head norms: one warp per row (head) -----------------------------------------------------
+struct HeadNormArgs {
+  const float* x;
+  const float* z;      // gated: silu(z) factor
+  const float* gain;
+  float* out;
+  int64_t rows, n;
+  float eps;
+  int32_t mode;        // 0 l2norm (x * rsqrt(sum + eps)), 1 gated rmsnorm
+};
+
+__global__ __launch_bounds__(kThreads) void head_norm_kernel(const HeadNormArgs a) {
+  pdl_trigger();
+  pdl_wait();
+  const int64_t r = int64_t(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (r >= a.rows) return;
+  const float* x = a.x + r * a.n;
+  float* out = a.out + r * a.n;
+  float ss = 0.f;
+  for (int64_t i = lane; i < a.n; i += 32) ss += x[i] * x[i];
+  ss = warp_sum(ss);
+  if (a.mode == 0) {
+    const float rr = rsqrtf(ss + a.eps);
+    for (int64_t i = lane; i < a.n; i += 32) out[i] = x[i] * rr;
+  } else {
+    const float rr = rsqrtf(ss / float(a.n) + a.eps);
+    const float* z = a.z + r * a.n;
+    for (int64_t i = lane; i < a.n; i += 32) out[i] = x[i] * rr * a.gain[i] * siluf_(z[i]);
+  }
+}
+
+// ---- RoPE (NEOX), angle in double: positions reach 2^18 and an fp32 angle would be off by ~1e-2 rad --
+struct RopeArgs {
+  float* x;
+  int64_t M, H, D, rot, p0;
+  double theta;
+};
+
+__global__ __launch_bounds__(kThreads) void rope_kernel(const RopeArgs a) {
+  pdl_trigger();
+  pdl_wait();
+  const int64_t half = a.rot / 2;
+  const int64_t total = a.M * a.H * half;
+  for (int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x; idx < total; idx += int64_t(gridDim.x) * kThreads) {
+    const int64_t i = idx % half, mh = idx / half, m = mh / a.H;
+    const double angle = double(a.p0 + m) * pow(a.theta, -2.0 * double(i) / double(a.rot));
+    double s, c;
+    sincos(angle, &s, &c);
+    float* xh = a.x + mh * a.D;
+    const float x0 = xh[i], x1 = xh[i + half];
+    xh[i] = float(double(x0) * c - double(x1) * s);
+    xh[i + half] = float(double(x0) * s + double(x1) * c);
+  }
+}
+
+// ---- elementwise ---------------------------------------------------------------------------------
+struct EwArgs {
+  float* out;
+  const float* a;
+  const float* b;
+  int64_t n;
+  float s;
+  int32_t op;  // 0 scale (out = a * s), 1 sigmoid mul (out = a * sigmoid(b)), 2 silu mul (out = silu(a) * b), 3 zero
+};
+
+__global__ __launch_bounds__(kThreads) void ew_kernel(const EwArgs a) {
+  pdl_trigger();
+  pdl_wait();
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < a.n; i += int64_t(gridDim.x) * kThreads) {
+    float v;
+    switch (a.op) {
+      case 0: v = a.a[i] * a.s; break;
+      case 1: v = a.a[i] * sigmoidf_(a.b[i]); break;
+      case 2: v = siluf_(a.a[i]) * a.b[i]; break;
+      default: v = 0.f; break;
+    }
+    a.out[i] = v;
+  }
+}
+
+struct CopyArgs {
+  float* dst;
+  const float* src;
+  const int32_t* perm;  // permute: dst[r][i] = src[r][perm[i]]
+  int64_t ld_dst, ld_src, rows, cols;
+};
+
+__global__ __launch_bounds__(kThreads) void copy_kernel(const CopyArgs a) {
+  pdl_trigger();
+  pdl_wait();
+  const int64_t total = a.rows * a.cols;
+  for (int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x; idx < total; idx += int64_t(gridDim.x) * kThreads) {
+    const int64_t r = idx / a.cols, c = idx % a.cols;
+    a.dst[r * a.ld_dst + c] = a.src[r * a.ld_src + (a.perm ? int64_t(a.perm[c]) : c)];
+  }
+}
+
+// ---- embedding gather: one block per token, 16 codes per thread step -------------------------------
+struct EmbedArgs {
+  const uint32_t* words;
+  const uint16_t* scales;
+  const int32_t* ids_dev;
+  float* out;
+  int64_t K, M;
+  int32_t ids[kInlineIds];
+};
+
+__global__ __launch_bounds__(kThreads) void embed_kernel(const EmbedArgs a) {
+  pdl_trigger();
+  pdl_wait();
+  const int64_t m = blockIdx.x;
+  const int64_t id = a.ids_dev ? a.ids_dev[m] : a.ids[m];
+  const uint32_t* w = a.words + id * (a.K / 16);
+  const __half* s = reinterpret_cast<const __half*>(a.scales) + id * (a.K / 128);
+  float* out = a.out + m * a.K;
+  for (int64_t i = threadIdx.x; i < a.K / 16; i += kThreads) {
+    const uint32_t word = w[i];
+    const float d = __half2float(s[i / 8]);
+    float4* o4 = reinterpret_cast<float4*>(out + i * 16);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t b = word >> (8 * k);
+      o4[k] = make_float4(float(int(b & 3) - 1) * d, float(int((b >> 2) & 3) - 1) * d,
+                          float(int((b >> 4) & 3) - 1) * d, float(int((b >> 6) & 3) - 1) * d);
+    }
+  }
+}
+
+// ---- dense: one warp per (output row), looping over tokens ----------------------------------------
+struct DenseArgs {
+  const void* w0;
+  const void* w1;
+  float* y0;
+  float* y1;
+  const float* x;
+  int64_t N0, N1, K, M;
+  int32_t bf16, pad;
+};
+
+template <bool BF16>
+__device__ __forceinline__ float wload(const void* w, int64_t i) {
+  if constexpr (BF16) return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(w)[i]);
+  else return reinterpret_cast<const float*>(w)[i];
+}
+
+template <bool BF16>
+__global__ __launch_bounds__(kThreads) void dense_kernel(const DenseArgs a) {
+  pdl_trigger();
+  pdl_wait();
+  const int64_t row = int64_t(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= a.N0 + a.N1) return;
+  const bool second = row >= a.N0;
+  const int64_t n = second ? row - a.N0 : row, N = second ? a.N1 : a.N0;
+  const void* w = second ? a.w1 : a.w0;
+  float* y = second ? a.y1 : a.y0;
+  for (int64_t m = 0; m < a.M; ++m) {
+    const float* x = a.x + m * a.K;
+    float s = 0.f;
+    for (int64_t i = lane; i < a.K; i += 32) s += wload<BF16>(w, n * a.K + i) * x[i];
+    s = warp_sum(s);
+    if (lane == 0) y[m * N + n] = s;
+  }
+}
+
+// ---- GDN conv: one thread per channel, the Kc-1 window in registers -------------------------------
+constexpr int kMaxConvKernel = 8;
+struct ConvArgs {
+  const float* x;
+  float* state;
+  const float* taps;
+  float* out;
+  int64_t T, C, Kc;
+};
+
+__global__ __launch_bounds__(kThreads) void conv_kernel(const ConvArgs a) {
+  pdl_trigger();
+  pdl_wait();
+  const int64_t c = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (c >= a.C) return;
+  const int P = int(a.Kc - 1);
+  float win[kMaxConvKernel], tap[kMaxConvKernel];
+#pragma unroll
+  for (int j = 0; j < kMaxConvKernel; ++j) {
+    win[j] = j < P ? a.state[j * a.C + c] : 0.f;
+    tap[j] = j < a.Kc ? a.taps[c * a.Kc + j] : 0.f;
+  }
+  for (int64_t t = 0; t < a.T; ++t) {
+    const float xv = a.x[t * a.C + c];
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < kMaxConvKernel; ++j) {
+      if (j < P) acc += tap[j] * win[j];
+      else if (j == P) acc += tap[j] * xv;
+    }
+    a.out[t * a.C + c] = siluf_(acc);
+#pragma unroll
+    for (int j = 0; j < kMaxConvKernel; ++j) {
+      if (j + 1 < P) win[j] = win[j + 1];
+      else if (j + 1 == P) win[j] = xv;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kMaxConvKernel; ++j)
+    if (j < P) a.state[j * a.C + c] = win[j];
+}
+
+struct GatesArgs {
+  const float* a;
+  const float* b;
+  const float* A;
+  const float* dt_bias;
+  float* g;
+  float* beta;
+  int64_t T, Nv;
+};
+
+__global__ __launch_bounds__(kThreads) void gates_kernel(const GatesArgs a) {
+  pdl_trigger();
+  pdl_wait();
+  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= a.T * a.Nv) return;
+  const int64_t h = i % a.Nv;
+  const float u = a.a[i] + a.dt_bias[h];
+  const float sp = u > 20.f ? u : log1pf(expf(u));
+  a.g[i] = a.A[h] * sp;
+  a.beta[i] = 1.f / (1.f + expf(-a.b[i]));
+}
+
+// ---- argmax: lowest index among the maxima, NaN never wins ----------------------------------------
+struct ArgmaxArgs {
+  const float* x;
+  float* part_v;
+  int64_t* part_i;
+  int32_t* counter;
+  int64_t* result;
+  int64_t n;
+};
+
+__device__ __forceinline__ void better(float& bv, int64_t& bi, float v, int64_t i) {
+  // (v, i) beats (bv, bi): bv is NaN-free by construction; bi < 0 means empty
+  if (isnan(v) || i < 0) return;
+  if (bi < 0 || v > bv || (v == bv && i < bi)) {
+    bv = v;
+    bi = i;
+  }
+}
+
+__global__ __launch_bounds__(kThreads) void argmax_kernel(const ArgmaxArgs a) {
+  __shared__ float sv[kThreads];
+  __shared__ int64_t si[kThreads];
+  __shared__ bool last;
+  pdl_trigger();
+  pdl_wait();
+  float bv = 0.f;
+  int64_t bi = -1;
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < a.n; i += int64_t(gridDim.x) * kThreads)
+    better(bv, bi, a.x[i], i);
+  sv[threadIdx.x] = bv;
+  si[threadIdx.x] = bi;
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) {
+      float v = sv[threadIdx.x];
+      int64_t i = si[threadIdx.x];
+      better(v, i, sv[threadIdx.x + s], si[threadIdx.x + s]);
+      sv[threadIdx.x] = v;
+      si[threadIdx.x] = i;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    a.part_v[blockIdx.x] = sv[0];
+    a.part_i[blockIdx.x] = si[0];
+    __threadfence();
+    last = atomicAdd(a.counter, 1) == int(gridDim.x) - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x == 0) {
+    float v = 0.f;
+    int64_t i = -1;
+    for (unsigned b = 0; b < gridDim.x; ++b) better(v, i, ((volatile float*)a.part_v)[b], ((volatile int64_t*)a.part_i)[b]);
+    *a.result = i < 0 ? 0 : i;
+    *a.counter = 0;
+  }
+}
+
+// ---- streaming-read probe ------------------------------------------------------------------------
+struct ProbeArgs {
+  const uint4* buf;
+  uint32_t* sink;
+  int64_t n16;
+};
+
+__global__ __launch_bounds__(512) void probe_kernel(const ProbeArgs a) {
+  uint32_t acc = 0;
+  const int64_t stride = int64_t(gridDim.x) * 512;
+  int64_t i = int64_t(blockIdx.x) * 512 + threadIdx.x;
+  for (; i + 3 * stride < a.n16; i += 4 * stride) {
+    const uint4 v0 = ld_stream(a.buf + i), v1 = ld_stream(a.buf + i + stride);
+    const uint4 v2 = ld_stream(a.buf + i + 2 * stride), v3 = ld_stream(a.buf + i + 3 * stride);
+    acc ^= v0.x ^ v0.y ^ v0.z ^ v0.w ^ v1.x ^ v1.y ^ v1.z ^ v1.w ^ v2.x ^ v2.y ^ v2.z ^ v2.w ^ v3.x ^ v3.y ^ v3.z ^ v3.w;
+  }
+  for (; i < a.n16; i += stride) {
+    const uint4 v = ld_stream(a.buf + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, o);
+  if (threadIdx.x == 0) a.sink[blockIdx.x] = acc;
+}
+
+}  // namespace
+
+Launch rmsnorm_launch(const float* x, int64_t rows, int64_t n, const float* gain, float eps, float* out) {
+  NormArgs a{x, nullptr, gain, out, rows, n, eps, 0};
+  return make_launch(reinterpret_cast<const void*>(&norm_kernel), dim3(unsigned(rows)), dim3(kThreads), 0, a);
+}
+
+Launch add_rmsnorm_launch(float* h, const float* delta, int64_t rows, int64_t n, const float* gain, float eps,
+                          float* out) {
+  NormArgs a{delta, h, gain, out, rows, n, eps, 0};
+  return make_launch(reinterpret_cast<const void*>(&norm_kernel), dim3(unsigned(rows)), dim3(kThreads), 0, a);
+}
+
+Launch l2norm_launch(float* x, int64_t rows, int64_t hd, float eps) {
+  HeadNormArgs a{x, nullptr, nullptr, x, rows, hd, eps, 0};
+  return make_launch(reinterpret_cast<const void*>(&head_norm_kernel), dim3(blocks_for(rows, kThreads / 32)),
+                     dim3(kThreads), 0, a);
+}
+
+Launch gated_rmsnorm_launch(const float* o, const float* z, const float* gain, int64_t rows, int64_t Dv, float eps,
+                            float* out) {
+  HeadNormArgs a{o, z, gain, out, rows, Dv, eps, 1};
+  return make_launch(reinterpret_cast<const void*>(&head_norm_kernel), dim3(blocks_for(rows, kThreads / 32)),
+                     dim3(kThreads), 0, a);
+}
+
+Launch rope_launch(float* x, int64_t M, int64_t H, int64_t D, int64_t rot, int64_t p0, float theta) {
+  RopeArgs a{x, M, H, D, rot, p0, double(theta)};
+  return make_launch(reinterpret_cast<const void*>(&rope_kernel), dim3(blocks_for(M * H * (rot / 2), kThreads, 4096)),
+                     dim3(kThreads), 0, a);
+}
+
+static Launch ew(float* out, const float* x, const float* y, int64_t n, float s, int op) {
+  EwArgs a{out, x, y, n, s, op};
+  return make_launch(reinterpret_cast<const void*>(&ew_kernel), dim3(blocks_for(n, kThreads, 8192)), dim3(kThreads), 0,
+                     a);
+}
+Launch scale_launch(float* x, int64_t n, float s) { return ew(x, x, nullptr, n, s, 0); }
+Launch sigmoid_mul_launch(float* x, const float* gate, int64_t n) { return ew(x, x, gate, n, 0.f, 1); }
+Launch silu_mul_launch(const float* gate, const float* up, int64_t n, float* out) { return ew(out, gate, up, n, 0.f, 2); }
+Launch zero_launch(float* x, int64_t n) { return ew(x, nullptr, nullptr, n, 0.f, 3); }
+
+Launch copy_rows_launch(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows, int64_t cols) {
+  CopyArgs a{dst, src, nullptr, ld_dst, ld_src, rows, cols};
+  return make_launch(reinterpret_cast<const void*>(&copy_kernel), dim3(blocks_for(rows * cols, kThreads, 8192)),
+                     dim3(kThreads), 0, a);
+}
+
+Launch permute_launch(const float* x, int64_t rows, int64_t K, const int32_t* perm, float* out) {
+  CopyArgs a{out, x, perm, K, K, rows, K};
+  return make_launch(reinterpret_cast<const void*>(&copy_kernel), dim3(blocks_for(rows * K, kThreads, 8192)),
+                     dim3(kThreads), 0, a);
+}
+
+Launch embed_launch(const uint32_t* words, const uint16_t* scales, int64_t K, const int32_t* host_ids,
+                    const int32_t* ids_dev, int64_t M, float* out) {
+  EmbedArgs a{};
+  a.words = words;
+  a.scales = scales;
+  a.ids_dev = ids_dev;
+  a.out = out;
+  a.K = K;
+  a.M = M;
+  if (!ids_dev)
+    for (int64_t m = 0; m < M && m < kInlineIds; ++m) a.ids[m] = host_ids[m];
+  return make_launch(reinterpret_cast<const void*>(&embed_kernel), dim3(unsigned(M)), dim3(kThreads), 0, a);
+}
+
+Launch dense_launch(const DenseDev* outs, int n_outs, bool bf16, int64_t K, const float* x, int64_t M) {
+  DenseArgs a{};
+  a.w0 = outs[0].w;
+  a.y0 = outs[0].y;
+  a.N0 = outs[0].N;
+  if (n_outs > 1) {
+    a.w1 = outs[1].w;
+    a.y1 = outs[1].y;
+    a.N1 = outs[1].N;
+  }
+  a.x = x;
+  a.K = K;
+  a.M = M;
+  a.bf16 = bf16;
+  const void* f = bf16 ? reinterpret_cast<const void*>(&dense_kernel<true>)
+                       : reinterpret_cast<const void*>(&dense_kernel<false>);
+  return make_launch(f, dim3(blocks_for(a.N0 + a.N1, kThreads / 32)), dim3(kThreads), 0, a);
+}
+
+Launch gdn_conv_launch(const float* x, float* state, const float* taps, int64_t T, int64_t C, int64_t Kc, float* out) {
+  ConvArgs a{x, state, taps, out, T, C, Kc};
+  return make_launch(reinterpret_cast<const void*>(&conv_kernel), dim3(blocks_for(C, kThreads)), dim3(kThreads), 0, a);
+}
+
+Launch gdn_gates_launch(const float* a_, const float* b, const float* A, const float* dt_bias, int64_t T, int64_t Nv,
+                        float* g, float* beta) {
+  GatesArgs a{a_, b, A, dt_bias, g, beta, T, Nv};
+  return make_launch(reinterpret_cast<const void*>(&gates_kernel), dim3(blocks_for(T * Nv, kThreads)), dim3(kThreads),
+                     0, a);
+}
+
+Launch argmax_launch(const float* x, int64_t n, float* part_v, int64_t* part_i, int32_t* counter, int64_t* result) {
+  ArgmaxArgs a{x, part_v, part_i, counter, result, n};
+  return make_launch(reinterpret_cast<const void*>(&argmax_kernel), dim3(kArgmaxBlocks), dim3(kThreads), 0, a);
+}
+
+Launch probe_launch(const void* buf, int64_t n16, uint32_t* sink, int blocks) {
+  ProbeArgs a{reinterpret_cast<const uint4*>(buf), sink, n16};
+  return make_launch(reinterpret_cast<const void*>(&probe_kernel), dim3(unsigned(blocks)), dim3(512), 0, a);
+}
+
+}  // namespace bonsai::cuda

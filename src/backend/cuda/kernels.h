@@ -1,0 +1,150 @@
+// Launch builders for every kernel of the CUDA backend. Each returns a Launch record (launch.h) that the
+// backend either launches at once or appends to a decode-step graph. Plain C++ (no CUDA syntax), so the
+// backend's host logic (cuda_backend.cpp) is compiled by the host compiler.
+//
+// Conventions: every pointer is device memory; shapes [A, B] are row-major and contiguous unless a
+// leading dimension is given; fp32 activations. Kernels are written for sm_90 and use programmatic
+// dependent launch: each one lets the next kernel launch early and waits for its predecessor before
+// touching activations (the ternary kernels stream their weights before that wait).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "backend/cuda/launch.h"
+
+namespace bonsai::cuda {
+
+// ---- activation site: pre-op -> gather -> sign/FWHT -> dst (+ int8 quantisation) -------------------
+// value[r][i]   = pre(src[r*ld + i], src2[r*ld + i])      pre: None (src), SiluMul silu(src)*src2,
+//                                                          SigmoidMul src*sigmoid(src2),
+//                                                          GatedNorm rmsnorm_seg(src)*gain[i%seg]*silu(src2)
+// pre_out[r*ld + i] = value (when pre_out is set: the pre-op's own output buffer, kept exact)
+// gathered[r][i] = value[r][perm[i]] when perm is set (pre must be elementwise then)
+// dst[r][i]      = forward: FWHT_n(signs ⊙ gathered)/sqrt(n); inverse: signs ⊙ FWHT_n(gathered)/sqrt(n)
+//                  (n = 1: no transform, signs still applied)
+// xq, xds        = the int8 form the ternary kernels read (below), when xq is set (forward / n = 1 only)
+// dst may equal src (no gather) or be null (quantise only); n power of two <= 8192; K % n == 0; quantisation needs K % 128 == 0.
+enum PreOp : int32_t { kPreNone = 0, kPreSiluMul = 1, kPreSigmoidMul = 2, kPreGatedNorm = 3 };
+struct SiteDesc {
+  const float* src = nullptr;    // [rows, ld]
+  const float* src2 = nullptr;   // [rows, ld] second operand of the pre-op
+  const float* gain = nullptr;   // [seg] GatedNorm gain
+  float* pre_out = nullptr;      // [rows, ld] or null
+  const int32_t* perm = nullptr; // [K] or null
+  const int8_t* signs = nullptr; // [K] or null
+  float* dst = nullptr;          // [rows, K]
+  int8_t* xq = nullptr;          // [rows, K] int8, positions transposed within each 16 (see ternary.cu)
+  float2* xds = nullptr;         // [rows, K/64] {scale of the 128-group, sum of the 64 int8 values}
+  int64_t ld = 0, rows = 0, K = 0, n = 1;
+  int32_t pre = kPreNone, inverse = 0, seg = 0;
+  float eps = 0.f;
+};
+Launch site_launch(const SiteDesc& d);
+// Largest Hadamard block the site kernel supports.
+constexpr int64_t kMaxHadamardBlock = 8192;
+
+// ---- ternary linear ------------------------------------------------------------------------------
+// y_i [M, N_i] = x W_i^T for up to kMaxOuts outputs sharing K. Weights canonical: words u32 [N, K/16],
+// scales fp16 [N, K/128]. x comes quantised (site_launch): xq int8 [M, K], xds float2 [M, K/64].
+constexpr int kMaxOuts = 4;
+struct TernaryDev {
+  const uint32_t* words;
+  const uint16_t* scales;
+  float* y;
+  int64_t N;
+};
+// dp4a matvec: best for M <= 4 (weights stream once per 4 tokens).
+Launch matvec_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
+                     int sms);
+// Tensor-core GEMM (int8 mma.sync m16n8k32): tiles of 128 weight rows x 64 tokens.
+Launch gemm_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M);
+
+// ---- norms ---------------------------------------------------------------------------------------
+Launch rmsnorm_launch(const float* x, int64_t rows, int64_t n, const float* gain, float eps, float* out);
+Launch add_rmsnorm_launch(float* h, const float* delta, int64_t rows, int64_t n, const float* gain, float eps,
+                          float* out);
+Launch l2norm_launch(float* x, int64_t rows, int64_t hd, float eps);
+Launch gated_rmsnorm_launch(const float* o, const float* z, const float* gain, int64_t rows, int64_t Dv, float eps,
+                            float* out);
+
+// ---- elementwise / copies --------------------------------------------------------------------------
+Launch rope_launch(float* x, int64_t M, int64_t H, int64_t D, int64_t rot, int64_t p0, float theta);
+Launch scale_launch(float* x, int64_t n, float s);
+Launch sigmoid_mul_launch(float* x, const float* gate, int64_t n);
+Launch silu_mul_launch(const float* gate, const float* up, int64_t n, float* out);
+Launch copy_rows_launch(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows, int64_t cols);
+Launch permute_launch(const float* x, int64_t rows, int64_t K, const int32_t* perm, float* out);
+Launch zero_launch(float* x, int64_t n);
+// Embedding gather + de-quantisation: out [M, K]; ids inline (M <= kInlineIds) or from ids_dev.
+constexpr int kInlineIds = 64;
+Launch embed_launch(const uint32_t* words, const uint16_t* scales, int64_t K, const int32_t* host_ids,
+                    const int32_t* ids_dev, int64_t M, float* out);
+// Dense y_i [M, N_i] = x w_i^T for one or two weight matrices sharing x [M, K]; w fp32 or bf16 bits.
+struct DenseDev {
+  const void* w;
+  float* y;
+  int64_t N;
+};
+Launch dense_launch(const DenseDev* outs, int n_outs, bool bf16, int64_t K, const float* x, int64_t M);
+
+// ---- attention -------------------------------------------------------------------------------------
+// Causal GQA attention, flash-decoding style: grid (splits, Hkv, M); each block does one split of the
+// positions for one query row and one KV head (all Hq/Hkv query heads of it); the last block of a
+// (row, kv head) to finish merges the splits. Scratch: part_o [M, Hq, splits, D], part_ml
+// [M, Hq, splits, 2], counters int32 [M, Hkv] (zero; left zero).
+struct AttnDesc {
+  const float* q;
+  const float* k;
+  const float* v;
+  float* out;
+  float* part_o;
+  float* part_ml;
+  int32_t* counters;
+  int64_t M, p0, Hq, Hkv, D;
+  int32_t splits;
+  float scale;
+};
+Launch attention_launch(const AttnDesc& d);
+constexpr int64_t kAttnMaxGroup = 8;    // Hq / Hkv
+constexpr int64_t kAttnMaxDim = 256;    // D (multiple of 32)
+
+// ---- Gated DeltaNet --------------------------------------------------------------------------------
+Launch gdn_conv_launch(const float* x, float* state, const float* taps, int64_t T, int64_t C, int64_t Kc, float* out);
+Launch gdn_gates_launch(const float* a, const float* b, const float* A, const float* dt_bias, int64_t T, int64_t Nv,
+                        float* g, float* beta);
+// Token-by-token delta rule with the state of a 32-column slice of one V head in registers: grid
+// (Nv, Dv/32). Optional fused prologue (the ops the forward issues just before): l2norm of q and k
+// (eps_q/eps_k > 0 marks them), q *= q_scale, gates from (a, b, A, dt_bias). Fused results are also
+// written back to q, k, g, beta so every buffer ends as the unfused sequence leaves it.
+struct DeltaDesc {
+  float* state;
+  float* q;
+  float* k;
+  const float* v;
+  float* g;
+  float* beta;
+  float* out;
+  const float* a;        // non-null: compute g, beta here
+  const float* b;
+  const float* A;
+  const float* dt_bias;
+  int64_t T, Nk, Nv, Dk, Dv;
+  int32_t l2_q, l2_k;
+  float eps_q, eps_k, q_scale;
+  int32_t pad;
+};
+Launch delta_launch(const DeltaDesc& d);
+constexpr int64_t kDeltaMaxDk = 128;
+
+// ---- utilities -------------------------------------------------------------------------------------
+// Two-stage argmax over x [n]: blocks write partials, the last block reduces into *result (int64).
+constexpr int kArgmaxBlocks = 64;
+Launch argmax_launch(const float* x, int64_t n, float* part_v, int64_t* part_i, int32_t* counter, int64_t* result);
+// Streaming read of buf [n16 x 16 bytes]; writes one word per block into sink [gridDim].
+Launch probe_launch(const void* buf, int64_t n16, uint32_t* sink, int blocks);
+
+// One-time function attributes (dynamic shared memory limits). Idempotent.
+void init_kernel_attributes();
+
+}  // namespace bonsai::cuda

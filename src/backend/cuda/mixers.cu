@@ -1,0 +1,275 @@
+// The two token mixers: causal GQA attention (flash-decoding splits, merged by the last block) and the
+// Gated DeltaNet delta rule (token by token, state slice in registers, optional fused prologue).
+#include <cmath>
+
+#include "backend/cuda/common.cuh"
+
+namespace bonsai::cuda {
+
+// ================================ attention ========================================================
+
+namespace {
+
+constexpr int kAttnWarps = 4;
+constexpr int kAttnE = int(kAttnMaxDim / 32);  // dims per lane (lane holds dims lane + 32 e)
+constexpr int kAttnG = int(kAttnMaxGroup);
+
+struct AttnArgs {
+  const float* q;
+  const float* k;
+  const float* v;
+  float* out;
+  float* part_o;
+  float* part_ml;
+  int32_t* counters;
+  int64_t M, p0, Hq, Hkv, D;
+  int32_t splits;
+  float scale;
+};
+
+__global__ __launch_bounds__(kAttnWarps * 32) void attention_kernel(const AttnArgs a) {
+  __shared__ float s_ml[kAttnWarps][kAttnG][2];
+  __shared__ float s_acc[kAttnWarps][kAttnG][kAttnMaxDim];
+  __shared__ bool last;
+  pdl_trigger();
+  pdl_wait();
+  const int split = blockIdx.x, kvh = blockIdx.y;
+  const int64_t m = blockIdx.z;
+  const int S = a.splits;
+  const int G = int(a.Hq / a.Hkv), E = int(a.D / 32), D = int(a.D);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t T = a.p0 + m + 1;  // positions visible to query row m
+  const int64_t per = (T + S - 1) / S;
+  const int64_t t_begin = int64_t(split) * per, t_end = min(T, t_begin + per);
+
+  float qv[kAttnG][kAttnE], acc[kAttnG][kAttnE], mx[kAttnG], l[kAttnG];
+#pragma unroll
+  for (int hh = 0; hh < kAttnG; ++hh) {
+    mx[hh] = -INFINITY;
+    l[hh] = 0.f;
+#pragma unroll
+    for (int e = 0; e < kAttnE; ++e) {
+      acc[hh][e] = 0.f;
+      qv[hh][e] = (hh < G && e < E) ? a.q[(m * a.Hq + kvh * G + hh) * a.D + lane + 32 * e] * a.scale : 0.f;
+    }
+  }
+  for (int64_t t = t_begin + warp; t < t_end; t += kAttnWarps) {
+    const float* kr = a.k + (t * a.Hkv + kvh) * a.D;
+    const float* vr = a.v + (t * a.Hkv + kvh) * a.D;
+    float kk[kAttnE], vv[kAttnE];
+#pragma unroll
+    for (int e = 0; e < kAttnE; ++e) {
+      kk[e] = e < E ? kr[lane + 32 * e] : 0.f;
+      vv[e] = e < E ? vr[lane + 32 * e] : 0.f;
+    }
+#pragma unroll
+    for (int hh = 0; hh < kAttnG; ++hh) {
+      if (hh < G) {
+        float s = 0.f;
+#pragma unroll
+        for (int e = 0; e < kAttnE; ++e) s += qv[hh][e] * kk[e];
+        s = warp_sum(s);
+        const float mn = fmaxf(mx[hh], s);
+        const float corr = __expf(mx[hh] - mn), p = __expf(s - mn);
+        l[hh] = l[hh] * corr + p;
+#pragma unroll
+        for (int e = 0; e < kAttnE; ++e) acc[hh][e] = acc[hh][e] * corr + p * vv[e];
+        mx[hh] = mn;
+      }
+    }
+  }
+#pragma unroll
+  for (int hh = 0; hh < kAttnG; ++hh) {
+    if (hh < G) {
+      if (lane == 0) {
+        s_ml[warp][hh][0] = mx[hh];
+        s_ml[warp][hh][1] = l[hh];
+      }
+#pragma unroll
+      for (int e = 0; e < kAttnE; ++e)
+        if (e < E) s_acc[warp][hh][lane + 32 * e] = acc[hh][e];
+    }
+  }
+  __syncthreads();
+  // Merge the warps: (M, L, A) of this split for each (head, dim).
+  for (int idx = threadIdx.x; idx < G * D; idx += kAttnWarps * 32) {
+    const int hh = idx / D, d = idx % D;
+    float Mx = -INFINITY;
+    for (int w = 0; w < kAttnWarps; ++w) Mx = fmaxf(Mx, s_ml[w][hh][0]);
+    float L = 0.f, A = 0.f;
+    if (Mx != -INFINITY) {
+      for (int w = 0; w < kAttnWarps; ++w) {
+        const float f = __expf(s_ml[w][hh][0] - Mx);
+        L += s_ml[w][hh][1] * f;
+        A += s_acc[w][hh][d] * f;
+      }
+    }
+    const int64_t h = kvh * G + hh;
+    if (S == 1) {
+      a.out[(m * a.Hq + h) * a.D + d] = A / L;
+    } else {
+      a.part_o[((m * a.Hq + h) * S + split) * a.D + d] = A;
+      if (d == 0) {
+        a.part_ml[((m * a.Hq + h) * S + split) * 2] = Mx;
+        a.part_ml[((m * a.Hq + h) * S + split) * 2 + 1] = L;
+      }
+    }
+  }
+  if (S == 1) return;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&a.counters[m * a.Hkv + kvh], 1) == S - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int idx = threadIdx.x; idx < G * D; idx += kAttnWarps * 32) {
+    const int hh = idx / D, d = idx % D;
+    const int64_t h = kvh * G + hh;
+    const float* ml = a.part_ml + (m * a.Hq + h) * S * 2;
+    const float* po = a.part_o + (m * a.Hq + h) * S * a.D;
+    float Mx = -INFINITY;
+    for (int s = 0; s < S; ++s) Mx = fmaxf(Mx, __ldcg(ml + 2 * s));
+    float L = 0.f, A = 0.f;
+    for (int s = 0; s < S; ++s) {
+      const float ms = __ldcg(ml + 2 * s);
+      if (ms == -INFINITY) continue;
+      const float f = __expf(ms - Mx);
+      L += __ldcg(ml + 2 * s + 1) * f;
+      A += __ldcg(po + int64_t(s) * a.D + d) * f;
+    }
+    a.out[(m * a.Hq + h) * a.D + d] = A / L;
+  }
+  if (threadIdx.x == 0) a.counters[m * a.Hkv + kvh] = 0;  // ready for the next launch (graph replays)
+}
+
+}  // namespace
+
+Launch attention_launch(const AttnDesc& d) {
+  AttnArgs a{d.q, d.k, d.v, d.out, d.part_o, d.part_ml, d.counters, d.M, d.p0, d.Hq, d.Hkv, d.D, d.splits, d.scale};
+  const dim3 grid(unsigned(d.splits), unsigned(d.Hkv), unsigned(d.M));
+  return make_launch(reinterpret_cast<const void*>(&attention_kernel), grid, dim3(kAttnWarps * 32), 0, a);
+}
+
+// ================================ Gated DeltaNet delta rule ========================================
+// Block (V head h, 32-column slice j0..j0+31 of Dv), 4 warps: lane = column, warp w owns state rows
+// w, w + 4, ... (Dk/4 of them, in registers for the whole call). Columns of S are independent in the
+// delta rule (kv_j = sum_i S_ij k_i; S_ij += k_i delta_j; o_j = sum_i S_ij q_i), so slices need no
+// communication; per token only the 4 warps' partial sums meet in shared memory.
+
+namespace {
+
+constexpr int kDeltaWarps = 4;
+constexpr int kDeltaRows = int(kDeltaMaxDk / kDeltaWarps);  // 32 rows per thread at Dk = 128
+
+struct DeltaArgs {
+  float* state;
+  float* q;
+  float* k;
+  const float* v;
+  float* g;
+  float* beta;
+  float* out;
+  const float* a;
+  const float* b;
+  const float* A;
+  const float* dt_bias;
+  int64_t T, Nk, Nv, Dk, Dv;
+  int32_t l2_q, l2_k;
+  float eps_q, eps_k, q_scale;
+  int32_t pad;
+};
+
+__global__ __launch_bounds__(kDeltaWarps * 32) void delta_kernel(const DeltaArgs a) {
+  __shared__ float ks[kDeltaMaxDk], qs[kDeltaMaxDk];
+  __shared__ float red[kDeltaWarps][32], red2[kDeltaWarps][32], bred[32];
+  __shared__ float gb[2];
+  pdl_trigger();
+  pdl_wait();
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int64_t h = blockIdx.x, j = int64_t(blockIdx.y) * 32 + lane;
+  const int64_t rep = a.Nv / a.Nk, kh = h / rep;
+  const int R = int(a.Dk / kDeltaWarps);
+  float* Sg = a.state + h * a.Dk * a.Dv;
+  float s[kDeltaRows];
+#pragma unroll
+  for (int ii = 0; ii < kDeltaRows; ++ii) s[ii] = ii < R ? Sg[(warp + kDeltaWarps * ii) * a.Dv + j] : 0.f;
+
+  for (int64_t t = 0; t < a.T; ++t) {
+    float kv = 0.f, qv = 0.f;
+    if (tid < a.Dk) {
+      kv = a.k[(t * a.Nk + kh) * a.Dk + tid];
+      qv = a.q[(t * a.Nk + kh) * a.Dk + tid];
+    }
+    if (a.l2_k) kv *= rsqrtf(block_sum(kv * kv, bred) + a.eps_k);
+    if (a.l2_q) qv *= rsqrtf(block_sum(qv * qv, bred) + a.eps_q);
+    qv *= a.q_scale;
+    if (tid < a.Dk) {
+      ks[tid] = kv;
+      qs[tid] = qv;
+    }
+    if (tid == 0) {
+      float gv, bv;
+      if (a.a) {
+        const float u = a.a[t * a.Nv + h] + a.dt_bias[h];
+        gv = a.A[h] * (u > 20.f ? u : log1pf(expf(u)));
+        bv = 1.f / (1.f + expf(-a.b[t * a.Nv + h]));
+        if (blockIdx.y == 0) {
+          a.g[t * a.Nv + h] = gv;
+          a.beta[t * a.Nv + h] = bv;
+        }
+      } else {
+        gv = a.g[t * a.Nv + h];
+        bv = a.beta[t * a.Nv + h];
+      }
+      gb[0] = expf(gv);
+      gb[1] = bv;
+    }
+    __syncthreads();
+    const float decay = gb[0], beta = gb[1];
+    float kvp = 0.f;
+#pragma unroll
+    for (int ii = 0; ii < kDeltaRows; ++ii) {
+      if (ii < R) {
+        s[ii] *= decay;
+        kvp += s[ii] * ks[warp + kDeltaWarps * ii];
+      }
+    }
+    red[warp][lane] = kvp;
+    __syncthreads();
+    float kvj = 0.f;
+#pragma unroll
+    for (int w = 0; w < kDeltaWarps; ++w) kvj += red[w][lane];
+    const float delta = beta * (a.v[(t * a.Nv + h) * a.Dv + j] - kvj);
+    float op = 0.f;
+#pragma unroll
+    for (int ii = 0; ii < kDeltaRows; ++ii) {
+      if (ii < R) {
+        s[ii] += ks[warp + kDeltaWarps * ii] * delta;
+        op += s[ii] * qs[warp + kDeltaWarps * ii];
+      }
+    }
+    red2[warp][lane] = op;
+    __syncthreads();
+    if (warp == 0) {
+      float o = 0.f;
+#pragma unroll
+      for (int w = 0; w < kDeltaWarps; ++w) o += red2[w][lane];
+      a.out[(t * a.Nv + h) * a.Dv + j] = o;
+    }
+    __syncthreads();  // ks, qs, red, red2, gb are rewritten by the next token
+  }
+#pragma unroll
+  for (int ii = 0; ii < kDeltaRows; ++ii)
+    if (ii < R) Sg[(warp + kDeltaWarps * ii) * a.Dv + j] = s[ii];
+}
+
+}  // namespace
+
+Launch delta_launch(const DeltaDesc& d) {
+  DeltaArgs a{d.state, d.q,  d.k,  d.v,  d.g,  d.beta, d.out,  d.a,    d.b,     d.A,       d.dt_bias, d.T,
+              d.Nk,    d.Nv, d.Dk, d.Dv, d.l2_q, d.l2_k, d.eps_q, d.eps_k, d.q_scale, 0};
+  const dim3 grid(unsigned(d.Nv), unsigned(d.Dv / 32));
+  return make_launch(reinterpret_cast<const void*>(&delta_kernel), grid, dim3(kDeltaWarps * 32), 0, a);
+}
+
+}  // namespace bonsai::cuda

@@ -1,0 +1,525 @@
+// The ternary path: the activation site kernel (pre-op, gather, sign + blockwise FWHT, int8 quantisation),
+// the dp4a matvec for decode and the int8 tensor-core GEMM for prefill chunks.
+//
+// Activation format the ternary kernels read (written by site_kernel):
+//   xq  int8 [M, K]     per 128-group symmetric quantisation q = rint(x / d), d = max|x| / 127; inside each
+//                       16-element word the positions are TRANSPOSED: position 16i + 4j + b holds element
+//                       16i + 4b + j. Why: a canonical weight word holds element 16i + 4b + j at bits
+//                       8b + 2j, so `word & (3 << 2j) * 0x01010101` leaves the codes of elements
+//                       {4b + j : b = 0..3} one per byte, and those meet x positions 4j..4j+3, i.e. one
+//                       aligned int32 of xq: one LOP3 + one dp4a per 4 weights, no shifts, no repack of
+//                       the weights (they stay canonical: device memory = pack bytes).
+//   xds float2 [M, K/64] {d of the chunk's 128-group, sum of the chunk's 64 q} (the matvec uses unsigned
+//                       codes 0..3 and subtracts the sum: sum((c - 1) q) = sum(c q) - sum(q)).
+#include "backend/cuda/common.cuh"
+
+namespace bonsai::cuda {
+
+// ================================ site kernel =====================================================
+
+namespace {
+
+struct SiteArgs {
+  const float* src;
+  const float* src2;
+  const float* gain;
+  float* pre_out;
+  const int32_t* perm;
+  const int8_t* signs;
+  float* dst;
+  int8_t* xq;
+  float2* xds;
+  int64_t ld, rows, K, n, tile;
+  int32_t pre, inverse, seg, log2n;
+  float eps, norm;
+};
+
+constexpr int kSiteThreads = 256;
+
+__global__ __launch_bounds__(kSiteThreads) void site_kernel(const SiteArgs a) {
+  extern __shared__ float sh[];  // [tile]
+  pdl_trigger();
+  pdl_wait();
+  const int tid = threadIdx.x;
+  const int64_t r = blockIdx.y;
+  const int64_t t0 = int64_t(blockIdx.x) * a.tile;
+  const int len = int(min(a.tile, a.K - t0));
+  const float* src = a.src + r * a.ld;
+  const float* src2 = a.src2 ? a.src2 + r * a.ld : nullptr;
+
+  // 1. value = pre(src, src2), gathered when perm is set.
+  for (int i = tid; i < len; i += kSiteThreads) {
+    const int64_t gi = t0 + i;
+    const int64_t si = a.perm ? int64_t(a.perm[gi]) : gi;
+    float v = src[si];
+    if (a.pre == kPreSiluMul) v = siluf_(v) * src2[si];
+    else if (a.pre == kPreSigmoidMul) v = v * sigmoidf_(src2[si]);
+    sh[i] = v;
+  }
+  if (a.pre == kPreGatedNorm) {  // rmsnorm per segment of `seg` (tile % seg == 0) * gain * silu(z)
+    __syncthreads();
+    const int warp = tid >> 5, lane = tid & 31, nseg = len / a.seg;
+    for (int s = warp; s < nseg; s += kSiteThreads / 32) {
+      float ss = 0.f;
+      for (int i = lane; i < a.seg; i += 32) ss += sh[s * a.seg + i] * sh[s * a.seg + i];
+      ss = warp_sum(ss);
+      const float rr = rsqrtf(ss / float(a.seg) + a.eps);
+      for (int i = lane; i < a.seg; i += 32) {
+        const int j = s * a.seg + i;
+        sh[j] = sh[j] * rr * a.gain[i] * siluf_(src2[t0 + j]);
+      }
+    }
+  }
+  if (a.pre != kPreNone && a.pre_out) {
+    __syncthreads();
+    for (int i = tid; i < len; i += kSiteThreads) a.pre_out[r * a.ld + t0 + i] = sh[i];
+  }
+  if (!a.inverse && a.signs)
+    for (int i = tid; i < len; i += kSiteThreads) sh[i] *= float(a.signs[t0 + i]);
+  __syncthreads();
+
+  // 2. Unnormalised Sylvester FWHT of every n-block of the tile (butterfly at stride h pairs i, i + h).
+  for (int h = 1; h < a.n; h <<= 1) {
+    for (int p = tid; p < len / 2; p += kSiteThreads) {
+      const int i = ((p & ~(h - 1)) << 1) | (p & (h - 1));
+      const float x0 = sh[i], x1 = sh[i + h];
+      sh[i] = x0 + x1;
+      sh[i + h] = x0 - x1;
+    }
+    __syncthreads();
+  }
+  // 3. Normalise, inverse-side signs, store.
+  float* dst = a.dst ? a.dst + r * a.K + t0 : nullptr;  // null: quantise only (x already holds the values)
+  for (int i = tid; i < len; i += kSiteThreads) {
+    float v = sh[i] * a.norm;
+    if (a.inverse && a.signs) v *= float(a.signs[t0 + i]);
+    sh[i] = v;
+    if (dst) dst[i] = v;
+  }
+  if (!a.xq) return;
+  __syncthreads();
+
+  // 4. int8 quantisation per 128-group: one warp per group, lane l holds elements 4l..4l+3.
+  const int warp = tid >> 5, lane = tid & 31;
+  int8_t* xq = a.xq + r * a.K + t0;
+  float2* xds = a.xds + r * (a.K >> 6) + (t0 >> 6);
+  for (int gq = warp; gq < len / 128; gq += kSiteThreads / 32) {
+    const float4 v = *reinterpret_cast<const float4*>(&sh[gq * 128 + 4 * lane]);
+    const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    const float d = amax / 127.f;
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    const int q0 = max(-127, min(127, __float2int_rn(v.x * inv)));
+    const int q1 = max(-127, min(127, __float2int_rn(v.y * inv)));
+    const int q2 = max(-127, min(127, __float2int_rn(v.z * inv)));
+    const int q3 = max(-127, min(127, __float2int_rn(v.w * inv)));
+    // element e = 4l + t: word l/4, b = l%4, j = t -> position 16(l/4) + 4t + l%4
+    int8_t* base = xq + gq * 128 + 16 * (lane >> 2) + (lane & 3);
+    base[0] = int8_t(q0);
+    base[4] = int8_t(q1);
+    base[8] = int8_t(q2);
+    base[12] = int8_t(q3);
+    int s = q0 + q1 + q2 + q3;
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);  // stays inside 16-lane halves
+    if ((lane & 15) == 0) xds[gq * 2 + (lane >> 4)] = make_float2(d, float(s));
+  }
+}
+
+int ilog2(int64_t n) {
+  int l = 0;
+  while ((int64_t(1) << l) < n) ++l;
+  return l;
+}
+
+}  // namespace
+
+Launch site_launch(const SiteDesc& d) {
+  SiteArgs a{};
+  a.src = d.src;
+  a.src2 = d.src2;
+  a.gain = d.gain;
+  a.pre_out = d.pre_out;
+  a.perm = d.perm;
+  a.signs = d.signs;
+  a.dst = d.dst;
+  a.xq = d.xq;
+  a.xds = d.xds;
+  a.ld = d.ld;
+  a.rows = d.rows;
+  a.K = d.K;
+  a.n = d.n;
+  a.tile = d.n >= 1024 ? d.n : 1024;
+  a.pre = d.pre;
+  a.inverse = d.inverse;
+  a.seg = d.seg;
+  a.log2n = ilog2(d.n);
+  a.eps = d.eps;
+  a.norm = float(1.0 / __builtin_sqrt(double(d.n)));
+  const dim3 grid(unsigned((d.K + a.tile - 1) / a.tile), unsigned(d.rows));
+  return make_launch(reinterpret_cast<const void*>(&site_kernel), grid, dim3(kSiteThreads),
+                     uint32_t(a.tile * sizeof(float)), a);
+}
+
+// ================================ dp4a matvec =====================================================
+
+namespace {
+
+struct TOut {
+  const uint32_t* words;
+  const uint16_t* scales;
+  float* y;
+  int64_t N;
+  int64_t block0;  // first block (x) of this output
+};
+struct TernaryArgs {
+  TOut o[kMaxOuts];
+  const int8_t* xq;
+  const float2* xds;
+  int64_t K, M;
+  int32_t n_outs, splits;
+};
+
+constexpr int kMvWarps = 8;
+constexpr int kMvRows = 2;    // rows per warp (share the activation loads)
+constexpr int kMvUnroll = 4;  // 16-byte chunks per row in flight per lane
+
+// d = a (4 unsigned bytes) . b (4 signed bytes) + c
+__device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
+  int d;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// sum over the 64 weights of a chunk of code * q (codes unsigned 0..3).
+__device__ __forceinline__ int chunk_dot(const uint4 w, const int4 x0, const int4 x1, const int4 x2, const int4 x3) {
+  int a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+  const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+  const int4 xs[4] = {x0, x1, x2, x3};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    a0 = dp4a_us(ws[k] & 0x03030303u, xs[k].x, a0);
+    a1 = dp4a_us(ws[k] & 0x0C0C0C0Cu, xs[k].y, a1);
+    a2 = dp4a_us(ws[k] & 0x30303030u, xs[k].z, a2);
+    a3 = dp4a_us(ws[k] & 0xC0C0C0C0u, xs[k].w, a3);
+  }
+  // a_j = 4^j * sum(code * q) exactly, so the shifts are exact.
+  return a0 + (a1 >> 2) + (a2 >> 4) + (a3 >> 6);
+}
+
+__device__ __forceinline__ int find_output(const TernaryArgs& a) {
+  int o = 0;
+#pragma unroll
+  for (int i = 1; i < kMaxOuts; ++i)
+    if (i < a.n_outs && int64_t(blockIdx.x) >= a.o[i].block0) o = i;
+  return o;
+}
+
+template <int MT>
+__global__ __launch_bounds__(kMvWarps * 32) void matvec_kernel(const TernaryArgs a) {
+  __shared__ float red[kMvWarps][kMvRows][MT];
+  const int o = find_output(a);
+  const uint32_t* words = a.o[o].words;
+  const uint16_t* scales = a.o[o].scales;
+  float* y = a.o[o].y;
+  const int64_t N = a.o[o].N;
+  const int S = a.splits;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int grp = warp / S, split = warp % S;
+  const int rows_per_block = (kMvWarps / S) * kMvRows;
+  const int64_t row_base = (int64_t(blockIdx.x) - a.o[o].block0) * rows_per_block + grp * kMvRows;
+  const int64_t C = a.K >> 6, G = a.K >> 7;
+  const int64_t m0 = int64_t(blockIdx.y) * MT;
+
+  const uint4* wr[kMvRows];
+  const __half* sr[kMvRows];
+  bool ok[kMvRows];
+#pragma unroll
+  for (int r = 0; r < kMvRows; ++r) {
+    const int64_t row = row_base + r;
+    ok[r] = row < N;
+    const int64_t rc = ok[r] ? row : 0;
+    wr[r] = reinterpret_cast<const uint4*>(words) + rc * C;
+    sr[r] = reinterpret_cast<const __half*>(scales) + rc * G;
+  }
+  float acc[kMvRows][MT];
+#pragma unroll
+  for (int r = 0; r < kMvRows; ++r)
+#pragma unroll
+    for (int m = 0; m < MT; ++m) acc[r][m] = 0.f;
+
+  const int64_t step = 32 * S;
+  uint4 w[kMvUnroll][kMvRows];
+  float ws[kMvUnroll][kMvRows];
+  auto load = [&](int64_t c0) {
+#pragma unroll
+    for (int u = 0; u < kMvUnroll; ++u) {
+      const int64_t c = c0 + u * step;
+#pragma unroll
+      for (int r = 0; r < kMvRows; ++r) {
+        if (c < C && ok[r]) {
+          w[u][r] = ld_stream(wr[r] + c);
+          ws[u][r] = __half2float(sr[r][c >> 1]);
+        } else {
+          w[u][r] = make_uint4(0, 0, 0, 0);
+          ws[u][r] = 0.f;
+        }
+      }
+    }
+  };
+
+  pdl_trigger();
+  int64_t c0 = int64_t(split) * 32 + lane;
+  load(c0);    // the weights do not depend on earlier kernels: stream them before the wait
+  pdl_wait();  // activations (xq, xds) and y do
+  while (true) {
+#pragma unroll
+    for (int u = 0; u < kMvUnroll; ++u) {
+      const int64_t c = c0 + u * step;
+      if (c < C) {
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          if (m0 + m < a.M) {
+            const int4* xp = reinterpret_cast<const int4*>(a.xq + (m0 + m) * a.K) + c * 4;
+            const int4 x0 = xp[0], x1 = xp[1], x2 = xp[2], x3 = xp[3];
+            const float2 ds = a.xds[(m0 + m) * C + c];
+#pragma unroll
+            for (int r = 0; r < kMvRows; ++r) {
+              const int t = chunk_dot(w[u][r], x0, x1, x2, x3);
+              acc[r][m] += ws[u][r] * ds.x * (float(t) - ds.y);
+            }
+          }
+        }
+      }
+    }
+    c0 += kMvUnroll * step;
+    if (c0 >= C) break;
+    load(c0);
+  }
+
+#pragma unroll
+  for (int r = 0; r < kMvRows; ++r)
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      const float v = warp_sum(acc[r][m]);
+      if (lane == 0) red[warp][r][m] = v;
+    }
+  __syncthreads();
+  const int n_res = (kMvWarps / S) * kMvRows * MT;
+  for (int idx = threadIdx.x; idx < n_res; idx += kMvWarps * 32) {
+    const int g2 = idx / (kMvRows * MT), r = (idx / MT) % kMvRows, m = idx % MT;
+    float s = 0.f;
+    for (int k = 0; k < S; ++k) s += red[g2 * S + k][r][m];
+    const int64_t row = (int64_t(blockIdx.x) - a.o[o].block0) * rows_per_block + g2 * kMvRows + r;
+    if (row < N && m0 + m < a.M) y[(m0 + m) * N + row] = s;
+  }
+}
+
+}  // namespace
+
+Launch matvec_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
+                     int sms) {
+  TernaryArgs a{};
+  a.xq = xq;
+  a.xds = xds;
+  a.K = K;
+  a.M = M;
+  a.n_outs = n_outs;
+  const int64_t C = K / 64;
+  auto blocks_for_splits = [&](int S) {
+    const int64_t rpb = (kMvWarps / S) * kMvRows;
+    int64_t b = 0;
+    for (int i = 0; i < n_outs; ++i) b += (outs[i].N + rpb - 1) / rpb;
+    return b;
+  };
+  int S = 1;
+  while (S < kMvWarps && blocks_for_splits(S) < 2 * sms && C >= int64_t(64) * S) S *= 2;
+  a.splits = S;
+  const int64_t rpb = (kMvWarps / S) * kMvRows;
+  int64_t b0 = 0;
+  for (int i = 0; i < n_outs; ++i) {
+    a.o[i] = {outs[i].words, outs[i].scales, outs[i].y, outs[i].N, b0};
+    b0 += (outs[i].N + rpb - 1) / rpb;
+  }
+  const void* f;
+  int mt;
+  if (M <= 1) f = reinterpret_cast<const void*>(&matvec_kernel<1>), mt = 1;
+  else if (M <= 2) f = reinterpret_cast<const void*>(&matvec_kernel<2>), mt = 2;
+  else f = reinterpret_cast<const void*>(&matvec_kernel<4>), mt = 4;
+  const dim3 grid(unsigned(b0), unsigned((M + mt - 1) / mt));
+  return make_launch(f, grid, dim3(kMvWarps * 32), 0, a);
+}
+
+// ================================ int8 tensor-core GEMM ===========================================
+// Block: 8 warps, 128 weight rows (16 per warp) x 64 tokens (8 mma n-tiles of 8). K advances one
+// 128-group per stage (4 mma k-steps of 32), two stages in flight via cp.async. A fragments are decoded
+// from the canonical words to signed int8 (code - 1) in registers; x is the transposed xq (the same
+// permutation of k inside each 16 on both sides leaves the dot product unchanged). Per group the int32
+// accumulators are scaled by d_w[row] * d_x[token] into fp32.
+
+namespace {
+
+constexpr int kGemmRows = 128, kGemmToks = 64;
+constexpr int kAStride = 12;    // words per weight row in shared memory (8 used): conflict-free A reads
+constexpr int kXStride = 144;   // bytes per token row in shared memory (128 used): conflict-free B reads
+
+struct GemmStage {
+  uint32_t A[kGemmRows * kAStride];
+  int8_t X[kGemmToks * kXStride];
+  float2 xds[kGemmToks * 2];
+};
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  const unsigned s = unsigned(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem, int src_bytes) {
+  const unsigned s = unsigned(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// 4 codes (one per byte, low 2 bits) -> 4 signed int8 code - 1, without carries between bytes.
+__device__ __forceinline__ uint32_t decode4(uint32_t w) { return ((w & 0x03030303u) + 0x7F7F7F7Fu) ^ 0x80808080u; }
+
+__device__ __forceinline__ void mma_s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__global__ __launch_bounds__(256) void gemm_kernel(const TernaryArgs a) {
+  __shared__ __align__(16) GemmStage st[2];
+  const int o = find_output(a);
+  const uint32_t* words = a.o[o].words;
+  const __half* scales = reinterpret_cast<const __half*>(a.o[o].scales);
+  float* y = a.o[o].y;
+  const int64_t N = a.o[o].N, K = a.K, M = a.M;
+  const int64_t KW = K / 16, G = K / 128, C = K / 64;
+  const int64_t row0 = (int64_t(blockIdx.x) - a.o[o].block0) * kGemmRows;
+  const int64_t tok0 = int64_t(blockIdx.y) * kGemmToks;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
+
+  auto issue_w = [&](int64_t kg, int s) {
+    const int rr = tid >> 1, hh = tid & 1;
+    const int64_t row = row0 + rr;
+    const uint32_t* src = words + (row < N ? row : N - 1) * KW + kg * 8 + hh * 4;
+    cp_async16(&st[s].A[rr * kAStride + hh * 4], src, row < N ? 16 : 0);
+  };
+  auto issue_x = [&](int64_t kg, int s) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int id = tid + 256 * i, tk = id >> 3, part = id & 7;
+      const int64_t tok = tok0 + tk;
+      const int8_t* src = a.xq + (tok < M ? tok : M - 1) * K + kg * 128 + part * 16;
+      cp_async16(&st[s].X[tk * kXStride + part * 16], src, tok < M ? 16 : 0);
+    }
+    if (tid < 128) {
+      const int tk = tid >> 1, ch = tid & 1;
+      const int64_t tok = tok0 + tk;
+      cp_async8(&st[s].xds[tid], a.xds + (tok < M ? tok : M - 1) * C + kg * 2 + ch, tok < M ? 8 : 0);
+    }
+  };
+
+  float facc[8][4];
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) facc[nt][i] = 0.f;
+
+  const int64_t rg = row0 + warp * 16 + g, rg8 = rg + 8;
+  const __half* srg = scales + (rg < N ? rg : 0) * G;
+  const __half* srg8 = scales + (rg8 < N ? rg8 : 0) * G;
+
+  pdl_trigger();
+  issue_w(0, 0);
+  pdl_wait();
+  issue_x(0, 0);
+  cp_async_commit();
+
+  for (int64_t kg = 0; kg < G; ++kg) {
+    const int s = int(kg & 1);
+    if (kg + 1 < G) {
+      issue_w(kg + 1, s ^ 1);
+      issue_x(kg + 1, s ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const GemmStage& S = st[s];
+    int cacc[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) cacc[nt][i] = 0;
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      const uint32_t* Ar = &S.A[(warp * 16 + g) * kAStride + 2 * ks];
+      const uint32_t* Ar8 = Ar + 8 * kAStride;
+      const uint32_t a0 = decode4(Ar[0] >> (2 * q)), a2 = decode4(Ar[1] >> (2 * q));
+      const uint32_t a1 = decode4(Ar8[0] >> (2 * q)), a3 = decode4(Ar8[1] >> (2 * q));
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const int8_t* xb = &S.X[(nt * 8 + g) * kXStride + ks * 32 + 4 * q];
+        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(xb);
+        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(xb + 16);
+        mma_s8(cacc[nt], a0, a1, a2, a3, b0, b1);
+      }
+    }
+    const float dw = __half2float(srg[kg]), dw8 = __half2float(srg8[kg]);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      const float dx0 = S.xds[(nt * 8 + 2 * q) * 2].x, dx1 = S.xds[(nt * 8 + 2 * q + 1) * 2].x;
+      facc[nt][0] += dw * dx0 * float(cacc[nt][0]);
+      facc[nt][1] += dw * dx1 * float(cacc[nt][1]);
+      facc[nt][2] += dw8 * dx0 * float(cacc[nt][2]);
+      facc[nt][3] += dw8 * dx1 * float(cacc[nt][3]);
+    }
+    __syncthreads();  // the stage is refilled by the next iteration's issue
+  }
+
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t row = i < 2 ? rg : rg8;
+      const int64_t tok = tok0 + nt * 8 + 2 * q + (i & 1);
+      if (row < N && tok < M) y[tok * N + row] = facc[nt][i];
+    }
+}
+
+}  // namespace
+
+Launch gemm_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M) {
+  TernaryArgs a{};
+  a.xq = xq;
+  a.xds = xds;
+  a.K = K;
+  a.M = M;
+  a.n_outs = n_outs;
+  a.splits = 1;
+  int64_t b0 = 0;
+  for (int i = 0; i < n_outs; ++i) {
+    a.o[i] = {outs[i].words, outs[i].scales, outs[i].y, outs[i].N, b0};
+    b0 += (outs[i].N + kGemmRows - 1) / kGemmRows;
+  }
+  const dim3 grid(unsigned(b0), unsigned((M + kGemmToks - 1) / kGemmToks));
+  return make_launch(reinterpret_cast<const void*>(&gemm_kernel), grid, dim3(256), 0, a);
+}
+
+void init_kernel_attributes() {
+  static bool done = false;
+  if (done) return;
+  done = true;
+  cudaFuncSetAttribute(reinterpret_cast<const void*>(&site_kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       int(kMaxHadamardBlock * sizeof(float)));
+}
+
+}  // namespace bonsai::cuda
