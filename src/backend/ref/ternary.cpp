@@ -16,9 +16,12 @@ void check_k(int64_t K) {
 void dequant_row(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t row, double* out) {
   const uint32_t* w = words + row * (K / 16);
   const uint16_t* s = scales + row * (K / 128);
-  for (int64_t e = 0; e < K; ++e) {
-    const int code = int((w[e / 16] >> (2 * (e % 16))) & 3u);
-    out[e] = double(code - 1) * double(fp16_to_f32(s[e / 128]));
+  for (int64_t g = 0; g < K / 128; ++g) {  // one fp16 scale per 128 elements, 16 codes per word
+    const double d = double(fp16_to_f32(s[g]));
+    for (int64_t i = 0; i < 8; ++i) {
+      uint32_t word = w[g * 8 + i];
+      for (int64_t j = 0; j < 16; ++j, word >>= 2) out[g * 128 + i * 16 + j] = double(int(word & 3u) - 1) * d;
+    }
   }
 }
 
@@ -31,9 +34,13 @@ void ternary_matmul(const uint32_t* words, const uint16_t* scales, int64_t N, in
   for (int64_t n = 0; n < N; ++n) {
     dequant_row(words, scales, K, n, w.data());
     for (int64_t m = 0; m < M; ++m) {
-      double acc = 0.0;
-      for (int64_t e = 0; e < K; ++e) acc += w[size_t(e)] * double(x[m * K + e]);
-      y[m * N + n] = float(acc);
+      // Four interleaved double partial sums (K % 128 == 0): the same fp64 accuracy as one chain, four
+      // times the throughput, which keeps whole-model reference runs of a few hundred tokens practical.
+      const float* xm = x + m * K;
+      double acc[4] = {0.0, 0.0, 0.0, 0.0};
+      for (int64_t e = 0; e < K; e += 4)
+        for (int64_t j = 0; j < 4; ++j) acc[j] += w[size_t(e + j)] * double(xm[e + j]);
+      y[m * N + n] = float((acc[0] + acc[1]) + (acc[2] + acc[3]));
     }
   }
 }
