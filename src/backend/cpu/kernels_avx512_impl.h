@@ -371,57 +371,129 @@ TGT void ternary_rows_q8_x1_avx512(const uint32_t* words, const uint16_t* scales
   for (; n < n1; ++n) q8_rows_x1<1>(wb + n * rb, rb, scales + n * G, G, q, qscale, qsum, y + (n - n0));
 }
 
-// q8 GEMM tile: R rows' code planes of one chunk are decoded into registers once and reused by every
-// activation row m; the fp32 partial sums of (m, r) live in a small stack tile.
-template <int R>
-TGT_INLINE void q8_rows_xm(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_t K, const int8_t* q,
-                           const float* qs, const int32_t* qsum, int64_t M, float* y, int64_t ldy) {
+// ---- q8 GEMM, 16 rows per int32 lane set ("broadcast activation") -----------------------------------
+// Above, every (m, row, chunk) pays a conversion + two multiplies for 4 vpdpbusd, because the 16 lanes of a
+// chunk's accumulator hold two groups of ONE row. Here the lanes are 16 ROWS: the 64 code bytes of one
+// chunk of 16 rows are loaded and transposed (16 x 16 dwords), so lane j of T[k] holds row j's code
+// bytes 4k..4k+3; its plane t multiplies the activation's plane-t bytes 4k..4k+3, one dword broadcast to
+// all lanes. A lane then accumulates a row's WHOLE group (8 dwords x 4 planes), and the fp32 scaling costs
+// 4 ops per 32 vpdpbusd. The decoded planes (4 KB) are reused by every activation row m.
+
+// In-place 16 x 16 transpose of 32-bit elements: a[r] lane k -> a[k] lane r.
+TGT_INLINE void transpose16x16(__m512i a[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(a[2 * i], a[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(a[2 * i], a[2 * i + 1]);
+  }
+  __m512i u[16];  // u[4i + j] 128-bit lane L: rows 4i..4i+3, element 4L + j
+  for (int i = 0; i < 4; ++i) {
+    u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int j = 0; j < 4; ++j) {  // 4 x 4 transpose of 128-bit lanes across u[j], u[4 + j], u[8 + j], u[12 + j]
+    const __m512i s0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x44), s1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xEE);
+    const __m512i s2 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x44), s3 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xEE);
+    a[j] = _mm512_shuffle_i32x4(s0, s2, 0x88);
+    a[4 + j] = _mm512_shuffle_i32x4(s0, s2, 0xDD);
+    a[8 + j] = _mm512_shuffle_i32x4(s1, s3, 0x88);
+    a[12 + j] = _mm512_shuffle_i32x4(s1, s3, 0xDD);
+  }
+}
+
+TGT_INLINE __m512i bcast32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// MB activation rows (q points at row 0's chunk, rows K apart) against the decoded planes of half h of a
+// chunk (dwords 8h .. 8h+7 = group 2c + h); facc[mb] (16 rows) += the scaled exact group dot.
+template <int MB>
+TGT_INLINE void gemm16_half(const __m512i (*pl)[4], int h, const int8_t* q, int64_t K, const float* qs,
+                            const int32_t* qsum, int64_t G, __m512 d, __m512* facc) {
+  // Two accumulators per activation row (planes 0-1 and 2-3): 2*MB independent vpdpbusd chains.
+  __m512i acc[MB][2];
+  for (int mb = 0; mb < MB; ++mb) {
+    acc[mb][0] = _mm512_set1_epi32(-qsum[mb * G]);
+    acc[mb][1] = _mm512_setzero_si512();
+  }
+  for (int k = 8 * h; k < 8 * h + 8; ++k) {
+    const __m512i p0 = pl[k][0], p1 = pl[k][1], p2 = pl[k][2], p3 = pl[k][3];
+    for (int mb = 0; mb < MB; ++mb) {
+      const int8_t* qq = q + mb * K + 4 * k;
+#if BONSAI_AVX512_VNNI
+      acc[mb][0] = _mm512_dpbusd_epi32(acc[mb][0], p0, bcast32(qq));
+      acc[mb][1] = _mm512_dpbusd_epi32(acc[mb][1], p2, bcast32(qq + 128));
+      acc[mb][0] = _mm512_dpbusd_epi32(acc[mb][0], p1, bcast32(qq + 64));
+      acc[mb][1] = _mm512_dpbusd_epi32(acc[mb][1], p3, bcast32(qq + 192));
+#else
+      acc[mb][0] = dot4_planes(acc[mb][0], p0, p1, p2, p3, bcast32(qq), bcast32(qq + 64), bcast32(qq + 128),
+                               bcast32(qq + 192));  // no long chain here: one vpaddd per 4 planes
+#endif
+    }
+  }
+  for (int mb = 0; mb < MB; ++mb)
+    facc[mb] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc[mb][0], acc[mb][1])),
+                               _mm512_mul_ps(d, _mm512_set1_ps(qs[mb * G])), facc[mb]);
+}
+
+// Rows w0 .. w0 + nr - 1 (nr <= 16, rb bytes apart), all M activation rows; y[m * ldy + r]. A row tail
+// (nr < 16) runs the same code with zero lanes, so every row gets bit-identical arithmetic wherever the
+// thread pool cuts the row range (results must not depend on the thread count).
+TGT void q8_rows16_xm(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_t K, const int8_t* q, const float* qs,
+                      const int32_t* qsum, int64_t M, float* y, int64_t ldy, int nr) {
   const int64_t G = K / 128, C = G / 2;
-  const __m512i idx_lo = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-  constexpr int kMT = 32;
-  alignas(64) __m512 facc[kMT][R];
-  float tail[kMT][R];
+  constexpr int kMT = 64;
+  alignas(64) __m512i pl[16][4];  // decoded planes of one chunk of 16 rows: [dword k][plane t], lane = row
+  alignas(64) __m512 facc[kMT];   // [m] 16 rows
+  const __m512i row_idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                             _mm512_set1_epi32(int(G)));
+  const __m512i m3 = _mm512_set1_epi8(3);
   for (int64_t m0 = 0; m0 < M; m0 += kMT) {
     const int64_t mc = std::min<int64_t>(kMT, M - m0);
-    for (int64_t m = 0; m < mc; ++m)
-      for (int r = 0; r < R; ++r) facc[m][r] = _mm512_setzero_ps();
+    for (int64_t m = 0; m < mc; ++m) facc[m] = _mm512_setzero_ps();
     for (int64_t c = 0; c < C; ++c) {
-      Planes pl[R];
-      __m512 dv[R];
-      for (int r = 0; r < R; ++r) {
-        pl[r] = planes(w0 + r * rb + 64 * c);
-        uint32_t d2;
-        std::memcpy(&d2, s0 + r * G + 2 * c, 4);
-        dv[r] = _mm512_permutexvar_ps(idx_lo, _mm512_cvtph_ps(_mm256_castsi128_si256(_mm_cvtsi32_si128(int(d2)))));
+      __m512i a[16];
+      for (int r = 0; r < 16; ++r) a[r] = r < nr ? _mm512_loadu_si512(w0 + r * rb + 64 * c) : _mm512_setzero_si512();
+      transpose16x16(a);
+      for (int k = 0; k < 16; ++k) {
+        pl[k][0] = _mm512_and_si512(a[k], m3);
+        pl[k][1] = _mm512_and_si512(_mm512_srli_epi16(a[k], 2), m3);
+        pl[k][2] = _mm512_and_si512(_mm512_srli_epi16(a[k], 4), m3);
+        pl[k][3] = _mm512_and_si512(_mm512_srli_epi16(a[k], 6), m3);
       }
-      for (int64_t m = 0; m < mc; ++m) {
+      // d of groups 2c and 2c+1 for the 16 rows: one gathered dword (two fp16) per row.
+      const __m512i dd = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), __mmask16((1u << nr) - 1), row_idx,
+                                                     s0 + 2 * c, 2);
+      const __m512 dA = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
+      const __m512 dB = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
+      int64_t m = 0;
+      for (; m + 4 <= mc; m += 4) {
         const int64_t mm = m0 + m;
-        const int8_t* qc = q + mm * K + 256 * c;
-        const __m512i x0 = _mm512_loadu_si512(qc), x1 = _mm512_loadu_si512(qc + 64);
-        const __m512i x2 = _mm512_loadu_si512(qc + 128), x3 = _mm512_loadu_si512(qc + 192);
-        const __m512i ns = neg_sums(qsum + mm * G + 2 * c);
-        const __m512 sv = _mm512_permutexvar_ps(
-            idx_lo, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(qs + mm * G + 2 * c)))));
-        for (int r = 0; r < R; ++r) {
-          const __m512i acc = dot4_planes(ns, pl[r].p[0], pl[r].p[1], pl[r].p[2], pl[r].p[3], x0, x1, x2, x3);
-          facc[m][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(dv[r], sv), facc[m][r]);
-        }
+        gemm16_half<4>(pl, 0, q + mm * K + 256 * c, K, qs + mm * G + 2 * c, qsum + mm * G + 2 * c, G, dA, facc + m);
+        gemm16_half<4>(pl, 1, q + mm * K + 256 * c, K, qs + mm * G + 2 * c + 1, qsum + mm * G + 2 * c + 1, G, dB, facc + m);
+      }
+      for (; m < mc; ++m) {
+        const int64_t mm = m0 + m;
+        gemm16_half<1>(pl, 0, q + mm * K + 256 * c, K, qs + mm * G + 2 * c, qsum + mm * G + 2 * c, G, dA, facc + m);
+        gemm16_half<1>(pl, 1, q + mm * K + 256 * c, K, qs + mm * G + 2 * c + 1, qsum + mm * G + 2 * c + 1, G, dB, facc + m);
       }
     }
-    for (int64_t m = 0; m < mc; ++m)
-      for (int r = 0; r < R; ++r) tail[m][r] = 0.0f;
-    if (G & 1) {
-      const int64_t g = G - 1;
-      for (int64_t m = 0; m < mc; ++m) {
-        const int64_t mm = m0 + m;
-        for (int r = 0; r < R; ++r) {
-          const int32_t i = tail_group_dot(w0 + r * rb + 64 * C, q + mm * K + 256 * C, qsum[mm * G + g]);
-          tail[m][r] = float(i) * (fp16_to_f32(s0[r * G + g]) * qs[mm * G + g]);
-        }
+    for (int64_t m = 0; m < mc; ++m) {
+      const int64_t mm = m0 + m;
+      alignas(64) float out[16];
+      _mm512_store_ps(out, facc[m]);
+      if (G & 1) {  // the odd last group, row by row
+        const int64_t g = G - 1;
+        for (int r = 0; r < nr; ++r)
+          out[r] += float(tail_group_dot(w0 + r * rb + 64 * C, q + mm * K + 256 * C, qsum[mm * G + g])) *
+                    (fp16_to_f32(s0[r * G + g]) * qs[mm * G + g]);
       }
+      std::memcpy(y + mm * ldy, out, sizeof(float) * size_t(nr));
     }
-    for (int64_t m = 0; m < mc; ++m)
-      for (int r = 0; r < R; ++r) y[(m0 + m) * ldy + r] = _mm512_reduce_add_ps(facc[m][r]) + tail[m][r];
   }
 }
 
@@ -431,9 +503,8 @@ TGT void ternary_rows_q8_xm_avx512(const uint32_t* words, const uint16_t* scales
   const int64_t G = K / 128, rb = K / 4;
   const uint8_t* wb = reinterpret_cast<const uint8_t*>(words);
   int64_t n = n0;
-  for (; n + 4 <= n1; n += 4)
-    q8_rows_xm<4>(wb + n * rb, rb, scales + n * G, K, q, qscale, qsum, M, y + (n - n0), ldy);
-  for (; n < n1; ++n) q8_rows_xm<1>(wb + n * rb, rb, scales + n * G, K, q, qscale, qsum, M, y + (n - n0), ldy);
+  for (; n < n1; n += 16)
+    q8_rows16_xm(wb + n * rb, rb, scales + n * G, K, q, qscale, qsum, M, y + (n - n0), ldy, int(std::min<int64_t>(16, n1 - n)));
 }
 
 }  // namespace
