@@ -1237,8 +1237,9 @@ Dict dict_from_args(const char* fn, CallArgs& a) {
 
 Value g_dict(Interp&, CallArgs& a) { return Value::make_dict(dict_from_args("dict", a)); }
 
-Value g_namespace(Interp&, CallArgs& a) {
+Value g_namespace(Interp& in, CallArgs& a) {
   auto ns = std::make_shared<Namespace>();
+  in.track(ns);
   ns->attrs = dict_from_args("namespace", a);
   return Value::object(std::move(ns));
 }

@@ -322,8 +322,42 @@ Value slice_value(const Value& obj, const Value& start, const Value& stop, const
 
 // ---- interpreter --------------------------------------------------------------------------
 
+namespace {
+// Opens a scope for the current C++ frame; closes it (frees it unless captured) on exit.
+class LocalScope {
+ public:
+  LocalScope(Interp& in, Scope* parent) : in_(in), s_(in.open_scope(parent)) {}
+  ~LocalScope() { in_.close_scope(s_); }
+  LocalScope(const LocalScope&) = delete;
+  LocalScope& operator=(const LocalScope&) = delete;
+  Scope* get() const { return s_; }
+
+ private:
+  Interp& in_;
+  Scope* s_;
+};
+}  // namespace
+
+void Interp::close_scope(Scope* s) {
+  if (s->captured)
+    kept_.emplace_back(s);
+  else
+    delete s;
+}
+
+Interp::~Interp() {
+  for (auto& w : namespaces_)
+    if (auto ns = w.lock()) ns->attrs.items.clear();
+  for (auto& s : kept_) s->vars.clear();
+  if (root_) {
+    root_->vars.clear();
+    delete root_;
+  }
+}
+
 Interp::Interp(const Program& prog, Value context) : prog_(prog) {
-  root_ = std::make_shared<Scope>(nullptr);
+  root_ = new Scope(nullptr);
+  root_->captured = true;
   if (context.is_dict())
     for (const auto& kv : context.dict->items) root_->vars.emplace_back(kv.first, kv.second);
 }
@@ -355,7 +389,7 @@ std::string Interp::run() {
 }
 
 Value Interp::lookup(const std::string& name, const ScopePtr& scope) {
-  for (Scope* s = scope.get(); s; s = s->parent.get())
+  for (Scope* s = scope; s; s = s->parent)
     if (const Value* v = s->find_local(name)) return *v;
   Value g = global_function(name);
   if (!g.is_undefined()) return g;
@@ -418,8 +452,10 @@ Flow Interp::exec_stmt(const Stmt& s, const ScopePtr& scope, std::string& out) {
     case SK::Set: assign(s.target, eval(*s.expr, scope), scope); return Flow::Normal;
     case SK::SetBlock: {
       std::string body;
-      auto inner = std::make_shared<Scope>(scope);
-      exec(s.bodies[0], inner, body);
+      {
+        LocalScope inner(*this, scope);
+        exec(s.bodies[0], inner.get(), body);
+      }
       Value v = Value::string(std::move(body));
       if (s.expr) v = apply_filter_chain(*s.expr, scope, v);
       assign(s.target, v, scope);
@@ -429,6 +465,7 @@ Flow Interp::exec_stmt(const Stmt& s, const ScopePtr& scope, std::string& out) {
       auto m = std::make_shared<MacroObj>();
       m->def = s.macro;
       m->closure = scope;
+      scope->capture();
       scope->set(s.macro->name, Value::object(std::move(m)));
       return Flow::Normal;
     }
@@ -436,27 +473,30 @@ Flow Interp::exec_stmt(const Stmt& s, const ScopePtr& scope, std::string& out) {
       auto caller = std::make_shared<MacroObj>();
       caller->def = s.macro;
       caller->closure = scope;
+      scope->capture();
       Value cv = Value::object(std::move(caller));
       out += to_str(eval_call(*s.expr, scope, &cv));
       return Flow::Normal;
     }
     case SK::FilterBlock: {
       std::string body;
-      auto inner = std::make_shared<Scope>(scope);
-      exec(s.bodies[0], inner, body);
+      {
+        LocalScope inner(*this, scope);
+        exec(s.bodies[0], inner.get(), body);
+      }
       out += to_str(apply_filter_chain(*s.expr, scope, Value::string(std::move(body))));
       return Flow::Normal;
     }
     case SK::With: {
       std::vector<Value> vals;
       for (const auto& e : s.exprs) vals.push_back(eval(*e, scope));
-      auto inner = std::make_shared<Scope>(scope);
-      for (size_t k = 0; k < s.targets.size(); ++k) assign(s.targets[k], vals[k], inner);
-      return exec(s.bodies[0], inner, out);
+      LocalScope inner(*this, scope);
+      for (size_t k = 0; k < s.targets.size(); ++k) assign(s.targets[k], vals[k], inner.get());
+      return exec(s.bodies[0], inner.get(), out);
     }
     case SK::Scope: {
-      auto inner = std::make_shared<Scope>(scope);
-      return exec(s.bodies[0], inner, out);
+      LocalScope inner(*this, scope);
+      return exec(s.bodies[0], inner.get(), out);
     }
     case SK::Break: return Flow::Break;
     case SK::Continue: return Flow::Continue;
@@ -476,9 +516,9 @@ Flow Interp::exec_for(const Stmt& s, const ScopePtr& scope, std::string& out, co
   if (s.cond) {
     List kept;
     for (auto& item : items) {
-      auto tmp = std::make_shared<Scope>(scope);
-      assign(s.target, item, tmp);
-      if (truthy(eval(*s.cond, tmp))) kept.push_back(std::move(item));
+      LocalScope tmp(*this, scope);
+      assign(s.target, item, tmp.get());
+      if (truthy(eval(*s.cond, tmp.get()))) kept.push_back(std::move(item));
     }
     items = std::move(kept);
   }
@@ -486,22 +526,23 @@ Flow Interp::exec_for(const Stmt& s, const ScopePtr& scope, std::string& out, co
   loop->self = loop;
   loop->stmt = &s;
   loop->outer = scope;
+  if (s.recursive) scope->capture();
   loop->depth0 = depth0;
   loop->items = std::make_shared<const List>(std::move(items));
   Value loopv = Value::object(loop);
   const List& xs = *loop->items;
   for (size_t k = 0; k < xs.size(); ++k) {
-    auto iscope = std::make_shared<Scope>(scope);
-    assign(s.target, xs[k], iscope);
+    LocalScope iscope(*this, scope);
+    assign(s.target, xs[k], iscope.get());
     loop->index0 = k;
-    iscope->set("loop", loopv);
-    Flow f = exec(s.bodies[0], iscope, out);
+    iscope.get()->set("loop", loopv);
+    Flow f = exec(s.bodies[0], iscope.get(), out);
     if (f == Flow::Break) break;
     line_ = s.line;
   }
   if (xs.empty() && s.has_else) {
-    auto escope = std::make_shared<Scope>(scope);
-    exec(s.bodies[1], escope, out);
+    LocalScope escope(*this, scope);
+    exec(s.bodies[1], escope.get(), out);
   }
   return Flow::Normal;
 }
@@ -554,7 +595,8 @@ Value Interp::invoke_macro(const MacroObj& m, CallArgs& a) {
     py_raise("RecursionError", "maximum recursion depth exceeded");
   }
   check_stack();
-  auto scope = std::make_shared<Scope>(m.closure);
+  LocalScope local(*this, m.closure);
+  Scope* scope = local.get();
   const size_t first_default = n - d.defaults.size();
   for (size_t k = 0; k < n; ++k) {
     if (arguments[k].first) {

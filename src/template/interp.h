@@ -9,10 +9,17 @@
 
 namespace bonsai::tpl {
 
+// Variables of one jinja2 frame. Scopes are owned by the C++ frame that opened them and freed when
+// it ends, unless a macro (or a recursive loop) captured them: then the Interp keeps them (and so
+// their ancestors, also marked captured) until the render ends. Raw parent pointers, no cycles.
 struct Scope {
-  std::shared_ptr<Scope> parent;
+  Scope* parent = nullptr;
+  bool captured = false;
   std::vector<std::pair<std::string, Value>> vars;
-  explicit Scope(std::shared_ptr<Scope> p) : parent(std::move(p)) {}
+  explicit Scope(Scope* p) : parent(p) {}
+  void capture() {
+    for (Scope* s = this; s && !s->captured; s = s->parent) s->captured = true;
+  }
   const Value* find_local(std::string_view name) const {
     for (const auto& kv : vars)
       if (kv.first == name) return &kv.second;
@@ -27,7 +34,7 @@ struct Scope {
     vars.emplace_back(name, std::move(v));
   }
 };
-using ScopePtr = std::shared_ptr<Scope>;
+using ScopePtr = Scope*;
 
 struct Namespace : Object {
   Dict attrs;
@@ -88,6 +95,9 @@ enum class Flow { Normal, Break, Continue };
 class Interp {
  public:
   Interp(const Program& prog, Value context);
+  ~Interp();
+  Interp(const Interp&) = delete;
+  Interp& operator=(const Interp&) = delete;
   std::string run();
 
   // Sandboxed attribute / item access (jinja2 ImmutableSandboxedEnvironment rules).
@@ -99,10 +109,15 @@ class Interp {
   Value invoke_macro(const MacroObj& m, CallArgs& args);
   std::string run_loop(const Stmt& s, const ScopePtr& scope, const Value* iterable, int depth0);
   int line() const { return line_; }
+  void track(const std::shared_ptr<Namespace>& ns) { namespaces_.push_back(ns); }
+  Scope* open_scope(Scope* parent) { return new Scope(parent); }
+  void close_scope(Scope* s);
 
  private:
   const Program& prog_;
-  ScopePtr root_;
+  ScopePtr root_ = nullptr;
+  std::vector<std::unique_ptr<Scope>> kept_;          // captured scopes, freed with the Interp
+  std::vector<std::weak_ptr<Namespace>> namespaces_;  // cleared at the end (they may form cycles)
   int line_ = 0;
   int depth_ = 0;
   const char* stack_top_ = nullptr;  // address of a local in run(): bounds the C++ stack used
