@@ -166,9 +166,10 @@ void ternary_rows_xm_portable(const uint32_t* words, const uint16_t* scales, int
 // ---- int8 activations (layout in kernels.h) ----
 
 // The q8 rounding every variant reproduces bit for bit: v = x * (127 / amax), round to nearest even.
-// |v| <= 127 (+1 ulp) so the result always fits int8; a NaN input quantises to 0 here (undefined anyway).
+// |v| <= 127 (+1 ulp), so adding and subtracting 1.5 * 2^23 rounds it exactly like nearbyint / cvtps2dq
+// (and, unlike a libm call, lets the loop vectorise). A NaN input quantises to 0 here (undefined anyway).
 inline int8_t q8_round(float v) {
-  const float r = std::nearbyint(v);
+  const float r = (v + 12582912.0f) - 12582912.0f;
   return (r >= -127.0f && r <= 127.0f) ? int8_t(r) : int8_t(0);
 }
 
@@ -180,37 +181,37 @@ void quantize_q8_portable(const float* x, int64_t K, int8_t* q, float* scale, in
     for (int e = 0; e < 128; ++e) amax = std::max(amax, std::fabs(xg[e]));
     const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
     scale[g] = amax / 127.0f;
-    const int64_t base = 256 * (g / 2), P = (g / 2 * 2 + 1 < G) ? 64 : 32;
+    int8_t nat[128];
+    for (int e = 0; e < 128; ++e) nat[e] = q8_round(xg[e] * inv);
     int32_t s = 0;
-    for (int64_t e = 128 * g; e < 128 * g + 128; ++e) {
-      const int64_t local = e - base;  // element 4p + t of its chunk
-      const int8_t v = q8_round(x[e] * inv);
-      q[base + (local & 3) * P + (local >> 2)] = v;
-      s += v;
-    }
+    for (int e = 0; e < 128; ++e) s += nat[e];
     sum[g] = s;
+    // Natural element 4p + t of the chunk -> plane t, byte p (layout in kernels.h).
+    const int64_t base = 256 * (g / 2), P = (g / 2 * 2 + 1 < G) ? 64 : 32, p0 = (g & 1) * 32;
+    for (int t = 0; t < 4; ++t)
+      for (int p = 0; p < 32; ++p) q[base + t * P + p0 + p] = nat[4 * p + t];
   }
 }
 
-// Exact integer dot of one row's codes with one quantised row, per group, then scaled in fp32:
-// y = sum_g float(sum_e code*q - sum_g q) * (d_g * s_g).
+// Exact integer sum (code - 1) * q of one group: 32 code bytes against the group's 4 planes (stride P).
+inline int32_t q8_group_dot(const uint8_t* cb, const int8_t* q0, int64_t P) {
+  int32_t s = 0;
+  for (int p = 0; p < 32; ++p) {  // a plain reduction: GCC vectorises it
+    const int b = cb[p];
+    s += (b & 3) * q0[p] + ((b >> 2) & 3) * q0[P + p] + ((b >> 4) & 3) * q0[2 * P + p] + (b >> 6) * q0[3 * P + p];
+  }
+  return s;
+}
+
+// y = sum_g float(sum_e code*q - sum_g q) * (d_g * s_g), groups in order, one fma each (the AVX-512 GEMM's
+// per-row arithmetic).
 float q8_row_dot(const uint8_t* wb, const uint16_t* sr, int64_t G, const int8_t* q, const float* qs,
                  const int32_t* qsum) {
   float total = 0.0f;
-  for (int64_t c = 0; 2 * c < G; ++c) {
-    const int64_t P = (2 * c + 1 < G) ? 64 : 32;
-    const uint8_t* cb = wb + 64 * c;
-    const int8_t* qc = q + 256 * c;
-    int32_t acc[2] = {0, 0};
-    for (int64_t p = 0; p < P; ++p) {
-      const int b = cb[p];
-      acc[p >> 5] += (b & 3) * qc[p] + ((b >> 2) & 3) * qc[P + p] + ((b >> 4) & 3) * qc[2 * P + p] +
-                     (b >> 6) * qc[3 * P + p];
-    }
-    for (int64_t h = 0; h < P / 32; ++h) {
-      const int64_t g = 2 * c + h;
-      total += float(acc[h] - qsum[g]) * (fp16_to_f32(sr[g]) * qs[g]);
-    }
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t c = g / 2, P = (2 * c + 1 < G) ? 64 : 32;
+    const int32_t i = q8_group_dot(wb + 32 * g, q + 256 * c + (g & 1) * 32, P) - qsum[g];
+    total = std::fma(float(i), fp16_to_f32(sr[g]) * qs[g], total);
   }
   return total;
 }
