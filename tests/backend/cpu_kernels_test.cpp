@@ -9,8 +9,11 @@
 //   q8 ternary rows vs the reference fed the DEquantised activation (s * q): 1e-5 (the kernel itself is
 //     exact integer arithmetic + fp32 scaling);
 //   q8 ternary rows vs the reference fed the original fp32 activation: every output within the rigorous
-//     bound sum_g |d_g| * (s_g / 2) * #(nonzero codes of the row in g) (+1e-5 relative), and the measured
-//     max relative error printed; for Gaussian activations it is ~4e-3, the test asserts < 1.5e-2.
+//     bound sum_g |d_g| * (s_g / 2) * #(nonzero codes of the row in g) (+1e-5 relative), and the max
+//     relative error < 1.5e-2 (measured ~1.1e-2 on the small odd shapes, where max |ref| is a small sample).
+//   At the 27B widths (Q8AtModelWidths, printed): RMS error / RMS output ~6.3e-3 and max rel err ~6e-3 for
+//     Gaussian activations, ~5.5e-3 for Hadamard-rotated activations with 40x outlier channels, ~2e-2 for
+//     the same outliers un-rotated; asserted <= 8e-3 / 8e-3 / 3e-2 (RMS) and 1.5e-2 / 1.5e-2 / 5e-2 (max).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -286,28 +289,40 @@ TEST(CpuKernelsDispatch, NamesAndSwitching) {
 #endif
 }
 
-// The q8 activation of a Hadamard-rotated site with LLM-like outlier channels: the rotation spreads the
-// outliers over the block, so per-group int8 keeps its accuracy. Prints the measured error.
-TEST(CpuKernelsAccuracy, Q8OnRotatedActivationWithOutliers) {
-  const int64_t N = 256, K = 5120, M = 4;
-  const auto W = random_ternary(N, K, 80, 0.0);
-  auto x = randn(size_t(M * K), 81);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t c : {7, 1500, 4000}) x[size_t(m * K + c)] *= 40.0f;  // a few massive channels
-  const auto s = random_signs(size_t(K), 82);
-  std::vector<float> want(size_t(M * N));
-  for (bool rotate : {false, true}) {
-    auto xr = x;
-    if (rotate) ref::hadamard_forward(xr.data(), M, K, s.data(), 1024);
-    ref::ternary_matmul(W.words.data(), W.scales.data(), N, K, xr.data(), M, want.data());
-    const auto xq = quantize_rows(*cpu::find_kernels("portable"), xr.data(), M, K);
-    auto got = poisoned(size_t(M * N));
-    cpu::portable_kernels().ternary_rows_q8_xm(W.words.data(), W.scales.data(), K, 0, N, xq.q.data(), xq.scale.data(),
-                                               xq.sum.data(), M, got.data(), N);
-    const double e = max_rel_err(got.data(), want.data(), got.size());
-    std::printf("    q8 vs fp32 truth, %s activation with 40x outlier channels: max rel err %.3g\n",
-                rotate ? "Hadamard-rotated" : "raw", e);
-    EXPECT_LE(e, rotate ? kQ8Bound : 5e-2);
+// The q8 cost at the 27B widths, through the active variant: max |err| / max |ref| and the RMS error
+// relative to the RMS output, for Gaussian activations, and for activations with LLM-like outlier
+// channels (40x) raw and after the site's Hadamard rotation (block 1024), which spreads the outliers over
+// the block so that per-group int8 keeps its accuracy. Prints the measured errors.
+TEST(CpuKernelsAccuracy, Q8AtModelWidths) {
+  const cpu::Kernels& k = cpu::kernels();
+  for (int64_t K : {5120, 6144, 17408}) {
+    const int64_t N = 256, M = 2, G = K / 128;
+    const auto W = random_ternary(N, K, 80 + uint32_t(K), 0.0);
+    const auto s = random_signs(size_t(K), 82);
+    for (int kind = 0; kind < 3; ++kind) {  // Gaussian, raw outliers, rotated outliers
+      auto x = randn(size_t(M * K), 81);
+      if (kind > 0)
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t c : {int64_t(7), K / 3, K - 100}) x[size_t(m * K + c)] *= 40.0f;
+      if (kind == 2) ref::hadamard_forward(x.data(), M, K, s.data(), 1024);
+      std::vector<float> want(size_t(M * N));
+      ref::ternary_matmul(W.words.data(), W.scales.data(), N, K, x.data(), M, want.data());
+      const auto xq = quantize_rows(k, x.data(), M, K);
+      auto got = poisoned(size_t(M * N));
+      for (int64_t m = 0; m < M; ++m)
+        k.ternary_rows_q8_x1(W.words.data(), W.scales.data(), K, 0, N, xq.q.data() + m * K, xq.scale.data() + m * G,
+                             xq.sum.data() + m * G, got.data() + m * N);
+      double se = 0, sy = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        se += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+        sy += double(want[i]) * want[i];
+      }
+      const double e = max_rel_err(got.data(), want.data(), got.size()), rms = std::sqrt(se / sy);
+      const char* what[] = {"Gaussian", "40x outliers, raw", "40x outliers, Hadamard-rotated"};
+      std::printf("    q8 %s K=%lld %-31s max rel err %.3g, rms rel err %.3g\n", k.name, (long long)K, what[kind], e, rms);
+      EXPECT_LE(e, kind == 1 ? 5e-2 : kQ8Bound);
+      EXPECT_LE(rms, kind == 1 ? 3e-2 : 8e-3);
+    }
   }
 }
 
