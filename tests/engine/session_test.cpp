@@ -1,0 +1,187 @@
+// Session, prefill planner, generation limits and the multi-turn append.
+#include <gtest/gtest.h>
+#include <gmock/gmock.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+
+#include "backend/cpu/cpu_backend.h"
+#include "engine/generate.h"
+#include "engine/session.h"
+#include "engine_test_util.h"
+#include "util/error.h"
+
+using namespace bonsai;
+using namespace bonsai::testing_support;
+using ::testing::HasSubstr;
+
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+std::vector<int64_t> ones(int n) { return std::vector<int64_t>(size_t(n), 1); }
+
+std::vector<int64_t> cat(std::vector<int64_t> a, const std::vector<int64_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+}  // namespace
+
+TEST(PrefillPlanner, LargestChunkThatLeavesTheLastToken) {
+  const std::vector<int64_t> c{64, 16};
+  // The spec's example: 125 tokens = 64 + 16 + 16 + 16 + 13 walked.
+  EXPECT_EQ(plan_prefill(125, c), cat({64, 16, 16, 16}, ones(13)));
+  EXPECT_EQ(plan_prefill(1, c), ones(1));
+  EXPECT_EQ(plan_prefill(16, c), ones(16));  // a chunk of 16 would leave nothing for the decode step
+  EXPECT_EQ(plan_prefill(17, c), cat({16}, ones(1)));
+  EXPECT_EQ(plan_prefill(65, c), cat({64}, ones(1)));
+  EXPECT_EQ(plan_prefill(64, c), cat({16, 16, 16}, ones(16)));
+  EXPECT_EQ(plan_prefill(200, c), cat({64, 64, 64}, ones(8)));
+  EXPECT_EQ(plan_prefill(5, {}), ones(5));
+  EXPECT_EQ(plan_prefill(40, std::vector<int64_t>{16}), cat({16, 16}, ones(8)));
+  EXPECT_TRUE(plan_prefill(0, c).empty());
+}
+
+TEST(Session, AppendingASecondTurnEqualsPrefillingTheConcatenation) {
+  CpuBackend cb;
+  Decoder dec(tiny_model("pq2"), cb);
+  const auto t1 = test_tokens(70, dec.vocab(), 21), t2 = test_tokens(27, dec.vocab(), 22);
+  std::vector<int32_t> both = t1;
+  both.insert(both.end(), t2.begin(), t2.end());
+  const size_t V = size_t(dec.vocab());
+
+  Session s1(dec), s2(dec);
+  s1.append(t1);
+  const std::span<const float> l1 = s1.append(t2);
+  const std::vector<float> last_two_turns(l1.begin(), l1.end());
+  const std::span<const float> l2 = s2.append(both);
+  const std::vector<float> last_concat(l2.begin(), l2.end());
+  EXPECT_EQ(s1.history(), both);
+  EXPECT_EQ(s2.history(), both);
+  EXPECT_EQ(s1.position(), int64_t(both.size()));
+  {
+    const auto s = compare("two turns vs concatenation (last logits)", last_concat, last_two_turns, int64_t(V));
+    EXPECT_LE(s.max_delta, 1e-3);
+    EXPECT_EQ(greedy_argmax(last_two_turns), greedy_argmax(last_concat));
+  }
+  // Every position of the second turn, teacher-forced.
+  Session s3(dec), s4(dec);
+  std::vector<float> all3(both.size() * V), all4(both.size() * V);
+  s3.append_all(t1, all3.data());
+  s3.append_all(t2, all3.data() + t1.size() * V);
+  s4.append_all(both, all4.data());
+  const auto s = compare("two turns vs concatenation (all positions)", all4, all3, int64_t(V));
+  EXPECT_LE(s.max_delta, 1e-3);
+  EXPECT_LE(s.mean_kl(), 1e-7);
+  EXPECT_EQ(s.agree, s.counted);
+}
+
+TEST(Session, ResetStartsOver) {
+  CpuBackend cb;
+  Decoder dec(tiny_model("pq2"), cb);
+  const auto t = test_tokens(20, dec.vocab(), 23);
+  Session s(dec);
+  s.append(t);
+  s.append(t);
+  EXPECT_EQ(s.position(), 40);
+  s.reset();
+  EXPECT_EQ(s.position(), 0);
+  EXPECT_TRUE(s.history().empty());
+  const std::span<const float> again = s.append(t);
+  Session fresh(dec);
+  const std::span<const float> want = fresh.append(t);
+  EXPECT_EQ(std::memcmp(again.data(), want.data(), want.size() * 4), 0);
+}
+
+TEST(Session, DefaultCapacityAndLimits) {
+  CpuBackend cb;
+  Decoder dec(tiny_model("pq2"), cb);
+  const int64_t ctx = dec.model().config.context_length;  // 8192 in the tiny preset
+  Session def(dec);
+  EXPECT_EQ(def.capacity(), std::min<int64_t>(ctx, Session::kDefaultCapacity));
+
+  SessionOptions o;
+  o.capacity = ctx + 1;
+  EXPECT_THAT(error_of([&] { Session s(dec, o); }), HasSubstr("exceeds the model's context length"));
+  o.capacity = -3;
+  EXPECT_THAT(error_of([&] { Session s(dec, o); }), HasSubstr("must be positive"));
+  o.capacity = 16;
+  o.chunks = {128};
+  EXPECT_THAT(error_of([&] { Session s(dec, o); }), HasSubstr("chunks must be in [1, 64]"));
+
+  // KV capacity below the prompt.
+  o.chunks = {64, 16};
+  Session small(dec, o);
+  const auto p20 = test_tokens(20, dec.vocab(), 24);
+  EXPECT_THAT(error_of([&] { small.append(p20); }), HasSubstr("does not fit the KV capacity of 16 positions"));
+  EXPECT_EQ(small.position(), 0);
+  // Token ids outside the vocabulary.
+  std::vector<int32_t> bad{1, 2, int32_t(dec.vocab())};
+  EXPECT_THAT(error_of([&] { small.append(bad); }), HasSubstr("outside the vocabulary"));
+  bad[2] = -1;
+  EXPECT_THAT(error_of([&] { small.append(bad); }), HasSubstr("is id -1, outside the vocabulary"));
+  EXPECT_THAT(error_of([&] { small.append(std::vector<int32_t>{}); }), HasSubstr("empty"));
+  // -n past the capacity: checked before anything runs.
+  GenerateOptions g;
+  g.max_new_tokens = 13;
+  const auto p4 = test_tokens(4, dec.vocab(), 25);
+  EXPECT_THAT(error_of([&] { generate(small, p4, g); }), HasSubstr("plus 13 more tokens needs 17 positions"));
+  EXPECT_EQ(small.position(), 0);
+  g.max_new_tokens = 12;
+  const GenerateResult r = generate(small, p4, g);
+  EXPECT_EQ(r.tokens.size(), 12u);
+  EXPECT_EQ(small.position(), 15);  // the last sampled token is not fed
+}
+
+TEST(Session, PromptLongerThanTheContext) {
+  // A model whose context is shorter than the default capacity: the session takes the context length,
+  // and a longer prompt is refused naming the context.
+  Model m = tiny_model("pq2");  // a copy
+  m.config.context_length = 32;
+  CpuBackend cb;
+  Decoder dec(m, cb);
+  Session s(dec);
+  EXPECT_EQ(s.capacity(), 32);
+  const auto p = test_tokens(33, dec.vocab(), 26);
+  EXPECT_THAT(error_of([&] { s.append(p); }), HasSubstr("longer than the model's context length of 32"));
+}
+
+TEST(Generate, GreedyIsDeterministicAndStopsOnStopIds) {
+  CpuBackend cb;
+  Decoder dec(tiny_model("pq2"), cb);
+  const auto p = test_tokens(9, dec.vocab(), 27);
+  GenerateOptions g;
+  g.max_new_tokens = 10;
+  Session s1(dec), s2(dec);
+  const GenerateResult a = generate(s1, p, g), b = generate(s2, p, g);
+  EXPECT_EQ(a.tokens, b.tokens);
+  ASSERT_EQ(a.tokens.size(), 10u);
+  EXPECT_FALSE(a.stopped);
+  EXPECT_EQ(a.stats.prompt_tokens, 9);
+  EXPECT_EQ(a.stats.decode_steps, 9);
+  EXPECT_GT(a.stats.decode_gb_s(), 0.0);
+  EXPECT_EQ(a.stats.weight_bytes_per_step, dec.model().decode_weight_bytes());
+  // Greedy tokens equal the argmax of a teacher-forced run over prompt + generated.
+  std::vector<int32_t> seq = p;
+  seq.insert(seq.end(), a.tokens.begin(), a.tokens.end() - 1);
+  const auto all = run_steps(dec, seq, walk(seq.size()));
+  const size_t V = size_t(dec.vocab());
+  for (size_t i = 0; i < a.tokens.size(); ++i)
+    EXPECT_EQ(a.tokens[i], greedy_argmax(std::span<const float>(all.data() + (p.size() - 1 + i) * V, V))) << i;
+  // Stop on the 4th token's id: generation ends at its first occurrence, which is emitted.
+  g.stop_ids = {a.tokens[3]};
+  const auto first = std::find(a.tokens.begin(), a.tokens.end(), a.tokens[3]);
+  Session s3(dec);
+  const GenerateResult c = generate(s3, p, g);
+  EXPECT_TRUE(c.stopped);
+  EXPECT_EQ(c.tokens, std::vector<int32_t>(a.tokens.begin(), first + 1));
+}
