@@ -1121,20 +1121,20 @@ bool t_callable(Interp&, const Value& v, CallArgs&) {
   return v.is_undefined() || (v.is_object() && v.obj->callable());
 }
 bool t_escaped(Interp&, const Value& v, CallArgs&) { return v.is_markup(); }
-bool t_lower(Interp&, const Value& v, CallArgs&) {
+bool t_lower(Interp&, const Value& v, CallArgs&) {  // str(v).islower()
   std::string s = to_str(v);
   bool cased = false;
   for (char32_t c : uni::decode(s)) {
-    if (uni::is_upper(c)) return false;
+    if (uni::is_upper(c) || uni::is_title(c)) return false;
     if (uni::is_lower(c)) cased = true;
   }
   return cased;
 }
-bool t_upper(Interp&, const Value& v, CallArgs&) {
+bool t_upper(Interp&, const Value& v, CallArgs&) {  // str(v).isupper()
   std::string s = to_str(v);
   bool cased = false;
   for (char32_t c : uni::decode(s)) {
-    if (uni::is_lower(c)) return false;
+    if (uni::is_lower(c) || uni::is_title(c)) return false;
     if (uni::is_upper(c)) cased = true;
   }
   return cased;
@@ -1802,7 +1802,8 @@ Value call_method(Interp& in, const Value& self, const std::string& name, CallAr
     }
     if (name == "isdigit" || name == "isnumeric" || name == "isdecimal") {
       bind(name.c_str(), a, {});
-      return Value::boolean(all_chars(s, uni::is_digit));
+      return Value::boolean(all_chars(s, name == "isdigit" ? uni::is_digit
+                                         : name == "isnumeric" ? uni::is_numeric : uni::is_decimal));
     }
     if (name == "isalpha") return bind("isalpha", a, {}), Value::boolean(all_chars(s, uni::is_alpha));
     if (name == "isalnum") return bind("isalnum", a, {}), Value::boolean(all_chars(s, uni::is_alnum));
@@ -1823,7 +1824,7 @@ Value call_method(Interp& in, const Value& self, const std::string& name, CallAr
       bind("istitle", a, {});
       bool prev_cased = false, any = false;
       for (char32_t c : uni::decode(s)) {
-        if (uni::is_upper(c)) {
+        if (uni::is_upper(c) || uni::is_title(c)) {
           if (prev_cased) return Value::boolean(false);
           prev_cased = true;
           any = true;

@@ -1,7 +1,6 @@
-// Internal Unicode helpers for the template interpreter: UTF-8 <-> code points and the slices of
-// Python's str semantics (isspace, case mapping, printability) that chat templates touch.
-// Case mapping covers ASCII, Latin-1, Latin Extended-A/Additional, Greek, Cyrillic, Armenian and
-// fullwidth Latin; other scripts map to themselves (documented limitation).
+// Internal Unicode helpers for the template interpreter: UTF-8 <-> code points and Python's str
+// semantics (isspace/isalpha/..., full case mapping with final sigma, printability), from tables
+// generated out of Python's unicodedata (unicode_tables.inc).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -21,26 +20,26 @@ char32_t prev_cp(std::string_view s, size_t& pos);
 size_t length(std::string_view s);
 bool is_ascii(std::string_view s);
 
-// Python str.isspace() for one code point (also what `\s` matches in Python's re).
-bool is_space(char32_t c);
-// Python str.splitlines() line boundaries.
-bool is_linebreak(char32_t c);
-// Python str.isprintable() approximation (for repr()).
-bool is_printable(char32_t c);
-bool is_digit(char32_t c);    // str.isdigit (ASCII + common decimal digit blocks)
-bool is_alpha(char32_t c);    // str.isalpha approximation
+// Python's str predicates for one code point (tables generated from Python's unicodedata).
+bool is_space(char32_t c);      // str.isspace (also what `\s` matches in Python's re)
+bool is_linebreak(char32_t c);  // str.splitlines() boundaries
+bool is_printable(char32_t c);  // str.isprintable (repr() escapes the rest)
+bool is_digit(char32_t c);
+bool is_decimal(char32_t c);
+bool is_numeric(char32_t c);
+bool is_alpha(char32_t c);
 bool is_alnum(char32_t c);
-bool is_word(char32_t c);     // regex \w approximation
+bool is_word(char32_t c);  // regex \w
+bool is_cased(char32_t c);
+bool is_case_ignorable(char32_t c);
+bool is_upper(char32_t c);
+bool is_lower(char32_t c);
+bool is_title(char32_t c);  // titlecase letter (Lt)
 
-// Full case mapping (may produce more than one code point, e.g. U+00DF -> "SS").
+// Full case mapping (may produce several code points, e.g. U+00DF -> "SS").
 void to_upper(char32_t c, std::u32string& out);
 void to_lower(char32_t c, std::u32string& out);
 void to_title(char32_t c, std::u32string& out);
-char32_t simple_upper(char32_t c);
-char32_t simple_lower(char32_t c);
-bool is_cased(char32_t c);
-bool is_upper(char32_t c);
-bool is_lower(char32_t c);
 
 // Python str methods on whole strings.
 std::string upper(std::string_view s);
