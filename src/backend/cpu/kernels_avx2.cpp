@@ -323,50 +323,94 @@ TGT void ternary_rows_q8_x1_avx2(const uint32_t* words, const uint16_t* scales, 
   for (; n < n1; ++n) q8_rows_x1<1>(wb + n * rb, rb, scales + n * G, G, q, qscale, qsum, y + (n - n0));
 }
 
-// q8 GEMM tile: R rows' code planes of one group in registers, reused by every activation row m.
-template <int R>
-TGT_INLINE void q8_rows_xm(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_t K, const int8_t* q,
-                           const float* qs, const int32_t* qsum, int64_t M, float* y, int64_t ldy) {
+// q8 GEMM tile, 8 rows per int32 lane set: the 32 code bytes of one group of 8 rows are transposed
+// (8 x 8 dwords) so that lane r of T[k] holds row r's code bytes 4k..4k+3; each of its planes multiplies
+// the activation plane's bytes 4k..4k+3 broadcast to all lanes, and a lane accumulates a row's whole
+// group: the fp32 scaling costs 4 ops per 8 dwords x 4 planes (as in the AVX-512 variant). The decoded
+// planes (1 KB) are reused by every activation row m. Row tails (nr < 8) run the same code with zero
+// lanes, so results do not depend on where the thread pool cuts the rows.
+TGT_INLINE void transpose8x8(__m256i a[8]) {
+  __m256i t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_epi32(a[2 * i], a[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_epi32(a[2 * i], a[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {  // u[4i + j] lane L: rows 4i..4i+3, element 4L + j
+    u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int j = 0; j < 4; ++j) {
+    a[j] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x20);
+    a[4 + j] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x31);
+  }
+}
+
+TGT_INLINE __m256i bcast32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+template <int MB>
+TGT_INLINE void gemm8_group(const __m256i (*pl)[4], const int8_t* q, int64_t P, int64_t K, const float* qs,
+                            const int32_t* qsum, int64_t G, __m256 d, __m256* facc) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i acc[MB];
+  for (int mb = 0; mb < MB; ++mb) acc[mb] = _mm256_set1_epi32(-qsum[mb * G]);
+  for (int k = 0; k < 8; ++k) {
+    const __m256i p0 = pl[k][0], p1 = pl[k][1], p2 = pl[k][2], p3 = pl[k][3];
+    for (int mb = 0; mb < MB; ++mb) {
+      const int8_t* qq = q + mb * K + 4 * k;
+      const __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(p0, bcast32(qq)), _mm256_maddubs_epi16(p1, bcast32(qq + P)));
+      const __m256i s23 =
+          _mm256_add_epi16(_mm256_maddubs_epi16(p2, bcast32(qq + 2 * P)), _mm256_maddubs_epi16(p3, bcast32(qq + 3 * P)));
+      acc[mb] = _mm256_add_epi32(acc[mb], _mm256_madd_epi16(_mm256_add_epi16(s01, s23), ones));
+    }
+  }
+  for (int mb = 0; mb < MB; ++mb)
+    facc[mb] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[mb]), _mm256_mul_ps(d, _mm256_set1_ps(qs[mb * G])), facc[mb]);
+}
+
+TGT void q8_rows8_xm(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_t K, const int8_t* q, const float* qs,
+                     const int32_t* qsum, int64_t M, float* y, int64_t ldy, int nr) {
   const int64_t G = K / 128;
-  constexpr int kMT = 32;
-  __m256 facc[kMT][R];
-  const __m256i m3 = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
+  constexpr int kMT = 64;
+  alignas(32) __m256i pl[8][4];
+  alignas(32) __m256 facc[kMT];
+  const __m256i m3 = _mm256_set1_epi8(3);
   for (int64_t m0 = 0; m0 < M; m0 += kMT) {
     const int64_t mc = std::min<int64_t>(kMT, M - m0);
-    for (int64_t m = 0; m < mc; ++m)
-      for (int r = 0; r < R; ++r) facc[m][r] = _mm256_setzero_ps();
+    for (int64_t m = 0; m < mc; ++m) facc[m] = _mm256_setzero_ps();
     for (int64_t g = 0; g < G; ++g) {
-      __m256i c[R][4];
-      float d[R];
-      for (int r = 0; r < R; ++r) {
-        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0 + r * rb + 32 * g));
-        c[r][0] = _mm256_and_si256(w, m3);
-        c[r][1] = _mm256_and_si256(_mm256_srli_epi16(w, 2), m3);
-        c[r][2] = _mm256_and_si256(_mm256_srli_epi16(w, 4), m3);
-        c[r][3] = _mm256_and_si256(_mm256_srli_epi16(w, 6), m3);
-        d[r] = fp16_to_f32(s0[r * G + g]);
+      __m256i a[8];
+      alignas(32) float dr[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int r = 0; r < 8; ++r) {
+        a[r] = r < nr ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0 + r * rb + 32 * g)) : _mm256_setzero_si256();
+        if (r < nr) dr[r] = fp16_to_f32(s0[r * G + g]);
       }
+      transpose8x8(a);
+      for (int k = 0; k < 8; ++k) {
+        pl[k][0] = _mm256_and_si256(a[k], m3);
+        pl[k][1] = _mm256_and_si256(_mm256_srli_epi16(a[k], 2), m3);
+        pl[k][2] = _mm256_and_si256(_mm256_srli_epi16(a[k], 4), m3);
+        pl[k][3] = _mm256_and_si256(_mm256_srli_epi16(a[k], 6), m3);
+      }
+      const __m256 d = _mm256_load_ps(dr);
       int64_t P;
-      const int8_t* qg0 = group_q(q, G, g, &P);
-      for (int64_t m = 0; m < mc; ++m) {
-        const int64_t mm = m0 + m;
-        const int8_t* qg = qg0 + mm * K;
-        const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg));
-        const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + P));
-        const __m256i x2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + 2 * P));
-        const __m256i x3 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + 3 * P));
-        const __m256i ns = _mm256_castsi128_si256(_mm_cvtsi32_si128(qsum[mm * G + g]));
-        const float sm = qs[mm * G + g];
-        for (int r = 0; r < R; ++r) {
-          const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(c[r][0], x0), _mm256_maddubs_epi16(c[r][1], x1));
-          const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(c[r][2], x2), _mm256_maddubs_epi16(c[r][3], x3));
-          const __m256i i32 = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_add_epi16(p01, p23), ones), ns);
-          facc[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_set1_ps(d[r] * sm), facc[m][r]);
-        }
-      }
+      const int8_t* qg = group_q(q, G, g, &P);
+      int64_t m = 0;
+      for (; m + 2 <= mc; m += 2)
+        gemm8_group<2>(pl, qg + (m0 + m) * K, P, K, qs + (m0 + m) * G + g, qsum + (m0 + m) * G + g, G, d, facc + m);
+      for (; m < mc; ++m)
+        gemm8_group<1>(pl, qg + (m0 + m) * K, P, K, qs + (m0 + m) * G + g, qsum + (m0 + m) * G + g, G, d, facc + m);
     }
-    for (int64_t m = 0; m < mc; ++m)
-      for (int r = 0; r < R; ++r) y[(m0 + m) * ldy + r] = hsum8(facc[m][r]);
+    for (int64_t m = 0; m < mc; ++m) {
+      alignas(32) float out[8];
+      _mm256_store_ps(out, facc[m]);
+      std::memcpy(y + (m0 + m) * ldy, out, sizeof(float) * size_t(nr));
+    }
   }
 }
 
@@ -375,10 +419,9 @@ TGT void ternary_rows_q8_xm_avx2(const uint32_t* words, const uint16_t* scales, 
                                  int64_t ldy) {
   const int64_t G = K / 128, rb = K / 4;
   const uint8_t* wb = reinterpret_cast<const uint8_t*>(words);
-  int64_t n = n0;
-  for (; n + 2 <= n1; n += 2)
-    q8_rows_xm<2>(wb + n * rb, rb, scales + n * G, K, q, qscale, qsum, M, y + (n - n0), ldy);
-  for (; n < n1; ++n) q8_rows_xm<1>(wb + n * rb, rb, scales + n * G, K, q, qscale, qsum, M, y + (n - n0), ldy);
+  for (int64_t n = n0; n < n1; n += 8)
+    q8_rows8_xm(wb + n * rb, rb, scales + n * G, K, q, qscale, qsum, M, y + (n - n0), ldy,
+                int(std::min<int64_t>(8, n1 - n)));
 }
 
 }  // namespace
