@@ -988,22 +988,21 @@ Value f_title(Interp&, const Value& v, CallArgs& a) {
   bind("title", a, {});
   Value s = soft_str(v);
   // jinja2: re.split(r"([-\s({\[<]+)") and upper-case the first letter of every piece.
-  U32 u = uni::decode(s.s), out;
+  U32 u = uni::decode(s.s);
+  std::string out;
   auto is_sep = [](char32_t c) { return c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || uni::is_space(c); };
   size_t i = 0;
   while (i < u.size()) {
     size_t j = i;
     bool sep = is_sep(u[i]);
     while (j < u.size() && is_sep(u[j]) == sep) ++j;
-    for (size_t k = i; k < j; ++k) {
-      if (k == i)
-        uni::to_upper(u[k], out);
-      else
-        uni::to_lower(u[k], out);
-    }
+    U32 first;
+    uni::to_upper(u[i], first);
+    out += uni::encode(first);
+    out += uni::lower(uni::encode(U32(u.substr(i + 1, j - i - 1))));  // item[1:].lower(): own sigma context
     i = j;
   }
-  return Value::string(uni::encode(out), s.flag);
+  return Value::string(std::move(out), s.flag);
 }
 
 Value f_tojson(Interp&, const Value& v, CallArgs& a) {
