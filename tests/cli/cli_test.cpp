@@ -1,0 +1,180 @@
+// `bonsai run` and `bonsai gate` through the built binary (BONSAI_BINARY) on the tiny pack: outputs,
+// exit codes, and that every limit is a clear error with a non-zero exit.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "backend/cpu/cpu_backend.h"
+#include "engine/generate.h"
+#include "../engine/ref_fixture.h"
+
+using namespace bonsai;
+using namespace bonsai::testing_support;
+using ::testing::HasSubstr;
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out;  // stdout and stderr
+};
+
+Result bonsai_cli(const std::string& args) {
+  Result r;
+  const std::string cmd = std::string(BONSAI_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int st = pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::string q(const std::string& s) { return "'" + s + "'"; }  // no quotes in our paths / prompts
+
+std::string ids(const std::vector<int32_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+std::vector<int32_t> parse_tokens_line(const std::string& out) {
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("tokens: ", 0) == 0) {
+      std::istringstream l(line.substr(8));
+      std::vector<int32_t> v;
+      int32_t x;
+      while (l >> x) v.push_back(x);
+      return v;
+    }
+  return {};
+}
+
+}  // namespace
+
+TEST(CliRun, GreedyTokensMatchTheLibraryAndPrintTheFooter) {
+  const auto prompt = test_tokens(5, tiny_model("pq2").config.vocab, 41);
+  const Result r = bonsai_cli("run -m " + q(tiny_packs().pq2) + " --tokens " + ids(prompt) + " -n 6 --threads 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  CpuBackend cb;
+  Decoder dec(tiny_model("pq2"), cb);
+  Session s(dec);
+  GenerateOptions g;
+  g.max_new_tokens = 6;
+  EXPECT_EQ(parse_tokens_line(r.out), generate(s, prompt, g).tokens) << r.out;
+  for (const char* f : {"prompt 5 tokens", "prefill", "tok/s", "decode 5 tokens", "ms/token", "GB/s", "MB weights"})
+    EXPECT_THAT(r.out, HasSubstr(f));
+  EXPECT_THAT(r.out, HasSubstr("text: "));  // the tiny pack has a tokenizer
+}
+
+TEST(CliRun, RefBackendGivesTheSameGreedyTokens) {
+  const std::string base = "run -m " + q(tiny_packs().mlx) + " --tokens 10,20,30 -n 3 --backend ";
+  const Result a = bonsai_cli(base + "cpu"), b = bonsai_cli(base + "ref");
+  ASSERT_EQ(a.code, 0) << a.out;
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_EQ(parse_tokens_line(a.out), parse_tokens_line(b.out));
+  EXPECT_EQ(parse_tokens_line(a.out).size(), 3u);
+}
+
+TEST(CliRun, PromptTextAndJson) {
+  const Result r = bonsai_cli("run -m " + q(tiny_packs().ptq1) + " -p " + q("The capital of France is") + " -n 4 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  const Pack pack = open_pack(tiny_packs().ptq1);
+  EXPECT_EQ(j["prompt_tokens"].get<std::vector<int32_t>>(), load_pack_tokenizer(pack)->encode("The capital of France is"));
+  EXPECT_EQ(j["tokens"].size(), 4u);
+  EXPECT_TRUE(j["text"].is_string());
+  EXPECT_EQ(j["backend"], "cpu");
+  EXPECT_EQ(j["stats"]["decode_steps"], 3);
+  EXPECT_GT(j["stats"]["decode_tok_s"].get<double>(), 0.0);
+  EXPECT_GT(j["stats"]["decode_gb_s"].get<double>(), 0.0);
+  EXPECT_EQ(j["stats"]["weight_bytes_per_token"].get<uint64_t>(), tiny_model("pq2").decode_weight_bytes());
+}
+
+TEST(CliRun, SamplingIsDeterministicGivenTheSeed) {
+  const std::string base =
+      "run -m " + q(tiny_packs().pq2) + " --tokens 5,6,7 -n 12 --temp 0.9 --top-k 40 --top-p 0.95 --min-p 0.02 "
+      "--repeat-penalty 1.1 --seed ";
+  const Result a = bonsai_cli(base + "123"), b = bonsai_cli(base + "123");
+  ASSERT_EQ(a.code, 0) << a.out;
+  EXPECT_EQ(parse_tokens_line(a.out), parse_tokens_line(b.out));
+  EXPECT_EQ(parse_tokens_line(a.out).size(), 12u);
+}
+
+TEST(CliRun, LimitsAreClearErrors) {
+  const std::string m = "run -m " + q(tiny_packs().pq2) + " ";
+  const int64_t ctx = tiny_model("pq2").config.context_length;  // 8192
+  struct Case {
+    std::string args, message;
+  };
+  const std::vector<Case> cases{
+      {"--tokens " + ids(test_tokens(ctx + 1, 100, 42)) + " -n 1",
+       "longer than the model's context length of " + std::to_string(ctx)},
+      {"--tokens " + ids(test_tokens(20, 100, 43)) + " -n 1 --ctx 16", "does not fit the KV capacity of 16 positions"},
+      {"--tokens 1,2,3,4 -n 20 --ctx 16", "plus 20 more tokens needs 24 positions, past the KV capacity of 16"},
+      {"--tokens 1,2,3,4 -n " + std::to_string(ctx), "past the KV capacity of 4096"},
+      {"--tokens 1,99999,3 -n 2", "prompt token 1 is id 99999, outside the vocabulary"},
+      {"--tokens 1,-2 -n 2", "is id -2, outside the vocabulary"},
+      {"--tokens 1,2 -n 2 --ctx " + std::to_string(ctx + 1), "exceeds the model's context length"},
+      {"--tokens 1,x,3 -n 2", "'x' (item 1) is not an integer token id"},
+      {"--tokens 1,,3 -n 2", "empty entry"},
+      {"--tokens 1,2 -n 2 --backend gpu", "unknown backend 'gpu'"},
+      {"--tokens 1,2 -n 2 --top-p 2", "--top-p must be in [0, 1]"},
+      {"-n 2", "give exactly one of --tokens and -p/--prompt"},
+      {"--tokens 1,2 -p hi -n 2", "excludes"},
+  };
+  for (const Case& c : cases) {
+    const Result r = bonsai_cli(m + c.args);
+    EXPECT_NE(r.code, 0) << c.args.substr(0, 80);
+    EXPECT_THAT(r.out, HasSubstr(c.message)) << c.args.substr(0, 80);
+  }
+  const Result missing = bonsai_cli("run -m /nonexistent/pack.gguf --tokens 1 -n 1");
+  EXPECT_NE(missing.code, 0);
+  EXPECT_THAT(missing.out, HasSubstr("/nonexistent/pack.gguf"));
+}
+
+TEST(CliGate, PassesAgainstTheRefFixtureAndFailsWithExit3) {
+  const std::string fixture = ref_fixture_path();
+  const std::string base = "gate -m " + q(tiny_packs().pq2) + " --fixture " + q(fixture) + " ";
+  for (const char* chunk : {"auto", "1", "16", "64"}) {
+    const Result r = bonsai_cli(base + "--max-delta 1e-3 --max-kl 1e-7 --chunk " + chunk);
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_THAT(r.out, HasSubstr("PASS"));
+    EXPECT_THAT(r.out, HasSubstr("overall"));
+    EXPECT_THAT(r.out, HasSubstr("random"));
+  }
+  // The MLX folder gives the same verdict.
+  EXPECT_EQ(bonsai_cli("gate -m " + q(tiny_packs().mlx) + " --fixture " + q(fixture) + " --max-delta 1e-3").code, 0);
+  // A bound no fp32 path meets: exit 3.
+  const Result tight = bonsai_cli(base + "--max-delta 1e-9");
+  EXPECT_EQ(tight.code, 3) << tight.out;
+  EXPECT_THAT(tight.out, HasSubstr("FAIL: max |delta logit|"));
+  // A corrupted fixture (one reference argmax moved): exit 3 even without bounds.
+  GateFixture fx = read_gate_fixture(fixture);
+  float* row = fx.prompts[0].logits.data() + 4 * fx.vocab;
+  const int32_t top = greedy_argmax(std::span<const float>(row, size_t(fx.vocab)));
+  row[(top + 7) % fx.vocab] = row[top] + 2.0f;
+  const std::string bad = tiny_packs().dir + "/corrupted_" + std::to_string(getpid()) + ".safetensors";
+  write_gate_fixture(bad, fx);
+  const Result c = bonsai_cli("gate -m " + q(tiny_packs().pq2) + " --fixture " + q(bad) + " --json");
+  EXPECT_EQ(c.code, 3) << c.out;
+  const auto j = nlohmann::json::parse(c.out);
+  EXPECT_FALSE(j["pass"].get<bool>());
+  EXPECT_EQ(j["overall"]["agree"].get<int64_t>() + 1, j["overall"]["counted"].get<int64_t>());
+  // Usage errors are not gate failures.
+  const Result chunk = bonsai_cli(base + "--chunk 32");
+  EXPECT_EQ(chunk.code, 1);
+  EXPECT_THAT(chunk.out, HasSubstr("--chunk must be auto, 1, 16 or 64"));
+  const Result nofile = bonsai_cli("gate -m " + q(tiny_packs().pq2) + " --fixture /nonexistent.safetensors");
+  EXPECT_EQ(nofile.code, 1);
+  EXPECT_THAT(nofile.out, HasSubstr("/nonexistent.safetensors"));
+}
