@@ -1,4 +1,4 @@
-// bonsai run -m PACK (--tokens 1,2,3 | -p TEXT) -n N [sampling] [--ctx --threads --backend] [--json]
+// bonsai run -m PACK (--tokens 1,2,3 | -p TEXT) -n N [sampling] [--ctx --threads --backend] [--ignore-eos] [--json]
 //
 // One-shot raw completion (no chat template): prefill the prompt, generate up to N tokens (greedy by
 // default), print the generated ids, the decoded text when the pack has a tokenizer, then a footer:
@@ -35,6 +35,7 @@ struct RunArgs {
   int threads = 0;
   std::string backend = "cpu";
   bool json = false;
+  bool ignore_eos = false;
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -99,7 +100,7 @@ void run(const RunArgs& a) {
   GenerateOptions go;
   go.max_new_tokens = a.n;
   go.sampling = a.sampling;
-  if (tok) go.stop_ids = tok->vocab().stop_ids();
+  if (tok && !a.ignore_eos) go.stop_ids = tok->vocab().stop_ids();
   const GenerateResult r = generate(session, prompt, go);
 
   std::string text;
@@ -172,6 +173,7 @@ void register_run(CLI::App& app) {
   cmd->add_option("--ctx", a->ctx, "KV capacity in tokens (0: min(context length, 4096))")->capture_default_str();
   cmd->add_option("--threads", a->threads, "CPU threads (0: all)")->capture_default_str();
   cmd->add_option("--backend", a->backend, "ref (fp64 reference, slow) or cpu")->capture_default_str();
+  cmd->add_flag("--ignore-eos", a->ignore_eos, "Do not stop on the pack's stop ids (benchmarking)");
   cmd->add_flag("--json", a->json, "Print JSON");
   cmd->callback([a] { run(*a); });
 }

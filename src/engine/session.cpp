@@ -6,15 +6,19 @@
 
 namespace bonsai {
 
+int64_t next_prefill_step(int64_t left, std::span<const int64_t> chunks) {
+  for (int64_t c : chunks)
+    if (c > 1 && left - c >= 1) return c;
+  return left > 0 ? 1 : 0;
+}
+
 std::vector<int64_t> plan_prefill(int64_t n, std::span<const int64_t> chunks) {
   std::vector<int64_t> steps;
-  int64_t left = n;
-  for (int64_t c : chunks)
-    while (c > 1 && left - c >= 1) {
-      steps.push_back(c);
-      left -= c;
-    }
-  for (; left > 0; --left) steps.push_back(1);
+  for (int64_t left = n; left > 0;) {
+    const int64_t m = next_prefill_step(left, chunks);
+    steps.push_back(m);
+    left -= m;
+  }
   return steps;
 }
 
@@ -56,27 +60,27 @@ void Session::check_append(std::span<const int32_t> tokens, const char* what, in
 
 std::span<const float> Session::append(std::span<const int32_t> tokens) {
   check_append(tokens);
-  const std::vector<int64_t> steps = plan_prefill(int64_t(tokens.size()), opt_.chunks);
-  size_t off = 0;
-  for (size_t i = 0; i < steps.size(); ++i) {
-    const bool last = i + 1 == steps.size();
-    dec_->forward(state_, tokens.data() + off, steps[i], last ? LogitsMode::Last : LogitsMode::None,
+  const int64_t n = int64_t(tokens.size());
+  for (int64_t off = 0; off < n;) {  // the planner, step by step (no allocation on the decode path)
+    const int64_t m = next_prefill_step(n - off, opt_.chunks);
+    const bool last = off + m == n;
+    dec_->forward(state_, tokens.data() + off, m, last ? LogitsMode::Last : LogitsMode::None,
                   last ? logits_.data() : nullptr);
-    history_.insert(history_.end(), tokens.begin() + ptrdiff_t(off), tokens.begin() + ptrdiff_t(off + size_t(steps[i])));
-    off += size_t(steps[i]);
+    history_.insert(history_.end(), tokens.begin() + off, tokens.begin() + off + m);
+    off += m;
   }
   return logits_;
 }
 
 void Session::append_all(std::span<const int32_t> tokens, float* logits) {
   check_append(tokens);
-  const std::vector<int64_t> steps = plan_prefill(int64_t(tokens.size()), opt_.chunks);
+  const int64_t n = int64_t(tokens.size());
   const size_t V = size_t(dec_->vocab());
-  size_t off = 0;
-  for (int64_t m : steps) {
-    dec_->forward(state_, tokens.data() + off, m, LogitsMode::All, logits + off * V);
-    history_.insert(history_.end(), tokens.begin() + ptrdiff_t(off), tokens.begin() + ptrdiff_t(off + size_t(m)));
-    off += size_t(m);
+  for (int64_t off = 0; off < n;) {
+    const int64_t m = next_prefill_step(n - off, opt_.chunks);
+    dec_->forward(state_, tokens.data() + off, m, LogitsMode::All, logits + size_t(off) * V);
+    history_.insert(history_.end(), tokens.begin() + off, tokens.begin() + off + m);
+    off += m;
   }
 }
 

@@ -23,8 +23,10 @@ struct SessionOptions {
   std::vector<int64_t> chunks{64, 16};
 };
 
-// Step sizes (summing to n) in which n tokens are fed: greedily the largest chunk c with c <= remaining - 1,
-// then steps of 1. chunks: largest first.
+// The next step when `left` tokens remain: the first (= largest) chunk c of `chunks` (largest first) with
+// c <= left - 1, else 1 (0 when nothing is left).
+int64_t next_prefill_step(int64_t left, std::span<const int64_t> chunks);
+// Every step size (summing to n) in which n tokens are fed.
 std::vector<int64_t> plan_prefill(int64_t n, std::span<const int64_t> chunks);
 
 class Session {
