@@ -513,6 +513,18 @@ void CudaBackend::prepare(const Model& m) {
 }
 
 void CudaBackend::prepare_matrix(const TernaryMatrix& w) { p_->upload_matrix(w); }
+
+void CudaBackend::release_matrix(const TernaryMatrix& w) {
+  Impl& I = *p_;
+  auto it = I.mats.find(&w);
+  if (it == I.mats.end()) return;
+  I.sync();
+  void* base = const_cast<uint32_t*>(it->second.words);
+  I.owned.erase(std::remove(I.owned.begin(), I.owned.end(), base), I.owned.end());
+  I.st.weight_bytes -= w.bytes();
+  cudaFree(base);
+  I.mats.erase(it);
+}
 void CudaBackend::upload_constant(const void* host, size_t bytes) { p_->upload_const(host, bytes); }
 
 // ---- memory ---------------------------------------------------------------------------------------
@@ -918,6 +930,14 @@ int64_t CudaBackend::argmax(const float* x, int64_t n) {
 }
 
 void CudaBackend::synchronize() { p_->sync(); }
+
+void CudaBackend::set_options(const Options& o) {
+  p_->sync();
+  const int dev = p_->opt.device;
+  p_->opt = o;
+  p_->opt.device = dev;
+}
+CudaBackend::Options CudaBackend::options() const { return p_->opt; }
 
 CudaBackend::Stats CudaBackend::stats() const { return p_->st; }
 std::string CudaBackend::device_name() const { return p_->prop.name; }

@@ -86,8 +86,13 @@ class CudaBackend final : public Backend {
   int64_t argmax(const float* x, int64_t n);
   // Ends the current step (launches a pending graph) and waits for the stream.
   void synchronize();
+  // Switches graphs / pdl / fuse / tensor_cores between calls (the device cannot change).
+  void set_options(const Options& o);
+  Options options() const;
   // Uploads one ternary matrix (prepare() does this for every matrix of a model); idempotent.
   void prepare_matrix(const TernaryMatrix& w);
+  // Frees the device copy of w (before w is destroyed, when its address could be reused).
+  void release_matrix(const TernaryMatrix& w);
   // Device copy of host bytes, found again by the host address (what prepare() does for norm gains,
   // taps, signs, ...); for op tests that pass canonical host pointers. Idempotent per address.
   void upload_constant(const void* host, size_t bytes);

@@ -1,0 +1,217 @@
+// Device measurements for docs/cuda-kernels.md, as gtest cases that run only when asked:
+//   BONSAI_CUDA_BENCH=1 test_cuda --gtest_filter='CudaBench.*'
+//   BONSAI_27B_PACK=<27b-pq2_0.gguf>  (bonsai make-pack --preset 27b) for the whole-model numbers
+//   BONSAI_BENCH_OUT=<dir>            where bench_*.txt result lines are appended
+// Numbers: streaming-read probe (GB/s), one ternary kernel per 27B shape (us, GB/s, % of the probe),
+// 27b decode tok/s at batch 1 (graphs on/off), pp2048 prefill tok/s, device memory.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "cuda_test_util.h"
+#include "model/forward.h"
+#include "model/pack.h"
+
+namespace bonsai {
+namespace {
+
+bool bench_enabled() {
+  const char* e = std::getenv("BONSAI_CUDA_BENCH");
+  return e && std::string(e) == "1";
+}
+
+void report(const std::string& file, const std::string& line) {
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+  if (const char* d = std::getenv("BONSAI_BENCH_OUT")) std::ofstream(std::string(d) + "/" + file, std::ios::app) << line << "\n";
+}
+
+double probe_gbs() {
+  static double gbs = 0;
+  if (gbs == 0) gbs = cudatest::gpu().probe_read_gbs(8ull << 30, 10);
+  return gbs;
+}
+
+// Fast random canonical words: one 64-bit draw gives 4 bytes of 4 codes in {0, 1, 2}.
+void fill_matrix(TernaryMatrix& t, int64_t N, int64_t K, uint64_t seed) {
+  uint8_t table[81];
+  int i = 0;
+  for (int a = 0; a < 3; ++a)
+    for (int b = 0; b < 3; ++b)
+      for (int c = 0; c < 3; ++c)
+        for (int d = 0; d < 3; ++d) table[i++] = uint8_t(a | b << 2 | c << 4 | d << 6);
+  t.rows = N;
+  t.cols = K;
+  t.name = "bench." + std::to_string(N) + "x" + std::to_string(K);
+  t.words.resize(size_t(N * K / 16));
+  t.scales.resize(size_t(N * K / 128));
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& w : t.words) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    uint32_t v = 0;
+    for (int k = 0; k < 4; ++k) v |= uint32_t(table[((s >> (16 * k)) & 0xffff) * 81 >> 16]) << (8 * k);
+    w = v;
+  }
+  for (size_t j = 0; j < t.scales.size(); ++j) t.scales[j] = f32_to_fp16(0.004f + 0.02f * float(j % 97) / 97.f);
+}
+
+TEST(CudaBench, ProbeAndTernaryKernels) {
+  BONSAI_REQUIRE_GPU();
+  if (!bench_enabled()) GTEST_SKIP() << "set BONSAI_CUDA_BENCH=1";
+  CudaBackend& be = cudatest::gpu();
+  const double probe = probe_gbs();
+  report("bench_kernels.txt", "device " + be.device_name() + ", " + std::to_string(be.sm_count()) + " SMs");
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "probe: streaming read of 8 GiB: %.0f GB/s", probe);
+  report("bench_kernels.txt", buf);
+
+  struct Shape {
+    const char* name;
+    int64_t K;
+    std::vector<int64_t> N;
+    int64_t M;
+  };
+  const std::vector<Shape> shapes = {
+      {"ffn_gate", 5120, {17408}, 1},       {"gdn_qkv", 5120, {10240}, 1},        {"attn_q", 5120, {12288}, 1},
+      {"gdn_z", 5120, {6144}, 1},           {"attn_k", 5120, {1024}, 1},          {"gdn_out", 6144, {5120}, 1},
+      {"ffn_down", 17408, {5120}, 1},       {"head", 5120, {248320}, 1},          {"attn_o", 6144, {5120}, 1},
+      {"gate+up", 5120, {17408, 17408}, 1}, {"qkv+z", 5120, {10240, 6144}, 1},    {"q+k+v", 5120, {12288, 1024, 1024}, 1},
+      {"gate+up M64", 5120, {17408, 17408}, 64}, {"down M64", 17408, {5120}, 64}, {"gate+up M256", 5120, {17408, 17408}, 256},
+      {"down M256", 17408, {5120}, 256},    {"gate+up M4", 5120, {17408, 17408}, 4}, {"down M4", 17408, {5120}, 4},
+  };
+  report("bench_kernels.txt", "shape            M    K      N(s)                 MB/launch   us      GB/s   %probe  TOP/s");
+  for (const Shape& sh : shapes) {
+    uint64_t bytes = 0;
+    for (int64_t N : sh.N) bytes += uint64_t(N * sh.K / 4 + N * sh.K / 128 * 2);
+    const int copies = int(std::max<uint64_t>(2, std::min<uint64_t>(64, (1ull << 29) / bytes + 1)));
+    std::deque<TernaryMatrix> mats;
+    TernaryMatrix proto[3];
+    for (size_t j = 0; j < sh.N.size(); ++j) fill_matrix(proto[j], sh.N[j], sh.K, j + 1);
+    std::vector<const TernaryMatrix*> list;
+    for (int c = 0; c < copies; ++c)
+      for (size_t j = 0; j < sh.N.size(); ++j) {
+        mats.push_back(proto[j]);
+        be.prepare_matrix(mats.back());
+        list.push_back(&mats.back());
+      }
+    const double us = be.time_linear_kernel(list.data(), int(list.size()), int(sh.N.size()), sh.M, 20);
+    const double gbs = double(bytes) / (us * 1e-6) / 1e9;
+    double flops = 0;
+    for (int64_t N : sh.N) flops += 2.0 * double(N) * double(sh.K) * double(sh.M);
+    std::string ns;
+    for (int64_t N : sh.N) ns += (ns.empty() ? "" : "+") + std::to_string(N);
+    std::snprintf(buf, sizeof buf, "%-16s %-4lld %-6lld %-20s %-11.2f %-7.2f %-6.0f %-7.1f %.1f", sh.name,
+                  (long long)sh.M, (long long)sh.K, ns.c_str(), double(bytes) / 1e6, us, gbs, 100.0 * gbs / probe,
+                  flops / (us * 1e-6) / 1e12);
+    report("bench_kernels.txt", buf);
+    for (const TernaryMatrix& m : mats) be.release_matrix(m);
+  }
+}
+
+TEST(CudaBench, Model27b) {
+  BONSAI_REQUIRE_GPU();
+  if (!bench_enabled()) GTEST_SKIP() << "set BONSAI_CUDA_BENCH=1";
+  const char* path = std::getenv("BONSAI_27B_PACK");
+  if (!path) GTEST_SKIP() << "set BONSAI_27B_PACK";
+  using clk = std::chrono::steady_clock;
+  char buf[512];
+  const double probe = probe_gbs();
+  auto t0 = clk::now();
+  const Model m = load_model(path);
+  const double t_load = std::chrono::duration<double>(clk::now() - t0).count();
+  CudaBackend be;
+  const uint64_t free0 = be.device_free_bytes();
+  t0 = clk::now();
+  be.prepare(m);
+  const double t_up = std::chrono::duration<double>(clk::now() - t0).count();
+  std::snprintf(buf, sizeof buf, "27b: load %.1f s, upload %.1f s; pack weights %.3f GB, device weights %.3f GB (x%.4f)",
+                t_load, t_up, double(m.total_weight_bytes()) / 1e9, double(be.stats().weight_bytes) / 1e9,
+                double(be.stats().weight_bytes) / double(m.total_weight_bytes()));
+  report("bench_model.txt", buf);
+
+  const int64_t V = m.head.rows;
+  std::vector<float> logits(static_cast<size_t>(V));
+  std::vector<int32_t> prompt(2048);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 7919 + 13) % size_t(V));
+
+  for (int64_t chunk : {int64_t(64), int64_t(256)}) {
+    Decoder dec(m, be, chunk);
+    DecoderState s = dec.new_state(4096);
+    // warm-up: one chunk, then start over
+    dec.forward(s, prompt.data(), chunk, LogitsMode::Last, logits.data());
+    dec.reset(s);
+    be.synchronize();
+    t0 = clk::now();
+    for (int64_t p = 0; p < 2048; p += chunk)
+      dec.forward(s, prompt.data() + p, chunk, p + chunk >= 2048 ? LogitsMode::Last : LogitsMode::None, logits.data());
+    be.synchronize();
+    const double tp = std::chrono::duration<double>(clk::now() - t0).count();
+    std::snprintf(buf, sizeof buf, "27b pp2048 (chunks of %lld): %.3f s, %.0f tok/s", (long long)chunk, tp, 2048.0 / tp);
+    report("bench_model.txt", buf);
+    if (chunk != 64) continue;
+
+    struct Mode {
+      const char* name;
+      bool graphs, pdl, fuse;
+    } modes[] = {{"graphs+pdl+fuse", true, true, true}, {"eager+pdl+fuse", false, true, true},
+                 {"graphs, no pdl", true, false, true}, {"graphs, no fuse", true, true, false}};
+    for (const Mode& md : modes) {
+      CudaBackend::Options o = be.options();
+      o.graphs = md.graphs;
+      o.pdl = md.pdl;
+      o.fuse = md.fuse;
+      be.set_options(o);
+      for (int64_t ctx : {int64_t(2048), int64_t(16)}) {
+        DecoderState d = dec.new_state(4096);
+        if (ctx == 2048) {
+          for (int64_t p = 0; p < 2048; p += chunk) dec.forward(d, prompt.data() + p, chunk, LogitsMode::None, nullptr);
+        } else {
+          dec.forward(d, prompt.data(), ctx, LogitsMode::None, nullptr);
+        }
+        int32_t id = 1;
+        for (int w = 0; w < 8; ++w) {
+          dec.forward(d, &id, 1, LogitsMode::Last, logits.data());
+          id = int32_t((id * 31 + 7) % V);
+        }
+        const int steps = 128;
+        const int64_t pos0 = d.pos;
+        t0 = clk::now();
+        for (int k = 0; k < steps; ++k) {
+          dec.forward(d, &id, 1, LogitsMode::Last, logits.data());
+          id = int32_t((id * 31 + 7) % V);
+        }
+        const double td = std::chrono::duration<double>(clk::now() - t0).count();
+        const double tok_s = steps / td;
+        const double bytes = double(m.decode_weight_bytes()) + double(dec.state_bytes_per_step(pos0 + steps / 2));
+        std::snprintf(buf, sizeof buf,
+                      "27b decode [%s] ctx %lld: %.1f tok/s, %.3f ms/token, %.1f MB/token, %.0f GB/s = %.1f%% of probe; "
+                      "%llu kernels/step",
+                      md.name, (long long)pos0, tok_s, 1e3 * td / steps, bytes / 1e6, bytes * tok_s / 1e9,
+                      100.0 * bytes * tok_s / 1e9 / probe, (unsigned long long)be.stats().last_step_nodes);
+        report("bench_model.txt", buf);
+      }
+    }
+    be.set_options(CudaBackend::Options{});
+  }
+  const CudaBackend::Stats st = be.stats();
+  std::snprintf(buf, sizeof buf,
+                "27b: device memory used by this process %.2f GB (weights %.2f GB); graph builds %llu, launches %llu, "
+                "patched nodes %llu (%.1f per launch)",
+                double(free0 - be.device_free_bytes()) / 1e9, double(st.weight_bytes) / 1e9,
+                (unsigned long long)st.graph_builds, (unsigned long long)st.graph_launches,
+                (unsigned long long)st.graph_patched_nodes,
+                st.graph_launches ? double(st.graph_patched_nodes) / double(st.graph_launches) : 0.0);
+  report("bench_model.txt", buf);
+}
+
+}  // namespace
+}  // namespace bonsai

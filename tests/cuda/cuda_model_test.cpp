@@ -1,0 +1,161 @@
+// The tiny pack (the real structure at a few MB: block-1024 Hadamard, GVA 3, GQA 6, one full-attention
+// layer, untied head, inverse-rotated embedding) through the hybrid forward on CUDA vs the reference
+// backend: a 29-token prefill chunk (LogitsMode::All) then 19 decode steps, every logit compared.
+//
+// The pack: $BONSAI_TINY_PACK, else written by `bonsai make-pack --preset tiny` (the binary this build
+// made). Skipped without a CUDA device.
+//
+// Stated tolerance: max |delta logit| <= 3% of max |reference logit| (int8 activations in the ternary
+// products), top-1 agreement on every position whose reference top-2 margin exceeds 5% of that scale.
+// Graphs on/off must agree bit for bit (same kernels, same order).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <string>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/ref/ref_backend.h"
+#include "cuda_test_util.h"
+#include "model/forward.h"
+#include "model/pack.h"
+
+namespace bonsai {
+namespace {
+
+std::string tiny_pack_path() {
+  if (const char* p = std::getenv("BONSAI_TINY_PACK")) return p;
+  static const std::string made = [] {
+    const std::string dir = ::testing::TempDir() + "/bonsai_cuda_tiny_" + std::to_string(::getpid());
+#ifdef BONSAI_BINARY
+    const std::string cmd = std::string(BONSAI_BINARY) + " make-pack --preset tiny --format gguf-pq2_0 -o " + dir +
+                            " > /dev/null 2>&1";
+    if (std::system(cmd.c_str()) != 0) return std::string();
+#else
+    return std::string();
+#endif
+    return dir + "/tiny-pq2_0.gguf";
+  }();
+  return made;
+}
+
+struct ModelRun {
+  std::vector<float> logits;  // [positions, V]
+};
+
+constexpr int64_t kTokens = 48, kPrefill = 29;
+
+std::vector<int32_t> token_ids(int64_t vocab) {
+  std::mt19937 rng(11);
+  std::vector<int32_t> ids(static_cast<size_t>(kTokens));
+  for (auto& t : ids) t = int32_t(rng() % uint32_t(vocab));
+  return ids;
+}
+
+ModelRun run_model(const Model& m, Backend& be, const std::vector<int32_t>& ids, int64_t prefill) {
+  Decoder dec(m, be, 64);
+  DecoderState s = dec.new_state(128);
+  const int64_t V = dec.vocab();
+  ModelRun r;
+  r.logits.resize(size_t(kTokens * V));
+  if (prefill > 0) dec.forward(s, ids.data(), prefill, LogitsMode::All, r.logits.data());
+  for (int64_t t = prefill; t < kTokens; ++t) dec.forward(s, ids.data() + t, 1, LogitsMode::Last, r.logits.data() + t * V);
+  return r;
+}
+
+struct Compare {
+  double max_delta = 0, scale = 0;
+  int64_t counted = 0, agree = 0;
+};
+
+Compare compare(const ModelRun& got, const ModelRun& want, int64_t V) {
+  Compare c;
+  for (float w : want.logits) c.scale = std::max(c.scale, std::fabs(double(w)));
+  for (size_t i = 0; i < got.logits.size(); ++i) {
+    const double d = std::fabs(double(got.logits[i]) - double(want.logits[i]));
+    c.max_delta = std::isfinite(got.logits[i]) ? std::max(c.max_delta, d) : INFINITY;
+  }
+  for (int64_t p = 0; p < kTokens; ++p) {
+    const float* w = want.logits.data() + p * V;
+    const float* g = got.logits.data() + p * V;
+    int64_t b1 = 0, b2 = -1, gb = 0;
+    for (int64_t i = 1; i < V; ++i) {
+      if (w[i] > w[b1]) {
+        b2 = b1;
+        b1 = i;
+      } else if (b2 < 0 || w[i] > w[b2]) {
+        b2 = i;
+      }
+      if (g[i] > g[gb]) gb = i;
+    }
+    if (double(w[b1]) - double(w[b2]) < 0.05 * c.scale) continue;  // tie band
+    ++c.counted;
+    c.agree += gb == b1;
+  }
+  return c;
+}
+
+TEST(CudaModel, TinyPackMatchesReference) {
+  BONSAI_REQUIRE_GPU();
+  const std::string path = tiny_pack_path();
+  if (path.empty() || !std::filesystem::exists(path)) GTEST_SKIP() << "no tiny pack (set BONSAI_TINY_PACK)";
+  const Model m = load_model(path);
+  const auto ids = token_ids(m.config.vocab);
+  const int64_t V = m.head.rows;
+  RefBackend refb;
+  const ModelRun want = run_model(m, refb, ids, kPrefill);
+
+  struct Config {
+    const char* name;
+    CudaBackend::Options o;
+  };
+  std::vector<Config> configs(5);
+  configs[0].name = "default";
+  configs[1].name = "no-graphs";
+  configs[1].o.graphs = false;
+  configs[2].name = "no-fuse";
+  configs[2].o.fuse = false;
+  configs[3].name = "no-tensor-cores";
+  configs[3].o.tensor_cores = false;
+  configs[4].name = "no-pdl";
+  configs[4].o.pdl = false;
+  std::vector<ModelRun> runs;
+  for (const Config& cfg : configs) {
+    CudaBackend be(cfg.o);
+    runs.push_back(run_model(m, be, ids, kPrefill));
+    const Compare c = compare(runs.back(), want, V);
+    std::printf("[tiny %-16s] max|dlogit| %.5f (max|logit| %.3f, %.3f%%), top-1 %lld/%lld; graph nodes/step %llu\n",
+                cfg.name, c.max_delta, c.scale, 100.0 * c.max_delta / c.scale, (long long)c.agree,
+                (long long)c.counted, (unsigned long long)be.stats().last_step_nodes);
+    RecordProperty(std::string("max_dlogit_") + cfg.name, std::to_string(c.max_delta));
+    EXPECT_LE(c.max_delta, 0.03 * c.scale) << cfg.name;
+    EXPECT_EQ(c.agree, c.counted) << cfg.name;
+  }
+  // graphs change how kernels are launched, never what they compute
+  EXPECT_EQ(runs[0].logits, runs[1].logits);
+  EXPECT_EQ(runs[1].logits, runs[4].logits);
+}
+
+// Token walk vs chunked prefill on CUDA (matvec + recurrent delta rule vs GEMM + the same kernel over a
+// chunk): the logits after the last prompt token agree within the int8 tolerance.
+TEST(CudaModel, WalkAndChunkAgree) {
+  BONSAI_REQUIRE_GPU();
+  const std::string path = tiny_pack_path();
+  if (path.empty() || !std::filesystem::exists(path)) GTEST_SKIP() << "no tiny pack (set BONSAI_TINY_PACK)";
+  const Model m = load_model(path);
+  const auto ids = token_ids(m.config.vocab);
+  const int64_t V = m.head.rows;
+  CudaBackend be;
+  const ModelRun walk = run_model(m, be, ids, 0);
+  const ModelRun chunk = run_model(m, be, ids, kPrefill);
+  const Compare c = compare(chunk, walk, V);
+  std::printf("[tiny walk vs chunk] max|dlogit| %.5f (%.3f%%)\n", c.max_delta, 100.0 * c.max_delta / c.scale);
+  EXPECT_LE(c.max_delta, 0.03 * c.scale);
+}
+
+}  // namespace
+}  // namespace bonsai

@@ -1,0 +1,435 @@
+// Every CudaBackend op against the reference op (bonsai::ref, fp64) on random inputs with odd sizes and
+// tails; outputs are poisoned (NaN) first so unwritten elements fail. Skipped without a CUDA device.
+//
+// Tolerances (max |got - want| / max |want|):
+//   fp32 ops (norms, FWHT, RoPE, attention, GDN, dense, copies)            1e-5 .. 2e-4 (stated per test)
+//   ternary products vs the exact int8-quantised-activation reference     1e-4 (the kernels' own arithmetic)
+//   ternary products vs ref (fp64, unquantised x)                          2e-2 (int8 activations: ~0.5%
+//                                                                           typical, the max over outputs)
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/ref/ops.h"
+#include "cuda_test_util.h"
+#include "util/error.h"
+
+namespace bonsai {
+namespace {
+
+using namespace cudatest;
+
+TEST(CudaOps, NoDeviceIsAClearError) {
+  if (cuda_device_count() > 0) GTEST_SKIP() << "a device is present";
+  EXPECT_THROW({ CudaBackend b; }, Error);
+  try {
+    CudaBackend b;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no CUDA device"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaOps, MemoryRoundTripAndZero) {
+  BONSAI_REQUIRE_GPU();
+  CudaBackend& be = gpu();
+  Buffer z(be, 1001);
+  EXPECT_EQ(down(be, z), std::vector<float>(1001, 0.f));  // allocate zero-fills
+  const auto v = randn(1001, 1);
+  be.copy_from_host(v.data(), v.size(), z.data());
+  EXPECT_EQ(down(be, z), v);
+  be.zero(z.data(), 1001);
+  EXPECT_EQ(down(be, z), std::vector<float>(1001, 0.f));
+}
+
+TEST(CudaOps, HadamardForwardInverse) {
+  BONSAI_REQUIRE_GPU();
+  CudaBackend& be = gpu();
+  struct Case {
+    int64_t rows, K, block;
+    bool signs;
+  } cases[] = {{3, 3072, 1024, true}, {2, 384, 128, true}, {5, 5120, 1024, false}, {1, 96, 16, true},
+               {2, 8192, 8192, true}, {4, 1152, 64, true}};
+  for (const Case& c : cases) {
+    const auto x = randn(size_t(c.rows * c.K), uint32_t(c.K));
+    const auto s = random_signs(size_t(c.K), 9);
+    Buffer sd = up_bytes(be, s);
+    const int8_t* sp = c.signs ? reinterpret_cast<const int8_t*>(sd.data()) : nullptr;
+    for (int inv = 0; inv < 2; ++inv) {
+      auto want = x;
+      if (inv) ref::hadamard_inverse(want.data(), c.rows, c.K, c.signs ? s.data() : nullptr, c.block);
+      else ref::hadamard_forward(want.data(), c.rows, c.K, c.signs ? s.data() : nullptr, c.block);
+      Buffer d = up(be, x);
+      if (inv) be.hadamard_inverse(d.data(), c.rows, c.K, sp, c.block);
+      else be.hadamard_forward(d.data(), c.rows, c.K, sp, c.block);
+      EXPECT_LE(rel_err(down(be, d), want), 1e-5) << "rows " << c.rows << " K " << c.K << " n " << c.block << " inv " << inv;
+    }
+  }
+}
+
+// The site fusions: producer op + copy / permute + hadamard_forward in one kernel must equal the ops
+// one by one (including the producer's own output buffer).
+TEST(CudaOps, SiteFusionsMatchTheOpSequence) {
+  BONSAI_REQUIRE_GPU();
+  CudaBackend& be = gpu();
+  const int64_t rows = 3, K = 3072, n = 1024, Dv = 128;
+  const auto a = randn(size_t(rows * K), 1), b = randn(size_t(rows * K), 2), gain = uniform(size_t(Dv), 3, 0.5f, 1.5f);
+  const auto s = random_signs(size_t(K), 4);
+  std::vector<int32_t> perm(static_cast<size_t>(K));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(5));
+  Buffer sd = up_bytes(be, s), pd = up_bytes(be, perm), gd = up(be, gain);
+  const auto* sp = reinterpret_cast<const int8_t*>(sd.data());
+  const auto* pp = reinterpret_cast<const int32_t*>(pd.data());
+  for (int kind = 0; kind < 5; ++kind) {
+    std::vector<float> pre = a, want(size_t(rows * K));
+    if (kind == 0) ref::silu_mul(a.data(), b.data(), rows * K, pre.data());
+    if (kind == 1) ref::sigmoid_gate_mul(pre.data(), b.data(), rows * K);
+    if (kind == 2) ref::gated_rmsnorm(a.data(), b.data(), gain.data(), rows * K / Dv, Dv, 1e-6f, pre.data());
+    if (kind == 4)
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < K; ++i) want[size_t(r * K + i)] = pre[size_t(r * K + perm[size_t(i)])];
+    else want = pre;
+    ref::hadamard_forward(want.data(), rows, K, s.data(), n);
+
+    Buffer da = up(be, a), db = up(be, b), site = poisoned(be, size_t(rows * K));
+    if (kind == 0) be.silu_mul(da.data(), db.data(), rows * K, da.data());
+    if (kind == 1) be.sigmoid_gate_mul(da.data(), db.data(), rows * K);
+    if (kind == 2) be.gated_rmsnorm(da.data(), db.data(), gd.data(), rows * K / Dv, Dv, 1e-6f, da.data());
+    if (kind == 4) be.permute_cols(da.data(), rows, K, pp, site.data());
+    else be.copy_rows(site.data(), K, da.data(), K, rows, K);
+    be.hadamard_forward(site.data(), rows, K, sp, n);
+    EXPECT_LE(rel_err(down(be, site), want), 2e-5) << "kind " << kind;
+    EXPECT_LE(rel_err(down(be, da), pre), 2e-5) << "producer output, kind " << kind;
+  }
+}
+
+TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
+  BONSAI_REQUIRE_GPU();
+  CudaBackend& be = gpu();
+  CudaBackend::Options no_tc;
+  no_tc.tensor_cores = false;
+  no_tc.graphs = false;
+  CudaBackend be2(no_tc);
+  struct Case {
+    int64_t M, K;
+    std::vector<int64_t> N;
+  } cases[] = {{1, 128, {1}},       {1, 384, {37}},        {1, 1152, {300, 129, 7}}, {2, 640, {129}},
+               {3, 1152, {65, 31}}, {4, 256, {17}},        {5, 384, {130}},          {17, 1152, {257, 3}},
+               {64, 640, {128}},    {70, 384, {200, 75}},  {1, 5120, {1024}},        {64, 5120, {300}}};
+  uint32_t seed = 100;
+  for (const Case& c : cases) {
+    std::vector<TernaryMatrix*> ws;
+    for (int64_t N : c.N) ws.push_back(&random_matrix(N, c.K, seed++, 0.02));
+    const auto x = randn(size_t(c.M * c.K), seed++);
+    for (CudaBackend* b : {&be, &be2}) {
+      for (TernaryMatrix* w : ws) b->prepare_matrix(*w);
+      Buffer dx = up(*b, x);
+      std::vector<Buffer> ys;
+      std::vector<LinearOut> outs;
+      for (TernaryMatrix* w : ws) {
+        ys.push_back(poisoned(*b, size_t(c.M * w->rows)));
+        outs.push_back({w, ys.back().data()});
+      }
+      b->linear(outs.data(), int(outs.size()), c.K, dx.data(), c.M);
+      for (size_t i = 0; i < ws.size(); ++i) {
+        const auto got = down(*b, ys[i]);
+        const auto exact = quantised_reference(*ws[i], x, c.M);
+        std::vector<float> truth(size_t(c.M * ws[i]->rows));
+        ref::ternary_matmul(ws[i]->words.data(), ws[i]->scales.data(), ws[i]->rows, c.K, x.data(), c.M, truth.data());
+        const std::string what = "M " + std::to_string(c.M) + " K " + std::to_string(c.K) + " N " +
+                                 std::to_string(ws[i]->rows) + (b == &be2 ? " dp4a" : " default");
+        EXPECT_LE(rel_err(got, exact), 1e-4) << what;
+        EXPECT_LE(rel_err(got, truth), 2e-2) << what;
+      }
+      // x itself must be untouched by the quantisation.
+      EXPECT_EQ(down(*b, dx), x);
+    }
+  }
+}
+
+TEST(CudaOps, DenseLinearSingleAndPaired) {
+  BONSAI_REQUIRE_GPU();
+  CudaBackend& be = gpu();
+  const int64_t K = 640, N0 = 48, N1 = 37;
+  for (int64_t M : {1, 3}) {
+    const auto w0 = randn(size_t(N0 * K), 1, 0.05f), w1 = randn(size_t(N1 * K), 2, 0.05f), x = randn(size_t(M * K), 3);
+    std::vector<float> y0(size_t(M * N0)), y1(size_t(M * N1));
+    ref::dense_matmul_f32(w0.data(), N0, K, x.data(), M, y0.data());
+    ref::dense_matmul_f32(w1.data(), N1, K, x.data(), M, y1.data());
+    Buffer dw0 = up(be, w0), dw1 = up(be, w1), dx = up(be, x);
+    Buffer o0 = poisoned(be, y0.size()), o1 = poisoned(be, y1.size());
+    be.dense_linear(dw0.data(), N0, K, dx.data(), M, o0.data());
+    be.dense_linear(dw1.data(), N1, K, dx.data(), M, o1.data());  // fused with the first
+    EXPECT_LE(rel_err(down(be, o0), y0), 1e-5);
+    EXPECT_LE(rel_err(down(be, o1), y1), 1e-5);
+  }
+}
+
+TEST(CudaOps, Norms) {
+  BONSAI_REQUIRE_GPU();
+  CudaBackend& be = gpu();
+  const int64_t rows = 7, n = 1000;
+  const auto x = randn(size_t(rows * n), 1, 2.f), d = randn(size_t(rows * n), 2), gain = uniform(size_t(n), 3, 0.5f, 1.5f);
+  Buffer dg = up(be, gain);
+  {
+    std::vector<float> want(x.size());
+    ref::rmsnorm(x.data(), rows, n, gain.data(), 1e-6f, want.data());
+    Buffer dx = up(be, x), o = poisoned(be, x.size());
+    be.rmsnorm(dx.data(), rows, n, dg.data(), 1e-6f, o.data());
+    EXPECT_LE(rel_err(down(be, o), want), 1e-5);
+    be.rmsnorm(dx.data(), rows, n, nullptr, 1e-6f, dx.data());  // in place, no gain
+    ref::rmsnorm(x.data(), rows, n, nullptr, 1e-6f, want.data());
+    EXPECT_LE(rel_err(down(be, dx), want), 1e-5);
+  }
+  {
+    auto h = x;
+    std::vector<float> want(x.size());
+    ref::add_rmsnorm(h.data(), d.data(), rows, n, gain.data(), 1e-6f, want.data());
+    Buffer dh = up(be, x), dd = up(be, d), o = poisoned(be, x.size());
+    be.add_rmsnorm(dh.data(), dd.data(), rows, n, dg.data(), 1e-6f, o.data());
+    EXPECT_LE(rel_err(down(be, o), want), 1e-5);
+    EXPECT_LE(rel_err(down(be, dh), h), 1e-6);
+  }
+  {
+    const int64_t hr = 21, hd = 128;
+    auto want = randn(size_t(hr * hd), 4, 3.f);
+    Buffer dx = up(be, want);
+    ref::l2norm_heads(want.data(), hr, hd, 1e-6f);
+    be.l2norm_heads(dx.data(), hr, hd, 1e-6f);
+    EXPECT_LE(rel_err(down(be, dx), want), 1e-5);
+  }
+  {
+    const int64_t hr = 13, Dv = 128;
+    const auto o = randn(size_t(hr * Dv), 5), z = randn(size_t(hr * Dv), 6), g = uniform(size_t(Dv), 7, 0.5f, 1.5f);
+    std::vector<float> want(o.size());
+    ref::gated_rmsnorm(o.data(), z.data(), g.data(), hr, Dv, 1e-6f, want.data());
+    Buffer dO = up(be, o), dz = up(be, z), dgn = up(be, g), out = poisoned(be, o.size());
+    be.gated_rmsnorm(dO.data(), dz.data(), dgn.data(), hr, Dv, 1e-6f, out.data());
+    EXPECT_LE(rel_err(down(be, out), want), 1e-5);
+  }
+}
+
+TEST(CudaOps, RopeNeoxAtLargePositions) {
+  BONSAI_REQUIRE_GPU();
+  CudaBackend& be = gpu();
+  const int64_t M = 3, H = 5, D = 64, rot = 16;
+  for (int64_t p0 : {0, 7, 200000}) {
+    auto want = randn(size_t(M * H * D), uint32_t(p0 + 1));
+    Buffer dx = up(be, want);
+    for (int64_t m = 0; m < M; ++m) ref::rope_neox(want.data() + m * H * D, H, D, rot, p0 + m, 1e7f);
+    be.rope_neox(dx.data(), M, H, D, rot, p0, 1e7f);
+    EXPECT_LE(rel_err(down(be, dx), want), 1e-5) << "p0 " << p0;
+  }
+}
+
+TEST(CudaOps, AttentionDecodeAndPrefill) {
+  BONSAI_REQUIRE_GPU();
+  CudaBackend& be = gpu();
+  struct Case {
+    int64_t M, p0, Hq, Hkv, D;
+  } cases[] = {{1, 0, 12, 2, 256},  {1, 1, 12, 2, 256},  {1, 37, 24, 4, 256}, {1, 300, 12, 2, 256},
+               {5, 0, 12, 2, 256},  {5, 40, 6, 6, 64},   {70, 3, 12, 2, 256}, {1, 5000, 24, 4, 256},
+               {33, 600, 8, 1, 96}};
+  for (const Case& c : cases) {
+    const int64_t T = c.p0 + c.M;
+    const auto q = randn(size_t(c.M * c.Hq * c.D), 1), k = randn(size_t(T * c.Hkv * c.D), 2),
+               v = randn(size_t(T * c.Hkv * c.D), 3);
+    const float scale = float(1.0 / std::sqrt(double(c.D)));
+    std::vector<float> want(q.size());
+    if (c.M == 1) ref::attention_decode(q.data(), k.data(), v.data(), T, c.Hq, c.Hkv, c.D, scale, want.data());
+    else ref::attention_prefill(q.data(), k.data(), v.data(), c.M, c.p0, c.Hq, c.Hkv, c.D, scale, want.data());
+    Buffer dq = up(be, q), dk = up(be, k), dv = up(be, v), o = poisoned(be, q.size());
+    be.attention(dq.data(), dk.data(), dv.data(), c.M, c.p0, c.Hq, c.Hkv, c.D, scale, o.data());
+    EXPECT_LE(rel_err(down(be, o), want), 2e-5) << "M " << c.M << " p0 " << c.p0 << " Hq " << c.Hq;
+    // twice: the split counters must have been left at zero
+    be.attention(dq.data(), dk.data(), dv.data(), c.M, c.p0, c.Hq, c.Hkv, c.D, scale, o.data());
+    EXPECT_LE(rel_err(down(be, o), want), 2e-5) << "second call";
+  }
+}
+
+TEST(CudaOps, ElementwiseAndCopies) {
+  BONSAI_REQUIRE_GPU();
+  CudaBackend& be = gpu();
+  const int64_t n = 12345;
+  const auto a = randn(size_t(n), 1), b = randn(size_t(n), 2);
+  {
+    auto want = a;
+    ref::sigmoid_gate_mul(want.data(), b.data(), n);
+    Buffer da = up(be, a), db = up(be, b);
+    be.sigmoid_gate_mul(da.data(), db.data(), n);
+    EXPECT_LE(rel_err(down(be, da), want), 1e-6);
+  }
+  {
+    std::vector<float> want(static_cast<size_t>(n));
+    ref::silu_mul(a.data(), b.data(), n, want.data());
+    Buffer da = up(be, a), db = up(be, b), o = poisoned(be, size_t(n));
+    be.silu_mul(da.data(), db.data(), n, o.data());
+    EXPECT_LE(rel_err(down(be, o), want), 1e-6);
+    be.scale(o.data(), size_t(n), 0.25f);
+    for (auto& w : want) w *= 0.25f;
+    EXPECT_LE(rel_err(down(be, o), want), 1e-6);
+  }
+  {
+    const int64_t rows = 7, cols = 33, lds = 50, ldd = 40;
+    const auto src = randn(size_t(rows * lds), 3);
+    Buffer ds = up(be, src), dd = up(be, std::vector<float>(size_t(rows * ldd), -1.f));
+    be.copy_rows(dd.data(), ldd, ds.data(), lds, rows, cols);
+    const auto got = down(be, dd);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < ldd; ++c)
+        EXPECT_EQ(got[size_t(r * ldd + c)], c < cols ? src[size_t(r * lds + c)] : -1.f);
+  }
+  {
+    const int64_t rows = 3, K = 257;
+    std::vector<int32_t> perm(static_cast<size_t>(K));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), std::mt19937(1));
+    const auto x = randn(size_t(rows * K), 4);
+    Buffer dx = up(be, x), dp = up_bytes(be, perm), o = poisoned(be, x.size());
+    be.permute_cols(dx.data(), rows, K, reinterpret_cast<const int32_t*>(dp.data()), o.data());
+    const auto got = down(be, o);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < K; ++i) EXPECT_EQ(got[size_t(r * K + i)], x[size_t(r * K + perm[size_t(i)])]);
+  }
+}
+
+TEST(CudaOps, GdnConvAndGates) {
+  BONSAI_REQUIRE_GPU();
+  CudaBackend& be = gpu();
+  const int64_t C = 300, Kc = 4;
+  const auto taps = randn(size_t(C * Kc), 1, 0.5f);
+  Buffer dt = up(be, taps);
+  for (int64_t T : {1, 2, 5}) {
+    const auto x = randn(size_t(T * C), uint32_t(T + 10)), st0 = randn(size_t((Kc - 1) * C), uint32_t(T + 20));
+    auto st = st0;
+    std::vector<float> want(x.size());
+    ref::gdn_conv(x.data(), st.data(), taps.data(), T, C, Kc, want.data());
+    Buffer dx = up(be, x), ds = up(be, st0), o = poisoned(be, x.size());
+    be.gdn_conv(dx.data(), ds.data(), dt.data(), T, C, Kc, o.data());
+    EXPECT_LE(rel_err(down(be, o), want), 1e-5) << "T " << T;
+    EXPECT_EQ(down(be, ds), st) << "T " << T;
+  }
+  const int64_t T = 3, Nv = 48;
+  const auto a = randn(size_t(T * Nv), 1, 3.f), b = randn(size_t(T * Nv), 2, 3.f), A = uniform(size_t(Nv), 3, -8.f, -0.1f),
+             dtb = randn(size_t(Nv), 4, 2.f);
+  std::vector<float> g(a.size()), beta(a.size());
+  ref::gdn_gates(a.data(), b.data(), A.data(), dtb.data(), T, Nv, g.data(), beta.data());
+  Buffer da = up(be, a), db = up(be, b), dA = up(be, A), dd = up(be, dtb), og = poisoned(be, a.size()),
+         ob = poisoned(be, a.size());
+  be.gdn_gates(da.data(), db.data(), dA.data(), dd.data(), T, Nv, og.data(), ob.data());
+  EXPECT_LE(rel_err(down(be, og), g), 1e-5);
+  EXPECT_LE(rel_err(down(be, ob), beta), 1e-6);
+}
+
+// The delta rule alone, and fused with the ops the forward issues before it (l2norm q, l2norm k, q scale,
+// gates): against ref::gdn_recurrent after the same ref ops.
+TEST(CudaOps, DeltaRuleAloneAndFused) {
+  BONSAI_REQUIRE_GPU();
+  struct Case {
+    int64_t T, Nk, Nv, Dk, Dv;
+  } cases[] = {{1, 2, 6, 128, 128}, {7, 2, 6, 128, 128}, {33, 1, 3, 64, 64}, {2, 16, 48, 128, 128}};
+  for (bool fuse : {true, false}) {
+    CudaBackend::Options o;
+    o.fuse = fuse;
+    CudaBackend be(o);
+    for (const Case& c : cases) {
+      const size_t nq = size_t(c.T * c.Nk * c.Dk), nv = size_t(c.T * c.Nv * c.Dv), ns = size_t(c.Nv * c.Dk * c.Dv);
+      const auto q0 = randn(nq, 1), k0 = randn(nq, 2), v = randn(nv, 3), s0 = randn(ns, 4, 0.1f);
+      const auto a = randn(size_t(c.T * c.Nv), 5), b = randn(size_t(c.T * c.Nv), 6), A = uniform(size_t(c.Nv), 7, -2.f, -0.1f),
+                 dtb = randn(size_t(c.Nv), 8);
+      auto q = q0, k = k0, st = s0;
+      std::vector<float> g(a.size()), beta(a.size()), want(nv);
+      ref::l2norm_heads(q.data(), c.T * c.Nk, c.Dk, 1e-6f);
+      ref::l2norm_heads(k.data(), c.T * c.Nk, c.Dk, 1e-6f);
+      const float qs = float(1.0 / std::sqrt(double(c.Dk)));
+      for (auto& x : q) x *= qs;
+      ref::gdn_gates(a.data(), b.data(), A.data(), dtb.data(), c.T, c.Nv, g.data(), beta.data());
+      ref::gdn_recurrent(st.data(), q.data(), k.data(), v.data(), g.data(), beta.data(), c.T, c.Nk, c.Nv, c.Dk, c.Dv,
+                         want.data());
+
+      Buffer dq = up(be, q0), dk = up(be, k0), dv = up(be, v), ds = up(be, s0), da = up(be, a), db = up(be, b),
+             dA = up(be, A), dd = up(be, dtb), dg = poisoned(be, a.size()), dbeta = poisoned(be, a.size()),
+             out = poisoned(be, nv);
+      be.l2norm_heads(dq.data(), c.T * c.Nk, c.Dk, 1e-6f);
+      be.l2norm_heads(dk.data(), c.T * c.Nk, c.Dk, 1e-6f);
+      be.scale(dq.data(), nq, qs);
+      be.gdn_gates(da.data(), db.data(), dA.data(), dd.data(), c.T, c.Nv, dg.data(), dbeta.data());
+      be.gdn_delta_rule(ds.data(), dq.data(), dk.data(), dv.data(), dg.data(), dbeta.data(), c.T, c.Nk, c.Nv, c.Dk, c.Dv,
+                        out.data());
+      const std::string what = "T " + std::to_string(c.T) + " Dk " + std::to_string(c.Dk) + (fuse ? " fused" : " unfused");
+      EXPECT_LE(rel_err(down(be, out), want), 1e-4) << what;
+      EXPECT_LE(rel_err(down(be, ds), st), 1e-4) << what;
+      EXPECT_LE(rel_err(down(be, dg), g), 1e-5) << what;
+      EXPECT_LE(rel_err(down(be, dbeta), beta), 1e-5) << what;
+      if (!fuse) {
+        EXPECT_LE(rel_err(down(be, dq), q), 1e-5) << what;
+        EXPECT_LE(rel_err(down(be, dk), k), 1e-5) << what;
+      }
+    }
+  }
+}
+
+TEST(CudaOps, EmbeddingGatherAndInverseTransform) {
+  BONSAI_REQUIRE_GPU();
+  CudaBackend& be = gpu();
+  const int64_t V = 301, E = 2048;
+  TernaryMatrix& table = random_matrix(V, E, 77, 0.01);
+  be.prepare_matrix(table);
+  const auto s = random_signs(size_t(E), 3);
+  Buffer sd = up_bytes(be, s);
+  for (int64_t M : {1, 3, 70}) {
+    std::vector<int32_t> ids(static_cast<size_t>(M));
+    for (int64_t m = 0; m < M; ++m) ids[size_t(m)] = int32_t((m * 97 + 5) % V);
+    ids[0] = int32_t(V - 1);
+    std::vector<float> want(size_t(M * E));
+    for (int64_t m = 0; m < M; ++m)
+      ref::ternary_dequant_row(table.words.data(), table.scales.data(), E, ids[size_t(m)], want.data() + m * E);
+    Buffer o = poisoned(be, want.size());
+    be.embed_rows(table, ids.data(), M, o.data());
+    EXPECT_EQ(down(be, o), want) << "M " << M;
+    ref::hadamard_inverse(want.data(), M, E, s.data(), 1024);
+    be.hadamard_inverse(o.data(), M, E, reinterpret_cast<const int8_t*>(sd.data()), 1024);
+    EXPECT_LE(rel_err(down(be, o), want), 1e-5) << "M " << M;
+  }
+}
+
+TEST(CudaOps, DeviceArgmax) {
+  BONSAI_REQUIRE_GPU();
+  CudaBackend& be = gpu();
+  auto x = randn(248320, 1);
+  auto check = [&](const char* what) {
+    Buffer d = up(be, x);
+    EXPECT_EQ(be.argmax(d.data(), int64_t(x.size())), ref::argmax(x.data(), int64_t(x.size()))) << what;
+  };
+  check("random");
+  x[200000] = 50.f;
+  x[100] = 50.f;  // tie: lowest index wins
+  check("tie");
+  x[5] = std::numeric_limits<float>::quiet_NaN();
+  x[6] = std::numeric_limits<float>::infinity();
+  check("nan + inf");
+  std::fill(x.begin(), x.end(), std::numeric_limits<float>::quiet_NaN());
+  check("all nan");
+}
+
+TEST(CudaOps, ShapeMisuseThrows) {
+  BONSAI_REQUIRE_GPU();
+  CudaBackend& be = gpu();
+  Buffer x(be, 4096);
+  EXPECT_THROW(be.hadamard_forward(x.data(), 1, 3000, nullptr, 1024), Error);
+  EXPECT_THROW(be.hadamard_forward(x.data(), 1, 96, nullptr, 24), Error);
+  EXPECT_THROW(be.attention(x.data(), x.data(), x.data(), 1, 0, 12, 5, 64, 1.f, x.data()), Error);
+  TernaryMatrix unprepared;
+  unprepared.name = "not.uploaded";
+  unprepared.rows = 1;
+  unprepared.cols = 128;
+  const LinearOut o{&unprepared, x.data()};
+  EXPECT_THROW(be.linear(&o, 1, 128, x.data(), 1), Error);
+  be.synchronize();
+}
+
+}  // namespace
+}  // namespace bonsai

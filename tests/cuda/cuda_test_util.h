@@ -1,0 +1,148 @@
+// Helpers for the CUDA backend tests: skip without a device, host <-> device buffers, poisoned outputs,
+// random canonical ternary matrices (kept alive for the whole run: the backend finds its device copy
+// by the matrix's address), and the error measure of the backend op tests.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "util/half.h"
+
+#define BONSAI_REQUIRE_GPU()                                                              \
+  do {                                                                                    \
+    if (::bonsai::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: skipped";    \
+  } while (0)
+
+namespace bonsai::cudatest {
+
+inline CudaBackend& gpu() {
+  static CudaBackend be;
+  return be;
+}
+
+inline std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+inline std::vector<float> uniform(size_t n, uint32_t seed, float lo, float hi) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+inline std::vector<int8_t> random_signs(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int8_t> s(n);
+  for (auto& x : s) x = (rng() & 1) ? 1 : -1;
+  return s;
+}
+
+inline Buffer up(Backend& be, const std::vector<float>& v) {
+  Buffer b(be, v.size());
+  be.copy_from_host(v.data(), v.size(), b.data());
+  return b;
+}
+// Raw bytes (int8 signs, int32 permutations) in a device buffer.
+template <class T>
+Buffer up_bytes(Backend& be, const std::vector<T>& v) {
+  const size_t bytes = v.size() * sizeof(T), n = (bytes + 3) / 4;
+  std::vector<float> raw(n, 0.f);
+  std::memcpy(raw.data(), v.data(), bytes);
+  return up(be, raw);
+}
+inline Buffer poisoned(Backend& be, size_t n) {
+  return up(be, std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()));
+}
+inline std::vector<float> down(Backend& be, const float* p, size_t n) {
+  std::vector<float> v(n);
+  be.copy_to_host(p, n, v.data());
+  return v;
+}
+inline std::vector<float> down(Backend& be, const Buffer& b) { return down(be, b.data(), b.size()); }
+
+// max |got - want| / max |want|; a non-finite got gives +inf (unwritten poisoned outputs fail).
+inline double rel_err(const std::vector<float>& got, const std::vector<float>& want) {
+  if (got.size() != want.size()) return std::numeric_limits<double>::infinity();
+  double scale = 0.0, err = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) return std::numeric_limits<double>::infinity();
+    scale = std::max(scale, std::fabs(double(want[i])));
+    err = std::max(err, std::fabs(double(got[i]) - double(want[i])));
+  }
+  return scale > 0 ? err / scale : err;
+}
+
+// A random canonical ternary matrix [N, K] (codes 0..2, code 3 with probability p3), scales in the range
+// of the real packs. Stored in a process-lifetime pool so its address is never reused.
+inline TernaryMatrix& random_matrix(int64_t N, int64_t K, uint32_t seed, double p3 = 0.0) {
+  static std::deque<TernaryMatrix> pool;
+  TernaryMatrix& t = pool.emplace_back();
+  t.name = "test." + std::to_string(N) + "x" + std::to_string(K) + "." + std::to_string(seed);
+  t.rows = N;
+  t.cols = K;
+  t.words.assign(size_t(N * K / 16), 0);
+  t.scales.resize(size_t(N * K / 128));
+  std::mt19937_64 rng(seed);
+  for (auto& w : t.words) {
+    uint32_t v = 0;
+    for (int j = 0; j < 16; ++j) {
+      const uint64_t r = rng();
+      uint32_t q = uint32_t(r % 3);
+      if (p3 > 0 && double(r >> 40) / double(1ull << 24) < p3) q = 3;
+      v |= q << (2 * j);
+    }
+    w = v;
+  }
+  std::uniform_real_distribution<float> sc(0.004f, 0.03f);
+  for (auto& s : t.scales) s = f32_to_fp16(sc(rng));
+  return t;
+}
+
+// The exact result of the CUDA ternary kernels' arithmetic: x quantised per 128-group to int8 the way
+// the site kernel does it (d = amax / 127, q = rint(x * 127 / amax)), then exact sums in double.
+inline std::vector<float> quantised_reference(const TernaryMatrix& w, const std::vector<float>& x, int64_t M) {
+  const int64_t K = w.cols, N = w.rows, G = K / 128;
+  std::vector<double> xd(size_t(M * K));
+  std::vector<double> dx(size_t(M * G));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < G; ++g) {
+      float amax = 0.f;
+      for (int64_t i = 0; i < 128; ++i) amax = std::max(amax, std::fabs(x[size_t(m * K + g * 128 + i)]));
+      const float d = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+      dx[size_t(m * G + g)] = d;
+      for (int64_t i = 0; i < 128; ++i) {
+        float q = std::nearbyint(x[size_t(m * K + g * 128 + i)] * inv);
+        q = std::max(-127.f, std::min(127.f, q));
+        xd[size_t(m * K + g * 128 + i)] = q;
+      }
+    }
+  std::vector<float> y(size_t(M * N));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = 0;
+      for (int64_t g = 0; g < G; ++g) {
+        double s = 0;
+        for (int64_t i = 0; i < 128; ++i) {
+          const int64_t e = g * 128 + i;
+          const int code = int((w.words[size_t(n * (K / 16) + e / 16)] >> (2 * (e % 16))) & 3);
+          s += double(code - 1) * xd[size_t(m * K + e)];
+        }
+        acc += s * double(fp16_to_f32(w.scales[size_t(n * G + g)])) * dx[size_t(m * G + g)];
+      }
+      y[size_t(m * N + n)] = float(acc);
+    }
+  return y;
+}
+
+}  // namespace bonsai::cudatest

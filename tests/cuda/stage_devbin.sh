@@ -1,0 +1,19 @@
+#!/bin/bash
+# Copies test_cuda and bonsai (from build-cuda) plus the shared libraries the device image lacks into
+# .devbin/ (ignored through .git/info/exclude), for `run` with carry [".devbin"].
+set -eu
+cd "$(dirname "$0")/../.."
+grep -qx '/.devbin/' .git/info/exclude || echo '/.devbin/' >> .git/info/exclude
+rm -rf .devbin
+mkdir -p .devbin
+cp build-cuda/tests/test_cuda build-cuda/bonsai .devbin/
+strip .devbin/test_cuda .devbin/bonsai
+for lib in $(ldd build-cuda/tests/test_cuda build-cuda/bonsai | awk '/=>/ {print $3}' | sort -u); do
+  case "$(basename "$lib")" in
+    libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*) ;;  # the device's own glibc
+    *) cp -L "$lib" .devbin/ ;;
+  esac
+done
+cp tests/cuda/device_run.sh .devbin/
+du -sh .devbin
+ls .devbin
