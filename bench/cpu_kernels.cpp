@@ -9,7 +9,9 @@
 //
 // Counters: GB/s = ternary weight bytes (2-bit codes + fp16 scales = 2.125 bits/weight) / wall time;
 // of_probe = GB/s / the streaming-read probe at the same thread count (probe.h), measured at start and
-// printed first; GMAC/s for the GEMM. Several copies of each matrix (>= 256 MiB in all, 8x the L3) are
+// printed first (stderr); GB/s/core = weight bytes / CPU seconds of all threads (what a core streams while
+// it runs: the wall rate on a machine shared with other work reflects the CPU share we got); GMAC/s for
+// the GEMM. Several copies of each matrix (>= 256 MiB in all, 8x the L3) are
 // used in turn so that no iteration finds its weights in cache.
 //
 // Run: build-simd/bench/bench_cpu_kernels [--benchmark_filter=matvec/q8] [--benchmark_min_time=0.5]
@@ -21,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <map>
 #include <memory>
 #include <random>
@@ -94,7 +97,13 @@ std::vector<float> activation(int64_t n, uint32_t seed) {
   return v;
 }
 
-std::map<int, double> g_probe_gbs;  // threads -> streaming read GB/s
+std::map<int, double> g_probe_gbs;
+
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}  // threads -> streaming read GB/s
 
 void setup(benchmark::State& state, const char* variant, int threads) {
   if (!cpu::set_kernels(variant)) {
@@ -113,6 +122,7 @@ void bm_ternary(benchmark::State& state, const char* variant, cpu::TernaryActiva
   const auto x = activation(M * s.K, 1);
   std::vector<float> y(size_t(M * s.N));
   size_t i = 0;
+  const double cpu0 = process_cpu_seconds();
   const auto t0 = std::chrono::steady_clock::now();
   for (auto _ : state) {
     const Matrix& m = w.m[i++ % w.m.size()];
@@ -122,8 +132,12 @@ void bm_ternary(benchmark::State& state, const char* variant, cpu::TernaryActiva
   }
   // Wall-clock rates (the counters' own kIsRate would divide by CPU time unless UseRealTime).
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double cpu_secs = process_cpu_seconds() - cpu0;
   const double iters = double(state.iterations());
   state.counters["GB/s"] = weight_bytes(s) * iters / secs / 1e9;
+  // Per busy core: bytes / CPU seconds of all threads (pool spinning included). On a loaded machine the
+  // wall rate reflects the CPU share we got; this says what a core does while it runs.
+  state.counters["GB/s/core"] = weight_bytes(s) * iters / cpu_secs / 1e9;
   if (M == 1 && g_probe_gbs.count(threads)) state.counters["of_probe"] = state.counters["GB/s"] / g_probe_gbs[threads];
   if (M > 1) state.counters["GMAC/s"] = double(M) * double(s.N) * double(s.K) * iters / secs / 1e9;
   cpu::set_ternary_activation(cpu::TernaryActivation::f32);
@@ -264,17 +278,22 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   const std::string chosen = cpu::kernels_name();
-  std::printf("bonsai cpu kernels: default variant %s\n", chosen.c_str());
+  std::fprintf(stderr, "bonsai cpu kernels: active variant %s\n", chosen.c_str());
   if (!std::getenv("BONSAI_BENCH_NO_PROBE")) {
     for (int t : {1, 2}) {
+      const double c0 = process_cpu_seconds();
+      const auto w0 = std::chrono::steady_clock::now();
       g_probe_gbs[t] = cpu::probe_read_bandwidth_gbs(t);
-      std::printf("probe: streaming read %d thread%s: %.1f GB/s\n", t, t > 1 ? "s" : "", g_probe_gbs[t]);
+      const double busy = (process_cpu_seconds() - c0) /
+                          std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count() / t;
+      std::fprintf(stderr, "probe: streaming read %d thread%s: %.1f GB/s (the probe's threads ran %.0f%% of the time)\n",
+                   t, t > 1 ? "s" : "", g_probe_gbs[t], 100 * busy);
     }
     for (int t : {1, 2})
-      std::printf("probe: int8 dot peak (%s) %d thread%s: %.0f Gop/s\n", chosen.c_str(), t, t > 1 ? "s" : "",
+      std::fprintf(stderr, "probe: int8 dot peak (%s) %d thread%s: %.0f Gop/s\n", chosen.c_str(), t, t > 1 ? "s" : "",
                   cpu::probe_int8_dot_peak_gops(t));
   }
-  std::fflush(stdout);
+  std::fflush(stderr);
   register_all();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

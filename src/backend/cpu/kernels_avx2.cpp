@@ -127,9 +127,11 @@ TGT_INLINE __m256 decode8(uint32_t word, __m256i shifts, __m256 lut) {
   return _mm256_permutevar8x32_ps(lut, _mm256_srlv_epi32(_mm256_set1_epi32(int(word)), shifts));
 }
 
+// R rows: row r's words at w0 + r * ws, scales at s0 + r * ss, output y[r * ys].
 template <int R>
-TGT_INLINE void f32_rows_x1(const uint32_t* w0, int64_t K, const uint16_t* s0, const float* x, float* y) {
-  const int64_t G = K / 128, W = K / 16;
+TGT_INLINE void f32_rows_x1(const uint32_t* w0, int64_t ws, const uint16_t* s0, int64_t ss, int64_t K, const float* x,
+                            float* y, int64_t ys) {
+  const int64_t G = K / 128;
   const __m256i sh_lo = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
   const __m256i sh_hi = _mm256_setr_epi32(16, 18, 20, 22, 24, 26, 28, 30);
   const __m256 lut = _mm256_setr_ps(-1, 0, 1, 2, -1, 0, 1, 2);
@@ -141,23 +143,24 @@ TGT_INLINE void f32_rows_x1(const uint32_t* w0, int64_t K, const uint16_t* s0, c
     for (int i = 0; i < 8; ++i) {
       const __m256 x0 = _mm256_loadu_ps(x + 128 * g + 16 * i), x1 = _mm256_loadu_ps(x + 128 * g + 16 * i + 8);
       for (int r = 0; r < R; ++r) {
-        const uint32_t wd = w0[r * W + 8 * g + i];
+        const uint32_t wd = w0[r * ws + 8 * g + i];
         a[r][0] = _mm256_fmadd_ps(decode8(wd, sh_lo, lut), x0, a[r][0]);
         a[r][1] = _mm256_fmadd_ps(decode8(wd, sh_hi, lut), x1, a[r][1]);
       }
     }
     for (int r = 0; r < R; ++r)
-      tot[r] = _mm256_fmadd_ps(_mm256_add_ps(a[r][0], a[r][1]), _mm256_set1_ps(fp16_to_f32(s0[r * G + g])), tot[r]);
+      tot[r] = _mm256_fmadd_ps(_mm256_add_ps(a[r][0], a[r][1]), _mm256_set1_ps(fp16_to_f32(s0[r * ss + g])), tot[r]);
   }
-  for (int r = 0; r < R; ++r) y[r] = hsum8(tot[r]);
+  for (int r = 0; r < R; ++r) y[r * ys] = hsum8(tot[r]);
 }
 
 TGT void ternary_rows_x1_avx2(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
                               const float* x, float* y) {
   const int64_t G = K / 128, W = K / 16;
-  int64_t n = n0;
-  for (; n + 2 <= n1; n += 2) f32_rows_x1<2>(words + n * W, K, scales + n * G, x, y + (n - n0));
-  for (; n < n1; ++n) f32_rows_x1<1>(words + n * W, K, scales + n * G, x, y + (n - n0));
+  // Two equal runs in lockstep: two long sequential streams (adjacent rows would be short interleaved ones).
+  const int64_t Q = (n1 - n0) / 2;
+  for (int64_t j = 0; j < Q; ++j) f32_rows_x1<2>(words + (n0 + j) * W, Q * W, scales + (n0 + j) * G, Q * G, K, x, y + j, Q);
+  for (int64_t n = n0 + 2 * Q; n < n1; ++n) f32_rows_x1<1>(words + n * W, W, scales + n * G, G, K, x, y + (n - n0), 1);
 }
 
 // GEMM tile, fp32 activations: R rows of one group decoded (times d, exact) into an L1 tile, then every
@@ -285,9 +288,12 @@ inline const int8_t* group_q(const int8_t* q, int64_t G, int64_t g, int64_t* P) 
   return q + 256 * c + (g & 1) * 32;
 }
 
+constexpr int64_t kStreamPrefetch = 2048;  // bytes ahead in each row stream (see kernels_avx512_impl.h)
+
+// R rows: row r's codes at w0 + r * ws bytes, scales at s0 + r * ss, output y[r * ys].
 template <int R>
-TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_t G, const int8_t* q,
-                           const float* qs, const int32_t* qsum, float* y) {
+TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t ws, const uint16_t* s0, int64_t ss, int64_t G, const int8_t* q,
+                           const float* qs, const int32_t* qsum, float* y, int64_t ys) {
   __m256 facc[R];
   for (int r = 0; r < R; ++r) facc[r] = _mm256_setzero_ps();
   alignas(32) float ds[R][8];
@@ -296,9 +302,9 @@ TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t rb, const uint16_t* s0, in
     // d_g * s_g for the next 8 groups of each row.
     for (int r = 0; r < R; ++r) {
       if (gn == 8) {
-        _mm256_store_ps(ds[r], _mm256_mul_ps(fp16x8_to_f32(s0 + r * G + g0), _mm256_loadu_ps(qs + g0)));
+        _mm256_store_ps(ds[r], _mm256_mul_ps(fp16x8_to_f32(s0 + r * ss + g0), _mm256_loadu_ps(qs + g0)));
       } else {
-        for (int64_t k = 0; k < gn; ++k) ds[r][k] = fp16_to_f32(s0[r * G + g0 + k]) * qs[g0 + k];
+        for (int64_t k = 0; k < gn; ++k) ds[r][k] = fp16_to_f32(s0[r * ss + g0 + k]) * qs[g0 + k];
       }
     }
     for (int64_t k = 0; k < gn; ++k) {
@@ -306,21 +312,26 @@ TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t rb, const uint16_t* s0, in
       int64_t P;
       const int8_t* qg = group_q(q, G, g, &P);
       for (int r = 0; r < R; ++r) {
-        const __m256i i32 = group_dot(w0 + r * rb + 32 * g, qg, P, qsum[g]);
+        const uint8_t* wc = w0 + r * ws + 32 * g;
+        if (g & 1) _mm_prefetch(reinterpret_cast<const char*>(wc + kStreamPrefetch), _MM_HINT_T0);
+        const __m256i i32 = group_dot(wc, qg, P, qsum[g]);
         facc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_broadcast_ss(&ds[r][k]), facc[r]);
       }
     }
   }
-  for (int r = 0; r < R; ++r) y[r] = hsum8(facc[r]);
+  for (int r = 0; r < R; ++r) y[r * ys] = hsum8(facc[r]);
 }
 
 TGT void ternary_rows_q8_x1_avx2(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
                                  const int8_t* q, const float* qscale, const int32_t* qsum, float* y) {
   const int64_t G = K / 128, rb = K / 4;
   const uint8_t* wb = reinterpret_cast<const uint8_t*>(words);
-  int64_t n = n0;
-  for (; n + 2 <= n1; n += 2) q8_rows_x1<2>(wb + n * rb, rb, scales + n * G, G, q, qscale, qsum, y + (n - n0));
-  for (; n < n1; ++n) q8_rows_x1<1>(wb + n * rb, rb, scales + n * G, G, q, qscale, qsum, y + (n - n0));
+  // Two equal runs in lockstep: two long sequential streams, then the leftover row.
+  const int64_t Q = (n1 - n0) / 2;
+  for (int64_t j = 0; j < Q; ++j)
+    q8_rows_x1<2>(wb + (n0 + j) * rb, Q * rb, scales + (n0 + j) * G, Q * G, G, q, qscale, qsum, y + j, Q);
+  for (int64_t n = n0 + 2 * Q; n < n1; ++n)
+    q8_rows_x1<1>(wb + n * rb, rb, scales + n * G, G, G, q, qscale, qsum, y + (n - n0), 1);
 }
 
 // q8 GEMM tile, 8 rows per int32 lane set: the 32 code bytes of one group of 8 rows are transposed

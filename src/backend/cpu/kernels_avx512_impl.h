@@ -14,6 +14,11 @@
 //     at the exact integer sum (code - 1) * q of the group: no fp32 cancellation.
 //   - one int->fp32 conversion and one FMA with d_g * s_g spread over the matching 8 lanes.
 // Four rows share each activation load; the dpbusd chains of the four rows are independent.
+// Memory: the four rows are NOT adjacent. A thread's row range is cut into four equal runs walked in
+// lockstep (row j of each run together), so each run is one long sequential stream, and each stream is
+// prefetched 2 KB ahead. Measured on Zen 4 (K=5120, N=17408, one thread, per busy core): four adjacent
+// rows (four short interleaved streams, 1.3 KB each) 7-8 GB/s; one row at a time 11-14 GB/s (compute
+// bound at 16 GB/s); four long streams 14-17 GB/s, with the 2 KB prefetch 17-18 GB/s.
 // GCC 12 warns inside its own AVX-512 headers (_mm256_undefined_* "used uninitialized") when intrinsics
 // are inlined into target-attribute functions: a false positive, silenced for this file only.
 #pragma GCC diagnostic push
@@ -135,9 +140,11 @@ TGT_INLINE __m512i code_shifts() {
   return _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
 }
 
+// R rows: row r's words at w0 + r * ws, scales at s0 + r * ss, output y[r * ys].
 template <int R>
-TGT_INLINE void f32_rows_x1(const uint32_t* w0, int64_t K, const uint16_t* s0, const float* x, float* y) {
-  const int64_t G = K / 128, W = K / 16;
+TGT_INLINE void f32_rows_x1(const uint32_t* w0, int64_t ws, const uint16_t* s0, int64_t ss, int64_t K, const float* x,
+                            float* y, int64_t ys) {
+  const int64_t G = K / 128;
   const __m512i shifts = code_shifts();
   const __m512 lut = code_lut();
   __m512 tot[R];
@@ -148,23 +155,24 @@ TGT_INLINE void f32_rows_x1(const uint32_t* w0, int64_t K, const uint16_t* s0, c
     for (int i = 0; i < 8; i += 2) {
       const __m512 x0 = _mm512_loadu_ps(x + 128 * g + 16 * i), x1 = _mm512_loadu_ps(x + 128 * g + 16 * i + 16);
       for (int r = 0; r < R; ++r) {
-        const uint32_t* wr = w0 + r * W + 8 * g;
+        const uint32_t* wr = w0 + r * ws + 8 * g;
         a[r][0] = _mm512_fmadd_ps(decode16(wr[i], shifts, lut), x0, a[r][0]);
         a[r][1] = _mm512_fmadd_ps(decode16(wr[i + 1], shifts, lut), x1, a[r][1]);
       }
     }
     for (int r = 0; r < R; ++r)
-      tot[r] = _mm512_fmadd_ps(_mm512_add_ps(a[r][0], a[r][1]), _mm512_set1_ps(fp16_to_f32(s0[r * G + g])), tot[r]);
+      tot[r] = _mm512_fmadd_ps(_mm512_add_ps(a[r][0], a[r][1]), _mm512_set1_ps(fp16_to_f32(s0[r * ss + g])), tot[r]);
   }
-  for (int r = 0; r < R; ++r) y[r] = _mm512_reduce_add_ps(tot[r]);
+  for (int r = 0; r < R; ++r) y[r * ys] = _mm512_reduce_add_ps(tot[r]);
 }
 
 TGT void ternary_rows_x1_avx512(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
                                 const float* x, float* y) {
   const int64_t G = K / 128, W = K / 16;
-  int64_t n = n0;
-  for (; n + 2 <= n1; n += 2) f32_rows_x1<2>(words + n * W, K, scales + n * G, x, y + (n - n0));
-  for (; n < n1; ++n) f32_rows_x1<1>(words + n * W, K, scales + n * G, x, y + (n - n0));
+  // Two equal runs in lockstep: two long sequential streams (see the q8 matvec below).
+  const int64_t Q = (n1 - n0) / 2;
+  for (int64_t j = 0; j < Q; ++j) f32_rows_x1<2>(words + (n0 + j) * W, Q * W, scales + (n0 + j) * G, Q * G, K, x, y + j, Q);
+  for (int64_t n = n0 + 2 * Q; n < n1; ++n) f32_rows_x1<1>(words + n * W, W, scales + n * G, G, K, x, y + (n - n0), 1);
 }
 
 // GEMM tile, fp32 activations: two rows of one group are decoded to registers already multiplied by
@@ -321,10 +329,13 @@ TGT_INLINE int32_t tail_group_dot(const uint8_t* codes, const int8_t* qt, int32_
   return _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, _MM_SHUFFLE(2, 3, 0, 1))));
 }
 
-// R rows of the q8 matvec. w0: row 0's code bytes (rows rb bytes apart); s0: row 0's scales (rows G apart).
+// Rows of the q8 matvec walk their codes this far ahead of the loads with a software prefetch.
+constexpr int64_t kStreamPrefetch = 2048;
+
+// R rows of the q8 matvec: row r's codes at w0 + r * ws bytes, its scales at s0 + r * ss, its output y[r * ys].
 template <int R>
-TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_t G, const int8_t* q,
-                           const float* qs, const int32_t* qsum, float* y) {
+TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t ws, const uint16_t* s0, int64_t ss, int64_t G, const int8_t* q,
+                           const float* qs, const int32_t* qsum, float* y, int64_t ys) {
   const int64_t C = G / 2;  // full chunks of two groups
   const __m512i idx_lo = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
   const __m512i two = _mm512_set1_epi32(2);
@@ -336,7 +347,7 @@ TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t rb, const uint16_t* s0, in
     const int64_t g0 = 2 * c0, left = G - g0, c1 = std::min<int64_t>(C, c0 + 8);
     const __mmask16 m = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
     const __m512 sv = _mm512_maskz_loadu_ps(m, qs + g0);
-    for (int r = 0; r < R; ++r) ds[r] = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, s0 + r * G + g0)), sv);
+    for (int r = 0; r < R; ++r) ds[r] = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, s0 + r * ss + g0)), sv);
     __m512i pidx = idx_lo;
     for (int64_t c = c0; c < c1; ++c) {
       const int8_t* qc = q + 256 * c;
@@ -344,7 +355,9 @@ TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t rb, const uint16_t* s0, in
       const __m512i x2 = _mm512_loadu_si512(qc + 128), x3 = _mm512_loadu_si512(qc + 192);
       const __m512i ns = neg_sums(qsum + 2 * c);
       for (int r = 0; r < R; ++r) {
-        const Planes pl = planes(w0 + r * rb + 64 * c);
+        const uint8_t* wc = w0 + r * ws + 64 * c;
+        _mm_prefetch(reinterpret_cast<const char*>(wc + kStreamPrefetch), _MM_HINT_T0);
+        const Planes pl = planes(wc);
         const __m512i acc = dot4_planes(ns, pl.p[0], pl.p[1], pl.p[2], pl.p[3], x0, x1, x2, x3);
         facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_permutexvar_ps(pidx, ds[r]), facc[r]);
       }
@@ -355,10 +368,10 @@ TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t rb, const uint16_t* s0, in
     float t = _mm512_reduce_add_ps(facc[r]);
     if (G & 1) {
       const int64_t g = G - 1;
-      const int32_t i = tail_group_dot(w0 + r * rb + 64 * C, q + 256 * C, qsum[g]);
-      t += float(i) * (fp16_to_f32(s0[r * G + g]) * qs[g]);
+      const int32_t i = tail_group_dot(w0 + r * ws + 64 * C, q + 256 * C, qsum[g]);
+      t += float(i) * (fp16_to_f32(s0[r * ss + g]) * qs[g]);
     }
-    y[r] = t;
+    y[r * ys] = t;
   }
 }
 
@@ -366,9 +379,13 @@ TGT void ternary_rows_q8_x1_avx512(const uint32_t* words, const uint16_t* scales
                                    const int8_t* q, const float* qscale, const int32_t* qsum, float* y) {
   const int64_t G = K / 128, rb = K / 4;
   const uint8_t* wb = reinterpret_cast<const uint8_t*>(words);
-  int64_t n = n0;
-  for (; n + 4 <= n1; n += 4) q8_rows_x1<4>(wb + n * rb, rb, scales + n * G, G, q, qscale, qsum, y + (n - n0));
-  for (; n < n1; ++n) q8_rows_x1<1>(wb + n * rb, rb, scales + n * G, G, q, qscale, qsum, y + (n - n0));
+  // Four equal runs of Q rows in lockstep (four long sequential streams), then the < 4 leftover rows.
+  // Rows get identical arithmetic either way (results do not depend on how the pool cuts the range).
+  const int64_t Q = (n1 - n0) / 4;
+  for (int64_t j = 0; j < Q; ++j)
+    q8_rows_x1<4>(wb + (n0 + j) * rb, Q * rb, scales + (n0 + j) * G, Q * G, G, q, qscale, qsum, y + j, Q);
+  for (int64_t n = n0 + 4 * Q; n < n1; ++n)
+    q8_rows_x1<1>(wb + n * rb, rb, scales + n * G, G, G, q, qscale, qsum, y + (n - n0), 1);
 }
 
 // ---- q8 GEMM, 16 rows per int32 lane set ("broadcast activation") -----------------------------------
