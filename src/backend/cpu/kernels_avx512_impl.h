@@ -175,53 +175,6 @@ TGT void ternary_rows_x1_avx512(const uint32_t* words, const uint16_t* scales, i
   for (int64_t n = n0 + 2 * Q; n < n1; ++n) f32_rows_x1<1>(words + n * W, W, scales + n * G, G, K, x, y + (n - n0), 1);
 }
 
-// GEMM tile, fp32 activations: two rows of one group are decoded to registers already multiplied by
-// their scale ((code - 1) * d is exact in fp32), then every activation row m runs 16 FMAs against them.
-template <int R>
-TGT_INLINE void f32_rows_xm(const uint32_t* w0, int64_t K, const uint16_t* s0, const float* x, int64_t M, float* y,
-                            int64_t ldy) {
-  const int64_t G = K / 128, W = K / 16;
-  const __m512i shifts = code_shifts();
-  const __m512 lut = code_lut();
-  constexpr int kMT = 32;
-  float acc[kMT][R];
-  for (int64_t m0 = 0; m0 < M; m0 += kMT) {
-    const int64_t mc = std::min<int64_t>(kMT, M - m0);
-    for (int64_t m = 0; m < mc; ++m)
-      for (int r = 0; r < R; ++r) acc[m][r] = 0.0f;
-    for (int64_t g = 0; g < G; ++g) {
-      __m512 wt[R][8];
-      for (int r = 0; r < R; ++r) {
-        const __m512 d = _mm512_set1_ps(fp16_to_f32(s0[r * G + g]));
-        for (int i = 0; i < 8; ++i) wt[r][i] = _mm512_mul_ps(decode16(w0[r * W + 8 * g + i], shifts, lut), d);
-      }
-      for (int64_t m = 0; m < mc; ++m) {
-        const float* xg = x + (m0 + m) * K + 128 * g;
-        __m512 a[R][2];
-        for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = _mm512_setzero_ps();
-        for (int i = 0; i < 8; i += 2) {
-          const __m512 x0 = _mm512_loadu_ps(xg + 16 * i), x1 = _mm512_loadu_ps(xg + 16 * i + 16);
-          for (int r = 0; r < R; ++r) {
-            a[r][0] = _mm512_fmadd_ps(wt[r][i], x0, a[r][0]);
-            a[r][1] = _mm512_fmadd_ps(wt[r][i + 1], x1, a[r][1]);
-          }
-        }
-        for (int r = 0; r < R; ++r) acc[m][r] += _mm512_reduce_add_ps(_mm512_add_ps(a[r][0], a[r][1]));
-      }
-    }
-    for (int64_t m = 0; m < mc; ++m)
-      for (int r = 0; r < R; ++r) y[(m0 + m) * ldy + r] = acc[m][r];
-  }
-}
-
-TGT void ternary_rows_xm_avx512(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
-                                const float* x, int64_t M, float* y, int64_t ldy) {
-  const int64_t G = K / 128, W = K / 16;
-  int64_t n = n0;
-  for (; n + 2 <= n1; n += 2) f32_rows_xm<2>(words + n * W, K, scales + n * G, x, M, y + (n - n0), ldy);
-  for (; n < n1; ++n) f32_rows_xm<1>(words + n * W, K, scales + n * G, x, M, y + (n - n0), ldy);
-}
-
 // ---- int8 activations ---------------------------------------------------------------------------------
 
 // One group of 128 floats -> scale, and the 128 int8 values in natural order into nat[128]; returns the sum.
@@ -522,6 +475,78 @@ TGT void ternary_rows_q8_xm_avx512(const uint32_t* words, const uint16_t* scales
   int64_t n = n0;
   for (; n < n1; n += 16)
     q8_rows16_xm(wb + n * rb, rb, scales + n * G, K, q, qscale, qsum, M, y + (n - n0), ldy, int(std::min<int64_t>(16, n1 - n)));
+}
+
+
+// ---- fp32 GEMM, 16 rows per lane set ------------------------------------------------------------------
+// The fp32-activation GEMM in the same broadcast form: the codes of one chunk of 16 rows are transposed,
+// every element e becomes one vector w_e = ((code - 1) * d) over the 16 rows (exact in fp32; decoded once
+// into an L1 tile per group and reused by every activation row m), and each activation row runs one FMA per
+// element against x[m][e] broadcast: 16 multiply-adds per FMA and no per-group scaling at all.
+template <int MB>
+TGT_INLINE void f32_gemm16_group(const __m512* wt, const float* x, int64_t K, __m512* facc) {
+  __m512 acc[MB][2];
+  for (int mb = 0; mb < MB; ++mb) {
+    acc[mb][0] = facc[mb];
+    acc[mb][1] = _mm512_setzero_ps();
+  }
+  for (int e = 0; e < 128; e += 2) {
+    const __m512 w0 = wt[e], w1 = wt[e + 1];
+    for (int mb = 0; mb < MB; ++mb) {
+      acc[mb][0] = _mm512_fmadd_ps(w0, _mm512_set1_ps(x[mb * K + e]), acc[mb][0]);
+      acc[mb][1] = _mm512_fmadd_ps(w1, _mm512_set1_ps(x[mb * K + e + 1]), acc[mb][1]);
+    }
+  }
+  for (int mb = 0; mb < MB; ++mb) facc[mb] = _mm512_add_ps(acc[mb][0], acc[mb][1]);
+}
+
+// Rows w0 .. w0 + nr - 1 (nr <= 16), all M activation rows; y[m * ldy + r]. Row tails use the same code
+// with zero lanes (results independent of where the pool cuts the rows).
+TGT void f32_rows16_xm(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_t K, const float* x, int64_t M,
+                       float* y, int64_t ldy, int nr) {
+  const int64_t G = K / 128;
+  constexpr int kMT = 64;
+  alignas(64) __m512 wt[128];    // one group: element e of the 16 rows, times d
+  alignas(64) __m512 facc[kMT];  // [m] 16 rows
+  const __m512i row_idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                             _mm512_set1_epi32(int(G)));
+  const __mmask16 rows = __mmask16((1u << nr) - 1);
+  const __m512i m3 = _mm512_set1_epi32(3);
+  for (int64_t m0 = 0; m0 < M; m0 += kMT) {
+    const int64_t mc = std::min<int64_t>(kMT, M - m0);
+    for (int64_t m = 0; m < mc; ++m) facc[m] = _mm512_setzero_ps();
+    for (int64_t c = 0; 2 * c < G; ++c) {
+      const int groups = 2 * c + 1 < G ? 2 : 1;
+      __m512i a[16];
+      for (int r = 0; r < 16; ++r)
+        a[r] = r >= nr ? _mm512_setzero_si512()
+               : groups == 2 ? _mm512_loadu_si512(w0 + r * rb + 64 * c)
+                             : _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0 + r * rb + 64 * c)));
+      transpose16x16(a);  // a[k] lane r: row r's code dword k of the chunk (elements 16k .. 16k+15)
+      for (int h = 0; h < groups; ++h) {
+        const int64_t g = 2 * c + h;
+        const __m512i dd = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows, row_idx, s0 + g, 2);
+        const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
+        for (int k = 0; k < 8; ++k)
+          for (int j = 0; j < 16; ++j) {
+            const __m512 code = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(a[8 * h + k], 2 * j), m3));
+            wt[16 * k + j] = _mm512_fmsub_ps(code, d, d);  // (code - 1) * d, exact
+          }
+        int64_t m = 0;
+        for (; m + 4 <= mc; m += 4) f32_gemm16_group<4>(wt, x + (m0 + m) * K + 128 * g, K, facc + m);
+        for (; m < mc; ++m) f32_gemm16_group<1>(wt, x + (m0 + m) * K + 128 * g, K, facc + m);
+      }
+    }
+    for (int64_t m = 0; m < mc; ++m) _mm512_mask_storeu_ps(y + (m0 + m) * ldy, rows, facc[m]);
+  }
+}
+
+TGT void ternary_rows_xm_avx512(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
+                                const float* x, int64_t M, float* y, int64_t ldy) {
+  const int64_t G = K / 128, rb = K / 4;
+  const uint8_t* wb = reinterpret_cast<const uint8_t*>(words);
+  for (int64_t n = n0; n < n1; n += 16)
+    f32_rows16_xm(wb + n * rb, rb, scales + n * G, K, x, M, y + (n - n0), ldy, int(std::min<int64_t>(16, n1 - n)));
 }
 
 }  // namespace
