@@ -201,6 +201,23 @@ TEST(CudaBench, Model27b) {
       }
     }
     be.set_options(CudaBackend::Options{});
+    // Where the time goes: every kernel of 4 decode steps and of one 64-token prefill chunk timed alone
+    // (eager, events around each launch: launch gaps excluded, PDL overlap lost).
+    CudaBackend::Options po;
+    po.graphs = false;
+    po.profile = true;
+    be.set_options(po);
+    {
+      DecoderState d = dec.new_state(4096);
+      dec.forward(d, prompt.data(), chunk, LogitsMode::None, nullptr);
+      be.profile_report();  // drop the chunk
+      int32_t id = 3;
+      for (int k = 0; k < 4; ++k) dec.forward(d, &id, 1, LogitsMode::Last, logits.data());
+      report("bench_model.txt", "profile: 4 decode steps at ctx 64\n" + be.profile_report());
+      dec.forward(d, prompt.data() + chunk, chunk, LogitsMode::None, nullptr);
+      report("bench_model.txt", "profile: one 64-token prefill chunk at ctx 68\n" + be.profile_report());
+    }
+    be.set_options(CudaBackend::Options{});
   }
   const CudaBackend::Stats st = be.stats();
   std::snprintf(buf, sizeof buf,

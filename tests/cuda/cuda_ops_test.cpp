@@ -4,8 +4,8 @@
 // Tolerances (max |got - want| / max |want|):
 //   fp32 ops (norms, FWHT, RoPE, attention, GDN, dense, copies)            1e-5 .. 2e-4 (stated per test)
 //   ternary products vs the exact int8-quantised-activation reference     1e-4 (the kernels' own arithmetic)
-//   ternary products vs ref (fp64, unquantised x)                          2e-2 (int8 activations: ~0.5%
-//                                                                           typical, the max over outputs)
+//   ternary products vs ref (fp64, unquantised x)                          1e-2 of sum |w x| per output
+//                                                                           (int8 activations)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -142,7 +142,21 @@ TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
         const std::string what = "M " + std::to_string(c.M) + " K " + std::to_string(c.K) + " N " +
                                  std::to_string(ws[i]->rows) + (b == &be2 ? " dp4a" : " default");
         EXPECT_LE(rel_err(got, exact), 1e-4) << what;
-        EXPECT_LE(rel_err(got, truth), 2e-2) << what;
+        // vs the unquantised fp64 product: |error| <= 1% of sum_e |w_e x_e| per output (int8 noise is
+        // ~0.3% of that; a max-relative measure is meaningless for a single output near zero)
+        double worst = 0;
+        for (int64_t m = 0; m < c.M; ++m)
+          for (int64_t n = 0; n < ws[i]->rows; ++n) {
+            double mag = 0;
+            for (int64_t e = 0; e < c.K; ++e) {
+              const int code = int((ws[i]->words[size_t(n * (c.K / 16) + e / 16)] >> (2 * (e % 16))) & 3);
+              mag += std::fabs(double(code - 1) * double(fp16_to_f32(ws[i]->scales[size_t(n * (c.K / 128) + e / 128)])) *
+                               double(x[size_t(m * c.K + e)]));
+            }
+            const size_t k = size_t(m * ws[i]->rows + n);
+            worst = std::max(worst, std::fabs(double(got[k]) - double(truth[k])) / std::max(mag, 1e-30));
+          }
+        EXPECT_LE(worst, 1e-2) << what;
       }
       // x itself must be untouched by the quantisation.
       EXPECT_EQ(down(*b, dx), x);

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <random>
 #include <unordered_map>
 #include <vector>
@@ -117,6 +118,14 @@ struct CudaBackend::Impl {
   uint64_t seq = 0;
   std::vector<Pending> pend;
 
+  struct Prof {
+    const void* func;
+    cudaEvent_t e0, e1;
+  };
+  std::vector<Prof> prof;
+  std::vector<cudaEvent_t> ev_pool;
+  std::map<const void*, std::pair<int64_t, double>> prof_acc;  // func -> launches, ms
+
   bool recording = false;
   std::vector<cuda::Launch> rec;
   std::vector<GraphEntry> graphs;
@@ -136,7 +145,37 @@ struct CudaBackend::Impl {
       cfg.numAttrs = 1;
     }
     void* params[1] = {const_cast<unsigned char*>(l.args)};
+    if (opt.profile) {
+      Prof p{l.func, event(), event()};
+      CUDA_CHECK(cudaEventRecord(p.e0, stream));
+      CUDA_CHECK(cudaLaunchKernelExC(&cfg, l.func, params));
+      CUDA_CHECK(cudaEventRecord(p.e1, stream));
+      prof.push_back(p);
+      return;
+    }
     CUDA_CHECK(cudaLaunchKernelExC(&cfg, l.func, params));
+  }
+  cudaEvent_t event() {
+    if (!ev_pool.empty()) {
+      cudaEvent_t e = ev_pool.back();
+      ev_pool.pop_back();
+      return e;
+    }
+    cudaEvent_t e;
+    CUDA_CHECK(cudaEventCreate(&e));
+    return e;
+  }
+  void collect_profile() {
+    for (const Prof& p : prof) {
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, p.e0, p.e1));
+      auto& a = prof_acc[p.func];
+      a.first += 1;
+      a.second += ms;
+      ev_pool.push_back(p.e0);
+      ev_pool.push_back(p.e1);
+    }
+    prof.clear();
   }
 
   void emit(const cuda::Launch& l) {
@@ -196,6 +235,7 @@ struct CudaBackend::Impl {
     CUDA_CHECK(cudaStreamSynchronize(stream));
     for (void* p : retired) cudaFree(p);
     retired.clear();
+    collect_profile();
   }
 
   static cudaKernelNodeParams node_params(const cuda::Launch& l, void** holder) {
@@ -474,6 +514,7 @@ CudaBackend::~CudaBackend() {
                            &p_->am_cnt, &p_->am_res})
     if (s->p) cudaFree(s->p);
   if (p_->pinned) cudaFreeHost(p_->pinned);
+  for (cudaEvent_t e : p_->ev_pool) cudaEventDestroy(e);
   if (p_->stream) cudaStreamDestroy(p_->stream);
 }
 
@@ -940,6 +981,32 @@ void CudaBackend::set_options(const Options& o) {
 CudaBackend::Options CudaBackend::options() const { return p_->opt; }
 
 CudaBackend::Stats CudaBackend::stats() const { return p_->st; }
+
+std::string CudaBackend::profile_report() {
+  Impl& I = *p_;
+  I.sync();
+  std::vector<std::pair<const void*, std::pair<int64_t, double>>> v(I.prof_acc.begin(), I.prof_acc.end());
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+  double total = 0;
+  for (const auto& e : v) total += e.second.second;
+  std::string out = fmt::format("{:<44} {:>8} {:>10} {:>9} {:>6}\n", "kernel", "launches", "total ms", "mean us", "%");
+  for (const auto& e : v) {
+    const char* name = nullptr;
+    if (cudaFuncGetName(&name, e.first) != cudaSuccess || !name) {
+      cudaGetLastError();
+      name = "?";
+    }
+    std::string n = name;
+    const size_t k = n.find("bonsai4cuda");
+    if (k != std::string::npos) n = n.substr(k);
+    if (n.size() > 44) n = n.substr(0, 44);
+    out += fmt::format("{:<44} {:>8} {:>10.3f} {:>9.2f} {:>6.1f}\n", n, e.second.first, e.second.second,
+                       1e3 * e.second.second / double(e.second.first), 100.0 * e.second.second / total);
+  }
+  out += fmt::format("{:<44} {:>8} {:>10.3f}\n", "total", "", total);
+  I.prof_acc.clear();
+  return out;
+}
 std::string CudaBackend::device_name() const { return p_->prop.name; }
 int CudaBackend::sm_count() const { return p_->prop.multiProcessorCount; }
 uint64_t CudaBackend::device_free_bytes() const {

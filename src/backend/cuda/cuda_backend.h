@@ -35,6 +35,7 @@ class CudaBackend final : public Backend {
     bool pdl = true;           // programmatic dependent launch between kernels
     bool fuse = true;          // peephole fusion of deferred ops
     bool tensor_cores = true;  // int8 mma GEMM for M > 4 (else the dp4a kernel, 4 tokens per pass)
+    bool profile = false;      // time every eager launch with events (serialises; for profile_report)
   };
 
   // Throws bonsai::Error when there is no usable CUDA device.
@@ -104,6 +105,9 @@ class CudaBackend final : public Backend {
     uint64_t last_step_nodes = 0;    // kernels in the last recorded step
   };
   Stats stats() const;
+  // Per-kernel table (launches, total ms, mean us) of the launches timed since the last report
+  // (Options::profile; eager launches only), most expensive first.
+  std::string profile_report();
   std::string device_name() const;
   int sm_count() const;
   uint64_t device_free_bytes() const;

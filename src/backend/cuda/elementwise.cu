@@ -27,9 +27,30 @@ __global__ __launch_bounds__(kThreads) void norm_kernel(const NormArgs a) {
   const int64_t r = blockIdx.x;
   const float* x = a.x + r * a.n;
   float* out = a.out + r * a.n;
+  float* h = a.h ? a.h + r * a.n : nullptr;
+  const float* src = h ? h : x;  // each thread re-reads only what it wrote itself
   float ss = 0.f;
-  if (a.h) {
-    float* h = a.h + r * a.n;
+  if ((a.n & 3) == 0) {  // float4 path
+    const int64_t n4 = a.n / 4;
+    for (int64_t i = threadIdx.x; i < n4; i += kThreads) {
+      float4 v = reinterpret_cast<const float4*>(x)[i];
+      if (h) {
+        const float4 hv = reinterpret_cast<const float4*>(h)[i];
+        v = make_float4(hv.x + v.x, hv.y + v.y, hv.z + v.z, hv.w + v.w);
+        reinterpret_cast<float4*>(h)[i] = v;
+      }
+      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    ss = block_sum(ss, red);
+    const float rr = rsqrtf(ss / float(a.n) + a.eps);
+    for (int64_t i = threadIdx.x; i < n4; i += kThreads) {
+      const float4 v = reinterpret_cast<const float4*>(src)[i];
+      const float4 g = a.gain ? reinterpret_cast<const float4*>(a.gain)[i] : make_float4(1.f, 1.f, 1.f, 1.f);
+      reinterpret_cast<float4*>(out)[i] = make_float4(v.x * rr * g.x, v.y * rr * g.y, v.z * rr * g.z, v.w * rr * g.w);
+    }
+    return;
+  }
+  if (h) {
     for (int64_t i = threadIdx.x; i < a.n; i += kThreads) {
       const float v = h[i] + x[i];
       h[i] = v;
@@ -40,7 +61,6 @@ __global__ __launch_bounds__(kThreads) void norm_kernel(const NormArgs a) {
   }
   ss = block_sum(ss, red);
   const float rr = rsqrtf(ss / float(a.n) + a.eps);
-  const float* src = a.h ? a.h + r * a.n : x;  // each thread re-reads only what it wrote itself
   for (int64_t i = threadIdx.x; i < a.n; i += kThreads) out[i] = src[i] * rr * (a.gain ? a.gain[i] : 1.f);
 }
 
@@ -190,6 +210,27 @@ __device__ __forceinline__ float wload(const void* w, int64_t i) {
   else return reinterpret_cast<const float*>(w)[i];
 }
 
+// 8 consecutive weights of row w starting at element i (16-byte loads; i % 8 == 0).
+template <bool BF16>
+__device__ __forceinline__ void wload8(const void* w, int64_t i, float (&f)[8]) {
+  if constexpr (BF16) {
+    const uint4 u = *reinterpret_cast<const uint4*>(reinterpret_cast<const __nv_bfloat16*>(w) + i);
+    const uint32_t v[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      f[2 * k] = __uint_as_float(v[k] << 16);
+      f[2 * k + 1] = __uint_as_float(v[k] & 0xffff0000u);
+    }
+  } else {
+    const float4 a = *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(w) + i);
+    const float4 b = *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(w) + i + 4);
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+  }
+}
+
+// Warp per (output row, tile of kDenseToks tokens): each 8-weight load serves the tile's tokens.
+constexpr int kDenseToks = 8;
+
 template <bool BF16>
 __global__ __launch_bounds__(kThreads) void dense_kernel(const DenseArgs a) {
   pdl_trigger();
@@ -201,12 +242,38 @@ __global__ __launch_bounds__(kThreads) void dense_kernel(const DenseArgs a) {
   const int64_t n = second ? row - a.N0 : row, N = second ? a.N1 : a.N0;
   const void* w = second ? a.w1 : a.w0;
   float* y = second ? a.y1 : a.y0;
-  for (int64_t m = 0; m < a.M; ++m) {
-    const float* x = a.x + m * a.K;
-    float s = 0.f;
-    for (int64_t i = lane; i < a.K; i += 32) s += wload<BF16>(w, n * a.K + i) * x[i];
-    s = warp_sum(s);
-    if (lane == 0) y[m * N + n] = s;
+  const int64_t m0 = int64_t(blockIdx.y) * kDenseToks;
+  const int mt = int(a.M - m0 < kDenseToks ? a.M - m0 : int64_t(kDenseToks));
+  float s[kDenseToks];
+#pragma unroll
+  for (int m = 0; m < kDenseToks; ++m) s[m] = 0.f;
+  if ((a.K & 7) == 0) {
+#pragma unroll 4
+    for (int64_t i = int64_t(lane) * 8; i < a.K; i += 256) {
+      float f[8];
+      wload8<BF16>(w, n * a.K + i, f);
+#pragma unroll
+      for (int m = 0; m < kDenseToks; ++m) {
+        if (m < mt) {
+          const float* x = a.x + (m0 + m) * a.K + i;
+          const float4 x0 = *reinterpret_cast<const float4*>(x), x1 = *reinterpret_cast<const float4*>(x + 4);
+          s[m] += f[0] * x0.x + f[1] * x0.y + f[2] * x0.z + f[3] * x0.w + f[4] * x1.x + f[5] * x1.y + f[6] * x1.z +
+                  f[7] * x1.w;
+        }
+      }
+    }
+  } else {
+    for (int64_t i = lane; i < a.K; i += 32) {
+      const float wv = wload<BF16>(w, n * a.K + i);
+#pragma unroll
+      for (int m = 0; m < kDenseToks; ++m)
+        if (m < mt) s[m] += wv * a.x[(m0 + m) * a.K + i];
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < kDenseToks; ++m) {
+    const float v = warp_sum(s[m]);
+    if (lane == 0 && m < mt) y[(m0 + m) * N + n] = v;
   }
 }
 
@@ -443,7 +510,8 @@ Launch dense_launch(const DenseDev* outs, int n_outs, bool bf16, int64_t K, cons
   a.bf16 = bf16;
   const void* f = bf16 ? reinterpret_cast<const void*>(&dense_kernel<true>)
                        : reinterpret_cast<const void*>(&dense_kernel<false>);
-  return make_launch(f, dim3(blocks_for(a.N0 + a.N1, kThreads / 32)), dim3(kThreads), 0, a);
+  return make_launch(f, dim3(blocks_for(a.N0 + a.N1, kThreads / 32), unsigned((M + kDenseToks - 1) / kDenseToks)),
+                     dim3(kThreads), 0, a);
 }
 
 Launch gdn_conv_launch(const float* x, float* state, const float* taps, int64_t T, int64_t C, int64_t Kc, float* out) {

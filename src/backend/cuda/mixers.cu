@@ -194,12 +194,24 @@ __global__ __launch_bounds__(kDeltaWarps * 32) void delta_kernel(const DeltaArgs
 #pragma unroll
   for (int ii = 0; ii < kDeltaRows; ++ii) s[ii] = ii < R ? Sg[(warp + kDeltaWarps * ii) * a.Dv + j] : 0.f;
 
-  for (int64_t t = 0; t < a.T; ++t) {
-    float kv = 0.f, qv = 0.f;
+  // Next token's inputs are loaded one token ahead, so their latency hides behind this token's barriers.
+  float kv_n = 0.f, qv_n = 0.f, vj_n = 0.f, ga_n = 0.f, gb_n = 0.f;
+  auto load_token = [&](int64_t t) {
     if (tid < a.Dk) {
-      kv = a.k[(t * a.Nk + kh) * a.Dk + tid];
-      qv = a.q[(t * a.Nk + kh) * a.Dk + tid];
+      kv_n = a.k[(t * a.Nk + kh) * a.Dk + tid];
+      qv_n = a.q[(t * a.Nk + kh) * a.Dk + tid];
     }
+    vj_n = a.v[(t * a.Nv + h) * a.Dv + j];
+    if (tid == 0) {
+      ga_n = a.a ? a.a[t * a.Nv + h] : a.g[t * a.Nv + h];
+      gb_n = a.a ? a.b[t * a.Nv + h] : a.beta[t * a.Nv + h];
+    }
+  };
+  if (a.T > 0) load_token(0);
+  for (int64_t t = 0; t < a.T; ++t) {
+    float kv = kv_n, qv = qv_n;
+    const float vj = vj_n, ga = ga_n, gbv = gb_n;
+    if (t + 1 < a.T) load_token(t + 1);
     if (a.l2_k) kv *= rsqrtf(block_sum(kv * kv, bred) + a.eps_k);
     if (a.l2_q) qv *= rsqrtf(block_sum(qv * qv, bred) + a.eps_q);
     qv *= a.q_scale;
@@ -210,16 +222,16 @@ __global__ __launch_bounds__(kDeltaWarps * 32) void delta_kernel(const DeltaArgs
     if (tid == 0) {
       float gv, bv;
       if (a.a) {
-        const float u = a.a[t * a.Nv + h] + a.dt_bias[h];
+        const float u = ga + a.dt_bias[h];
         gv = a.A[h] * (u > 20.f ? u : log1pf(expf(u)));
-        bv = 1.f / (1.f + expf(-a.b[t * a.Nv + h]));
+        bv = 1.f / (1.f + expf(-gbv));
         if (blockIdx.y == 0) {
           a.g[t * a.Nv + h] = gv;
           a.beta[t * a.Nv + h] = bv;
         }
       } else {
-        gv = a.g[t * a.Nv + h];
-        bv = a.beta[t * a.Nv + h];
+        gv = ga;
+        bv = gbv;
       }
       gb[0] = expf(gv);
       gb[1] = bv;
@@ -239,7 +251,7 @@ __global__ __launch_bounds__(kDeltaWarps * 32) void delta_kernel(const DeltaArgs
     float kvj = 0.f;
 #pragma unroll
     for (int w = 0; w < kDeltaWarps; ++w) kvj += red[w][lane];
-    const float delta = beta * (a.v[(t * a.Nv + h) * a.Dv + j] - kvj);
+    const float delta = beta * (vj - kvj);
     float op = 0.f;
 #pragma unroll
     for (int ii = 0; ii < kDeltaRows; ++ii) {

@@ -161,6 +161,11 @@ Launch site_launch(const SiteDesc& d) {
 }
 
 // ================================ dp4a matvec =====================================================
+// v2: persistent, software-pipelined. Work unit = a row PAIR (the pair shares the activation loads);
+// each warp owns a contiguous range of pairs (contiguous rows: sequential DRAM pages) and walks their
+// 16-byte chunks lane-parallel (32 chunks = 512 B of a row per step), keeping kMvDepth steps of loads in
+// flight: a ring of registers refilled right after use, so loads never stop while the warp computes.
+// v1 (one short-lived block per 16 rows, one DRAM round trip each) reached 22-40 % of the probe.
 
 namespace {
 
@@ -169,19 +174,19 @@ struct TOut {
   const uint16_t* scales;
   float* y;
   int64_t N;
-  int64_t block0;  // first block (x) of this output
+  int64_t g0;  // first row pair (matvec) or first block (GEMM) of this output
 };
 struct TernaryArgs {
   TOut o[kMaxOuts];
   const int8_t* xq;
   const float2* xds;
   int64_t K, M;
-  int32_t n_outs, splits;
+  int64_t total, per_warp;  // matvec: row pairs in all, row pairs per warp
+  int32_t n_outs, pad;
 };
 
 constexpr int kMvWarps = 8;
-constexpr int kMvRows = 2;    // rows per warp (share the activation loads)
-constexpr int kMvUnroll = 4;  // 16-byte chunks per row in flight per lane
+constexpr int kMvDepth = 6;  // pipeline depth: steps of 2 x 16 B per lane in flight
 
 // d = a (4 unsigned bytes) . b (4 signed bytes) + c
 __device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
@@ -206,113 +211,105 @@ __device__ __forceinline__ int chunk_dot(const uint4 w, const int4 x0, const int
   return a0 + (a1 >> 2) + (a2 >> 4) + (a3 >> 6);
 }
 
-__device__ __forceinline__ int find_output(const TernaryArgs& a) {
+__device__ __forceinline__ int output_of(const TernaryArgs& a, int64_t g) {
   int o = 0;
 #pragma unroll
   for (int i = 1; i < kMaxOuts; ++i)
-    if (i < a.n_outs && int64_t(blockIdx.x) >= a.o[i].block0) o = i;
+    if (i < a.n_outs && g >= a.o[i].g0) o = i;
   return o;
 }
 
+struct MvStage {
+  uint4 w0, w1;
+  float s0, s1;
+};
+
 template <int MT>
-__global__ __launch_bounds__(kMvWarps * 32) void matvec_kernel(const TernaryArgs a) {
-  __shared__ float red[kMvWarps][kMvRows][MT];
-  const int o = find_output(a);
-  const uint32_t* words = a.o[o].words;
-  const uint16_t* scales = a.o[o].scales;
-  float* y = a.o[o].y;
-  const int64_t N = a.o[o].N;
-  const int S = a.splits;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int grp = warp / S, split = warp % S;
-  const int rows_per_block = (kMvWarps / S) * kMvRows;
-  const int64_t row_base = (int64_t(blockIdx.x) - a.o[o].block0) * rows_per_block + grp * kMvRows;
+__global__ __launch_bounds__(kMvWarps * 32, 2) void matvec_kernel(const TernaryArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warp = int64_t(blockIdx.x) * kMvWarps + (threadIdx.x >> 5);
   const int64_t C = a.K >> 6, G = a.K >> 7;
+  const int L = int((C + 31) >> 5);  // steps per row pair
+  const int64_t g_begin = warp * a.per_warp;
+  const int64_t g_end = min(a.total, g_begin + a.per_warp);
+  const int64_t steps = g_end > g_begin ? (g_end - g_begin) * L : 0;
   const int64_t m0 = int64_t(blockIdx.y) * MT;
 
-  const uint4* wr[kMvRows];
-  const __half* sr[kMvRows];
-  bool ok[kMvRows];
-#pragma unroll
-  for (int r = 0; r < kMvRows; ++r) {
-    const int64_t row = row_base + r;
-    ok[r] = row < N;
-    const int64_t rc = ok[r] ? row : 0;
-    wr[r] = reinterpret_cast<const uint4*>(words) + rc * C;
-    sr[r] = reinterpret_cast<const __half*>(scales) + rc * G;
-  }
-  float acc[kMvRows][MT];
-#pragma unroll
-  for (int r = 0; r < kMvRows; ++r)
-#pragma unroll
-    for (int m = 0; m < MT; ++m) acc[r][m] = 0.f;
-
-  const int64_t step = 32 * S;
-  uint4 w[kMvUnroll][kMvRows];
-  float ws[kMvUnroll][kMvRows];
-  auto load = [&](int64_t c0) {
-#pragma unroll
-    for (int u = 0; u < kMvUnroll; ++u) {
-      const int64_t c = c0 + u * step;
-#pragma unroll
-      for (int r = 0; r < kMvRows; ++r) {
-        if (c < C && ok[r]) {
-          w[u][r] = ld_stream(wr[r] + c);
-          ws[u][r] = __half2float(sr[r][c >> 1]);
-        } else {
-          w[u][r] = make_uint4(0, 0, 0, 0);
-          ws[u][r] = 0.f;
-        }
+  MvStage ring[kMvDepth];
+  int64_t ig = g_begin;  // issue cursor: pair, step within the pair
+  int ic = 0;
+  auto issue = [&](MvStage& st) {
+    st.w0 = st.w1 = make_uint4(0, 0, 0, 0);
+    st.s0 = st.s1 = 0.f;
+    if (ig >= g_end) return;
+    const int64_t c = lane + 32 * ic;
+    const TOut& O = a.o[output_of(a, ig)];
+    const int64_t row = 2 * (ig - O.g0);
+    if (c < C) {
+      const uint4* w = reinterpret_cast<const uint4*>(O.words) + row * C + c;
+      const __half* sc = reinterpret_cast<const __half*>(O.scales) + row * G + (c >> 1);
+      st.w0 = ld_stream(w);
+      st.s0 = __half2float(sc[0]);
+      if (row + 1 < O.N) {
+        st.w1 = ld_stream(w + C);
+        st.s1 = __half2float(sc[G]);
       }
+    }
+    if (++ic == L) {
+      ic = 0;
+      ++ig;
     }
   };
 
   pdl_trigger();
-  int64_t c0 = int64_t(split) * 32 + lane;
-  load(c0);    // the weights do not depend on earlier kernels: stream them before the wait
-  pdl_wait();  // activations (xq, xds) and y do
-  while (true) {
 #pragma unroll
-    for (int u = 0; u < kMvUnroll; ++u) {
-      const int64_t c = c0 + u * step;
-      if (c < C) {
+  for (int s = 0; s < kMvDepth; ++s) issue(ring[s]);  // weights first: they do not depend on earlier kernels
+  pdl_wait();                                          // the activations and y do
+
+  float acc0[MT], acc1[MT];
 #pragma unroll
-        for (int m = 0; m < MT; ++m) {
-          if (m0 + m < a.M) {
-            const int4* xp = reinterpret_cast<const int4*>(a.xq + (m0 + m) * a.K) + c * 4;
-            const int4 x0 = xp[0], x1 = xp[1], x2 = xp[2], x3 = xp[3];
-            const float2 ds = a.xds[(m0 + m) * C + c];
+  for (int m = 0; m < MT; ++m) acc0[m] = acc1[m] = 0.f;
+  int64_t cg = g_begin;  // compute cursor
+  int cc = 0;
+  for (int64_t base = 0; base < steps; base += kMvDepth) {
 #pragma unroll
-            for (int r = 0; r < kMvRows; ++r) {
-              const int t = chunk_dot(w[u][r], x0, x1, x2, x3);
-              acc[r][m] += ws[u][r] * ds.x * (float(t) - ds.y);
+    for (int s = 0; s < kMvDepth; ++s) {
+      if (base + s < steps) {  // uniform across the warp
+        const int64_t c = lane + 32 * cc;
+        if (c < C) {
+#pragma unroll
+          for (int m = 0; m < MT; ++m) {
+            if (m0 + m < a.M) {
+              const int4* xp = reinterpret_cast<const int4*>(a.xq + (m0 + m) * a.K) + c * 4;
+              const int4 x0 = xp[0], x1 = xp[1], x2 = xp[2], x3 = xp[3];
+              const float2 ds = a.xds[(m0 + m) * C + c];
+              acc0[m] += ring[s].s0 * ds.x * (float(chunk_dot(ring[s].w0, x0, x1, x2, x3)) - ds.y);
+              acc1[m] += ring[s].s1 * ds.x * (float(chunk_dot(ring[s].w1, x0, x1, x2, x3)) - ds.y);
             }
           }
         }
+        issue(ring[s]);  // refill: the step kMvDepth ahead
+        if (++cc == L) {  // the pair is done: reduce across the warp and write
+          const TOut& O = a.o[output_of(a, cg)];
+          const int64_t row = 2 * (cg - O.g0);
+#pragma unroll
+          for (int m = 0; m < MT; ++m) {
+            const float v0 = warp_sum(acc0[m]), v1 = warp_sum(acc1[m]);
+            if (lane == 0 && m0 + m < a.M) {
+              O.y[(m0 + m) * O.N + row] = v0;
+              if (row + 1 < O.N) O.y[(m0 + m) * O.N + row + 1] = v1;
+            }
+            acc0[m] = acc1[m] = 0.f;
+          }
+          cc = 0;
+          ++cg;
+        }
       }
     }
-    c0 += kMvUnroll * step;
-    if (c0 >= C) break;
-    load(c0);
-  }
-
-#pragma unroll
-  for (int r = 0; r < kMvRows; ++r)
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-      const float v = warp_sum(acc[r][m]);
-      if (lane == 0) red[warp][r][m] = v;
-    }
-  __syncthreads();
-  const int n_res = (kMvWarps / S) * kMvRows * MT;
-  for (int idx = threadIdx.x; idx < n_res; idx += kMvWarps * 32) {
-    const int g2 = idx / (kMvRows * MT), r = (idx / MT) % kMvRows, m = idx % MT;
-    float s = 0.f;
-    for (int k = 0; k < S; ++k) s += red[g2 * S + k][r][m];
-    const int64_t row = (int64_t(blockIdx.x) - a.o[o].block0) * rows_per_block + g2 * kMvRows + r;
-    if (row < N && m0 + m < a.M) y[(m0 + m) * N + row] = s;
   }
 }
+
+__device__ __forceinline__ int find_output(const TernaryArgs& a) { return output_of(a, int64_t(blockIdx.x)); }
 
 }  // namespace
 
@@ -324,28 +321,22 @@ Launch matvec_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t
   a.K = K;
   a.M = M;
   a.n_outs = n_outs;
-  const int64_t C = K / 64;
-  auto blocks_for_splits = [&](int S) {
-    const int64_t rpb = (kMvWarps / S) * kMvRows;
-    int64_t b = 0;
-    for (int i = 0; i < n_outs; ++i) b += (outs[i].N + rpb - 1) / rpb;
-    return b;
-  };
-  int S = 1;
-  while (S < kMvWarps && blocks_for_splits(S) < 2 * sms && C >= int64_t(64) * S) S *= 2;
-  a.splits = S;
-  const int64_t rpb = (kMvWarps / S) * kMvRows;
-  int64_t b0 = 0;
+  int64_t g0 = 0;
   for (int i = 0; i < n_outs; ++i) {
-    a.o[i] = {outs[i].words, outs[i].scales, outs[i].y, outs[i].N, b0};
-    b0 += (outs[i].N + rpb - 1) / rpb;
+    a.o[i] = {outs[i].words, outs[i].scales, outs[i].y, outs[i].N, g0};
+    g0 += (outs[i].N + 1) / 2;
   }
+  a.total = g0;
+  // Balanced contiguous ranges: at most 2 blocks of 8 warps per SM resident (the register budget).
+  const int64_t max_warps = int64_t(sms) * 2 * kMvWarps;
+  a.per_warp = (a.total + max_warps - 1) / max_warps;
+  const int64_t warps = (a.total + a.per_warp - 1) / a.per_warp;
   const void* f;
   int mt;
   if (M <= 1) f = reinterpret_cast<const void*>(&matvec_kernel<1>), mt = 1;
   else if (M <= 2) f = reinterpret_cast<const void*>(&matvec_kernel<2>), mt = 2;
   else f = reinterpret_cast<const void*>(&matvec_kernel<4>), mt = 4;
-  const dim3 grid(unsigned(b0), unsigned((M + mt - 1) / mt));
+  const dim3 grid(unsigned((warps + kMvWarps - 1) / kMvWarps), unsigned((M + mt - 1) / mt));
   return make_launch(f, grid, dim3(kMvWarps * 32), 0, a);
 }
 
@@ -401,7 +392,7 @@ __global__ __launch_bounds__(256) void gemm_kernel(const TernaryArgs a) {
   float* y = a.o[o].y;
   const int64_t N = a.o[o].N, K = a.K, M = a.M;
   const int64_t KW = K / 16, G = K / 128, C = K / 64;
-  const int64_t row0 = (int64_t(blockIdx.x) - a.o[o].block0) * kGemmRows;
+  const int64_t row0 = (int64_t(blockIdx.x) - a.o[o].g0) * kGemmRows;
   const int64_t tok0 = int64_t(blockIdx.y) * kGemmToks;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
 
@@ -504,7 +495,6 @@ Launch gemm_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* 
   a.K = K;
   a.M = M;
   a.n_outs = n_outs;
-  a.splits = 1;
   int64_t b0 = 0;
   for (int i = 0; i < n_outs; ++i) {
     a.o[i] = {outs[i].words, outs[i].scales, outs[i].y, outs[i].N, b0};
