@@ -1,0 +1,207 @@
+// bonsai bench -m PACK [--backend cpu] [-p 512,2048] [-n 128] [-r 5] [--threads N] [--json]
+// bonsai bench --probe
+//
+// Like llama-bench: prompt processing (pp: prefill of P tokens) and generation (tg: N decode steps after
+// one token), each repeated r times, reported as mean +- sd tok/s; plus the bytes a decode step moves,
+// the GB/s that makes, and both as a fraction of this machine's own limits measured in the same run
+// (streaming read bandwidth for tg, the int8 dot-product peak for pp: `--probe` prints just those).
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/kernels.h"
+#include "backend/cpu/probe.h"
+#include "commands.h"
+#include "engine/backends.h"
+#include "engine/generate.h"
+#include "model/forward.h"
+#include "model/pack.h"
+#include "pack/rng.h"
+#include "util/error.h"
+
+namespace bonsai::cli {
+
+namespace {
+
+struct BenchArgs {
+  std::string model;
+  std::string prompts = "512";
+  int64_t n = 128;
+  int reps = 5;
+  int threads = 0;
+  std::string backend = "cpu";
+  bool json = false;
+  bool probe_only = false;
+};
+
+struct MeanSd {
+  double mean = 0, sd = 0;
+};
+MeanSd mean_sd(const std::vector<double>& v) {
+  MeanSd r;
+  if (v.empty()) return r;
+  r.mean = std::accumulate(v.begin(), v.end(), 0.0) / double(v.size());
+  double ss = 0;
+  for (double x : v) ss += (x - r.mean) * (x - r.mean);
+  r.sd = v.size() > 1 ? std::sqrt(ss / double(v.size() - 1)) : 0.0;
+  return r;
+}
+
+std::vector<int64_t> parse_list(const std::string& s) {
+  std::vector<int64_t> v;
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    const std::string item = s.substr(i, j - i);
+    try {
+      size_t used = 0;
+      const long long x = std::stoll(item, &used);
+      if (used != item.size() || x < 0) throw std::invalid_argument(item);
+      if (x > 0) v.push_back(x);
+    } catch (const std::exception&) {
+      fail("-p: '{}' is not a non-negative token count (in '{}')", item, s);
+    }
+    i = j + 1;
+  }
+  return v;
+}
+
+// Multiply-adds one token costs: every ternary weight except the embedding table (one row gathered),
+// plus the dense a/b projections.
+double macs_per_token(const Model& m) {
+  double macs = 0;
+  for (const TernaryMatrix* t : m.ternary_matrices())
+    if (t != &m.embed) macs += double(t->rows) * double(t->cols);
+  for (const LayerWeights& l : m.layers) macs += double(l.gdn.a.size() + l.gdn.b.size());
+  return macs;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void bench(const BenchArgs& a) {
+  const int probe_threads = a.threads;
+  std::fprintf(stderr, "probing this machine (%s kernels)...\n", cpu::kernels_name());
+  const double read_gbs = cpu::probe_read_bandwidth_gbs(probe_threads);
+  const double int8_gops = cpu::probe_int8_dot_peak_gops(probe_threads);
+  nlohmann::ordered_json j;
+  j["cpu_kernels"] = cpu::kernels_name();
+  j["probe"] = {{"read_gb_s", read_gbs}, {"int8_dot_peak_gops", int8_gops}};
+  if (a.probe_only) {
+    if (a.json) std::printf("%s\n", j.dump(2).c_str());
+    else
+      std::printf("probe: streaming read %.2f GB/s, int8 dot-product peak %.1f Gops/s (%s kernels)\n", read_gbs, int8_gops,
+                  cpu::kernels_name());
+    return;
+  }
+  if (a.model.empty()) fail("bench: give a pack with -m (or --probe for the machine limits alone)");
+  const std::vector<int64_t> pps = parse_list(a.prompts);
+  if (a.n < 0 || a.reps < 1) fail("bench: -n must be >= 0 and -r >= 1");
+
+  auto t0 = std::chrono::steady_clock::now();
+  const Pack pack = open_pack(a.model);
+  LoadOptions lo;
+  lo.threads = a.threads;
+  const Model model = load_model(pack, lo);
+  const double load_s = seconds_since(t0);
+  BackendOptions bo;
+  bo.threads = a.threads;
+  std::unique_ptr<Backend> backend = make_backend(a.backend, bo);
+  Decoder decoder(model, *backend);
+  int64_t need = a.n + 2;
+  for (int64_t p : pps) need = std::max(need, p + 1);
+  SessionOptions so;
+  so.capacity = need;
+  Session session(decoder, so);
+  const auto* cpu_be = dynamic_cast<const CpuBackend*>(backend.get());
+  const int threads = cpu_be ? cpu_be->threads() : 1;
+  const double macs = macs_per_token(model);
+  Rng rng(1234);
+  auto random_ids = [&](int64_t n) {
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    for (auto& id : ids) id = int32_t(rng.next() % uint64_t(model.config.vocab));
+    return ids;
+  };
+
+  j["model"] = a.model;
+  j["format"] = model.source_format;
+  j["backend"] = backend->name();
+  j["threads"] = threads;
+  j["load_seconds"] = load_s;
+  j["weight_bytes_per_token"] = model.decode_weight_bytes();
+  j["macs_per_token"] = macs;
+  nlohmann::ordered_json results = nlohmann::ordered_json::array();
+
+  if (!a.json)
+    std::printf("%s | %s | %s backend, %d threads, %s kernels | read %.2f GB/s, int8 peak %.1f Gops/s (probed)\n",
+                a.model.c_str(), model.source_format.c_str(), backend->name(), threads, cpu::kernels_name(), read_gbs,
+                int8_gops);
+  for (int64_t p : pps) {
+    std::vector<double> tps;
+    for (int r = 0; r < a.reps + 1; ++r) {  // the first repetition warms up and is not counted
+      session.reset();
+      const auto ids = random_ids(p);
+      auto t = std::chrono::steady_clock::now();
+      (void)session.append(ids);
+      const double s = seconds_since(t);
+      if (r > 0) tps.push_back(double(p) / s);
+    }
+    const MeanSd ms = mean_sd(tps);
+    const double gops = ms.mean * 2.0 * macs / 1e9;
+    results.push_back({{"test", "pp" + std::to_string(p)}, {"tok_s", ms.mean}, {"tok_s_sd", ms.sd}, {"gops", gops},
+                       {"pct_int8_peak", 100.0 * gops / int8_gops}});
+    if (!a.json)
+      std::printf("pp%-6lld %10.2f +- %7.2f tok/s | %8.1f Gops/s = %5.1f%% of the int8 dot peak\n", (long long)p, ms.mean,
+                  ms.sd, gops, 100.0 * gops / int8_gops);
+  }
+  if (a.n > 0) {
+    std::vector<double> tps, gbs;
+    uint64_t bytes_per_token = 0;
+    for (int r = 0; r < a.reps + 1; ++r) {
+      session.reset();
+      GenerateOptions go;
+      go.max_new_tokens = a.n + 1;  // the first token comes from the one-token prefill
+      const GenerateResult res = generate(session, random_ids(1), go);
+      const GenerateStats& s = res.stats;
+      bytes_per_token = s.weight_bytes_per_step + (s.decode_steps ? s.state_bytes / uint64_t(s.decode_steps) : 0);
+      if (r > 0) {
+        tps.push_back(s.decode_tok_s());
+        gbs.push_back(s.decode_gb_s());
+      }
+    }
+    const MeanSd ms = mean_sd(tps), mg = mean_sd(gbs);
+    results.push_back({{"test", "tg" + std::to_string(a.n)}, {"tok_s", ms.mean}, {"tok_s_sd", ms.sd},
+                       {"bytes_per_token", bytes_per_token}, {"gb_s", mg.mean}, {"pct_read_bandwidth", 100.0 * mg.mean / read_gbs}});
+    if (!a.json)
+      std::printf("tg%-6lld %10.2f +- %7.2f tok/s | %.3f GB per token, %6.2f GB/s = %5.1f%% of the read bandwidth\n",
+                  (long long)a.n, ms.mean, ms.sd, double(bytes_per_token) / 1e9, mg.mean, 100.0 * mg.mean / read_gbs);
+  }
+  j["results"] = results;
+  if (a.json) std::printf("%s\n", j.dump(2).c_str());
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  auto* cmd = app.add_subcommand("bench", "Benchmark prompt processing and generation (llama-bench style) against the machine's measured limits");
+  auto a = std::make_shared<BenchArgs>();
+  cmd->add_option("-m,--model", a->model, "Pack: GGUF file or MLX folder");
+  cmd->add_option("-p,--n-prompt", a->prompts, "Prompt lengths to prefill, comma-separated (0: none)")->capture_default_str();
+  cmd->add_option("-n,--n-gen", a->n, "Tokens to generate (0: none)")->capture_default_str();
+  cmd->add_option("-r,--repetitions", a->reps, "Repetitions of each test (after one warm-up)")->capture_default_str();
+  cmd->add_option("--threads", a->threads, "CPU threads (0: all)")->capture_default_str();
+  cmd->add_option("--backend", a->backend, "Backend")->capture_default_str();
+  cmd->add_flag("--probe", a->probe_only, "Only measure the machine: streaming read bandwidth and int8 dot-product peak");
+  cmd->add_flag("--json", a->json, "Print JSON");
+  cmd->callback([a] { bench(*a); });
+}
+
+}  // namespace bonsai::cli
