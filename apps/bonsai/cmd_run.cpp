@@ -4,6 +4,10 @@
 // default), print the generated ids, the decoded text when the pack has a tokenizer, then a footer:
 // prompt tokens, prefill tok/s, decode tok/s, ms/token and GB/s = (Model::decode_weight_bytes() + the
 // KV / conv / recurrent state bytes a step moves) * decode tok/s.
+//
+// --chat -p TEXT [--system S] [--think on|off] [--chat-format auto|chatml] [--stop S]...: a chat completion
+// instead (cmd_chat.cpp, run_chat_once): the pack's chat template, the answer printed with the reasoning
+// apart, the footer on stderr.
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -12,6 +16,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "chat_cli.h"
 #include "commands.h"
 #include "engine/backends.h"
 #include "engine/generate.h"
@@ -36,6 +41,9 @@ struct RunArgs {
   std::string backend = "cpu";
   bool json = false;
   bool ignore_eos = false;
+  bool chat = false;      // --chat: cmd_chat.cpp renders the chat template and prints the answer
+  bool n_given = false;
+  ChatCliArgs chat_args;  // --system --think --chat-format ... (--chat only)
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -73,6 +81,21 @@ std::string join_ids(const std::vector<int32_t>& ids) {
 }
 
 void run(const RunArgs& a) {
+  if (a.chat) {
+    if (!a.tokens.empty()) fail("--chat takes the message as -p TEXT, not --tokens");
+    ChatCliArgs c = a.chat_args;
+    c.model = a.model;
+    c.prompt = a.prompt;
+    c.n = a.n_given ? a.n : -1;  // a chat reply runs to its stop token unless -n is given
+    c.sampling = a.sampling;
+    c.ctx = a.ctx;
+    c.threads = a.threads;
+    c.backend = a.backend;
+    c.json = a.json;
+    c.ignore_eos = a.ignore_eos;
+    run_chat_once(c);
+    return;
+  }
   if (a.tokens.empty() == a.prompt.empty()) fail("give exactly one of --tokens and -p/--prompt");
   auto t_load = std::chrono::steady_clock::now();
   Pack pack = open_pack(a.model);
@@ -161,7 +184,8 @@ void register_run(CLI::App& app) {
   auto* t = cmd->add_option("--tokens", a->tokens, "Prompt as comma-separated token ids");
   auto* p = cmd->add_option("-p,--prompt", a->prompt, "Prompt text (encoded with the pack's tokenizer; no chat template)");
   t->excludes(p);
-  cmd->add_option("-n,--n-predict", a->n, "Tokens to generate")->capture_default_str();
+  auto* n_opt = cmd->add_option("-n,--n-predict", a->n, "Tokens to generate (--chat: until a stop token unless given)")
+                    ->capture_default_str();
   cmd->add_option("--temp", a->sampling.temperature, "Temperature (0: greedy)")->capture_default_str();
   cmd->add_option("--top-k", a->sampling.top_k, "Top-k (0: off)")->capture_default_str();
   cmd->add_option("--top-p", a->sampling.top_p, "Top-p (1: off)")->capture_default_str();
@@ -175,7 +199,14 @@ void register_run(CLI::App& app) {
   cmd->add_option("--backend", a->backend, "ref (fp64 reference, slow) or cpu")->capture_default_str();
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Do not stop on the pack's stop ids (benchmarking)");
   cmd->add_flag("--json", a->json, "Print JSON");
-  cmd->callback([a] { run(*a); });
+  auto* chat = cmd->add_flag("--chat", a->chat,
+                             "Chat completion: -p is a user message rendered with the pack's chat template; prints the "
+                             "answer (reasoning apart)");
+  for (CLI::Option* o : add_chat_options(cmd, a->chat_args)) o->needs(chat);
+  cmd->callback([a, n_opt] {
+    a->n_given = n_opt->count() > 0;
+    run(*a);
+  });
 }
 
 }  // namespace bonsai::cli
