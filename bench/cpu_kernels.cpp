@@ -4,6 +4,7 @@
 //
 //   matvec/<act>/<variant>/K<K>_N<N>/t<threads>    decode, M = 1
 //   gemm64/<act>/<variant>/K<K>_N<N>/t<threads>    prefill chunk, M = 64
+//   read/K<K>_N<N>/t<threads>                      the same bytes read and discarded, same pool and chunks
 //   fwht/<variant>/...  quantize_q8/<variant>/...  dot/<variant>/...
 // act: q8 (int8 activations, VNNI where present) or f32 (fp32 activations, exact).
 //
@@ -17,6 +18,8 @@
 // Run: build-simd/bench/bench_cpu_kernels [--benchmark_filter=matvec/q8] [--benchmark_min_time=0.5]
 //      BONSAI_BENCH_SHAPES=all|small (small: only K5120_N1024 and K6144_N5120; default all)
 #include <benchmark/benchmark.h>
+
+#include <atomic>
 
 #include <chrono>
 #include <cmath>
@@ -36,6 +39,12 @@
 #include "backend/cpu/probe.h"
 #include "backend/cpu/thread_pool.h"
 #include "util/half.h"
+
+#if defined(__x86_64__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#endif
 
 namespace cpu = bonsai::cpu;
 
@@ -143,6 +152,60 @@ void bm_ternary(benchmark::State& state, const char* variant, cpu::TernaryActiva
   cpu::set_ternary_activation(cpu::TernaryActivation::f32);
 }
 
+// The same bytes as the matvec, read and discarded through the same pool and row ranges: the plain read
+// the matvec is measured against under identical conditions (threads, chunking, the machine's load now).
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) uint64_t read_bytes_avx512(const uint8_t* p, size_t n) {
+  __m512i a = _mm512_setzero_si512(), b = a;
+  size_t i = 0;
+  for (; i + 128 <= n; i += 128) {
+    a = _mm512_xor_si512(a, _mm512_loadu_si512(p + i));
+    b = _mm512_xor_si512(b, _mm512_loadu_si512(p + i + 64));
+  }
+  uint64_t out[8];
+  _mm512_storeu_si512(out, _mm512_xor_si512(a, b));
+  for (; i < n; ++i) out[0] += p[i];
+  return out[0] ^ out[5];
+}
+#endif
+uint64_t read_bytes_scalar(const uint8_t* p, size_t n) {
+  uint64_t s = 0;
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    uint64_t v;
+    std::memcpy(&v, p + i, 8);
+    s ^= v;
+  }
+  return s;
+}
+
+void bm_read(benchmark::State& state, Shape s, int threads) {
+  cpu::set_num_threads(threads);
+  Copies& w = weights(s);
+  auto read = read_bytes_scalar;
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f")) read = read_bytes_avx512;
+#endif
+  const int64_t rb = s.K / 4, sb = s.K / 64;  // code bytes and scale bytes per row
+  std::atomic<uint64_t> sink{0};
+  size_t i = 0;
+  const double cpu0 = process_cpu_seconds();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    const Matrix& m = w.m[i++ % w.m.size()];
+    const auto* words = reinterpret_cast<const uint8_t*>(m.words.data());
+    const auto* scales = reinterpret_cast<const uint8_t*>(m.scales.data());
+    cpu::parallel_for(0, s.N, 16, [&](int64_t lo, int64_t hi) {
+      sink.fetch_xor(read(words + lo * rb, size_t((hi - lo) * rb)) ^ read(scales + lo * sb, size_t((hi - lo) * sb)));
+    });
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double cpu_secs = process_cpu_seconds() - cpu0;
+  const double iters = double(state.iterations());
+  state.counters["GB/s"] = weight_bytes(s) * iters / secs / 1e9;
+  state.counters["GB/s/core"] = weight_bytes(s) * iters / cpu_secs / 1e9;
+  benchmark::DoNotOptimize(sink.load());
+}
+
 // Compute ceiling: the kernel alone (one thread, no op layer) on a matrix that stays in L2 (K=5120,
 // N=128: 170 KB), activation pre-quantised. GB/s here is weight bytes per CPU second: what the kernel could
 // stream if memory were free; compare with the DRAM numbers to see which side limits.
@@ -226,6 +289,11 @@ void register_all() {
   const bool small = env && !std::strcmp(env, "small");
   for (const Shape& s : kShapes) {
     if (small && !(s.N == 1024 || s.K == 6144)) continue;
+    for (int t : {1, 2})
+      benchmark::RegisterBenchmark(("read/" + shape_name(s) + "/t" + std::to_string(t)).c_str(),
+                                   [=](benchmark::State& st) { bm_read(st, s, t); })
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
     for (const char* v : kVariants) {
       const bool portable = !std::strcmp(v, "portable");
       for (int t : {1, 2})

@@ -5,7 +5,7 @@
 // compiled with -mavx512*: inline functions from the standard headers then stay baseline x86-64 code, so
 // the linker can never pick an AVX-512 copy of one for the whole program (the classic per-file-flags trap).
 //
-// int8 ("q8") ternary kernels, the decode workhorse. Per chunk of 256 elements (two groups of 128):
+// int8 ("q8") matvec, the decode workhorse. Per row and chunk of 256 elements (two groups of 128):
 //   - one 64-byte load of canonical codes (byte p = elements 4p..4p+3 at bits 2t);
 //   - plane t = (codes >> 2t) & 3: unsigned bytes {0,1,2(,3)}, lined up with the activation's plane t
 //     (the activation is plane-permuted once per site by quantize_q8, see kernels.h);
@@ -19,6 +19,10 @@
 // prefetched 2 KB ahead. Measured on Zen 4 (K=5120, N=17408, one thread, per busy core): four adjacent
 // rows (four short interleaved streams, 1.3 KB each) 7-8 GB/s; one row at a time 11-14 GB/s (compute
 // bound at 16 GB/s); four long streams 14-17 GB/s, with the 2 KB prefetch 17-18 GB/s.
+//
+// The GEMMs (M > 1, prefill) put 16 ROWS in the 16 lanes instead (codes transposed once per chunk and
+// reused by every activation row, activation values broadcast): see "q8 GEMM" and "fp32 GEMM" below.
+//
 // GCC 12 warns inside its own AVX-512 headers (_mm256_undefined_* "used uninitialized") when intrinsics
 // are inlined into target-attribute functions: a false positive, silenced for this file only.
 #pragma GCC diagnostic push
