@@ -512,8 +512,6 @@ TGT void f32_rows16_xm(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_
   constexpr int kMT = 64;
   alignas(64) __m512 wt[128];    // one group: element e of the 16 rows, times d
   alignas(64) __m512 facc[kMT];  // [m] 16 rows
-  const __m512i row_idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                             _mm512_set1_epi32(int(G)));
   const __mmask16 rows = __mmask16((1u << nr) - 1);
   const __m512i m3 = _mm512_set1_epi32(3);
   for (int64_t m0 = 0; m0 < M; m0 += kMT) {
@@ -529,8 +527,10 @@ TGT void f32_rows16_xm(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_
       transpose16x16(a);  // a[k] lane r: row r's code dword k of the chunk (elements 16k .. 16k+15)
       for (int h = 0; h < groups; ++h) {
         const int64_t g = 2 * c + h;
-        const __m512i dd = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows, row_idx, s0 + g, 2);
-        const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
+        // d of group g for the 16 rows (scalar: a dword gather at the last group could read past the array).
+        alignas(64) float dr[16] = {};
+        for (int r = 0; r < nr; ++r) dr[r] = fp16_to_f32(s0[r * G + g]);
+        const __m512 d = _mm512_load_ps(dr);
         for (int k = 0; k < 8; ++k)
           for (int j = 0; j < 16; ++j) {
             const __m512 code = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(a[8 * h + k], 2 * j), m3));
