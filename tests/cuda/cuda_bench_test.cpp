@@ -89,7 +89,14 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
       {"down M256", 17408, {5120}, 256},    {"gate+up M4", 5120, {17408, 17408}, 4}, {"down M4", 17408, {5120}, 4},
   };
   report("bench_kernels.txt", "shape            M    K      N(s)                 MB/launch   us      GB/s   %probe  TOP/s");
-  for (const Shape& sh : shapes) {
+  const char* only = std::getenv("BONSAI_BENCH_SHAPE");
+  for (const Shape& sh : shapes)
+  for (int rows : {2, 4}) {
+    if (only && std::string(sh.name) != only) continue;
+    if (rows == 4 && sh.M > 4) continue;  // the GEMM has no row variant
+    CudaBackend::Options bo = be.options();
+    bo.matvec_rows = rows;
+    be.set_options(bo);
     uint64_t bytes = 0;
     for (int64_t N : sh.N) bytes += uint64_t(N * sh.K / 4 + N * sh.K / 128 * 2);
     const int copies = int(std::max<uint64_t>(2, std::min<uint64_t>(64, (1ull << 29) / bytes + 1)));
@@ -109,7 +116,8 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
     for (int64_t N : sh.N) flops += 2.0 * double(N) * double(sh.K) * double(sh.M);
     std::string ns;
     for (int64_t N : sh.N) ns += (ns.empty() ? "" : "+") + std::to_string(N);
-    std::snprintf(buf, sizeof buf, "%-16s %-4lld %-6lld %-20s %-11.2f %-7.2f %-6.0f %-7.1f %.1f", sh.name,
+    const std::string label = std::string(sh.name) + (sh.M <= 4 ? (rows == 4 ? " r4" : " r2") : "");
+    std::snprintf(buf, sizeof buf, "%-16s %-4lld %-6lld %-20s %-11.2f %-7.2f %-6.0f %-7.1f %.1f", label.c_str(),
                   (long long)sh.M, (long long)sh.K, ns.c_str(), double(bytes) / 1e6, us, gbs, 100.0 * gbs / probe,
                   flops / (us * 1e-6) / 1e12);
     report("bench_kernels.txt", buf);
@@ -162,13 +170,16 @@ TEST(CudaBench, Model27b) {
     struct Mode {
       const char* name;
       bool graphs, pdl, fuse;
-    } modes[] = {{"graphs+pdl+fuse", true, true, true}, {"eager+pdl+fuse", false, true, true},
-                 {"graphs, no pdl", true, false, true}, {"graphs, no fuse", true, true, false}};
+      int rows;
+    } modes[] = {{"graphs+pdl+fuse", true, true, true, 2}, {"graphs+pdl+fuse rows4", true, true, true, 4},
+                 {"eager+pdl+fuse", false, true, true, 2},  {"graphs, no pdl", true, false, true, 2},
+                 {"graphs, no fuse", true, true, false, 2}};
     for (const Mode& md : modes) {
       CudaBackend::Options o = be.options();
       o.graphs = md.graphs;
       o.pdl = md.pdl;
       o.fuse = md.fuse;
+      o.matvec_rows = md.rows;
       be.set_options(o);
       for (int64_t ctx : {int64_t(2048), int64_t(16)}) {
         DecoderState d = dec.new_state(4096);

@@ -27,6 +27,15 @@ if [ "${SKIP_KERNELS:-0}" != 1 ]; then
   echo "kernels rc=$?"
   cat "$OUT/bench_kernels.txt"
 fi
+if [ "${NCU:-0}" = 1 ] && command -v ncu > /dev/null; then
+  for r in 2 4; do
+    BONSAI_CUDA_BENCH=1 BONSAI_BENCH_SHAPE=ffn_gate timeout 120 ncu --clock-control none -k regex:matvec \
+      --launch-skip $((r == 2 ? 2 : 40)) --launch-count 1 --section SpeedOfLight --section WarpStateStats \
+      --section Occupancy --section SchedulerStats --section ComputeWorkloadAnalysis \
+      $B/test_cuda --gtest_filter='CudaBench.ProbeAndTernaryKernels' > "$OUT/ncu_matvec_r$r.txt" 2>&1
+    grep -E "Throughput|Duration|Issue|Stall|Warp Cycles|Eligible|Occupancy|Registers|Executed Ipc|Pipe" "$OUT/ncu_matvec_r$r.txt" | head -40
+  done
+fi
 if [ "${SKIP_27B:-0}" != 1 ]; then
   wait $MP
   ls -la /tmp/p27

@@ -29,7 +29,7 @@ void cuda_check(cudaError_t e, const char* what, const char* file, int line) {
 }
 #define CUDA_CHECK(expr) cuda_check((expr), #expr, __FILE__, __LINE__)
 
-constexpr int kDecodeSplits = 16;      // attention splits for one query row (fixed: graph shapes stay put)
+constexpr int kDecodeSplits = int(cuda::kAttnMaxSplits);  // splits for one query row (fixed: graph shapes stay put)
 constexpr size_t kPinnedMax = 64u << 20;
 
 uint64_t mix(uint64_t h, uint64_t v) {
@@ -724,8 +724,8 @@ void CudaBackend::linear(const LinearOut* outs, int n_outs, int64_t K, const flo
       const Impl::DevMatrix& d = I.matrix(outs[i0 + i].w);
       t[i] = {d.words, d.scales, outs[i0 + i].y, d.N};
     }
-    if (M <= 4 || !I.opt.tensor_cores) I.emit(cuda::matvec_launch(t, n, K, xq, xds, M, I.prop.multiProcessorCount));
-    else I.emit(cuda::gemm_launch(t, n, K, xq, xds, M));
+    if (M <= 4 || !I.opt.tensor_cores) I.emit(cuda::matvec_launch(t, n, K, xq, xds, M, I.prop.multiProcessorCount, I.opt.matvec_rows));
+    else I.emit(cuda::gemm_launch(t, n, K, xq, xds, M, I.prop.multiProcessorCount));
   }
 }
 
@@ -996,9 +996,16 @@ std::string CudaBackend::profile_report() {
       cudaGetLastError();
       name = "?";
     }
+    // "_ZN6bonsai4cuda<anon ns>11site_kernelENS1_8SiteArgsE": keep the function's own name
     std::string n = name;
-    const size_t k = n.find("bonsai4cuda");
-    if (k != std::string::npos) n = n.substr(k);
+    for (const char* k : {"site_kernel", "matvec_kernel", "gemm_kernel", "norm_kernel", "head_norm_kernel", "rope_kernel",
+                          "ew_kernel", "copy_kernel", "embed_kernel", "dense_kernel", "conv_kernel", "gates_kernel",
+                          "argmax_kernel", "attention_kernel", "delta_kernel"})
+      if (n.find(k) != std::string::npos) {
+        const size_t at = n.find(k);
+        n = n.substr(at, n.find('E', at) - at);
+        break;
+      }
     if (n.size() > 44) n = n.substr(0, 44);
     out += fmt::format("{:<44} {:>8} {:>10.3f} {:>9.2f} {:>6.1f}\n", n, e.second.first, e.second.second,
                        1e3 * e.second.second / double(e.second.first), 100.0 * e.second.second / total);
@@ -1077,8 +1084,9 @@ double CudaBackend::time_linear_kernel(const TernaryMatrix* const* mats, int n_m
       const Impl::DevMatrix& d = I.matrix(mats[i + j]);
       t[j] = {d.words, d.scales, y + j * M * maxN, d.N};
     }
-    ls.push_back(M <= 4 || !I.opt.tensor_cores ? cuda::matvec_launch(t, n_outs, K, xq, xds, M, I.prop.multiProcessorCount)
-                                               : cuda::gemm_launch(t, n_outs, K, xq, xds, M));
+    ls.push_back(M <= 4 || !I.opt.tensor_cores ? cuda::matvec_launch(t, n_outs, K, xq, xds, M, I.prop.multiProcessorCount,
+                                                                     I.opt.matvec_rows)
+                                               : cuda::gemm_launch(t, n_outs, K, xq, xds, M, I.prop.multiProcessorCount));
   }
   // One round = every launch once, captured as a graph without PDL (kernel time + the graph's gap).
   const bool pdl = I.opt.pdl;

@@ -54,11 +54,14 @@ struct TernaryDev {
   float* y;
   int64_t N;
 };
-// dp4a matvec: best for M <= 4 (weights stream once per 4 tokens).
+// dp4a matvec: best for M <= 4 (weights stream once per 4 tokens). rows: weight rows per warp step
+// (2: 6-deep pipeline; 4: 3-deep, activation loads shared by 4 rows).
 Launch matvec_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                     int sms);
+                     int sms, int rows = 2);
 // Tensor-core GEMM (int8 mma.sync m16n8k32): tiles of 128 weight rows x 64 tokens.
-Launch gemm_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M);
+// 4 warps (64 rows) per block instead of 8 when the 8-warp grid would leave SMs idle.
+Launch gemm_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
+                   int sms);
 
 // ---- norms ---------------------------------------------------------------------------------------
 Launch rmsnorm_launch(const float* x, int64_t rows, int64_t n, const float* gain, float eps, float* out);
@@ -108,6 +111,7 @@ struct AttnDesc {
 Launch attention_launch(const AttnDesc& d);
 constexpr int64_t kAttnMaxGroup = 8;    // Hq / Hkv
 constexpr int64_t kAttnMaxDim = 256;    // D (multiple of 32)
+constexpr int64_t kAttnMaxSplits = 16;
 
 // ---- Gated DeltaNet --------------------------------------------------------------------------------
 Launch gdn_conv_launch(const float* x, float* state, const float* taps, int64_t T, int64_t C, int64_t Kc, float* out);

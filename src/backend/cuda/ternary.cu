@@ -186,7 +186,6 @@ struct TernaryArgs {
 };
 
 constexpr int kMvWarps = 8;
-constexpr int kMvDepth = 6;  // pipeline depth: steps of 2 x 16 B per lane in flight
 
 // d = a (4 unsigned bytes) . b (4 signed bytes) + c
 __device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
@@ -219,61 +218,74 @@ __device__ __forceinline__ int output_of(const TernaryArgs& a, int64_t g) {
   return o;
 }
 
+template <int R>
 struct MvStage {
-  uint4 w0, w1;
-  float s0, s1;
+  uint4 w[R];
+  float s[R];
 };
 
-template <int MT>
+// R rows per warp step (a row group), D steps in flight per lane.
+template <int MT, int R, int D>
 __global__ __launch_bounds__(kMvWarps * 32, 2) void matvec_kernel(const TernaryArgs a) {
   const int lane = threadIdx.x & 31;
   const int64_t warp = int64_t(blockIdx.x) * kMvWarps + (threadIdx.x >> 5);
   const int64_t C = a.K >> 6, G = a.K >> 7;
-  const int L = int((C + 31) >> 5);  // steps per row pair
+  const int L = int((C + 31) >> 5);  // steps per row group
   const int64_t g_begin = warp * a.per_warp;
   const int64_t g_end = min(a.total, g_begin + a.per_warp);
   const int64_t steps = g_end > g_begin ? (g_end - g_begin) * L : 0;
   const int64_t m0 = int64_t(blockIdx.y) * MT;
 
-  MvStage ring[kMvDepth];
-  int64_t ig = g_begin;  // issue cursor: pair, step within the pair
-  int ic = 0;
-  auto issue = [&](MvStage& st) {
-    st.w0 = st.w1 = make_uint4(0, 0, 0, 0);
-    st.s0 = st.s1 = 0.f;
+  MvStage<R> ring[D];
+  // Issue cursor: the group's row pointers are set once per group (every L steps), not per step.
+  int64_t ig = g_begin;
+  int ic = 0, nrows = 0;
+  const uint4* wrow = nullptr;
+  const __half* srow = nullptr;
+  auto set_group = [&]() {
     if (ig >= g_end) return;
-    const int64_t c = lane + 32 * ic;
     const TOut& O = a.o[output_of(a, ig)];
-    const int64_t row = 2 * (ig - O.g0);
-    if (c < C) {
-      const uint4* w = reinterpret_cast<const uint4*>(O.words) + row * C + c;
-      const __half* sc = reinterpret_cast<const __half*>(O.scales) + row * G + (c >> 1);
-      st.w0 = ld_stream(w);
-      st.s0 = __half2float(sc[0]);
-      if (row + 1 < O.N) {
-        st.w1 = ld_stream(w + C);
-        st.s1 = __half2float(sc[G]);
+    const int64_t row = int64_t(R) * (ig - O.g0);
+    nrows = int(O.N - row < R ? O.N - row : int64_t(R));
+    wrow = reinterpret_cast<const uint4*>(O.words) + row * C + lane;
+    srow = reinterpret_cast<const __half*>(O.scales) + row * G;
+  };
+  auto issue = [&](MvStage<R>& st) {
+    const int64_t c = lane + 32 * ic;
+    const bool live = ig < g_end && c < C;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (live && r < nrows) {
+        st.w[r] = ld_stream(wrow + r * C + 32 * ic);
+        st.s[r] = __half2float(srow[r * G + (c >> 1)]);
+      } else {
+        st.w[r] = make_uint4(0, 0, 0, 0);
+        st.s[r] = 0.f;
       }
     }
-    if (++ic == L) {
+    if (ig < g_end && ++ic == L) {
       ic = 0;
       ++ig;
+      set_group();
     }
   };
 
   pdl_trigger();
+  set_group();
 #pragma unroll
-  for (int s = 0; s < kMvDepth; ++s) issue(ring[s]);  // weights first: they do not depend on earlier kernels
-  pdl_wait();                                          // the activations and y do
+  for (int s = 0; s < D; ++s) issue(ring[s]);  // weights first: they do not depend on earlier kernels
+  pdl_wait();                                   // the activations and y do
 
-  float acc0[MT], acc1[MT];
+  float acc[R][MT];
 #pragma unroll
-  for (int m = 0; m < MT; ++m) acc0[m] = acc1[m] = 0.f;
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < MT; ++m) acc[r][m] = 0.f;
   int64_t cg = g_begin;  // compute cursor
   int cc = 0;
-  for (int64_t base = 0; base < steps; base += kMvDepth) {
+  for (int64_t base = 0; base < steps; base += D) {
 #pragma unroll
-    for (int s = 0; s < kMvDepth; ++s) {
+    for (int s = 0; s < D; ++s) {
       if (base + s < steps) {  // uniform across the warp
         const int64_t c = lane + 32 * cc;
         if (c < C) {
@@ -283,24 +295,24 @@ __global__ __launch_bounds__(kMvWarps * 32, 2) void matvec_kernel(const TernaryA
               const int4* xp = reinterpret_cast<const int4*>(a.xq + (m0 + m) * a.K) + c * 4;
               const int4 x0 = xp[0], x1 = xp[1], x2 = xp[2], x3 = xp[3];
               const float2 ds = a.xds[(m0 + m) * C + c];
-              acc0[m] += ring[s].s0 * ds.x * (float(chunk_dot(ring[s].w0, x0, x1, x2, x3)) - ds.y);
-              acc1[m] += ring[s].s1 * ds.x * (float(chunk_dot(ring[s].w1, x0, x1, x2, x3)) - ds.y);
+#pragma unroll
+              for (int r = 0; r < R; ++r)
+                acc[r][m] += ring[s].s[r] * ds.x * (float(chunk_dot(ring[s].w[r], x0, x1, x2, x3)) - ds.y);
             }
           }
         }
-        issue(ring[s]);  // refill: the step kMvDepth ahead
-        if (++cc == L) {  // the pair is done: reduce across the warp and write
+        issue(ring[s]);  // refill: the step D ahead
+        if (++cc == L) {  // the group is done: reduce across the warp and write
           const TOut& O = a.o[output_of(a, cg)];
-          const int64_t row = 2 * (cg - O.g0);
+          const int64_t row = int64_t(R) * (cg - O.g0);
 #pragma unroll
-          for (int m = 0; m < MT; ++m) {
-            const float v0 = warp_sum(acc0[m]), v1 = warp_sum(acc1[m]);
-            if (lane == 0 && m0 + m < a.M) {
-              O.y[(m0 + m) * O.N + row] = v0;
-              if (row + 1 < O.N) O.y[(m0 + m) * O.N + row + 1] = v1;
+          for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+              const float v = warp_sum(acc[r][m]);
+              if (lane == 0 && m0 + m < a.M && row + r < O.N) O.y[(m0 + m) * O.N + row + r] = v;
+              acc[r][m] = 0.f;
             }
-            acc0[m] = acc1[m] = 0.f;
-          }
           cc = 0;
           ++cg;
         }
@@ -314,7 +326,8 @@ __device__ __forceinline__ int find_output(const TernaryArgs& a) { return output
 }  // namespace
 
 Launch matvec_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                     int sms) {
+                     int sms, int rows) {
+  const int R = rows == 4 ? 4 : 2;
   TernaryArgs a{};
   a.xq = xq;
   a.xds = xds;
@@ -324,7 +337,7 @@ Launch matvec_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t
   int64_t g0 = 0;
   for (int i = 0; i < n_outs; ++i) {
     a.o[i] = {outs[i].words, outs[i].scales, outs[i].y, outs[i].N, g0};
-    g0 += (outs[i].N + 1) / 2;
+    g0 += (outs[i].N + R - 1) / R;
   }
   a.total = g0;
   // Balanced contiguous ranges: at most 2 blocks of 8 warps per SM resident (the register budget).
@@ -333,9 +346,15 @@ Launch matvec_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t
   const int64_t warps = (a.total + a.per_warp - 1) / a.per_warp;
   const void* f;
   int mt;
-  if (M <= 1) f = reinterpret_cast<const void*>(&matvec_kernel<1>), mt = 1;
-  else if (M <= 2) f = reinterpret_cast<const void*>(&matvec_kernel<2>), mt = 2;
-  else f = reinterpret_cast<const void*>(&matvec_kernel<4>), mt = 4;
+  if (R == 2) {
+    if (M <= 1) f = reinterpret_cast<const void*>(&matvec_kernel<1, 2, 6>), mt = 1;
+    else if (M <= 2) f = reinterpret_cast<const void*>(&matvec_kernel<2, 2, 6>), mt = 2;
+    else f = reinterpret_cast<const void*>(&matvec_kernel<4, 2, 6>), mt = 4;
+  } else {
+    if (M <= 1) f = reinterpret_cast<const void*>(&matvec_kernel<1, 4, 3>), mt = 1;
+    else if (M <= 2) f = reinterpret_cast<const void*>(&matvec_kernel<2, 4, 3>), mt = 2;
+    else f = reinterpret_cast<const void*>(&matvec_kernel<4, 4, 3>), mt = 4;
+  }
   const dim3 grid(unsigned((warps + kMvWarps - 1) / kMvWarps), unsigned((M + mt - 1) / mt));
   return make_launch(f, grid, dim3(kMvWarps * 32), 0, a);
 }
@@ -384,7 +403,9 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], uint32_t a0, uint32_t a1, ui
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-__global__ __launch_bounds__(256) void gemm_kernel(const TernaryArgs a) {
+template <int WARPS>
+__global__ __launch_bounds__(WARPS * 32) void gemm_kernel(const TernaryArgs a) {
+  constexpr int NT = WARPS * 32, ROWS = WARPS * 16;
   __shared__ __align__(16) GemmStage st[2];
   const int o = find_output(a);
   const uint32_t* words = a.o[o].words;
@@ -392,28 +413,32 @@ __global__ __launch_bounds__(256) void gemm_kernel(const TernaryArgs a) {
   float* y = a.o[o].y;
   const int64_t N = a.o[o].N, K = a.K, M = a.M;
   const int64_t KW = K / 16, G = K / 128, C = K / 64;
-  const int64_t row0 = (int64_t(blockIdx.x) - a.o[o].g0) * kGemmRows;
+  const int64_t row0 = (int64_t(blockIdx.x) - a.o[o].g0) * ROWS;
   const int64_t tok0 = int64_t(blockIdx.y) * kGemmToks;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
 
   auto issue_w = [&](int64_t kg, int s) {
-    const int rr = tid >> 1, hh = tid & 1;
-    const int64_t row = row0 + rr;
-    const uint32_t* src = words + (row < N ? row : N - 1) * KW + kg * 8 + hh * 4;
-    cp_async16(&st[s].A[rr * kAStride + hh * 4], src, row < N ? 16 : 0);
+#pragma unroll
+    for (int id = tid; id < ROWS * 2; id += NT) {
+      const int rr = id >> 1, hh = id & 1;
+      const int64_t row = row0 + rr;
+      const uint32_t* src = words + (row < N ? row : N - 1) * KW + kg * 8 + hh * 4;
+      cp_async16(&st[s].A[rr * kAStride + hh * 4], src, row < N ? 16 : 0);
+    }
   };
   auto issue_x = [&](int64_t kg, int s) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int id = tid + 256 * i, tk = id >> 3, part = id & 7;
+    for (int id = tid; id < kGemmToks * 8; id += NT) {
+      const int tk = id >> 3, part = id & 7;
       const int64_t tok = tok0 + tk;
       const int8_t* src = a.xq + (tok < M ? tok : M - 1) * K + kg * 128 + part * 16;
       cp_async16(&st[s].X[tk * kXStride + part * 16], src, tok < M ? 16 : 0);
     }
-    if (tid < 128) {
-      const int tk = tid >> 1, ch = tid & 1;
+#pragma unroll
+    for (int id = tid; id < kGemmToks * 2; id += NT) {
+      const int tk = id >> 1, ch = id & 1;
       const int64_t tok = tok0 + tk;
-      cp_async8(&st[s].xds[tid], a.xds + (tok < M ? tok : M - 1) * C + kg * 2 + ch, tok < M ? 8 : 0);
+      cp_async8(&st[s].xds[id], a.xds + (tok < M ? tok : M - 1) * C + kg * 2 + ch, tok < M ? 8 : 0);
     }
   };
 
@@ -488,20 +513,27 @@ __global__ __launch_bounds__(256) void gemm_kernel(const TernaryArgs a) {
 
 }  // namespace
 
-Launch gemm_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M) {
+Launch gemm_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
+                   int sms) {
   TernaryArgs a{};
   a.xq = xq;
   a.xds = xds;
   a.K = K;
   a.M = M;
   a.n_outs = n_outs;
+  const int64_t ty = (M + kGemmToks - 1) / kGemmToks;
+  int64_t tiles8 = 0;
+  for (int i = 0; i < n_outs; ++i) tiles8 += (outs[i].N + 127) / 128;
+  const int warps = tiles8 * ty < 2 * sms ? 4 : 8;
+  const int64_t rows = 16 * warps;
   int64_t b0 = 0;
   for (int i = 0; i < n_outs; ++i) {
     a.o[i] = {outs[i].words, outs[i].scales, outs[i].y, outs[i].N, b0};
-    b0 += (outs[i].N + kGemmRows - 1) / kGemmRows;
+    b0 += (outs[i].N + rows - 1) / rows;
   }
-  const dim3 grid(unsigned(b0), unsigned((M + kGemmToks - 1) / kGemmToks));
-  return make_launch(reinterpret_cast<const void*>(&gemm_kernel), grid, dim3(256), 0, a);
+  const dim3 grid{unsigned(b0), unsigned(ty), 1u};
+  const void* f = warps == 4 ? reinterpret_cast<const void*>(&gemm_kernel<4>) : reinterpret_cast<const void*>(&gemm_kernel<8>);
+  return make_launch(f, grid, dim3(unsigned(32 * warps)), 0, a);
 }
 
 void init_kernel_attributes() {
