@@ -404,7 +404,7 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], uint32_t a0, uint32_t a1, ui
 }
 
 template <int WARPS>
-__global__ __launch_bounds__(WARPS * 32) void gemm_kernel(const TernaryArgs a) {
+__global__ __launch_bounds__(WARPS * 32, 16 / WARPS) void gemm_kernel(const TernaryArgs a) {
   constexpr int NT = WARPS * 32, ROWS = WARPS * 16;
   __shared__ __align__(16) GemmStage st[2];
   const int o = find_output(a);
