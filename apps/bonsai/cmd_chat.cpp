@@ -110,55 +110,61 @@ std::unique_ptr<ChatRuntime> load_chat(const ChatCliArgs& a) {
 }
 
 // Streams one reply: the answer to stdout; the reasoning dimmed in place on a terminal, else to stderr
-// (dimmed when stderr is a terminal), or nowhere with --think off.
+// (dimmed when stderr is a terminal), or nowhere with --think off. Without colour the reasoning is marked
+// "[thinking] ... [/thinking]".
 class ReplyPrinter {
  public:
   ReplyPrinter(bool show_reasoning, const std::string& color)
       : show_reasoning_(show_reasoning),
-        out_tty_(isatty(1) != 0),
-        rfile_(out_tty_ ? stdout : stderr),
-        color_(want_color(color, out_tty_ ? 1 : 2)) {}
+        rfile_(isatty(1) ? stdout : stderr),
+        color_(want_color(color, rfile_ == stdout ? 1 : 2)) {}
 
   void on_text(ReplyPart part, std::string_view text) {
     if (part == ReplyPart::Reasoning) {
       if (!show_reasoning_) return;
       if (!in_reasoning_) {
-        if (answer_open_ && rfile_ == stdout) {  // reasoning again after some answer: on a new line
-          write_all(stdout, "\n");
-          answer_open_ = false;
-        }
-        write_all(rfile_, color_ ? "\x1b[2m" : "[thinking] ");
+        if (rfile_ == stdout && out_line_open_) put(stdout, "\n\n");  // reasoning again after some answer
+        put(rfile_, color_ ? "\x1b[2m" : "[thinking] ");
         in_reasoning_ = true;
       }
-      write_all(rfile_, text);
+      put(rfile_, text);
       return;
     }
-    close_reasoning();
-    write_all(stdout, text);
-    answer_open_ = true;
+    if (in_reasoning_) {
+      close_reasoning();
+      if (rfile_ == stdout) put(stdout, "\n");  // a blank line between reasoning and answer
+    }
+    put(stdout, text);
   }
 
-  // End of the reply: every stream ends on a new line.
+  // End of the reply: stdout ends on a new line; `always_newline`: even when nothing was written to it
+  // (run --chat: stdout is then exactly the answer and a newline).
   void finish(bool always_newline) {
     close_reasoning();
-    if (answer_open_ || always_newline) write_all(stdout, "\n");
-    answer_open_ = false;
+    if (out_line_open_ || (always_newline && !out_used_)) put(stdout, "\n");
   }
 
  private:
+  void put(FILE* f, std::string_view s) {
+    if (s.empty()) return;
+    write_all(f, s);
+    if (f == stdout) {
+      out_used_ = true;
+      out_line_open_ = s.back() != '\n';
+    }
+  }
   void close_reasoning() {
     if (!in_reasoning_) return;
-    write_all(rfile_, color_ ? "\x1b[0m\n" : "\n[/thinking]\n");
-    if (rfile_ == stdout) write_all(stdout, "\n");  // a blank line between reasoning and answer
+    put(rfile_, color_ ? "\x1b[0m\n" : "\n[/thinking]\n");
     in_reasoning_ = false;
   }
 
   bool show_reasoning_;
-  bool out_tty_;
   FILE* rfile_;
   bool color_;
   bool in_reasoning_ = false;
-  bool answer_open_ = false;
+  bool out_used_ = false;
+  bool out_line_open_ = false;
 };
 
 std::string stats_line(const TurnStats& s) {
@@ -320,7 +326,7 @@ void chat_repl(const ChatCliArgs& a) {
     cb.on_note = [](std::string_view n) { std::fprintf(stderr, "note: %.*s\n", int(n.size()), n.data()); };
     try {
       const TurnResult r = chat.turn(line, cb);
-      printer.finish(true);
+      printer.finish(false);
       if (r.stop == StopReason::Interrupted) {
         g_sigint = 0;
         std::fprintf(stderr, "[interrupted]\n");
