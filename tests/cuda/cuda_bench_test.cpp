@@ -171,9 +171,9 @@ TEST(CudaBench, Model27b) {
       const char* name;
       bool graphs, pdl, fuse;
       int rows;
-    } modes[] = {{"graphs+pdl+fuse", true, true, true, 2}, {"graphs+pdl+fuse rows4", true, true, true, 4},
-                 {"eager+pdl+fuse", false, true, true, 2},  {"graphs, no pdl", true, false, true, 2},
-                 {"graphs, no fuse", true, true, false, 2}};
+    } modes[] = {{"graphs+pdl+fuse rows4", true, true, true, 4}, {"graphs+pdl+fuse rows2", true, true, true, 2},
+                 {"eager+pdl+fuse", false, true, true, 4},        {"graphs, no pdl", true, false, true, 4},
+                 {"graphs, no fuse", true, true, false, 4}};
     for (const Mode& md : modes) {
       CudaBackend::Options o = be.options();
       o.graphs = md.graphs;

@@ -36,7 +36,7 @@ class CudaBackend final : public Backend {
     bool fuse = true;          // peephole fusion of deferred ops
     bool tensor_cores = true;  // int8 mma GEMM for M > 4 (else the dp4a kernel, 4 tokens per pass)
     bool profile = false;      // time every eager launch with events (serialises; for profile_report)
-    int matvec_rows = 2;       // weight rows per matvec warp step: 2 or 4 (see ternary.cu)
+    int matvec_rows = 4;       // weight rows per matvec warp step: 4 or 2 (see ternary.cu)
   };
 
   // Throws bonsai::Error when there is no usable CUDA device.

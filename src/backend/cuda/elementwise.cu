@@ -228,16 +228,17 @@ __device__ __forceinline__ void wload8(const void* w, int64_t i, float (&f)[8]) 
   }
 }
 
-// Warp per (output row, tile of kDenseToks tokens): each 8-weight load serves the tile's tokens.
+// Block per (output row, tile of kDenseToks tokens); the 8 warps split K (a decode a/b pair is 96 rows:
+// 96 blocks instead of 12), each 8-weight load serves the tile's tokens; shared-memory reduce.
 constexpr int kDenseToks = 8;
 
 template <bool BF16>
 __global__ __launch_bounds__(kThreads) void dense_kernel(const DenseArgs a) {
+  __shared__ float red[kThreads / 32][kDenseToks];
   pdl_trigger();
   pdl_wait();
-  const int64_t row = int64_t(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (row >= a.N0 + a.N1) return;
+  const int64_t row = blockIdx.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const bool second = row >= a.N0;
   const int64_t n = second ? row - a.N0 : row, N = second ? a.N1 : a.N0;
   const void* w = second ? a.w1 : a.w0;
@@ -248,8 +249,7 @@ __global__ __launch_bounds__(kThreads) void dense_kernel(const DenseArgs a) {
 #pragma unroll
   for (int m = 0; m < kDenseToks; ++m) s[m] = 0.f;
   if ((a.K & 7) == 0) {
-#pragma unroll 4
-    for (int64_t i = int64_t(lane) * 8; i < a.K; i += 256) {
+    for (int64_t i = int64_t(threadIdx.x) * 8; i < a.K; i += kThreads * 8) {
       float f[8];
       wload8<BF16>(w, n * a.K + i, f);
 #pragma unroll
@@ -263,7 +263,7 @@ __global__ __launch_bounds__(kThreads) void dense_kernel(const DenseArgs a) {
       }
     }
   } else {
-    for (int64_t i = lane; i < a.K; i += 32) {
+    for (int64_t i = threadIdx.x; i < a.K; i += kThreads) {
       const float wv = wload<BF16>(w, n * a.K + i);
 #pragma unroll
       for (int m = 0; m < kDenseToks; ++m)
@@ -273,7 +273,14 @@ __global__ __launch_bounds__(kThreads) void dense_kernel(const DenseArgs a) {
 #pragma unroll
   for (int m = 0; m < kDenseToks; ++m) {
     const float v = warp_sum(s[m]);
-    if (lane == 0 && m < mt) y[(m0 + m) * N + n] = v;
+    if (lane == 0) red[warp][m] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x < mt) {
+    float t = 0.f;
+#pragma unroll
+    for (int k = 0; k < kThreads / 32; ++k) t += red[k][threadIdx.x];
+    y[(m0 + threadIdx.x) * N + n] = t;
   }
 }
 
@@ -510,8 +517,8 @@ Launch dense_launch(const DenseDev* outs, int n_outs, bool bf16, int64_t K, cons
   a.bf16 = bf16;
   const void* f = bf16 ? reinterpret_cast<const void*>(&dense_kernel<true>)
                        : reinterpret_cast<const void*>(&dense_kernel<false>);
-  return make_launch(f, dim3(blocks_for(a.N0 + a.N1, kThreads / 32), unsigned((M + kDenseToks - 1) / kDenseToks)),
-                     dim3(kThreads), 0, a);
+  return make_launch(f, dim3(unsigned(a.N0 + a.N1), unsigned((M + kDenseToks - 1) / kDenseToks)), dim3(kThreads), 0,
+                     a);
 }
 
 Launch gdn_conv_launch(const float* x, float* state, const float* taps, int64_t T, int64_t C, int64_t Kc, float* out) {

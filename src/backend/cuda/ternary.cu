@@ -283,12 +283,37 @@ __global__ __launch_bounds__(kMvWarps * 32, 2) void matvec_kernel(const TernaryA
     for (int m = 0; m < MT; ++m) acc[r][m] = 0.f;
   int64_t cg = g_begin;  // compute cursor
   int cc = 0;
+  // MT == 1: the activation chunk of the NEXT step is loaded while this step computes (double buffer,
+  // D even so the buffer index is static); ncu showed 38 % of the stalls on these L1 loads otherwise.
+  int4 xb[2][4];
+  float2 db[2];
+  auto load_x = [&](int buf, int step_in_group) {
+    const int64_t c = lane + 32 * step_in_group;
+    if (c < C) {
+      const int4* xp = reinterpret_cast<const int4*>(a.xq) + c * 4;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) xb[buf][k] = xp[k];
+      db[buf] = a.xds[c];
+    }
+  };
+  if constexpr (MT == 1) {
+    if (steps > 0) load_x(0, 0);
+  }
   for (int64_t base = 0; base < steps; base += D) {
 #pragma unroll
     for (int s = 0; s < D; ++s) {
       if (base + s < steps) {  // uniform across the warp
         const int64_t c = lane + 32 * cc;
-        if (c < C) {
+        if constexpr (MT == 1) {
+          if (base + s + 1 < steps) load_x((s + 1) & 1, cc + 1 == L ? 0 : cc + 1);
+          if (c < C) {
+            const float2 ds = db[s & 1];
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+              acc[r][0] += ring[s].s[r] * ds.x *
+                           (float(chunk_dot(ring[s].w[r], xb[s & 1][0], xb[s & 1][1], xb[s & 1][2], xb[s & 1][3])) - ds.y);
+          }
+        } else if (c < C) {
 #pragma unroll
           for (int m = 0; m < MT; ++m) {
             if (m0 + m < a.M) {
@@ -347,11 +372,11 @@ Launch matvec_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t
   const void* f;
   int mt;
   if (R == 2) {
-    if (M <= 1) f = reinterpret_cast<const void*>(&matvec_kernel<1, 2, 6>), mt = 1;
+    if (M <= 1) f = reinterpret_cast<const void*>(&matvec_kernel<1, 2, 4>), mt = 1;
     else if (M <= 2) f = reinterpret_cast<const void*>(&matvec_kernel<2, 2, 6>), mt = 2;
     else f = reinterpret_cast<const void*>(&matvec_kernel<4, 2, 6>), mt = 4;
   } else {
-    if (M <= 1) f = reinterpret_cast<const void*>(&matvec_kernel<1, 4, 3>), mt = 1;
+    if (M <= 1) f = reinterpret_cast<const void*>(&matvec_kernel<1, 4, 2>), mt = 1;
     else if (M <= 2) f = reinterpret_cast<const void*>(&matvec_kernel<2, 4, 3>), mt = 2;
     else f = reinterpret_cast<const void*>(&matvec_kernel<4, 4, 3>), mt = 4;
   }
