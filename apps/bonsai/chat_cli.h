@@ -31,9 +31,9 @@ struct ChatCliArgs {
   bool verbose = false;
 };
 
-// --system --think --chat-format --chat-template-file --history --stop --color; returns them (so `run`
-// can make each need --chat).
-std::vector<CLI::Option*> add_chat_options(CLI::App* cmd, ChatCliArgs& a);
+// --system --think --chat-format --chat-template-file --stop --color (+ --history when `multi_turn`);
+// returns them (so `run` can make each need --chat).
+std::vector<CLI::Option*> add_chat_options(CLI::App* cmd, ChatCliArgs& a, bool multi_turn);
 
 // bonsai run --chat: render the prompt with the chat template, generate, print reasoning apart from the
 // answer (the answer alone on stdout when it is not a terminal), a footer on stderr.

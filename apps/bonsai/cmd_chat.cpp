@@ -28,6 +28,7 @@
 #include "engine/pack_tokenizer.h"
 #include "model/forward.h"
 #include "model/pack.h"
+#include "tokenizer/utf8.h"
 #include "util/error.h"
 
 namespace bonsai::cli {
@@ -239,7 +240,6 @@ void print_stats(const Chat& chat) {
 }
 
 void chat_repl(const ChatCliArgs& a) {
-  if (a.prompt.size()) fail("bonsai chat reads messages from stdin; for one prompt use bonsai run --chat -p");
   std::unique_ptr<ChatRuntime> rt = load_chat(a);
   Chat& chat = *rt->chat;
   const bool tty_in = isatty(0) != 0;
@@ -304,6 +304,11 @@ void chat_repl(const ChatCliArgs& a) {
           std::fprintf(stderr, "error: /think takes on or off, got '%s'\n", arg.c_str());
         }
       } else if (cmd == "/system") {
+        if (const auto bad = utf8::first_invalid(arg)) {
+          std::fprintf(stderr, "error: the system message is not valid UTF-8 (byte 0x%02X at offset %zu); not set\n",
+                       unsigned(static_cast<unsigned char>(arg[*bad])), *bad);
+          continue;
+        }
         chat.set_system(arg);
         std::fprintf(stderr, arg.empty() ? "(system message cleared" : "(system message set");
         std::fprintf(stderr, chat.turns() ? "; the next turn re-prefills the conversation)\n" : ")\n");
@@ -358,7 +363,7 @@ void chat_repl(const ChatCliArgs& a) {
 
 // ---- shared options and bonsai run --chat ------------------------------------------------------------
 
-std::vector<CLI::Option*> add_chat_options(CLI::App* cmd, ChatCliArgs& a) {
+std::vector<CLI::Option*> add_chat_options(CLI::App* cmd, ChatCliArgs& a, bool multi_turn) {
   std::vector<CLI::Option*> v;
   v.push_back(cmd->add_option("--system", a.system, "System message"));
   v.push_back(cmd->add_option("--think", a.think, "Thinking: on, or off (the template closes an empty think block; any "
@@ -370,7 +375,8 @@ std::vector<CLI::Option*> add_chat_options(CLI::App* cmd, ChatCliArgs& a) {
                   ->check(CLI::IsMember({"auto", "chatml"}))
                   ->capture_default_str());
   v.push_back(cmd->add_option("--chat-template-file", a.template_file, "Jinja chat template to use instead of the pack's"));
-  v.push_back(cmd->add_option("--history", a.history,
+  if (multi_turn)
+    v.push_back(cmd->add_option("--history", a.history,
                               "keep (earlier replies stay in the context as generated; each turn prefills only itself) "
                               "or template (the context always equals the template's rendering; re-prefills when the "
                               "template re-renders earlier turns, e.g. Qwen3.5 dropping their reasoning)")
@@ -439,7 +445,7 @@ void register_chat(CLI::App& app) {
   a->sampling.top_k = 20;
   a->sampling.min_p = 0.05f;
   cmd->add_option("-m,--model", a->model, "Pack: GGUF file or MLX folder")->required();
-  add_chat_options(cmd, *a);
+  add_chat_options(cmd, *a, /*multi_turn=*/true);
   cmd->add_option("-n,--n-predict", a->n, "Tokens per reply at most (-1: until a stop token or the context is full)")
       ->capture_default_str();
   cmd->add_option("--temp", a->sampling.temperature, "Temperature (0: greedy)")->capture_default_str();

@@ -182,7 +182,7 @@ void register_run(CLI::App& app) {
   auto a = std::make_shared<RunArgs>();
   cmd->add_option("-m,--model", a->model, "Pack: GGUF file or MLX folder")->required();
   auto* t = cmd->add_option("--tokens", a->tokens, "Prompt as comma-separated token ids");
-  auto* p = cmd->add_option("-p,--prompt", a->prompt, "Prompt text (encoded with the pack's tokenizer; no chat template)");
+  auto* p = cmd->add_option("-p,--prompt", a->prompt, "Prompt text (encoded with the pack's tokenizer; no chat template unless --chat)");
   t->excludes(p);
   auto* n_opt = cmd->add_option("-n,--n-predict", a->n, "Tokens to generate (--chat: until a stop token unless given)")
                     ->capture_default_str();
@@ -202,7 +202,7 @@ void register_run(CLI::App& app) {
   auto* chat = cmd->add_flag("--chat", a->chat,
                              "Chat completion: -p is a user message rendered with the pack's chat template; prints the "
                              "answer (reasoning apart)");
-  for (CLI::Option* o : add_chat_options(cmd, a->chat_args)) o->needs(chat);
+  for (CLI::Option* o : add_chat_options(cmd, a->chat_args, /*multi_turn=*/false)) o->needs(chat);
   cmd->callback([a, n_opt] {
     a->n_given = n_opt->count() > 0;
     run(*a);
