@@ -817,10 +817,11 @@ void CudaBackend::attention(const float* q, const float* k_cache, const float* v
          "<= {})",
          Hq, Hkv, D, cuda::kAttnMaxGroup, cuda::kAttnMaxDim);
   I.flush_pending();
-  // Splits grow with the context, one per 256 positions up to 16. At M = 1 this changes the grid only
-  // every 256 tokens: the decode graph is rebuilt then (the cache holds the few shapes), and short
-  // contexts skip the cross-block merge entirely.
-  const int S = int(std::clamp<int64_t>((p0 + M + 255) / 256, 1, kDecodeSplits));
+  // Splits grow with the context, one per 64 positions (decode) / 256 (prefill) up to 16. At M = 1 this
+  // changes the grid only every 64 tokens up to 1024: the decode graph is rebuilt then (cached by shape),
+  // and the shortest contexts skip the cross-block merge entirely.
+  const int64_t per = M == 1 ? 64 : 256;
+  const int S = int(std::clamp<int64_t>((p0 + M + per - 1) / per, 1, kDecodeSplits));
   cuda::AttnDesc d{};
   d.q = q;
   d.k = k_cache;

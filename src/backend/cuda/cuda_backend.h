@@ -102,7 +102,7 @@ class CudaBackend final : public Backend {
   struct Stats {
     uint64_t weight_bytes = 0;       // device bytes of uploaded weights (ternary + constants)
     uint64_t kernels = 0;            // kernels issued (eager + recorded)
-    uint64_t graph_builds = 0, graph_launches = 0, graph_patched_nodes = 0;
+    uint64_t graph_builds = 0, graph_launches = 0, graph_patched_nodes = 0;  // graphs: per step shape
     uint64_t last_step_nodes = 0;    // kernels in the last recorded step
   };
   Stats stats() const;

@@ -9,7 +9,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// ---- rmsnorm / add_rmsnorm: one block per row -----------------------------------------------------
+// ---- rmsnorm / add_rmsnorm: one block per row (1024 threads: a decode row is 1-2 float4 per thread) ----
+constexpr int kNormThreads = 1024;
 struct NormArgs {
   const float* x;      // rmsnorm input (add: delta)
   float* h;            // add_rmsnorm: residual, updated in place; null for plain rmsnorm
@@ -20,7 +21,7 @@ struct NormArgs {
   int32_t pad;
 };
 
-__global__ __launch_bounds__(kThreads) void norm_kernel(const NormArgs a) {
+__global__ __launch_bounds__(kNormThreads) void norm_kernel(const NormArgs a) {
   __shared__ float red[32];
   pdl_trigger();
   pdl_wait();
@@ -32,7 +33,7 @@ __global__ __launch_bounds__(kThreads) void norm_kernel(const NormArgs a) {
   float ss = 0.f;
   if ((a.n & 3) == 0) {  // float4 path
     const int64_t n4 = a.n / 4;
-    for (int64_t i = threadIdx.x; i < n4; i += kThreads) {
+    for (int64_t i = threadIdx.x; i < n4; i += blockDim.x) {
       float4 v = reinterpret_cast<const float4*>(x)[i];
       if (h) {
         const float4 hv = reinterpret_cast<const float4*>(h)[i];
@@ -43,7 +44,7 @@ __global__ __launch_bounds__(kThreads) void norm_kernel(const NormArgs a) {
     }
     ss = block_sum(ss, red);
     const float rr = rsqrtf(ss / float(a.n) + a.eps);
-    for (int64_t i = threadIdx.x; i < n4; i += kThreads) {
+    for (int64_t i = threadIdx.x; i < n4; i += blockDim.x) {
       const float4 v = reinterpret_cast<const float4*>(src)[i];
       const float4 g = a.gain ? reinterpret_cast<const float4*>(a.gain)[i] : make_float4(1.f, 1.f, 1.f, 1.f);
       reinterpret_cast<float4*>(out)[i] = make_float4(v.x * rr * g.x, v.y * rr * g.y, v.z * rr * g.z, v.w * rr * g.w);
@@ -51,17 +52,17 @@ __global__ __launch_bounds__(kThreads) void norm_kernel(const NormArgs a) {
     return;
   }
   if (h) {
-    for (int64_t i = threadIdx.x; i < a.n; i += kThreads) {
+    for (int64_t i = threadIdx.x; i < a.n; i += blockDim.x) {
       const float v = h[i] + x[i];
       h[i] = v;
       ss += v * v;
     }
   } else {
-    for (int64_t i = threadIdx.x; i < a.n; i += kThreads) ss += x[i] * x[i];
+    for (int64_t i = threadIdx.x; i < a.n; i += blockDim.x) ss += x[i] * x[i];
   }
   ss = block_sum(ss, red);
   const float rr = rsqrtf(ss / float(a.n) + a.eps);
-  for (int64_t i = threadIdx.x; i < a.n; i += kThreads) out[i] = src[i] * rr * (a.gain ? a.gain[i] : 1.f);
+  for (int64_t i = threadIdx.x; i < a.n; i += blockDim.x) out[i] = src[i] * rr * (a.gain ? a.gain[i] : 1.f);
 }
 
 // ---- per-head norms: one warp per row (head) -----------------------------------------------------
@@ -437,13 +438,15 @@ __global__ __launch_bounds__(512) void probe_kernel(const ProbeArgs a) {
 
 Launch rmsnorm_launch(const float* x, int64_t rows, int64_t n, const float* gain, float eps, float* out) {
   NormArgs a{x, nullptr, gain, out, rows, n, eps, 0};
-  return make_launch(reinterpret_cast<const void*>(&norm_kernel), dim3(unsigned(rows)), dim3(kThreads), 0, a);
+  return make_launch(reinterpret_cast<const void*>(&norm_kernel), dim3(unsigned(rows)),
+                     dim3(n >= 2048 ? kNormThreads : kThreads), 0, a);
 }
 
 Launch add_rmsnorm_launch(float* h, const float* delta, int64_t rows, int64_t n, const float* gain, float eps,
                           float* out) {
   NormArgs a{delta, h, gain, out, rows, n, eps, 0};
-  return make_launch(reinterpret_cast<const void*>(&norm_kernel), dim3(unsigned(rows)), dim3(kThreads), 0, a);
+  return make_launch(reinterpret_cast<const void*>(&norm_kernel), dim3(unsigned(rows)),
+                     dim3(n >= 2048 ? kNormThreads : kThreads), 0, a);
 }
 
 Launch l2norm_launch(float* x, int64_t rows, int64_t hd, float eps) {

@@ -54,15 +54,26 @@ __global__ __launch_bounds__(kAttnWarps * 32) void attention_kernel(const AttnAr
       qv[hh][e] = (hh < G && e < E) ? a.q[(m * a.Hq + kvh * G + hh) * a.D + lane + 32 * e] * a.scale : 0.f;
     }
   }
-  for (int64_t t = t_begin + warp; t < t_end; t += kAttnWarps) {
+  // K/V rows one position ahead (the loop is latency-bound at decode: few blocks, dependent math).
+  float kn[kAttnE], vn[kAttnE];
+  auto load_kv = [&](int64_t t) {
     const float* kr = a.k + (t * a.Hkv + kvh) * a.D;
     const float* vr = a.v + (t * a.Hkv + kvh) * a.D;
+#pragma unroll
+    for (int e = 0; e < kAttnE; ++e) {
+      kn[e] = e < E ? kr[lane + 32 * e] : 0.f;
+      vn[e] = e < E ? vr[lane + 32 * e] : 0.f;
+    }
+  };
+  if (t_begin + warp < t_end) load_kv(t_begin + warp);
+  for (int64_t t = t_begin + warp; t < t_end; t += kAttnWarps) {
     float kk[kAttnE], vv[kAttnE];
 #pragma unroll
     for (int e = 0; e < kAttnE; ++e) {
-      kk[e] = e < E ? kr[lane + 32 * e] : 0.f;
-      vv[e] = e < E ? vr[lane + 32 * e] : 0.f;
+      kk[e] = kn[e];
+      vv[e] = vn[e];
     }
+    if (t + kAttnWarps < t_end) load_kv(t + kAttnWarps);
 #pragma unroll
     for (int hh = 0; hh < kAttnG; ++hh) {
       if (hh < G) {

@@ -34,7 +34,7 @@ struct SiteArgs {
   float eps, norm;
 };
 
-constexpr int kSiteThreads = 256;
+constexpr int kSiteThreads = 1024;  // one element per thread for a 1024 tile: short dependency chains at decode
 
 __global__ __launch_bounds__(kSiteThreads) void site_kernel(const SiteArgs a) {
   extern __shared__ float sh[];  // [tile]
@@ -79,7 +79,21 @@ __global__ __launch_bounds__(kSiteThreads) void site_kernel(const SiteArgs a) {
   __syncthreads();
 
   // 2. Unnormalised Sylvester FWHT of every n-block of the tile (butterfly at stride h pairs i, i + h).
-  for (int h = 1; h < a.n; h <<= 1) {
+  // Strides below 32 stay inside a warp: thread tid holds element tid and swaps with lane ^ h through
+  // shuffles (no barriers); a lane's partner is valid whenever the lane is (n-blocks lie inside len).
+  int h0 = 1;
+  if (a.n >= 2 && len <= kSiteThreads) {
+    float v = tid < len ? sh[tid] : 0.f;
+    for (int h = 1; h < a.n && h < 32; h <<= 1) {
+      const float p = __shfl_xor_sync(0xffffffffu, v, h);
+      v = (tid & h) ? p - v : v + p;
+      h0 = h << 1;
+    }
+    __syncthreads();
+    if (tid < len) sh[tid] = v;
+    __syncthreads();
+  }
+  for (int h = h0; h < a.n; h <<= 1) {
     for (int p = tid; p < len / 2; p += kSiteThreads) {
       const int i = ((p & ~(h - 1)) << 1) | (p & (h - 1));
       const float x0 = sh[i], x1 = sh[i + h];
