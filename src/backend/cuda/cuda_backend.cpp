@@ -29,7 +29,7 @@ void cuda_check(cudaError_t e, const char* what, const char* file, int line) {
 }
 #define CUDA_CHECK(expr) cuda_check((expr), #expr, __FILE__, __LINE__)
 
-constexpr int kDecodeSplits = int(cuda::kAttnMaxSplits);  // splits for one query row (fixed: graph shapes stay put)
+constexpr int kDecodeSplits = int(cuda::kAttnMaxSplits);  // most attention splits per query row
 constexpr size_t kPinnedMax = 64u << 20;
 
 uint64_t mix(uint64_t h, uint64_t v) {
