@@ -75,10 +75,12 @@ namespace {
 }
 
 Value repeat(const Value& seq, int64_t n) {
+  bool empty = seq.is_string() ? seq.s.empty() : seq.list->empty();
+  if (empty || n <= 0) return seq.is_string() ? Value::string("", seq.flag) : Value::make_list({}, seq.flag);
   if (seq.is_string()) {
     std::string out;
     if (n > 0) {
-      if (static_cast<double>(seq.s.size()) * static_cast<double>(n) > 1e9) py_raise("MemoryError", "string too large");
+      if (static_cast<double>(seq.s.size()) * static_cast<double>(n) > 1e8) py_raise("MemoryError", "string too large");
       out.reserve(seq.s.size() * static_cast<size_t>(n));
       for (int64_t k = 0; k < n; ++k) out += seq.s;
     }
