@@ -178,3 +178,20 @@ TEST(CliGate, PassesAgainstTheRefFixtureAndFailsWithExit3) {
   EXPECT_EQ(nofile.code, 1);
   EXPECT_THAT(nofile.out, HasSubstr("/nonexistent.safetensors"));
 }
+
+TEST(CliGate, HuggingFaceFixture) {
+  // tools/reference/'s fixture for the tiny pack, seed 7 (see tests/engine/hf_fixture_test.cpp).
+  const std::string fixture = std::string(BONSAI_TEST_DATA) + "/fixtures/tiny_seed7.safetensors";
+  if (!std::filesystem::exists(fixture)) GTEST_SKIP() << fixture << " is not there";
+  const Result r = bonsai_cli("gate -m " + q(tiny_packs().mlx) + " --fixture " + q(fixture) +
+                              " --max-delta 1e-3 --max-kl 1e-7 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j["pass"].get<bool>());
+  EXPECT_EQ(j["prompts"].size(), 4u);
+  EXPECT_EQ(j["overall"]["agree"], j["overall"]["counted"]);
+  std::printf("    bonsai gate (cpu, MLX pack) vs HF fixture: %lld/%lld counted, max|dlogit| %.3g, mean KL %.3g\n",
+              static_cast<long long>(j["overall"]["agree"].get<int64_t>()),
+              static_cast<long long>(j["overall"]["counted"].get<int64_t>()), j["overall"]["max_delta"].get<double>(),
+              j["overall"]["mean_kl"].get<double>());
+}
