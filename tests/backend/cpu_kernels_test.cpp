@@ -151,7 +151,7 @@ TEST_P(Variant, QuantizeQ8BitIdenticalToPortable) {
   for (int64_t K : {128, 384, 1024, 5120, 17408}) {
     auto x = randn(size_t(K), 50 + uint32_t(K));
     for (int64_t e = 0; e < 128; ++e) x[size_t(e)] = 0.0f;  // an all-zero group: s = 0, q = 0
-    x[200] = 37.5f;                                        // an outlier group
+    if (K > 200) x[200] = 37.5f;  // an outlier group
     const auto a = quantize_rows(*k_, x.data(), 1, K), b = quantize_rows(p, x.data(), 1, K);
     EXPECT_EQ(0, std::memcmp(a.q.data(), b.q.data(), a.q.size())) << "K " << K;
     EXPECT_EQ(0, std::memcmp(a.scale.data(), b.scale.data(), 4 * a.scale.size())) << "K " << K;
