@@ -196,7 +196,7 @@ void register_run(CLI::App& app) {
   cmd->add_option("--seed", a->sampling.seed, "Sampling seed")->capture_default_str();
   cmd->add_option("--ctx", a->ctx, "KV capacity in tokens (0: min(context length, 4096))")->capture_default_str();
   cmd->add_option("--threads", a->threads, "CPU threads (0: all)")->capture_default_str();
-  cmd->add_option("--backend", a->backend, "ref (fp64 reference, slow) or cpu")->capture_default_str();
+  cmd->add_option("--backend", a->backend, "ref (fp64 reference, slow), cpu or cuda")->capture_default_str();
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Do not stop on the pack's stop ids (benchmarking)");
   cmd->add_flag("--json", a->json, "Print JSON");
   auto* chat = cmd->add_flag("--chat", a->chat,

@@ -1,4 +1,5 @@
-// Choosing a backend by name (the --backend option): "ref" (fp64 reference, slow) or "cpu" (fp32, threaded).
+// Choosing a backend by name (the --backend option): "ref" (fp64 reference, slow), "cpu" (fp32, threaded)
+// or "cuda" (the H200 backend; builds with CUDA only).
 #pragma once
 #include <memory>
 #include <string>
@@ -10,6 +11,7 @@ namespace bonsai {
 
 struct BackendOptions {
   int threads = 0;  // cpu: threads of the op pool (<= 0: all hardware threads)
+  int device = 0;   // cuda: device index
 };
 
 // Throws bonsai::Error listing the known names for an unknown one.
