@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <random>
@@ -53,6 +54,16 @@ int cuda_device_count() {
 std::unique_ptr<Backend> make_cuda_backend(int device) {
   CudaBackend::Options o;
   o.device = device;
+  auto flag = [](const char* name, bool def) {
+    const char* e = std::getenv(name);
+    if (!e || !*e) return def;
+    return !(e[0] == '0' && e[1] == 0);
+  };
+  o.exact = flag("BONSAI_CUDA_EXACT", o.exact);
+  o.fuse_norm = flag("BONSAI_CUDA_FUSE_NORM", o.fuse_norm);
+  o.graphs = flag("BONSAI_CUDA_GRAPHS", o.graphs);
+  o.pdl = flag("BONSAI_CUDA_PDL", o.pdl);
+  o.fuse = flag("BONSAI_CUDA_FUSE", o.fuse);
   return std::make_unique<CudaBackend>(o);
 }
 
@@ -69,11 +80,11 @@ struct CudaBackend::Impl {
     bool bf16 = false;  // dense weights stored as bf16 (only when every value round-trips exactly)
   };
   // A deferred op (see the header: fused into its consumer, else launched in order at the next flush).
-  enum class PK { Copy, Permute, SiluMul, SigMul, GNorm, L2, Scale, Gates, Dense };
+  enum class PK { Copy, Permute, SiluMul, SigMul, GNorm, L2, Scale, Gates, Dense, Norm };
   struct Pending {
     PK kind;
     float* dst = nullptr;         // Copy/Permute/SiluMul/GNorm out; SigMul/L2/Scale x; Gates g
-    float* dst2 = nullptr;        // Gates beta
+    float* dst2 = nullptr;        // Gates beta; Norm residual (add_rmsnorm) or null
     const float* src = nullptr;   // Copy/Permute src; SiluMul gate; GNorm o; Gates a; Dense x
     const float* src2 = nullptr;  // SiluMul up; SigMul gate; GNorm z; Gates b
     const float* gain = nullptr;  // GNorm gain; Gates A
@@ -196,6 +207,10 @@ struct CudaBackend::Impl {
       case PK::Scale: emit(cuda::scale_launch(p.dst, p.cols, p.f)); break;
       case PK::Gates: emit(cuda::gdn_gates_launch(p.src, p.src2, p.gain, p.gain2, p.rows, p.cols, p.dst, p.dst2)); break;
       case PK::Dense: emit(cuda::dense_launch(p.dense, p.n_dense, p.bf16, p.cols, p.src, p.rows)); break;
+      case PK::Norm:
+        emit(p.dst2 ? cuda::add_rmsnorm_launch(p.dst2, p.src, p.rows, p.cols, p.gain, p.f, p.dst)
+                    : cuda::rmsnorm_launch(p.src, p.rows, p.cols, p.gain, p.f, p.dst));
+        break;
     }
   }
   void flush_pending() {
@@ -447,6 +462,15 @@ struct CudaBackend::Impl {
         } else if (t->kind == PK::SigMul && t->dst == d.src && t->cols == n_el) {
           d.pre = cuda::kPreSigmoidMul;
           d.src2 = t->src2;
+          d.pre_out = t->dst;
+          pend.pop_back();
+        } else if (t->kind == PK::Norm && t->dst == d.src && t->rows == rows && t->cols == K &&
+                   K <= cuda::kMaxHadamardBlock && K % n == 0 && t->gain) {
+          d.pre = cuda::kPreAddNorm;
+          d.src = t->src;
+          d.resid = t->dst2;
+          d.gain = t->gain;
+          d.eps = t->f;
           d.pre_out = t->dst;
           pend.pop_back();
         } else if (t->kind == PK::GNorm && t->dst == d.src && t->rows * t->cols == n_el && K % t->cols == 0 &&
@@ -724,7 +748,8 @@ void CudaBackend::linear(const LinearOut* outs, int n_outs, int64_t K, const flo
       const Impl::DevMatrix& d = I.matrix(outs[i0 + i].w);
       t[i] = {d.words, d.scales, outs[i0 + i].y, d.N};
     }
-    if (M <= 4 || !I.opt.tensor_cores) I.emit(cuda::matvec_launch(t, n, K, xq, xds, M, I.prop.multiProcessorCount, I.opt.matvec_rows));
+    if (I.opt.exact) I.emit(cuda::exact_linear_launch(t, n, K, x, M));
+    else if (M <= 4 || !I.opt.tensor_cores) I.emit(cuda::matvec_launch(t, n, K, xq, xds, M, I.prop.multiProcessorCount, I.opt.matvec_rows));
     else I.emit(cuda::gemm_launch(t, n, K, xq, xds, M, I.prop.multiProcessorCount));
   }
 }
@@ -758,6 +783,17 @@ void CudaBackend::dense_linear(const float* w, int64_t N, int64_t K, const float
 void CudaBackend::rmsnorm(const float* x, int64_t rows, int64_t n, const float* gain, float eps, float* out) {
   Impl& I = *p_;
   ++I.seq;
+  if (I.opt.fuse && I.opt.fuse_norm && gain) {  // fused into the site that reads out, if one does (else launched in order)
+    Impl::Pending q{Impl::PK::Norm};
+    q.dst = out;
+    q.src = x;
+    q.gain = I.dev(gain);
+    q.rows = rows;
+    q.cols = n;
+    q.f = eps;
+    I.defer(q);
+    return;
+  }
   I.flush_pending();
   I.emit(cuda::rmsnorm_launch(x, rows, n, I.dev(gain), eps, out));
 }
@@ -766,6 +802,18 @@ void CudaBackend::add_rmsnorm(float* h, const float* delta, int64_t rows, int64_
                               float* out) {
   Impl& I = *p_;
   ++I.seq;
+  if (I.opt.fuse && I.opt.fuse_norm && gain) {
+    Impl::Pending q{Impl::PK::Norm};
+    q.dst = out;
+    q.dst2 = h;
+    q.src = delta;
+    q.gain = I.dev(gain);
+    q.rows = rows;
+    q.cols = n;
+    q.f = eps;
+    I.defer(q);
+    return;
+  }
   I.flush_pending();
   I.emit(cuda::add_rmsnorm_launch(h, delta, rows, n, I.dev(gain), eps, out));
 }

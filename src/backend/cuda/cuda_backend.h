@@ -40,6 +40,8 @@ class CudaBackend final : public Backend {
     bool tensor_cores = true;  // int8 mma GEMM for M > 4 (else the dp4a kernel, 4 tokens per pass)
     bool profile = false;      // time every eager launch with events (serialises; for profile_report)
     int matvec_rows = 4;       // weight rows per matvec warp step: 4 or 2 (see ternary.cu)
+    bool fuse_norm = true;     // rmsnorm / add_rmsnorm before a site fused into it (needs fuse; BONSAI_CUDA_FUSE_NORM=0 off)
+    bool exact = false;        // ternary products on the fp32 activation, no int8 step (BONSAI_CUDA_EXACT=1); slow
   };
 
   // Throws bonsai::Error when there is no usable CUDA device.
@@ -133,7 +135,8 @@ class CudaBackend final : public Backend {
 // Number of CUDA devices the runtime sees (0 without a driver or a GPU; never throws).
 int cuda_device_count();
 
-// The factory the CLI uses for --backend cuda.
+// The factory the CLI uses for --backend cuda. Environment: BONSAI_CUDA_EXACT=1 (Options::exact),
+// BONSAI_CUDA_FUSE_NORM=0, BONSAI_CUDA_GRAPHS=0, BONSAI_CUDA_PDL=0, BONSAI_CUDA_FUSE=0 (A/B switches).
 std::unique_ptr<Backend> make_cuda_backend(int device = 0);
 
 }  // namespace bonsai

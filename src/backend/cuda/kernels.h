@@ -25,12 +25,17 @@ namespace bonsai::cuda {
 //                  (n = 1: no transform, signs still applied)
 // xq, xds        = the int8 form the ternary kernels read (below), when xq is set (forward / n = 1 only)
 // dst may equal src (no gather) or be null (quantise only); n power of two <= 8192; K % n == 0; quantisation needs K % 128 == 0.
-enum PreOp : int32_t { kPreNone = 0, kPreSiluMul = 1, kPreSigmoidMul = 2, kPreGatedNorm = 3 };
+//                                                          AddNorm rmsnorm(src + resid) * gain[i] over the
+//                                                          whole row; resid (if set) = src + resid. One block
+//                                                          per row (K <= kMaxHadamardBlock, no perm): the
+//                                                          add_rmsnorm / rmsnorm before a site, fused.
+enum PreOp : int32_t { kPreNone = 0, kPreSiluMul = 1, kPreSigmoidMul = 2, kPreGatedNorm = 3, kPreAddNorm = 4 };
 struct SiteDesc {
   const float* src = nullptr;    // [rows, ld]
   const float* src2 = nullptr;   // [rows, ld] second operand of the pre-op
   const float* gain = nullptr;   // [seg] GatedNorm gain
   float* pre_out = nullptr;      // [rows, ld] or null
+  float* resid = nullptr;        // [rows, ld] AddNorm residual (updated in place) or null (plain rmsnorm)
   const int32_t* perm = nullptr; // [K] or null
   const int8_t* signs = nullptr; // [K] or null
   float* dst = nullptr;          // [rows, K]
@@ -58,6 +63,9 @@ struct TernaryDev {
 // (2: 6-deep pipeline; 4: 3-deep, activation loads shared by 4 rows).
 Launch matvec_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                      int sms, int rows = 2);
+// Exact-activation product (Options::exact, BONSAI_CUDA_EXACT=1): fp32 x [M, K] as it is, no int8
+// quantisation; one warp per weight row, 4 tokens per pass, fp32 accumulation. For parity checks, not speed.
+Launch exact_linear_launch(const TernaryDev* outs, int n_outs, int64_t K, const float* x, int64_t M);
 // Tensor-core GEMM (int8 mma.sync m16n8k32): tiles of 128 weight rows x 64 tokens.
 // 4 warps (64 rows) per block instead of 8 when the 8-warp grid would leave SMs idle.
 Launch gemm_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,

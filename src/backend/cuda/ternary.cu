@@ -24,6 +24,7 @@ struct SiteArgs {
   const float* src2;
   const float* gain;
   float* pre_out;
+  float* resid;
   const int32_t* perm;
   const int8_t* signs;
   float* dst;
@@ -48,6 +49,22 @@ __global__ __launch_bounds__(kSiteThreads) void site_kernel(const SiteArgs a) {
   const float* src2 = a.src2 ? a.src2 + r * a.ld : nullptr;
 
   // 1. value = pre(src, src2), gathered when perm is set.
+  if (a.pre == kPreAddNorm) {  // the block holds the whole row (tile == K): v = src (+ resid); resid = v; rmsnorm(v) * gain
+    __shared__ float red[32];
+    float* resid = a.resid ? a.resid + r * a.ld : nullptr;
+    float ss = 0.f;
+    for (int i = tid; i < len; i += kSiteThreads) {
+      const float v = resid ? src[i] + resid[i] : src[i];
+      sh[i] = v;
+      ss += v * v;
+    }
+    ss = block_sum(ss, red);
+    const float rr = rsqrtf(ss / float(a.K) + a.eps);
+    for (int i = tid; i < len; i += kSiteThreads) {  // each thread touches only its own elements
+      if (resid) resid[i] = sh[i];
+      sh[i] = sh[i] * rr * a.gain[i];
+    }
+  } else
   for (int i = tid; i < len; i += kSiteThreads) {
     const int64_t gi = t0 + i;
     const int64_t si = a.perm ? int64_t(a.perm[gi]) : gi;
@@ -153,6 +170,7 @@ Launch site_launch(const SiteDesc& d) {
   a.src2 = d.src2;
   a.gain = d.gain;
   a.pre_out = d.pre_out;
+  a.resid = d.resid;
   a.perm = d.perm;
   a.signs = d.signs;
   a.dst = d.dst;
@@ -162,7 +180,7 @@ Launch site_launch(const SiteDesc& d) {
   a.rows = d.rows;
   a.K = d.K;
   a.n = d.n;
-  a.tile = d.n >= 1024 ? d.n : 1024;
+  a.tile = d.pre == kPreAddNorm ? d.K : d.n >= 1024 ? d.n : 1024;
   a.pre = d.pre;
   a.inverse = d.inverse;
   a.seg = d.seg;
@@ -573,6 +591,84 @@ Launch gemm_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* 
   const dim3 grid{unsigned(b0), unsigned(ty), 1u};
   const void* f = warps == 4 ? reinterpret_cast<const void*>(&gemm_kernel<4>) : reinterpret_cast<const void*>(&gemm_kernel<8>);
   return make_launch(f, grid, dim3(unsigned(32 * warps)), 0, a);
+}
+
+// ================================ exact-activation product ========================================
+// Options::exact: y = x W^T with x fp32 as it is (no int8 step). One warp per weight row; lane l takes
+// words l, l + 32, ...; 4 tokens per pass share the decoded weights; fp32 accumulation of fp32 products
+// (w = (code - 1) * d is exact in fp32). Written for parity, not speed.
+
+namespace {
+
+struct ExactArgs {
+  TOut o[kMaxOuts];
+  const float* x;
+  int64_t K, M, total;  // total: rows of all outputs
+  int32_t n_outs, pad;
+};
+
+constexpr int kExWarps = 8;
+
+__global__ __launch_bounds__(kExWarps * 32) void exact_linear_kernel(const ExactArgs a) {
+  pdl_trigger();
+  pdl_wait();
+  const int lane = threadIdx.x & 31;
+  const int64_t g = int64_t(blockIdx.x) * kExWarps + (threadIdx.x >> 5);
+  if (g >= a.total) return;
+  int o = 0;
+#pragma unroll
+  for (int i = 1; i < kMaxOuts; ++i)
+    if (i < a.n_outs && g >= a.o[i].g0) o = i;
+  const TOut& O = a.o[o];
+  const int64_t row = g - O.g0;
+  const int64_t nw = a.K / 16;
+  const uint32_t* wr = O.words + row * nw;
+  const __half* sr = reinterpret_cast<const __half*>(O.scales) + row * (a.K / 128);
+  for (int64_t m0 = 0; m0 < a.M; m0 += 4) {
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int64_t i = lane; i < nw; i += 32) {
+      const uint32_t w = wr[i];
+      const float d = __half2float(sr[i >> 3]);
+      float wv[16];
+#pragma unroll
+      for (int e = 0; e < 16; ++e) wv[e] = float(int((w >> (2 * e)) & 3u) - 1) * d;
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        if (m0 + t >= a.M) break;
+        const float4* xp = reinterpret_cast<const float4*>(a.x + (m0 + t) * a.K + 16 * i);
+        float s = 0.f;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const float4 v = xp[q];
+          s += wv[4 * q] * v.x + wv[4 * q + 1] * v.y + wv[4 * q + 2] * v.z + wv[4 * q + 3] * v.w;
+        }
+        acc[t] += s;
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const float v = warp_sum(acc[t]);
+      if (lane == 0 && m0 + t < a.M) O.y[(m0 + t) * O.N + row] = v;
+    }
+  }
+}
+
+}  // namespace
+
+Launch exact_linear_launch(const TernaryDev* outs, int n_outs, int64_t K, const float* x, int64_t M) {
+  ExactArgs a{};
+  a.x = x;
+  a.K = K;
+  a.M = M;
+  a.n_outs = n_outs;
+  int64_t r0 = 0;
+  for (int i = 0; i < n_outs; ++i) {
+    a.o[i] = {outs[i].words, outs[i].scales, outs[i].y, outs[i].N, r0};
+    r0 += outs[i].N;
+  }
+  a.total = r0;
+  return make_launch(reinterpret_cast<const void*>(&exact_linear_kernel), dim3(unsigned((r0 + kExWarps - 1) / kExWarps)),
+                     dim3(kExWarps * 32), 0, a);
 }
 
 void init_kernel_attributes() {
