@@ -97,6 +97,8 @@ struct MacroDef {
   bool uses_kwargs = false;
   bool uses_varargs = false;
   int line = 0;
+  bool anonymous = false;  // the caller of a {% call %} block (jinja2: name None)
+  std::vector<std::string> undefined_at_entry;  // see Stmt::undefined_at_entry
 };
 
 enum class SK : uint8_t {
@@ -129,11 +131,17 @@ struct Stmt {
   bool recursive = false;
   bool has_else = false;
   std::shared_ptr<MacroDef> macro;  // Macro; CallBlock caller
+  // Per body that runs in its own jinja2 frame (For: body, else; With/SetBlock/FilterBlock/Scope:
+  // body): names jinja2's symbol analysis initialises as "missing" when the frame starts (first
+  // stored in the frame, unknown to enclosing frames), so they read as undefined there, and in
+  // nested frames, until assigned, even when the render context has a value for them.
+  std::vector<std::vector<std::string>> undefined_at_entry;
   Stmt(SK k, int l, int c) : kind(k), line(l), col(c) {}
 };
 
 struct Program {
   Body body;
+  std::vector<std::string> undefined_at_entry;  // root frame (shadows context variables)
 };
 
 std::unique_ptr<Program> parse(std::string_view source);

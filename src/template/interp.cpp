@@ -22,7 +22,7 @@ bool Namespace::get_attr(const std::string& name, Value& out) const {
   return false;
 }
 
-std::string MacroObj::repr() const { return "<Macro " + repr_str(def->name) + ">"; }
+std::string MacroObj::repr() const { return def->anonymous ? "<Macro anonymous>" : "<Macro " + repr_str(def->name) + ">"; }
 
 Value MacroObj::call(Interp& in, CallArgs& args) { return in.invoke_macro(*this, args); }
 
@@ -357,11 +357,18 @@ Interp::~Interp() {
   }
 }
 
+namespace {
+void mark_missing(Scope* s, const std::vector<std::string>& names) {
+  for (const auto& n : names) s->set(n, Value::undefined(repr_str(n) + " is undefined"));
+}
+}  // namespace
+
 Interp::Interp(const Program& prog, Value context) : prog_(prog) {
   root_ = new Scope(nullptr);
   root_->captured = true;
   if (context.is_dict())
     for (const auto& kv : context.dict->items) root_->vars.emplace_back(kv.first, kv.second);
+  mark_missing(root_, prog.undefined_at_entry);
 }
 
 namespace {
@@ -456,6 +463,7 @@ Flow Interp::exec_stmt(const Stmt& s, const ScopePtr& scope, std::string& out) {
       std::string body;
       {
         LocalScope inner(*this, scope);
+        mark_missing(inner.get(), s.undefined_at_entry[0]);
         exec(s.bodies[0], inner.get(), body);
       }
       Value v = Value::string(std::move(body));
@@ -484,6 +492,7 @@ Flow Interp::exec_stmt(const Stmt& s, const ScopePtr& scope, std::string& out) {
       std::string body;
       {
         LocalScope inner(*this, scope);
+        mark_missing(inner.get(), s.undefined_at_entry[0]);
         exec(s.bodies[0], inner.get(), body);
       }
       out += to_str(apply_filter_chain(*s.expr, scope, Value::string(std::move(body))));
@@ -493,11 +502,13 @@ Flow Interp::exec_stmt(const Stmt& s, const ScopePtr& scope, std::string& out) {
       std::vector<Value> vals;
       for (const auto& e : s.exprs) vals.push_back(eval(*e, scope));
       LocalScope inner(*this, scope);
+      mark_missing(inner.get(), s.undefined_at_entry[0]);
       for (size_t k = 0; k < s.targets.size(); ++k) assign(s.targets[k], vals[k], inner.get());
       return exec(s.bodies[0], inner.get(), out);
     }
     case SK::Scope: {
       LocalScope inner(*this, scope);
+      mark_missing(inner.get(), s.undefined_at_entry[0]);
       return exec(s.bodies[0], inner.get(), out);
     }
     case SK::Break: return Flow::Break;
@@ -535,6 +546,7 @@ Flow Interp::exec_for(const Stmt& s, const ScopePtr& scope, std::string& out, co
   const List& xs = *loop->items;
   for (size_t k = 0; k < xs.size(); ++k) {
     LocalScope iscope(*this, scope);
+    mark_missing(iscope.get(), s.undefined_at_entry[0]);
     assign(s.target, xs[k], iscope.get());
     loop->index0 = k;
     iscope.get()->set("loop", loopv);
@@ -544,6 +556,7 @@ Flow Interp::exec_for(const Stmt& s, const ScopePtr& scope, std::string& out, co
   }
   if (xs.empty() && s.has_else) {
     LocalScope escope(*this, scope);
+    mark_missing(escope.get(), s.undefined_at_entry[1]);
     exec(s.bodies[1], escope.get(), out);
   }
   return Flow::Normal;
@@ -552,6 +565,7 @@ Flow Interp::exec_for(const Stmt& s, const ScopePtr& scope, std::string& out, co
 Value Interp::invoke_macro(const MacroObj& m, CallArgs& a) {
   const MacroDef& d = *m.def;
   const size_t n = d.params.size();
+  const std::string mname = d.anonymous ? "None" : repr_str(d.name);
   std::vector<std::pair<bool, Value>> arguments(n);
   size_t npos = std::min(n, a.pos.size());
   for (size_t k = 0; k < npos; ++k) arguments[k] = {true, a.pos[k]};
@@ -580,9 +594,9 @@ Value Interp::invoke_macro(const MacroObj& m, CallArgs& a) {
   } else if (!a.kw.empty()) {
     for (const auto& kv : a.kw)
       if (kv.first == "caller")
-        py_raise("TypeError", "macro " + repr_str(d.name) +
+        py_raise("TypeError", "macro " + mname +
                                   " was invoked with two values for the special caller argument. This is most likely a bug.");
-    py_raise("TypeError", "macro " + repr_str(d.name) + " takes no keyword argument " + repr_str(a.kw[0].first));
+    py_raise("TypeError", "macro " + mname + " takes no keyword argument " + repr_str(a.kw[0].first));
   }
   Value varargs;
   if (d.uses_varargs) {
@@ -590,7 +604,7 @@ Value Interp::invoke_macro(const MacroObj& m, CallArgs& a) {
     for (size_t k = n; k < a.pos.size(); ++k) extra.push_back(a.pos[k]);
     varargs = Value::make_list(std::move(extra), true);
   } else if (a.pos.size() > n) {
-    py_raise("TypeError", "macro " + repr_str(d.name) + " takes not more than " + std::to_string(n) + " argument(s)");
+    py_raise("TypeError", "macro " + mname + " takes not more than " + std::to_string(n) + " argument(s)");
   }
   if (++depth_ > kMaxMacroDepth) {
     depth_ = 0;
@@ -599,6 +613,7 @@ Value Interp::invoke_macro(const MacroObj& m, CallArgs& a) {
   check_stack();
   LocalScope local(*this, m.closure);
   Scope* scope = local.get();
+  mark_missing(scope, d.undefined_at_entry);
   const size_t first_default = n - d.defaults.size();
   for (size_t k = 0; k < n; ++k) {
     if (arguments[k].first) {

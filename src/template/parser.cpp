@@ -1,4 +1,5 @@
 // Recursive-descent parser mirroring jinja2's grammar (precedence, tuples, tests, filters, slices).
+#include <map>
 #include <set>
 
 #include "template/ast.h"
@@ -47,6 +48,7 @@ class Parser {
     prog->body = subparse({});
     if (cur().type != Tok::Eof) fail_here("unexpected " + repr_str(describe(cur())));
     mark_pure(prog->body);
+    analyze_frames(*prog);
     return prog;
   }
 
@@ -312,6 +314,166 @@ class Parser {
       }
     }
   }
+  // ---- jinja2's per-frame symbol analysis (idtracking), for undefined_at_entry -------------
+
+  enum class Load { Param, Resolve, Alias, Undefined };
+  struct Sym {
+    const Sym* parent = nullptr;
+    std::map<std::string, Load> refs;
+    std::set<std::string> stores;
+    bool find(const std::string& n) const {
+      for (const Sym* s = this; s; s = s->parent)
+        if (s->refs.count(n)) return true;
+      return false;
+    }
+    void load(const std::string& n) {
+      if (!find(n)) refs[n] = Load::Resolve;
+    }
+    void store(const std::string& n) {
+      stores.insert(n);
+      if (refs.count(n)) return;
+      refs[n] = (parent && parent->find(n)) ? Load::Alias : Load::Undefined;
+    }
+    void param(const std::string& n) {
+      stores.insert(n);
+      refs[n] = Load::Param;
+    }
+    void branch_update(const std::vector<Sym>& branches) {
+      std::set<std::string> new_stores;
+      for (const auto& b : branches)
+        for (const auto& n : b.stores)
+          if (!stores.count(n)) new_stores.insert(n);
+      for (const auto& b : branches) {
+        for (const auto& kv : b.refs) refs[kv.first] = kv.second;
+        stores.insert(b.stores.begin(), b.stores.end());
+      }
+      for (const auto& n : new_stores) refs[n] = (parent && parent->find(n)) ? Load::Alias : Load::Resolve;
+    }
+    std::vector<std::string> undefined_names() const {
+      std::vector<std::string> out;
+      for (const auto& kv : refs)
+        if (kv.second == Load::Undefined) out.push_back(kv.first);
+      return out;
+    }
+  };
+
+  static void sym_expr(const Expr* e, Sym& sym) {
+    if (!e) return;
+    if (e->kind == EK::Name) sym.load(e->name);
+    for (const auto& k : e->kids) sym_expr(k.get(), sym);
+    for (const auto& a : e->call.args) sym_expr(a.get(), sym);
+    for (const auto& kv : e->call.kwargs) sym_expr(kv.second.get(), sym);
+    sym_expr(e->call.dyn_args.get(), sym);
+    sym_expr(e->call.dyn_kwargs.get(), sym);
+  }
+  static void sym_target(const Target& t, Sym& sym, bool as_param) {
+    switch (t.kind) {
+      case Target::Name:
+        if (as_param)
+          sym.param(t.name);
+        else
+          sym.store(t.name);
+        break;
+      case Target::Tuple:
+        for (const auto& i : t.items) sym_target(i, sym, as_param);
+        break;
+      case Target::NSRef: sym.load(t.name); break;
+    }
+  }
+  // FrameSymbolVisitor: the statements of one frame, stopping at nested frames.
+  static void sym_stmts(const Body& body, Sym& sym) {
+    for (const auto& s : body) sym_stmt(*s, sym);
+  }
+  static void sym_if(const Stmt& s, size_t branch, Sym& sym) {
+    // jinja2's If(test, body, elif_=[If...], else_): branches are analysed on copies, then merged.
+    sym_expr(s.exprs[branch].get(), sym);
+    std::vector<Sym> branches(3, sym);
+    sym_stmts(s.bodies[branch], branches[0]);
+    if (branch == 0)
+      for (size_t k = 1; k < s.exprs.size(); ++k) sym_if(s, k, branches[1]);
+    if (branch == 0 && s.has_else) sym_stmts(s.bodies.back(), branches[2]);
+    sym.branch_update(branches);
+  }
+  static void sym_stmt(const Stmt& s, Sym& sym) {
+    switch (s.kind) {
+      case SK::Output:
+      case SK::With:
+        for (const auto& e : s.exprs) sym_expr(e.get(), sym);
+        break;
+      case SK::If: sym_if(s, 0, sym); break;
+      case SK::For: sym_expr(s.expr.get(), sym); break;
+      case SK::Set:
+        sym_expr(s.expr.get(), sym);
+        sym_target(s.target, sym, false);
+        break;
+      case SK::SetBlock: sym_target(s.target, sym, false); break;
+      case SK::Macro: sym.store(s.macro->name); break;
+      case SK::CallBlock:
+      case SK::FilterBlock: sym_expr(s.expr.get(), sym); break;
+      default: break;
+    }
+  }
+  // RootVisitor: analyse the child frames opened by the statements of a frame (incl. inside ifs).
+  static void child_frames(Body& body, const Sym& parent) {
+    for (auto& s : body) {
+      switch (s->kind) {
+        case SK::If:
+          for (auto& b : s->bodies) child_frames(b, parent);
+          break;
+        case SK::For: {
+          s->undefined_at_entry.assign(2, {});
+          Sym f;
+          f.parent = &parent;
+          sym_target(s->target, f, true);
+          f.param("loop");
+          sym_stmts(s->bodies[0], f);
+          s->undefined_at_entry[0] = f.undefined_names();
+          child_frames(s->bodies[0], f);
+          Sym e;
+          e.parent = &parent;
+          sym_stmts(s->bodies[1], e);
+          s->undefined_at_entry[1] = e.undefined_names();
+          child_frames(s->bodies[1], e);
+          break;
+        }
+        case SK::Macro:
+        case SK::CallBlock: {
+          MacroDef& m = *s->macro;
+          Sym f;
+          f.parent = &parent;
+          for (const auto& p : m.params) f.param(p);
+          for (const auto& d : m.defaults) sym_expr(d.get(), f);
+          if (m.uses_caller) f.param("caller");
+          if (m.uses_kwargs) f.param("kwargs");
+          if (m.uses_varargs) f.param("varargs");
+          sym_stmts(m.body, f);
+          m.undefined_at_entry = f.undefined_names();
+          child_frames(m.body, f);
+          break;
+        }
+        case SK::With:
+        case SK::SetBlock:
+        case SK::FilterBlock:
+        case SK::Scope: {
+          Sym f;
+          f.parent = &parent;
+          for (const auto& t : s->targets) sym_target(t, f, true);
+          sym_stmts(s->bodies[0], f);
+          s->undefined_at_entry.assign(1, f.undefined_names());
+          child_frames(s->bodies[0], f);
+          break;
+        }
+        default: break;
+      }
+    }
+  }
+  static void analyze_frames(Program& prog) {
+    Sym root;
+    sym_stmts(prog.body, root);
+    prog.undefined_at_entry = root.undefined_names();
+    child_frames(prog.body, root);
+  }
+
   // Which expressions jinja2's optimizer folds to constants (nodes.*.as_const succeeds).
   static bool mark_pure(Expr* e) {
     if (!e) return true;
@@ -377,6 +539,7 @@ class Parser {
     auto m = std::make_shared<MacroDef>();
     m->line = k.line;
     m->name = "caller";
+    m->anonymous = true;
     if (is_op("(")) parse_signature(*m);
     const Token& at = cur();
     s->expr = parse_expression(true);
