@@ -544,6 +544,9 @@ Flow Interp::exec_for(const Stmt& s, const ScopePtr& scope, std::string& out, co
   loop->items = std::make_shared<const List>(std::move(items));
   Value loopv = Value::object(loop);
   const List& xs = *loop->items;
+  // jinja2 clears its for-else flag at the *end* of the body, so iterations left through
+  // {% continue %} / {% break %} do not count: the else body runs unless one iteration completed.
+  bool completed = false;
   for (size_t k = 0; k < xs.size(); ++k) {
     LocalScope iscope(*this, scope);
     mark_missing(iscope.get(), s.undefined_at_entry[0]);
@@ -552,9 +555,10 @@ Flow Interp::exec_for(const Stmt& s, const ScopePtr& scope, std::string& out, co
     iscope.get()->set("loop", loopv);
     Flow f = exec(s.bodies[0], iscope.get(), out);
     if (f == Flow::Break) break;
+    if (f == Flow::Normal) completed = true;
     line_ = s.line;
   }
-  if (xs.empty() && s.has_else) {
+  if (!completed && s.has_else) {
     LocalScope escope(*this, scope);
     mark_missing(escope.get(), s.undefined_at_entry[1]);
     exec(s.bodies[1], escope.get(), out);
