@@ -125,8 +125,8 @@ TEST(CudaModel, TinyPackMatchesReference) {
   configs[3].o.tensor_cores = false;
   configs[4].name = "no-pdl";
   configs[4].o.pdl = false;
-  configs[5].name = "no-fuse-norm";
-  configs[5].o.fuse_norm = false;
+  configs[5].name = "fuse-norm";
+  configs[5].o.fuse_norm = true;
   configs[6].name = "exact";  // fp32 activations in the ternary products: only fp32 rounding remains
   configs[6].o.exact = true;
   std::vector<ModelRun> runs;

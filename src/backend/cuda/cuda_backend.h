@@ -40,7 +40,8 @@ class CudaBackend final : public Backend {
     bool tensor_cores = true;  // int8 mma GEMM for M > 4 (else the dp4a kernel, 4 tokens per pass)
     bool profile = false;      // time every eager launch with events (serialises; for profile_report)
     int matvec_rows = 4;       // weight rows per matvec warp step: 4 or 2 (see ternary.cu)
-    bool fuse_norm = true;     // rmsnorm / add_rmsnorm before a site fused into it (needs fuse; BONSAI_CUDA_FUSE_NORM=0 off)
+    bool fuse_norm = false;    // rmsnorm / add_rmsnorm before a site fused into it (needs fuse; BONSAI_CUDA_FUSE_NORM=1;
+                               // one block per row: measured slower at decode, see docs/cuda-kernels.md)
     bool exact = false;        // ternary products on the fp32 activation, no int8 step (BONSAI_CUDA_EXACT=1); slow
   };
 

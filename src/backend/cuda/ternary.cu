@@ -98,16 +98,20 @@ __global__ __launch_bounds__(kSiteThreads) void site_kernel(const SiteArgs a) {
   // 2. Unnormalised Sylvester FWHT of every n-block of the tile (butterfly at stride h pairs i, i + h).
   // Strides below 32 stay inside a warp: thread tid holds element tid and swaps with lane ^ h through
   // shuffles (no barriers); a lane's partner is valid whenever the lane is (n-blocks lie inside len).
+  // A tile longer than the block (the AddNorm site holds the whole row) takes its elements in passes of
+  // kSiteThreads; every thread reads and writes back only its own elements, so no barrier between passes.
   int h0 = 1;
-  if (a.n >= 2 && len <= kSiteThreads) {
-    float v = tid < len ? sh[tid] : 0.f;
-    for (int h = 1; h < a.n && h < 32; h <<= 1) {
-      const float p = __shfl_xor_sync(0xffffffffu, v, h);
-      v = (tid & h) ? p - v : v + p;
-      h0 = h << 1;
+  if (a.n >= 2) {
+    for (int c = 0; c < len; c += kSiteThreads) {  // uniform over the block: full-warp shuffles are safe
+      const int i = c + tid;
+      float v = i < len ? sh[i] : 0.f;
+      for (int h = 1; h < a.n && h < 32; h <<= 1) {
+        const float p = __shfl_xor_sync(0xffffffffu, v, h);
+        v = (tid & h) ? p - v : v + p;
+      }
+      if (i < len) sh[i] = v;
     }
-    __syncthreads();
-    if (tid < len) sh[tid] = v;
+    while (h0 < a.n && h0 < 32) h0 <<= 1;
     __syncthreads();
   }
   for (int h = h0; h < a.n; h <<= 1) {
