@@ -6,7 +6,7 @@ namespace bonsai::cpu {
 
 // Streaming read bandwidth in GB/s (1e9 bytes/s): `threads` threads (<= 0: hardware_concurrency) each
 // read their contiguous slice of one 512 MiB buffer with the widest vector loads the CPU has; the best
-// of several passes. Takes ~1 s.
+// of 10 passes. Takes ~1 s.
 double probe_read_bandwidth_gbs(int threads);
 
 // Peak int8 dot-product throughput in G ops/s (one multiply-add = 2 ops) of the instruction the active
