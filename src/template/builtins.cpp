@@ -1647,7 +1647,7 @@ bool in_list(const char* const (&arr)[N], const std::string& name) {
 bool is_method_of(const Value& v, const std::string& name) {
   if (v.is_string()) return in_list(kStrMethods, name);
   if (v.is_dict()) return in_list(kDictMethods, name);
-  if (v.is_seq()) return in_list(kListMethods, name) || (v.is_list() && false);
+  if (v.is_seq()) return in_list(kListMethods, name);
   return false;
 }
 
