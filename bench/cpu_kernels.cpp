@@ -5,8 +5,10 @@
 //   matvec/<act>/<variant>/K<K>_N<N>/t<threads>    decode, M = 1
 //   gemm64/<act>/<variant>/K<K>_N<N>/t<threads>    prefill chunk, M = 64
 //   read/K<K>_N<N>/t<threads>                      the same bytes read and discarded, same pool and chunks
-//   fwht/<variant>/...  quantize_q8/<variant>/...  dot/<variant>/...
-// act: q8 (int8 activations, VNNI where present) or f32 (fp32 activations, exact).
+//   incache/<act>/<variant>/...                   the kernel alone on an L2-resident matrix (compute ceiling)
+//   fwht/<variant>/...  quantize_q8/L<digits>/<variant>/...  dot/<variant>/...
+// act: q8 / q16 / q24 (activation as 1 / 2 / 3 int8 digits per element, VNNI where present) or f32
+// (fp32 activations, exact).
 //
 // Counters: GB/s = ternary weight bytes (2-bit codes + fp16 scales = 2.125 bits/weight) / wall time;
 // of_probe = GB/s / the streaming-read probe at the same thread count (probe.h), measured at start and
@@ -209,26 +211,29 @@ void bm_read(benchmark::State& state, Shape s, int threads) {
 // Compute ceiling: the kernel alone (one thread, no op layer) on a matrix that stays in L2 (K=5120,
 // N=128: 170 KB), activation pre-quantised. GB/s here is weight bytes per CPU second: what the kernel could
 // stream if memory were free; compare with the DRAM numbers to see which side limits.
-void bm_incache(benchmark::State& state, const char* variant, bool q8, int64_t M) {
+void bm_incache(benchmark::State& state, const char* variant, int levels, int64_t M) {
   const cpu::Kernels* k = cpu::find_kernels(variant);
   if (!k) {
     state.SkipWithError("this CPU cannot run this variant");
     return;
   }
   const Shape s{5120, 128};
-  Matrix m{std::vector<uint32_t>(size_t(s.N * s.K / 16), 0x96a5a169u), std::vector<uint16_t>(size_t(s.N * s.K / 128), 0x2000)};
+  const int64_t G = s.K / 128, L = std::max(1, levels);
+  Matrix m{std::vector<uint32_t>(size_t(s.N * s.K / 16), 0x96a5a169u), std::vector<uint16_t>(size_t(s.N * G), 0x2000)};
   const auto x = activation(M * s.K, 6);
-  std::vector<int8_t> q(size_t(M * s.K));
-  std::vector<float> qs(size_t(M * s.K / 128));
-  std::vector<int32_t> qsum(qs.size());
+  std::vector<int8_t> q(size_t(M * L * s.K));
+  std::vector<float> qs(size_t(M * G));
+  std::vector<int32_t> qsum(size_t(M * L * G));
   for (int64_t r = 0; r < M; ++r)
-    k->quantize_q8(x.data() + r * s.K, s.K, q.data() + r * s.K, qs.data() + r * s.K / 128, qsum.data() + r * s.K / 128);
+    k->quantize_q8(x.data() + r * s.K, s.K, int(L), q.data() + r * L * s.K, qs.data() + r * G, qsum.data() + r * L * G);
   std::vector<float> y(size_t(M * s.N));
   for (auto _ : state) {
-    if (q8 && M == 1)
-      k->ternary_rows_q8_x1(m.words.data(), m.scales.data(), s.K, 0, s.N, q.data(), qs.data(), qsum.data(), y.data());
-    else if (q8)
-      k->ternary_rows_q8_xm(m.words.data(), m.scales.data(), s.K, 0, s.N, q.data(), qs.data(), qsum.data(), M, y.data(), s.N);
+    if (levels > 0 && M == 1)
+      k->ternary_rows_q8_x1(m.words.data(), m.scales.data(), s.K, 0, s.N, q.data(), qs.data(), qsum.data(), levels,
+                            y.data());
+    else if (levels > 0)
+      k->ternary_rows_q8_xm(m.words.data(), m.scales.data(), s.K, 0, s.N, q.data(), qs.data(), qsum.data(), levels, M,
+                            y.data(), s.N);
     else if (M == 1)
       k->ternary_rows_x1(m.words.data(), m.scales.data(), s.K, 0, s.N, x.data(), y.data());
     else
@@ -257,12 +262,12 @@ void bm_fwht(benchmark::State& state, const char* variant, int64_t M, int64_t K,
       benchmark::Counter(double(M * K) * 8.0 * double(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
 }
 
-void bm_quantize(benchmark::State& state, const char* variant, int64_t M, int64_t K, int threads) {
+void bm_quantize(benchmark::State& state, const char* variant, int levels, int64_t M, int64_t K, int threads) {
   setup(state, variant, threads);
   if (state.error_occurred()) return;
   const auto x = activation(M * K, 3);
   for (auto _ : state) {
-    const cpu::ActQ8 q = cpu::quantize_activation(x.data(), M, K);
+    const cpu::ActQ8 q = cpu::quantize_activation(x.data(), M, K, levels);
     benchmark::DoNotOptimize(q.q);
     benchmark::ClobberMemory();
   }
@@ -297,8 +302,13 @@ void register_all() {
     for (const char* v : kVariants) {
       const bool portable = !std::strcmp(v, "portable");
       for (int t : {1, 2})
-        for (auto act : {cpu::TernaryActivation::q8, cpu::TernaryActivation::f32}) {
-          const std::string a = act == cpu::TernaryActivation::q8 ? "q8" : "f32";
+        for (auto act : {cpu::TernaryActivation::q8, cpu::TernaryActivation::q16, cpu::TernaryActivation::q24,
+                         cpu::TernaryActivation::f32}) {
+          const char* names[] = {"f32", "q8", "q16", "q24"};
+          const std::string a = names[int(act)];
+          // The portable variant runs the multi-digit modes on the smallest shape only (slow).
+          const bool multi = act == cpu::TernaryActivation::q16 || act == cpu::TernaryActivation::q24;
+          if (portable && multi && s.N != 1024) continue;
           benchmark::RegisterBenchmark(("matvec/" + a + "/" + v + "/" + shape_name(s) + "/t" + std::to_string(t)).c_str(),
                                        [=](benchmark::State& st) { bm_ternary(st, v, act, s, 1, t); })
               ->UseRealTime()
@@ -315,12 +325,14 @@ void register_all() {
     }
   }
   for (const char* v : kVariants)
-    for (bool q8 : {true, false})
-      for (int64_t M : {1, 64})
+    for (int levels : {1, 2, 3, 0})
+      for (int64_t M : {1, 64}) {
+        const char* names[] = {"f32", "q8", "q16", "q24"};
         benchmark::RegisterBenchmark(
-            (std::string("incache/") + (q8 ? "q8/" : "f32/") + v + "/M" + std::to_string(M) + "_K5120_N128").c_str(),
-            [=](benchmark::State& st) { bm_incache(st, v, q8, M); })
+            (std::string("incache/") + names[levels] + "/" + v + "/M" + std::to_string(M) + "_K5120_N128").c_str(),
+            [=](benchmark::State& st) { bm_incache(st, v, levels, M); })
             ->Unit(benchmark::kMicrosecond);
+      }
   for (const char* v : kVariants) {
     for (int64_t K : {5120, 17408})
       for (int64_t M : {1, 64}) {
@@ -329,10 +341,11 @@ void register_all() {
                                      [=](benchmark::State& st) { bm_fwht(st, v, M, K, 1); })
             ->UseRealTime()
             ->Unit(benchmark::kMicrosecond);
-        benchmark::RegisterBenchmark((std::string("quantize_q8/") + v + suffix).c_str(),
-                                     [=](benchmark::State& st) { bm_quantize(st, v, M, K, 1); })
-            ->UseRealTime()
-            ->Unit(benchmark::kMicrosecond);
+        for (int levels : {1, 3})
+          benchmark::RegisterBenchmark((std::string("quantize_q8/L") + std::to_string(levels) + "/" + v + suffix).c_str(),
+                                       [=](benchmark::State& st) { bm_quantize(st, v, levels, M, K, 1); })
+              ->UseRealTime()
+              ->Unit(benchmark::kMicrosecond);
       }
     benchmark::RegisterBenchmark((std::string("dot/") + v + "/n5120").c_str(),
                                  [=](benchmark::State& st) { bm_dot(st, v, 5120); })

@@ -73,9 +73,11 @@ std::atomic<const Kernels*> g_active{nullptr};
 
 TernaryActivation initial_activation() {
   const char* env = std::getenv("BONSAI_CPU_ACT");
-  if (env && !std::strcmp(env, "q8")) return TernaryActivation::q8;
-  if (env && *env && std::strcmp(env, "f32"))
-    std::fprintf(stderr, "bonsai: BONSAI_CPU_ACT=%s is not q8|f32; using f32\n", env);
+  if (!env || !*env || !std::strcmp(env, "f32")) return TernaryActivation::f32;
+  if (!std::strcmp(env, "q8")) return TernaryActivation::q8;
+  if (!std::strcmp(env, "q16")) return TernaryActivation::q16;
+  if (!std::strcmp(env, "q24")) return TernaryActivation::q24;
+  std::fprintf(stderr, "bonsai: BONSAI_CPU_ACT=%s is not f32|q8|q16|q24; using f32\n", env);
   return TernaryActivation::f32;
 }
 

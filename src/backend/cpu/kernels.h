@@ -13,31 +13,41 @@
 // set_kernels() switches at run time (tests force each path through the ops with it).
 //
 // Two kinds of ternary kernel:
-//   fp32 activations (ternary_rows_x1 / _xm): exact up to fp32 accumulation (~1e-6 relative);
-//   int8 activations ("q8": quantize_q8 once per activation site, then ternary_rows_q8_x1 / _xm): the
-//   activation is rounded to int8 per 128-group, which is what lets the decode matvec keep up with memory
-//   (64 multiply-adds per vpdpbusd instead of 16 per FMA, and 16 codes per 4-byte word decoded with two
-//   byte-wide vector ops per 64 codes). Its error vs the fp64 reference is bounded in
-//   tests/backend/cpu_kernels_test.cpp; which one ternary_matmul uses is ternary_activation() below.
+//   fp32 activations (ternary_rows_x1 / _xm): exact up to fp32 accumulation (~1e-6 relative), but
+//   compute-bound far below the memory (decoding 16 codes to floats costs more than streaming them);
+//   integer activations ("q8", "q16", "q24": quantize_q8 once per activation site, then
+//   ternary_rows_q8_x1 / _xm): the activation is split into L = 1, 2 or 3 int8 digits per element
+//   (base 256) under one scale per 128-group; the weights times each digit are exact integer dot products
+//   (vpdpbusd: 64 multiply-adds per instruction, the codes decoded once for all digits), combined exactly
+//   in int32. L = 1 is plain int8 (~6e-3 relative error per output; the CUDA int8 path fails the
+//   whole-model argmax gate with it); L = 2 cuts the rounding 256x; L = 3 is at the fp32 noise floor.
+//   Which one ternary_matmul uses is ternary_activation() below.
 #pragma once
 #include <cstdint>
 
 namespace bonsai::cpu {
 
-// ---- int8 activation layout ("q8") ---------------------------------------------------------------
-// One activation row x fp32 [K] (K % 128 == 0, G = K/128 groups of 128) becomes:
-//   q     int8  [K]  q = rint(x * (127 / amax_g)) (round to nearest even; 0 when amax_g == 0),
-//                    stored PLANE-PERMUTED within each chunk of 256 elements (two groups; a last odd
-//                    group forms a chunk of 128): with P = chunk/4 (64, or 32 for the odd tail),
-//                      q[chunk_base + t*P + p] = quantised x[chunk_base + 4*p + t],  t = 0..3, p < P.
-//                    Why: canonical code byte p of a chunk holds elements 4p..4p+3 at bits 2t, so
-//                    (codes >> 2t) & 3 over the chunk's P code bytes is "plane t", whose byte p lines up
-//                    with q plane t byte p. The weights are read in their canonical layout (no repack,
-//                    1x memory); only the activation, once per site, is reordered.
-//   scale fp32  [G]  s_g = amax_g / 127, so x ~= s_g * q
-//   sum   int32 [G]  sum of q over the group (maps the unsigned codes c to c - 1: sum (c-1) q = sum c q - sum q)
-// Several rows (M > 1): q [M, K], scale [M, G], sum [M, G], row-major.
-// Every variant quantises bit-identically (same fp32 ops, same rounding), so the q8 variants differ from
+// ---- integer activation layout (int8 digits) ----------------------------------------------------------
+// One activation row x fp32 [K] (K % 128 == 0, G = K/128 groups of 128), L digits (levels), becomes:
+//   q     int8  [L, K]  digit l of every element; each digit row is PLANE-PERMUTED within each chunk of
+//                       256 elements (two groups; a last odd group forms a chunk of 128): with P = chunk/4
+//                       (64, or 32 for the odd tail),
+//                         q[l][chunk_base + t*P + p] = digit l of x[chunk_base + 4*p + t],  t = 0..3, p < P.
+//                       Why: canonical code byte p of a chunk holds elements 4p..4p+3 at bits 2t, so
+//                       (codes >> 2t) & 3 over the chunk's P code bytes is "plane t", whose byte p lines
+//                       up with q plane t byte p. The weights are read in their canonical layout (no
+//                       repack, 1x memory); only the activation, once per site, is reordered.
+//   scale fp32  [G]     s_g = amax_g / 127
+//   sum   int32 [L, G]  sum of digit l over the group (maps the unsigned codes c to c - 1:
+//                       sum (c-1) q = sum c q - sum q)
+// Digits (every fp32 step after the first product is exact; round to nearest even; |digit| <= 127):
+//   v = x * (127 / amax_g);  q0 = rint(v);  r1 = (v - q0) * 256;  q1 = clamp(rint(r1), -127, 127);
+//   r2 = (r1 - q1) * 256;  q2 = clamp(rint(r2), -127, 127);   x ~= s_g * (q0 + q1/256 + q2/65536).
+// Per-element error: L=1 s/2, L=2 s/256, L=3 s/65536 (+ the fp32 rounding of v, ~s * 2^-17).
+// The kernels combine the digit dots as ((I0 * 256) + I1) * 256 + I2 in int32: |I_l| <= 128 * 2 * 127,
+// so the L = 3 total stays below 2^31.
+// Several rows (M > 1): q [M, L, K], scale [M, G], sum [M, L, G], row-major.
+// Every variant quantises bit-identically (same fp32 ops, same rounding), so the variants differ from
 // each other only by fp32 summation order.
 
 struct Kernels {
@@ -56,16 +66,18 @@ struct Kernels {
   // fp32 dot product of length n with several partial sums.
   float (*dot)(const float* a, const float* b, int64_t n);
 
-  // One activation row to the q8 layout above: x fp32 [K] -> q int8 [K], scale fp32 [K/128], sum int32 [K/128].
-  void (*quantize_q8)(const float* x, int64_t K, int8_t* q, float* scale, int32_t* sum);
-  // q8 matvec: y[n - n0] = sum_g d[n][g] * s_g * sum_{e in g} (code[n][e] - 1) * q[e], rows n0 <= n < n1;
-  // q, qscale, qsum: one quantised row (layout above).
+  // One activation row to the digit layout above: x fp32 [K] -> q int8 [levels, K], scale fp32 [K/128],
+  // sum int32 [levels, K/128]; levels = 1, 2 or 3.
+  void (*quantize_q8)(const float* x, int64_t K, int levels, int8_t* q, float* scale, int32_t* sum);
+  // Integer-activation matvec: y[n - n0] = sum_g d[n][g] * s_g * sum_{e in g} (code[n][e] - 1) * xq[e],
+  // xq = q0 + q1/256 + q2/65536 (`levels` digits), rows n0 <= n < n1; q, qscale, qsum: one quantised row.
   void (*ternary_rows_q8_x1)(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
-                             const int8_t* q, const float* qscale, const int32_t* qsum, float* y);
-  // q8 GEMM tile: the same for M quantised rows (q [M, K], qscale / qsum [M, K/128]); y as ternary_rows_xm.
+                             const int8_t* q, const float* qscale, const int32_t* qsum, int levels, float* y);
+  // GEMM tile: the same for M quantised rows (q [M, levels, K], qscale [M, K/128], qsum [M, levels, K/128]);
+  // y as ternary_rows_xm.
   void (*ternary_rows_q8_xm)(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
-                             const int8_t* q, const float* qscale, const int32_t* qsum, int64_t M, float* y,
-                             int64_t ldy);
+                             const int8_t* q, const float* qscale, const int32_t* qsum, int levels, int64_t M,
+                             float* y, int64_t ldy);
 };
 
 const Kernels& kernels();            // the active variant (chosen at first use; see above)
@@ -79,10 +91,12 @@ const Kernels* find_kernels(const char* name);
 bool set_kernels(const char* name);
 
 // ---- Activation precision of the ternary ops (ternary_matmul / _multi) --------------------------------
-// f32: the fp32-activation kernels (exact to fp32 rounding). q8: quantise the activation once per call
-// (once per site for ternary_matmul_multi) and use the int8 kernels.
-// Default: f32 until the whole-model gate has measured q8; BONSAI_CPU_ACT=q8|f32 overrides at startup.
-enum class TernaryActivation { f32, q8 };
+// f32: the fp32-activation kernels (exact to fp32 rounding). q8 / q16 / q24: quantise the activation once
+// per call (once per site for ternary_matmul_multi) to 1 / 2 / 3 int8 digits and use the integer kernels.
+// Default: f32 until the whole-model gate has measured the others; BONSAI_CPU_ACT=f32|q8|q16|q24 overrides
+// at startup.
+enum class TernaryActivation { f32, q8, q16, q24 };
+inline int activation_levels(TernaryActivation a) { return int(a); }  // 0 for f32, else the digits
 TernaryActivation ternary_activation();
 void set_ternary_activation(TernaryActivation a);  // call while no op is running
 

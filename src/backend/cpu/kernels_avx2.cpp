@@ -225,9 +225,11 @@ TGT_INLINE __m256i pack32(__m256i a, __m256i b, __m256i c, __m256i d) {
   return _mm256_permutevar8x32_epi32(abcd, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-TGT void quantize_q8_avx2(const float* x, int64_t K, int8_t* q, float* scale, int32_t* sum) {
+TGT void quantize_q8_avx2(const float* x, int64_t K, int levels, int8_t* q, float* scale, int32_t* sum) {
   const int64_t G = K / 128;
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 k256 = _mm256_set1_ps(256.0f), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   // Within 16 natural bytes (4 dwords = p .. p+3, byte t of each), gather byte t of every dword: the
   // result's dword t holds plane t for those 4 p's.
   const __m256i to_planes = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1,
@@ -245,41 +247,63 @@ TGT void quantize_q8_avx2(const float* x, int64_t K, int8_t* q, float* scale, in
     scale[g] = amax / 127.0f;
     const __m256 vinv = _mm256_set1_ps(inv);
     const int64_t c = g / 2, base = 256 * c, P = (2 * c + 1 < G) ? 64 : 32, p_off = (g & 1) * 32;
-    int8_t* qc = q + base;
-    __m256i s = _mm256_setzero_si256();
+    __m256i s[3] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
     for (int i = 0; i < 128; i += 32) {
-      __m256i v[4];
+      __m256i v[3][4];
       for (int k = 0; k < 4; ++k) {
-        v[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + i + 8 * k), vinv));  // nearest even
-        s = _mm256_add_epi32(s, v[k]);
+        // The digits of kernels.h: round to nearest even, every step after the product exact.
+        const __m256 f = _mm256_mul_ps(_mm256_loadu_ps(xg + i + 8 * k), vinv);
+        const __m256 d0 = _mm256_round_ps(f, kRne);
+        __m256 dig[3] = {d0, d0, d0};
+        if (levels > 1) {
+          const __m256 r1 = _mm256_mul_ps(_mm256_sub_ps(f, d0), k256);
+          dig[1] = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_round_ps(r1, kRne)));
+          if (levels > 2)
+            dig[2] = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(r1, dig[1]), k256), kRne)));
+        }
+        for (int l = 0; l < levels; ++l) {
+          v[l][k] = _mm256_cvtps_epi32(dig[l]);
+          s[l] = _mm256_add_epi32(s[l], v[l][k]);
+        }
       }
       // 32 natural bytes = p in [p_off + i/4, +8), t = 0..3 -> 8 bytes of each plane.
-      const __m256i planes = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(pack32(v[0], v[1], v[2], v[3]), to_planes),
-                                                         qword_order);
       const int64_t p0 = p_off + i / 4;
-      alignas(32) int64_t out[4];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(out), planes);
-      for (int t = 0; t < 4; ++t) std::memcpy(qc + t * P + p0, &out[t], 8);
+      for (int l = 0; l < levels; ++l) {
+        const __m256i planes = _mm256_permutevar8x32_epi32(
+            _mm256_shuffle_epi8(pack32(v[l][0], v[l][1], v[l][2], v[l][3]), to_planes), qword_order);
+        alignas(32) int64_t out[4];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(out), planes);
+        for (int t = 0; t < 4; ++t) std::memcpy(q + l * K + base + t * P + p0, &out[t], 8);
+      }
     }
-    sum[g] = hsum8i(s);
+    for (int l = 0; l < levels; ++l) sum[l * G + g] = hsum8i(s[l]);
   }
 }
 
-// Exact integer sum (code - 1) * q of one group, as 8 int32 lanes (plus the -sum(q) correction in lane 0).
-TGT_INLINE __m256i group_dot(const uint8_t* codes, const int8_t* q0, int64_t P, int32_t qsum) {
+// The 4 code planes of one group (32 code bytes).
+struct Planes8 {
+  __m256i c[4];
+};
+TGT_INLINE Planes8 planes8(const uint8_t* codes) {
   const __m256i m3 = _mm256_set1_epi8(3);
   const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
-  const __m256i c0 = _mm256_and_si256(w, m3), c1 = _mm256_and_si256(_mm256_srli_epi16(w, 2), m3);
-  const __m256i c2 = _mm256_and_si256(_mm256_srli_epi16(w, 4), m3), c3 = _mm256_and_si256(_mm256_srli_epi16(w, 6), m3);
+  return {{_mm256_and_si256(w, m3), _mm256_and_si256(_mm256_srli_epi16(w, 2), m3),
+           _mm256_and_si256(_mm256_srli_epi16(w, 4), m3), _mm256_and_si256(_mm256_srli_epi16(w, 6), m3)}};
+}
+// Exact integer sum (code - 1) * q of one group against one digit (planes of q0, stride P), as 8 int32
+// lanes; the -sum(q) correction rides in lane 0.
+TGT_INLINE __m256i group_dot(const Planes8& pl, const int8_t* q0, int64_t P, int32_t qsum) {
   const __m256i p01 =
-      _mm256_add_epi16(_mm256_maddubs_epi16(c0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q0))),
-                       _mm256_maddubs_epi16(c1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q0 + P))));
+      _mm256_add_epi16(_mm256_maddubs_epi16(pl.c[0], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q0))),
+                       _mm256_maddubs_epi16(pl.c[1], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q0 + P))));
   const __m256i p23 =
-      _mm256_add_epi16(_mm256_maddubs_epi16(c2, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q0 + 2 * P))),
-                       _mm256_maddubs_epi16(c3, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q0 + 3 * P))));
+      _mm256_add_epi16(_mm256_maddubs_epi16(pl.c[2], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q0 + 2 * P))),
+                       _mm256_maddubs_epi16(pl.c[3], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q0 + 3 * P))));
   const __m256i i32 = _mm256_madd_epi16(_mm256_add_epi16(p01, p23), _mm256_set1_epi16(1));
   return _mm256_sub_epi32(i32, _mm256_castsi128_si256(_mm_cvtsi32_si128(qsum)));
 }
+
+constexpr float digit_unit(int L) { return L == 1 ? 1.0f : L == 2 ? 1.0f / 256 : 1.0f / 65536; }
 
 // The activation bytes of group g's plane 0 and the plane stride P.
 inline const int8_t* group_q(const int8_t* q, int64_t G, int64_t g, int64_t* P) {
@@ -290,21 +314,23 @@ inline const int8_t* group_q(const int8_t* q, int64_t G, int64_t g, int64_t* P) 
 
 constexpr int64_t kStreamPrefetch = 2048;  // bytes ahead in each row stream (see kernels_avx512_impl.h)
 
-// R rows: row r's codes at w0 + r * ws bytes, scales at s0 + r * ss, output y[r * ys].
-template <int R>
-TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t ws, const uint16_t* s0, int64_t ss, int64_t G, const int8_t* q,
+// R rows, L digits: row r's codes at w0 + r * ws bytes, scales at s0 + r * ss, output y[r * ys].
+template <int R, int L>
+TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t ws, const uint16_t* s0, int64_t ss, int64_t K, const int8_t* q,
                            const float* qs, const int32_t* qsum, float* y, int64_t ys) {
+  const int64_t G = K / 128;
   __m256 facc[R];
   for (int r = 0; r < R; ++r) facc[r] = _mm256_setzero_ps();
   alignas(32) float ds[R][8];
+  const __m256 unit = _mm256_set1_ps(digit_unit(L));
   for (int64_t g0 = 0; g0 < G; g0 += 8) {
     const int64_t gn = std::min<int64_t>(8, G - g0);
-    // d_g * s_g for the next 8 groups of each row.
+    // d_g * s_g * unit for the next 8 groups of each row.
     for (int r = 0; r < R; ++r) {
       if (gn == 8) {
-        _mm256_store_ps(ds[r], _mm256_mul_ps(fp16x8_to_f32(s0 + r * ss + g0), _mm256_loadu_ps(qs + g0)));
+        _mm256_store_ps(ds[r], _mm256_mul_ps(fp16x8_to_f32(s0 + r * ss + g0), _mm256_mul_ps(_mm256_loadu_ps(qs + g0), unit)));
       } else {
-        for (int64_t k = 0; k < gn; ++k) ds[r][k] = fp16_to_f32(s0[r * ss + g0 + k]) * qs[g0 + k];
+        for (int64_t k = 0; k < gn; ++k) ds[r][k] = fp16_to_f32(s0[r * ss + g0 + k]) * (qs[g0 + k] * digit_unit(L));
       }
     }
     for (int64_t k = 0; k < gn; ++k) {
@@ -314,7 +340,10 @@ TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t ws, const uint16_t* s0, in
       for (int r = 0; r < R; ++r) {
         const uint8_t* wc = w0 + r * ws + 32 * g;
         if (g & 1) _mm_prefetch(reinterpret_cast<const char*>(wc + kStreamPrefetch), _MM_HINT_T0);
-        const __m256i i32 = group_dot(wc, qg, P, qsum[g]);
+        const Planes8 pl = planes8(wc);
+        __m256i i32 = group_dot(pl, qg, P, qsum[g]);
+        for (int l = 1; l < L; ++l)  // exact in int32 (kernels.h)
+          i32 = _mm256_add_epi32(_mm256_slli_epi32(i32, 8), group_dot(pl, qg + l * K, P, qsum[l * G + g]));
         facc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_broadcast_ss(&ds[r][k]), facc[r]);
       }
     }
@@ -322,16 +351,24 @@ TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t ws, const uint16_t* s0, in
   for (int r = 0; r < R; ++r) y[r * ys] = hsum8(facc[r]);
 }
 
-TGT void ternary_rows_q8_x1_avx2(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
-                                 const int8_t* q, const float* qscale, const int32_t* qsum, float* y) {
+template <int L>
+TGT_INLINE void q8_x1_levels(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
+                             const int8_t* q, const float* qscale, const int32_t* qsum, float* y) {
   const int64_t G = K / 128, rb = K / 4;
   const uint8_t* wb = reinterpret_cast<const uint8_t*>(words);
   // Two equal runs in lockstep: two long sequential streams, then the leftover row.
   const int64_t Q = (n1 - n0) / 2;
   for (int64_t j = 0; j < Q; ++j)
-    q8_rows_x1<2>(wb + (n0 + j) * rb, Q * rb, scales + (n0 + j) * G, Q * G, G, q, qscale, qsum, y + j, Q);
+    q8_rows_x1<2, L>(wb + (n0 + j) * rb, Q * rb, scales + (n0 + j) * G, Q * G, K, q, qscale, qsum, y + j, Q);
   for (int64_t n = n0 + 2 * Q; n < n1; ++n)
-    q8_rows_x1<1>(wb + n * rb, rb, scales + n * G, G, G, q, qscale, qsum, y + (n - n0), 1);
+    q8_rows_x1<1, L>(wb + n * rb, rb, scales + n * G, G, K, q, qscale, qsum, y + (n - n0), 1);
+}
+
+TGT void ternary_rows_q8_x1_avx2(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
+                                 const int8_t* q, const float* qscale, const int32_t* qsum, int levels, float* y) {
+  if (levels == 1) q8_x1_levels<1>(words, scales, K, n0, n1, q, qscale, qsum, y);
+  else if (levels == 2) q8_x1_levels<2>(words, scales, K, n0, n1, q, qscale, qsum, y);
+  else q8_x1_levels<3>(words, scales, K, n0, n1, q, qscale, qsum, y);
 }
 
 // q8 GEMM tile, 8 rows per int32 lane set: the 32 code bytes of one group of 8 rows are transposed
@@ -364,29 +401,38 @@ TGT_INLINE __m256i bcast32(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
-template <int MB>
-TGT_INLINE void gemm8_group(const __m256i (*pl)[4], const int8_t* q, int64_t P, int64_t K, const float* qs,
-                            const int32_t* qsum, int64_t G, __m256 d, __m256* facc) {
+// MB activation rows, L digits: q points at row 0's digit 0 of this group (digit l at + l * K, rows qrs
+// apart), qsum at row 0's digit 0 of this group (digit l at + l * G, rows srs apart), qs rows G apart.
+template <int MB, int L>
+TGT_INLINE void gemm8_group(const __m256i (*pl)[4], const int8_t* q, int64_t P, int64_t K, int64_t qrs, const float* qs,
+                            const int32_t* qsum, int64_t G, int64_t srs, __m256 d, __m256* facc) {
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256i acc[MB];
-  for (int mb = 0; mb < MB; ++mb) acc[mb] = _mm256_set1_epi32(-qsum[mb * G]);
-  for (int k = 0; k < 8; ++k) {
-    const __m256i p0 = pl[k][0], p1 = pl[k][1], p2 = pl[k][2], p3 = pl[k][3];
-    for (int mb = 0; mb < MB; ++mb) {
-      const int8_t* qq = q + mb * K + 4 * k;
-      const __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(p0, bcast32(qq)), _mm256_maddubs_epi16(p1, bcast32(qq + P)));
-      const __m256i s23 =
-          _mm256_add_epi16(_mm256_maddubs_epi16(p2, bcast32(qq + 2 * P)), _mm256_maddubs_epi16(p3, bcast32(qq + 3 * P)));
-      acc[mb] = _mm256_add_epi32(acc[mb], _mm256_madd_epi16(_mm256_add_epi16(s01, s23), ones));
+  __m256i tot[MB];
+  for (int l = 0; l < L; ++l) {
+    __m256i acc[MB];
+    for (int mb = 0; mb < MB; ++mb) acc[mb] = _mm256_set1_epi32(-qsum[mb * srs + l * G]);
+    for (int k = 0; k < 8; ++k) {
+      const __m256i p0 = pl[k][0], p1 = pl[k][1], p2 = pl[k][2], p3 = pl[k][3];
+      for (int mb = 0; mb < MB; ++mb) {
+        const int8_t* qq = q + mb * qrs + l * K + 4 * k;
+        const __m256i s01 =
+            _mm256_add_epi16(_mm256_maddubs_epi16(p0, bcast32(qq)), _mm256_maddubs_epi16(p1, bcast32(qq + P)));
+        const __m256i s23 =
+            _mm256_add_epi16(_mm256_maddubs_epi16(p2, bcast32(qq + 2 * P)), _mm256_maddubs_epi16(p3, bcast32(qq + 3 * P)));
+        acc[mb] = _mm256_add_epi32(acc[mb], _mm256_madd_epi16(_mm256_add_epi16(s01, s23), ones));
+      }
     }
+    for (int mb = 0; mb < MB; ++mb) tot[mb] = l == 0 ? acc[mb] : _mm256_add_epi32(_mm256_slli_epi32(tot[mb], 8), acc[mb]);
   }
   for (int mb = 0; mb < MB; ++mb)
-    facc[mb] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[mb]), _mm256_mul_ps(d, _mm256_set1_ps(qs[mb * G])), facc[mb]);
+    facc[mb] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot[mb]), _mm256_mul_ps(d, _mm256_set1_ps(qs[mb * G] * digit_unit(L))),
+                               facc[mb]);
 }
 
+template <int L>
 TGT void q8_rows8_xm(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_t K, const int8_t* q, const float* qs,
                      const int32_t* qsum, int64_t M, float* y, int64_t ldy, int nr) {
-  const int64_t G = K / 128;
+  const int64_t G = K / 128, qrs = L * K, srs = L * G;
   constexpr int kMT = 64;
   alignas(32) __m256i pl[8][4];
   alignas(32) __m256 facc[kMT];
@@ -413,9 +459,11 @@ TGT void q8_rows8_xm(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_t 
       const int8_t* qg = group_q(q, G, g, &P);
       int64_t m = 0;
       for (; m + 2 <= mc; m += 2)
-        gemm8_group<2>(pl, qg + (m0 + m) * K, P, K, qs + (m0 + m) * G + g, qsum + (m0 + m) * G + g, G, d, facc + m);
+        gemm8_group<2, L>(pl, qg + (m0 + m) * qrs, P, K, qrs, qs + (m0 + m) * G + g, qsum + (m0 + m) * srs + g, G, srs,
+                          d, facc + m);
       for (; m < mc; ++m)
-        gemm8_group<1>(pl, qg + (m0 + m) * K, P, K, qs + (m0 + m) * G + g, qsum + (m0 + m) * G + g, G, d, facc + m);
+        gemm8_group<1, L>(pl, qg + (m0 + m) * qrs, P, K, qrs, qs + (m0 + m) * G + g, qsum + (m0 + m) * srs + g, G, srs,
+                          d, facc + m);
     }
     for (int64_t m = 0; m < mc; ++m) {
       alignas(32) float out[8];
@@ -426,13 +474,18 @@ TGT void q8_rows8_xm(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_t 
 }
 
 TGT void ternary_rows_q8_xm_avx2(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
-                                 const int8_t* q, const float* qscale, const int32_t* qsum, int64_t M, float* y,
-                                 int64_t ldy) {
+                                 const int8_t* q, const float* qscale, const int32_t* qsum, int levels, int64_t M,
+                                 float* y, int64_t ldy) {
   const int64_t G = K / 128, rb = K / 4;
   const uint8_t* wb = reinterpret_cast<const uint8_t*>(words);
-  for (int64_t n = n0; n < n1; n += 8)
-    q8_rows8_xm(wb + n * rb, rb, scales + n * G, K, q, qscale, qsum, M, y + (n - n0), ldy,
-                int(std::min<int64_t>(8, n1 - n)));
+  for (int64_t n = n0; n < n1; n += 8) {
+    const int nr = int(std::min<int64_t>(8, n1 - n));
+    const uint8_t* w = wb + n * rb;
+    const uint16_t* sc = scales + n * G;
+    if (levels == 1) q8_rows8_xm<1>(w, rb, sc, K, q, qscale, qsum, M, y + (n - n0), ldy, nr);
+    else if (levels == 2) q8_rows8_xm<2>(w, rb, sc, K, q, qscale, qsum, M, y + (n - n0), ldy, nr);
+    else q8_rows8_xm<3>(w, rb, sc, K, q, qscale, qsum, M, y + (n - n0), ldy, nr);
+  }
 }
 
 }  // namespace

@@ -181,38 +181,61 @@ TGT void ternary_rows_x1_avx512(const uint32_t* words, const uint16_t* scales, i
 
 // ---- int8 activations ---------------------------------------------------------------------------------
 
-// One group of 128 floats -> scale, and the 128 int8 values in natural order into nat[128]; returns the sum.
-TGT_INLINE int32_t quantize_group(const float* xg, int8_t* nat, float* scale) {
+// One group of 128 floats -> scale, and the group's `levels` int8 digits in natural order into
+// nat[l][128 * h ...] (row stride 256); sums[l] = sum of digit l.
+TGT_INLINE void quantize_group(const float* xg, int levels, int8_t (*nat)[256], int32_t* sums, float* scale) {
   const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   __m512 mx = _mm512_setzero_ps();
   for (int i = 0; i < 128; i += 16) mx = _mm512_max_ps(mx, _mm512_and_ps(_mm512_loadu_ps(xg + i), absmask));
   const float amax = _mm512_reduce_max_ps(mx);
   const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;  // the same scalar ops as the portable kernel
   *scale = amax / 127.0f;
-  const __m512 vinv = _mm512_set1_ps(inv);
-  __m512i s = _mm512_setzero_si512();
+  const __m512 vinv = _mm512_set1_ps(inv), k256 = _mm512_set1_ps(256.0f);
+  const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  __m512i s[3] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+  constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   for (int i = 0; i < 128; i += 16) {
-    // vcvtps2dq rounds to nearest even (MXCSR default), like std::nearbyint in the portable kernel.
-    const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xg + i), vinv));
-    s = _mm512_add_epi32(s, v);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(nat + i), _mm512_cvtepi32_epi8(v));
+    // Round to nearest even, as the portable kernel; every step after the first product is exact.
+    const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(xg + i), vinv);
+    const __m512 d0 = _mm512_roundscale_ps(v, kRne);
+    __m512 dig[3] = {d0, d0, d0};
+    if (levels > 1) {
+      const __m512 r1 = _mm512_mul_ps(_mm512_sub_ps(v, d0), k256);
+      dig[1] = _mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_roundscale_ps(r1, kRne)));
+      if (levels > 2) {
+        const __m512 r2 = _mm512_mul_ps(_mm512_sub_ps(r1, dig[1]), k256);
+        dig[2] = _mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_roundscale_ps(r2, kRne)));
+      }
+    }
+    for (int l = 0; l < levels; ++l) {
+      const __m512i di = _mm512_cvtps_epi32(dig[l]);  // already integral: exact
+      s[l] = _mm512_add_epi32(s[l], di);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(&nat[l][i]), _mm512_cvtepi32_epi8(di));
+    }
   }
-  return _mm512_reduce_add_epi32(s);
+  for (int l = 0; l < levels; ++l) sums[l] = _mm512_reduce_add_epi32(s[l]);
 }
 
-TGT void quantize_q8_avx512(const float* x, int64_t K, int8_t* q, float* scale, int32_t* sum) {
+TGT void quantize_q8_avx512(const float* x, int64_t K, int levels, int8_t* q, float* scale, int32_t* sum) {
   const int64_t G = K / 128;
-  alignas(64) int8_t nat[256];
+  alignas(64) int8_t nat[3][256];
   for (int64_t c = 0; 2 * c < G; ++c) {
     const int64_t g = 2 * c, groups = std::min<int64_t>(2, G - g), P = 32 * groups;
-    for (int64_t h = 0; h < groups; ++h) sum[g + h] = quantize_group(x + 128 * (g + h), nat + 128 * h, scale + g + h);
+    for (int64_t h = 0; h < groups; ++h) {
+      int32_t sums[3];
+      int8_t(*nat_h)[256] = reinterpret_cast<int8_t(*)[256]>(&nat[0][128 * h]);
+      quantize_group(x + 128 * (g + h), levels, nat_h, sums, scale + g + h);
+      for (int l = 0; l < levels; ++l) sum[l * G + g + h] = sums[l];
+    }
     // Natural bytes 4p + t -> plane t byte p: read them as int32 p (bytes t = 0..3), shift byte t down
     // and keep the low byte of each dword (vpmovdb).
-    int8_t* qc = q + 256 * c;
-    for (int64_t p0 = 0; p0 < P; p0 += 16) {
-      const __m512i d = _mm512_loadu_si512(nat + 4 * p0);
-      for (int t = 0; t < 4; ++t)
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(qc + t * P + p0), _mm512_cvtepi32_epi8(_mm512_srli_epi32(d, 8 * t)));
+    for (int l = 0; l < levels; ++l) {
+      int8_t* qc = q + l * K + 256 * c;
+      for (int64_t p0 = 0; p0 < P; p0 += 16) {
+        const __m512i d = _mm512_loadu_si512(&nat[l][4 * p0]);
+        for (int t = 0; t < 4; ++t)
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(qc + t * P + p0), _mm512_cvtepi32_epi8(_mm512_srli_epi32(d, 8 * t)));
+      }
     }
   }
 }
@@ -289,13 +312,18 @@ TGT_INLINE int32_t tail_group_dot(const uint8_t* codes, const int8_t* qt, int32_
 // Rows of the q8 matvec walk their codes this far ahead of the loads with a software prefetch.
 constexpr int64_t kStreamPrefetch = 2048;
 
-// R rows of the q8 matvec: row r's codes at w0 + r * ws bytes, its scales at s0 + r * ss, its output y[r * ys].
-template <int R>
-TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t ws, const uint16_t* s0, int64_t ss, int64_t G, const int8_t* q,
+// 1 / 256^(L-1): the unit of the combined digit dot ((I0 * 256) + I1) * 256 + I2.
+constexpr float digit_unit(int L) { return L == 1 ? 1.0f : L == 2 ? 1.0f / 256 : 1.0f / 65536; }
+
+// R rows of the integer matvec with L activation digits: row r's codes at w0 + r * ws bytes, its scales
+// at s0 + r * ss, its output y[r * ys]; q [L, K], qsum [L, G]. The codes are decoded once for all digits.
+template <int R, int L>
+TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t ws, const uint16_t* s0, int64_t ss, int64_t K, const int8_t* q,
                            const float* qs, const int32_t* qsum, float* y, int64_t ys) {
-  const int64_t C = G / 2;  // full chunks of two groups
+  const int64_t G = K / 128, C = G / 2;  // full chunks of two groups
   const __m512i idx_lo = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
   const __m512i two = _mm512_set1_epi32(2);
+  const __m512 unit = _mm512_set1_ps(digit_unit(L));
   __m512 facc[R], ds[R];
   for (int r = 0; r < R; ++r) facc[r] = ds[r] = _mm512_setzero_ps();
   // Blocks of 8 chunks = 16 groups: d_g * s_g of the block's groups for each row in one vector; chunk c of
@@ -303,19 +331,24 @@ TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t ws, const uint16_t* s0, in
   for (int64_t c0 = 0; c0 < C; c0 += 8) {
     const int64_t g0 = 2 * c0, left = G - g0, c1 = std::min<int64_t>(C, c0 + 8);
     const __mmask16 m = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
-    const __m512 sv = _mm512_maskz_loadu_ps(m, qs + g0);
+    const __m512 sv = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, qs + g0), unit);
     for (int r = 0; r < R; ++r) ds[r] = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, s0 + r * ss + g0)), sv);
     __m512i pidx = idx_lo;
     for (int64_t c = c0; c < c1; ++c) {
-      const int8_t* qc = q + 256 * c;
-      const __m512i x0 = _mm512_loadu_si512(qc), x1 = _mm512_loadu_si512(qc + 64);
-      const __m512i x2 = _mm512_loadu_si512(qc + 128), x3 = _mm512_loadu_si512(qc + 192);
-      const __m512i ns = neg_sums(qsum + 2 * c);
+      __m512i x[L][4], ns[L];
+      for (int l = 0; l < L; ++l) {
+        const int8_t* qc = q + l * K + 256 * c;
+        for (int t = 0; t < 4; ++t) x[l][t] = _mm512_loadu_si512(qc + 64 * t);
+        ns[l] = neg_sums(qsum + l * G + 2 * c);
+      }
       for (int r = 0; r < R; ++r) {
         const uint8_t* wc = w0 + r * ws + 64 * c;
         _mm_prefetch(reinterpret_cast<const char*>(wc + kStreamPrefetch), _MM_HINT_T0);
         const Planes pl = planes(wc);
-        const __m512i acc = dot4_planes(ns, pl.p[0], pl.p[1], pl.p[2], pl.p[3], x0, x1, x2, x3);
+        __m512i acc = dot4_planes(ns[0], pl.p[0], pl.p[1], pl.p[2], pl.p[3], x[0][0], x[0][1], x[0][2], x[0][3]);
+        for (int l = 1; l < L; ++l)  // exact in int32 (see kernels.h)
+          acc = _mm512_add_epi32(_mm512_slli_epi32(acc, 8), dot4_planes(ns[l], pl.p[0], pl.p[1], pl.p[2], pl.p[3],
+                                                                         x[l][0], x[l][1], x[l][2], x[l][3]));
         facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_permutexvar_ps(pidx, ds[r]), facc[r]);
       }
       pidx = _mm512_add_epi32(pidx, two);
@@ -325,24 +358,33 @@ TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t ws, const uint16_t* s0, in
     float t = _mm512_reduce_add_ps(facc[r]);
     if (G & 1) {
       const int64_t g = G - 1;
-      const int32_t i = tail_group_dot(w0 + r * ws + 64 * C, q + 256 * C, qsum[g]);
-      t += float(i) * (fp16_to_f32(s0[r * ss + g]) * qs[g]);
+      int32_t i = 0;
+      for (int l = 0; l < L; ++l) i = i * 256 + tail_group_dot(w0 + r * ws + 64 * C, q + l * K + 256 * C, qsum[l * G + g]);
+      t += float(i) * (fp16_to_f32(s0[r * ss + g]) * (qs[g] * digit_unit(L)));
     }
     y[r * ys] = t;
   }
 }
 
-TGT void ternary_rows_q8_x1_avx512(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
-                                   const int8_t* q, const float* qscale, const int32_t* qsum, float* y) {
+template <int L>
+TGT_INLINE void q8_x1_levels(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
+                             const int8_t* q, const float* qscale, const int32_t* qsum, float* y) {
   const int64_t G = K / 128, rb = K / 4;
   const uint8_t* wb = reinterpret_cast<const uint8_t*>(words);
   // Four equal runs of Q rows in lockstep (four long sequential streams), then the < 4 leftover rows.
   // Rows get identical arithmetic either way (results do not depend on how the pool cuts the range).
   const int64_t Q = (n1 - n0) / 4;
   for (int64_t j = 0; j < Q; ++j)
-    q8_rows_x1<4>(wb + (n0 + j) * rb, Q * rb, scales + (n0 + j) * G, Q * G, G, q, qscale, qsum, y + j, Q);
+    q8_rows_x1<4, L>(wb + (n0 + j) * rb, Q * rb, scales + (n0 + j) * G, Q * G, K, q, qscale, qsum, y + j, Q);
   for (int64_t n = n0 + 4 * Q; n < n1; ++n)
-    q8_rows_x1<1>(wb + n * rb, rb, scales + n * G, G, G, q, qscale, qsum, y + (n - n0), 1);
+    q8_rows_x1<1, L>(wb + n * rb, rb, scales + n * G, G, K, q, qscale, qsum, y + (n - n0), 1);
+}
+
+TGT void ternary_rows_q8_x1_avx512(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
+                                   const int8_t* q, const float* qscale, const int32_t* qsum, int levels, float* y) {
+  if (levels == 1) q8_x1_levels<1>(words, scales, K, n0, n1, q, qscale, qsum, y);
+  else if (levels == 2) q8_x1_levels<2>(words, scales, K, n0, n1, q, qscale, qsum, y);
+  else q8_x1_levels<3>(words, scales, K, n0, n1, q, qscale, qsum, y);
 }
 
 // ---- q8 GEMM, 16 rows per int32 lane set ("broadcast activation") -----------------------------------
@@ -383,43 +425,53 @@ TGT_INLINE __m512i bcast32(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-// MB activation rows (q points at row 0's chunk, rows K apart) against the decoded planes of half h of a
-// chunk (dwords 8h .. 8h+7 = group 2c + h); facc[mb] (16 rows) += the scaled exact group dot.
-template <int MB>
-TGT_INLINE void gemm16_half(const __m512i (*pl)[4], int h, const int8_t* q, int64_t K, const float* qs,
-                            const int32_t* qsum, int64_t G, __m512 d, __m512* facc) {
-  // Two accumulators per activation row (planes 0-1 and 2-3): 2*MB independent vpdpbusd chains.
-  __m512i acc[MB][2];
-  for (int mb = 0; mb < MB; ++mb) {
-    acc[mb][0] = _mm512_set1_epi32(-qsum[mb * G]);
-    acc[mb][1] = _mm512_setzero_si512();
-  }
-  for (int k = 8 * h; k < 8 * h + 8; ++k) {
-    const __m512i p0 = pl[k][0], p1 = pl[k][1], p2 = pl[k][2], p3 = pl[k][3];
+// MB activation rows against the decoded planes of half h of a chunk (dwords 8h .. 8h+7 = group 2c + h),
+// L digits: q points at row 0's chunk of digit 0 (digit l at + l * K, rows qrs apart), qsum at row 0's
+// group of digit 0 (digit l at + l * G, rows srs apart), qs at row 0's group (rows G apart).
+// facc[mb] (16 rows) += the scaled exact group dot.
+template <int MB, int L>
+TGT_INLINE void gemm16_half(const __m512i (*pl)[4], int h, const int8_t* q, int64_t K, int64_t qrs, const float* qs,
+                            const int32_t* qsum, int64_t G, int64_t srs, __m512 d, __m512* facc) {
+  __m512i tot[MB];
+  for (int l = 0; l < L; ++l) {
+    // Two accumulators per activation row (planes 0-1 and 2-3): 2*MB independent vpdpbusd chains.
+    __m512i acc[MB][2];
     for (int mb = 0; mb < MB; ++mb) {
-      const int8_t* qq = q + mb * K + 4 * k;
+      acc[mb][0] = _mm512_set1_epi32(-qsum[mb * srs + l * G]);
+      acc[mb][1] = _mm512_setzero_si512();
+    }
+    for (int k = 8 * h; k < 8 * h + 8; ++k) {
+      const __m512i p0 = pl[k][0], p1 = pl[k][1], p2 = pl[k][2], p3 = pl[k][3];
+      for (int mb = 0; mb < MB; ++mb) {
+        const int8_t* qq = q + mb * qrs + l * K + 4 * k;
 #if BONSAI_AVX512_VNNI
-      acc[mb][0] = _mm512_dpbusd_epi32(acc[mb][0], p0, bcast32(qq));
-      acc[mb][1] = _mm512_dpbusd_epi32(acc[mb][1], p2, bcast32(qq + 128));
-      acc[mb][0] = _mm512_dpbusd_epi32(acc[mb][0], p1, bcast32(qq + 64));
-      acc[mb][1] = _mm512_dpbusd_epi32(acc[mb][1], p3, bcast32(qq + 192));
+        acc[mb][0] = _mm512_dpbusd_epi32(acc[mb][0], p0, bcast32(qq));
+        acc[mb][1] = _mm512_dpbusd_epi32(acc[mb][1], p2, bcast32(qq + 128));
+        acc[mb][0] = _mm512_dpbusd_epi32(acc[mb][0], p1, bcast32(qq + 64));
+        acc[mb][1] = _mm512_dpbusd_epi32(acc[mb][1], p3, bcast32(qq + 192));
 #else
-      acc[mb][0] = dot4_planes(acc[mb][0], p0, p1, p2, p3, bcast32(qq), bcast32(qq + 64), bcast32(qq + 128),
-                               bcast32(qq + 192));  // no long chain here: one vpaddd per 4 planes
+        acc[mb][0] = dot4_planes(acc[mb][0], p0, p1, p2, p3, bcast32(qq), bcast32(qq + 64), bcast32(qq + 128),
+                                 bcast32(qq + 192));  // no long chain here: one vpaddd per 4 planes
 #endif
+      }
+    }
+    for (int mb = 0; mb < MB; ++mb) {
+      const __m512i a = _mm512_add_epi32(acc[mb][0], acc[mb][1]);
+      tot[mb] = l == 0 ? a : _mm512_add_epi32(_mm512_slli_epi32(tot[mb], 8), a);  // exact (kernels.h)
     }
   }
   for (int mb = 0; mb < MB; ++mb)
-    facc[mb] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc[mb][0], acc[mb][1])),
-                               _mm512_mul_ps(d, _mm512_set1_ps(qs[mb * G])), facc[mb]);
+    facc[mb] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot[mb]), _mm512_mul_ps(d, _mm512_set1_ps(qs[mb * G] * digit_unit(L))),
+                               facc[mb]);
 }
 
-// Rows w0 .. w0 + nr - 1 (nr <= 16, rb bytes apart), all M activation rows; y[m * ldy + r]. A row tail
-// (nr < 16) runs the same code with zero lanes, so every row gets bit-identical arithmetic wherever the
-// thread pool cuts the row range (results must not depend on the thread count).
+// Rows w0 .. w0 + nr - 1 (nr <= 16, rb bytes apart), all M activation rows (L digits); y[m * ldy + r]. A row
+// tail (nr < 16) runs the same code with zero lanes, so every row gets bit-identical arithmetic wherever
+// the thread pool cuts the row range (results must not depend on the thread count).
+template <int L>
 TGT void q8_rows16_xm(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_t K, const int8_t* q, const float* qs,
                       const int32_t* qsum, int64_t M, float* y, int64_t ldy, int nr) {
-  const int64_t G = K / 128, C = G / 2;
+  const int64_t G = K / 128, C = G / 2, qrs = L * K, srs = L * G;
   constexpr int kMT = 64;
   alignas(64) __m512i pl[16][4];  // decoded planes of one chunk of 16 rows: [dword k][plane t], lane = row
   alignas(64) __m512 facc[kMT];   // [m] 16 rows
@@ -447,13 +499,15 @@ TGT void q8_rows16_xm(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_t
       int64_t m = 0;
       for (; m + 4 <= mc; m += 4) {
         const int64_t mm = m0 + m;
-        gemm16_half<4>(pl, 0, q + mm * K + 256 * c, K, qs + mm * G + 2 * c, qsum + mm * G + 2 * c, G, dA, facc + m);
-        gemm16_half<4>(pl, 1, q + mm * K + 256 * c, K, qs + mm * G + 2 * c + 1, qsum + mm * G + 2 * c + 1, G, dB, facc + m);
+        const int8_t* qm = q + mm * qrs + 256 * c;
+        gemm16_half<4, L>(pl, 0, qm, K, qrs, qs + mm * G + 2 * c, qsum + mm * srs + 2 * c, G, srs, dA, facc + m);
+        gemm16_half<4, L>(pl, 1, qm, K, qrs, qs + mm * G + 2 * c + 1, qsum + mm * srs + 2 * c + 1, G, srs, dB, facc + m);
       }
       for (; m < mc; ++m) {
         const int64_t mm = m0 + m;
-        gemm16_half<1>(pl, 0, q + mm * K + 256 * c, K, qs + mm * G + 2 * c, qsum + mm * G + 2 * c, G, dA, facc + m);
-        gemm16_half<1>(pl, 1, q + mm * K + 256 * c, K, qs + mm * G + 2 * c + 1, qsum + mm * G + 2 * c + 1, G, dB, facc + m);
+        const int8_t* qm = q + mm * qrs + 256 * c;
+        gemm16_half<1, L>(pl, 0, qm, K, qrs, qs + mm * G + 2 * c, qsum + mm * srs + 2 * c, G, srs, dA, facc + m);
+        gemm16_half<1, L>(pl, 1, qm, K, qrs, qs + mm * G + 2 * c + 1, qsum + mm * srs + 2 * c + 1, G, srs, dB, facc + m);
       }
     }
     for (int64_t m = 0; m < mc; ++m) {
@@ -462,9 +516,12 @@ TGT void q8_rows16_xm(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_t
       _mm512_store_ps(out, facc[m]);
       if (G & 1) {  // the odd last group, row by row
         const int64_t g = G - 1;
-        for (int r = 0; r < nr; ++r)
-          out[r] += float(tail_group_dot(w0 + r * rb + 64 * C, q + mm * K + 256 * C, qsum[mm * G + g])) *
-                    (fp16_to_f32(s0[r * G + g]) * qs[mm * G + g]);
+        for (int r = 0; r < nr; ++r) {
+          int32_t i = 0;
+          for (int l = 0; l < L; ++l)
+            i = i * 256 + tail_group_dot(w0 + r * rb + 64 * C, q + mm * qrs + l * K + 256 * C, qsum[mm * srs + l * G + g]);
+          out[r] += float(i) * (fp16_to_f32(s0[r * G + g]) * (qs[mm * G + g] * digit_unit(L)));
+        }
       }
       std::memcpy(y + mm * ldy, out, sizeof(float) * size_t(nr));
     }
@@ -472,15 +529,19 @@ TGT void q8_rows16_xm(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_t
 }
 
 TGT void ternary_rows_q8_xm_avx512(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
-                                   const int8_t* q, const float* qscale, const int32_t* qsum, int64_t M, float* y,
-                                   int64_t ldy) {
+                                   const int8_t* q, const float* qscale, const int32_t* qsum, int levels, int64_t M,
+                                   float* y, int64_t ldy) {
   const int64_t G = K / 128, rb = K / 4;
   const uint8_t* wb = reinterpret_cast<const uint8_t*>(words);
-  int64_t n = n0;
-  for (; n < n1; n += 16)
-    q8_rows16_xm(wb + n * rb, rb, scales + n * G, K, q, qscale, qsum, M, y + (n - n0), ldy, int(std::min<int64_t>(16, n1 - n)));
+  for (int64_t n = n0; n < n1; n += 16) {
+    const int nr = int(std::min<int64_t>(16, n1 - n));
+    const uint8_t* w = wb + n * rb;
+    const uint16_t* sc = scales + n * G;
+    if (levels == 1) q8_rows16_xm<1>(w, rb, sc, K, q, qscale, qsum, M, y + (n - n0), ldy, nr);
+    else if (levels == 2) q8_rows16_xm<2>(w, rb, sc, K, q, qscale, qsum, M, y + (n - n0), ldy, nr);
+    else q8_rows16_xm<3>(w, rb, sc, K, q, qscale, qsum, M, y + (n - n0), ldy, nr);
+  }
 }
-
 
 // ---- fp32 GEMM, 16 rows per lane set ------------------------------------------------------------------
 // The fp32-activation GEMM in the same broadcast form: the codes of one chunk of 16 rows are transposed,

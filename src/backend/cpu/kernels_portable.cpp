@@ -165,15 +165,13 @@ void ternary_rows_xm_portable(const uint32_t* words, const uint16_t* scales, int
 
 // ---- int8 activations (layout in kernels.h) ----
 
-// The q8 rounding every variant reproduces bit for bit: v = x * (127 / amax), round to nearest even.
-// |v| <= 127 (+1 ulp), so adding and subtracting 1.5 * 2^23 rounds it exactly like nearbyint / cvtps2dq
-// (and, unlike a libm call, lets the loop vectorise). A NaN input quantises to 0 here (undefined anyway).
-inline int8_t q8_round(float v) {
-  const float r = (v + 12582912.0f) - 12582912.0f;
-  return (r >= -127.0f && r <= 127.0f) ? int8_t(r) : int8_t(0);
-}
+// The digit rounding every variant reproduces bit for bit: round to nearest even. |v| <= 127 (+1 ulp)
+// for the first digit and |r| <= 128 for the others, so adding and subtracting 1.5 * 2^23 rounds exactly
+// like nearbyint / cvtps2dq (and, unlike a libm call, lets the loops vectorise).
+inline float round_even(float v) { return (v + 12582912.0f) - 12582912.0f; }
+inline int8_t clamp_digit(float r) { return int8_t(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r); }
 
-void quantize_q8_portable(const float* x, int64_t K, int8_t* q, float* scale, int32_t* sum) {
+void quantize_q8_portable(const float* x, int64_t K, int levels, int8_t* q, float* scale, int32_t* sum) {
   const int64_t G = K / 128;
   for (int64_t g = 0; g < G; ++g) {
     const float* xg = x + 128 * g;
@@ -181,15 +179,28 @@ void quantize_q8_portable(const float* x, int64_t K, int8_t* q, float* scale, in
     for (int e = 0; e < 128; ++e) amax = std::max(amax, std::fabs(xg[e]));
     const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
     scale[g] = amax / 127.0f;
-    int8_t nat[128];
-    for (int e = 0; e < 128; ++e) nat[e] = q8_round(xg[e] * inv);
-    int32_t s = 0;
-    for (int e = 0; e < 128; ++e) s += nat[e];
-    sum[g] = s;
+    // Digits in natural order (a NaN input gives digits 0: the comparisons in clamp_digit fail... then
+    // int8_t(NaN) would be undefined, so NaN is mapped explicitly).
+    int8_t nat[3][128];
+    for (int e = 0; e < 128; ++e) {
+      float v = xg[e] * inv;
+      if (!(v == v)) v = 0.0f;
+      const float d0 = round_even(v);
+      nat[0][e] = clamp_digit(d0);
+      const float r1 = (v - d0) * 256.0f;
+      const float d1 = std::min(127.0f, std::max(-127.0f, round_even(r1)));
+      nat[1][e] = int8_t(d1);
+      nat[2][e] = clamp_digit(round_even((r1 - d1) * 256.0f));
+    }
     // Natural element 4p + t of the chunk -> plane t, byte p (layout in kernels.h).
     const int64_t base = 256 * (g / 2), P = (g / 2 * 2 + 1 < G) ? 64 : 32, p0 = (g & 1) * 32;
-    for (int t = 0; t < 4; ++t)
-      for (int p = 0; p < 32; ++p) q[base + t * P + p0 + p] = nat[4 * p + t];
+    for (int l = 0; l < levels; ++l) {
+      int32_t s = 0;
+      for (int e = 0; e < 128; ++e) s += nat[l][e];
+      sum[l * G + g] = s;
+      for (int t = 0; t < 4; ++t)
+        for (int p = 0; p < 32; ++p) q[l * K + base + t * P + p0 + p] = nat[l][4 * p + t];
+    }
   }
 }
 
@@ -203,34 +214,38 @@ inline int32_t q8_group_dot(const uint8_t* cb, const int8_t* q0, int64_t P) {
   return s;
 }
 
-// y = sum_g float(sum_e code*q - sum_g q) * (d_g * s_g), groups in order, one fma each (the AVX-512 GEMM's
-// per-row arithmetic).
-float q8_row_dot(const uint8_t* wb, const uint16_t* sr, int64_t G, const int8_t* q, const float* qs,
-                 const int32_t* qsum) {
+// y = sum_g float(I_g) * (d_g * s_g * 256^-(L-1)), I_g = ((I0 * 256) + I1) * 256 + I2 of the group (each
+// digit's exact dot minus its sum), groups in order, one fma each.
+float q8_row_dot(const uint8_t* wb, const uint16_t* sr, int64_t K, const int8_t* q, const float* qs,
+                 const int32_t* qsum, int levels) {
+  const int64_t G = K / 128;
+  const float unit = levels == 1 ? 1.0f : levels == 2 ? 1.0f / 256 : 1.0f / 65536;
   float total = 0.0f;
   for (int64_t g = 0; g < G; ++g) {
-    const int64_t c = g / 2, P = (2 * c + 1 < G) ? 64 : 32;
-    const int32_t i = q8_group_dot(wb + 32 * g, q + 256 * c + (g & 1) * 32, P) - qsum[g];
-    total = std::fma(float(i), fp16_to_f32(sr[g]) * qs[g], total);
+    const int64_t c = g / 2, P = (2 * c + 1 < G) ? 64 : 32, off = 256 * c + (g & 1) * 32;
+    int32_t i = 0;
+    for (int l = 0; l < levels; ++l) i = i * 256 + (q8_group_dot(wb + 32 * g, q + l * K + off, P) - qsum[l * G + g]);
+    total = std::fma(float(i), fp16_to_f32(sr[g]) * qs[g] * unit, total);
   }
   return total;
 }
 
 void ternary_rows_q8_x1_portable(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
-                                 const int8_t* q, const float* qscale, const int32_t* qsum, float* y) {
+                                 const int8_t* q, const float* qscale, const int32_t* qsum, int levels, float* y) {
   const int64_t G = K / 128;
   for (int64_t n = n0; n < n1; ++n)
-    y[n - n0] = q8_row_dot(reinterpret_cast<const uint8_t*>(words + n * (K / 16)), scales + n * G, G, q, qscale, qsum);
+    y[n - n0] = q8_row_dot(reinterpret_cast<const uint8_t*>(words + n * (K / 16)), scales + n * G, K, q, qscale, qsum,
+                           levels);
 }
 
 void ternary_rows_q8_xm_portable(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
-                                 const int8_t* q, const float* qscale, const int32_t* qsum, int64_t M, float* y,
-                                 int64_t ldy) {
+                                 const int8_t* q, const float* qscale, const int32_t* qsum, int levels, int64_t M,
+                                 float* y, int64_t ldy) {
   const int64_t G = K / 128;
   for (int64_t n = n0; n < n1; ++n)
     for (int64_t m = 0; m < M; ++m)
-      y[m * ldy + (n - n0)] = q8_row_dot(reinterpret_cast<const uint8_t*>(words + n * (K / 16)), scales + n * G, G,
-                                         q + m * K, qscale + m * G, qsum + m * G);
+      y[m * ldy + (n - n0)] = q8_row_dot(reinterpret_cast<const uint8_t*>(words + n * (K / 16)), scales + n * G, K,
+                                         q + m * levels * K, qscale + m * G, qsum + m * levels * G, levels);
 }
 
 const Kernels kPortable{"portable",           fwht_block_portable,        ternary_rows_x1_portable,

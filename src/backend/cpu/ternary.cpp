@@ -24,14 +24,14 @@ int64_t row_grain(int64_t K, int64_t M) {
   return (g + 3) / 4 * 4;
 }
 
-// Rows [lo, hi) of one weight set; xq: the activation quantised once per call (q8 mode) or nullptr (fp32).
+// Rows [lo, hi) of one weight set; xq: the activation quantised once per call (q8/q16/q24) or nullptr (fp32).
 void rows(const TernaryOut& o, int64_t K, const float* x, const ActQ8* xq, int64_t M, int64_t lo, int64_t hi) {
   const Kernels& kr = kernels();
   if (xq) {
     if (M == 1)
-      kr.ternary_rows_q8_x1(o.words, o.scales, K, lo, hi, xq->q, xq->scale, xq->sum, o.y + lo);
+      kr.ternary_rows_q8_x1(o.words, o.scales, K, lo, hi, xq->q, xq->scale, xq->sum, xq->levels, o.y + lo);
     else
-      kr.ternary_rows_q8_xm(o.words, o.scales, K, lo, hi, xq->q, xq->scale, xq->sum, M, o.y + lo, o.N);
+      kr.ternary_rows_q8_xm(o.words, o.scales, K, lo, hi, xq->q, xq->scale, xq->sum, xq->levels, M, o.y + lo, o.N);
   } else if (M == 1) {
     kr.ternary_rows_x1(o.words, o.scales, K, lo, hi, x, o.y + lo);
   } else {
@@ -49,11 +49,11 @@ void ternary_matmul(const uint32_t* words, const uint16_t* scales, int64_t N, in
 
 void ternary_matmul_multi(const TernaryOut* outs, int n_outs, int64_t K, const float* x, int64_t M) {
   check_k(K);
-  // q8 mode: one quantisation per activation site, shared by every weight set and thread.
+  // Integer-activation modes: one quantisation per activation site, shared by every weight set and thread.
   ActQ8 xq_site{};
   const ActQ8* xq = nullptr;
-  if (ternary_activation() == TernaryActivation::q8 && M > 0) {
-    xq_site = quantize_activation(x, M, K);
+  if (const int levels = activation_levels(ternary_activation()); levels > 0 && M > 0) {
+    xq_site = quantize_activation(x, M, K, levels);
     xq = &xq_site;
   }
   int64_t total = 0;
