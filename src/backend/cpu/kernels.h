@@ -17,10 +17,10 @@
 //   compute-bound far below the memory (decoding 16 codes to floats costs more than streaming them);
 //   integer activations ("q8", "q16", "q24": quantize_q8 once per activation site, then
 //   ternary_rows_q8_x1 / _xm): the activation is split into L = 1, 2 or 3 int8 digits per element
-//   (base 256) under one scale per 128-group; the weights times each digit are exact integer dot products
+//   (base 254) under one scale per 128-group; the weights times each digit are exact integer dot products
 //   (vpdpbusd: 64 multiply-adds per instruction, the codes decoded once for all digits), combined exactly
 //   in int32. L = 1 is plain int8 (~6e-3 relative error per output; the CUDA int8 path fails the
-//   whole-model argmax gate with it); L = 2 cuts the rounding 256x; L = 3 is at the fp32 noise floor.
+//   whole-model argmax gate with it); L = 2 cuts the rounding 254x; L = 3 is at the fp32 noise floor.
 //   Which one ternary_matmul uses is ternary_activation() below.
 #pragma once
 #include <cstdint>
@@ -40,11 +40,12 @@ namespace bonsai::cpu {
 //   scale fp32  [G]     s_g = amax_g / 127
 //   sum   int32 [L, G]  sum of digit l over the group (maps the unsigned codes c to c - 1:
 //                       sum (c-1) q = sum c q - sum q)
-// Digits (every fp32 step after the first product is exact; round to nearest even; |digit| <= 127):
-//   v = x * (127 / amax_g);  q0 = rint(v);  r1 = (v - q0) * 256;  q1 = clamp(rint(r1), -127, 127);
-//   r2 = (r1 - q1) * 256;  q2 = clamp(rint(r2), -127, 127);   x ~= s_g * (q0 + q1/256 + q2/65536).
-// Per-element error: L=1 s/2, L=2 s/256, L=3 s/65536 (+ the fp32 rounding of v, ~s * 2^-17).
-// The kernels combine the digit dots as ((I0 * 256) + I1) * 256 + I2 in int32: |I_l| <= 128 * 2 * 127,
+// Digits (base 254 = 2 * 127, so that a rounding residual, at most 1/2, times the base fits in int8 with no
+// clamp; round to nearest even):
+//   v = x * (127 / amax_g);  q0 = rint(v);  r1 = (v - q0) * 254;  q1 = rint(r1);  r2 = (r1 - q1) * 254;
+//   q2 = rint(r2);   |q_l| <= 127,   x ~= s_g * (q0 + q1/254 + q2/254^2).
+// Per-element error: L=1 s/2, L=2 s/508, L=3 s/129032 (+ the fp32 rounding of v and r1, ~s * 2^-17).
+// The kernels combine the digit dots as ((I0 * 254) + I1) * 254 + I2 in int32: |I_l| <= 128 * 2 * 127,
 // so the L = 3 total stays below 2^31.
 // Several rows (M > 1): q [M, L, K], scale [M, G], sum [M, L, G], row-major.
 // Every variant quantises bit-identically (same fp32 ops, same rounding), so the variants differ from
@@ -70,7 +71,7 @@ struct Kernels {
   // sum int32 [levels, K/128]; levels = 1, 2 or 3.
   void (*quantize_q8)(const float* x, int64_t K, int levels, int8_t* q, float* scale, int32_t* sum);
   // Integer-activation matvec: y[n - n0] = sum_g d[n][g] * s_g * sum_{e in g} (code[n][e] - 1) * xq[e],
-  // xq = q0 + q1/256 + q2/65536 (`levels` digits), rows n0 <= n < n1; q, qscale, qsum: one quantised row.
+  // xq = q0 + q1/254 + q2/254^2 (`levels` digits), rows n0 <= n < n1; q, qscale, qsum: one quantised row.
   void (*ternary_rows_q8_x1)(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
                              const int8_t* q, const float* qscale, const int32_t* qsum, int levels, float* y);
   // GEMM tile: the same for M quantised rows (q [M, levels, K], qscale [M, K/128], qsum [M, levels, K/128]);

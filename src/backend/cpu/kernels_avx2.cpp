@@ -228,7 +228,7 @@ TGT_INLINE __m256i pack32(__m256i a, __m256i b, __m256i c, __m256i d) {
 TGT void quantize_q8_avx2(const float* x, int64_t K, int levels, int8_t* q, float* scale, int32_t* sum) {
   const int64_t G = K / 128;
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  const __m256 k256 = _mm256_set1_ps(256.0f), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  const __m256 base254 = _mm256_set1_ps(254.0f);
   constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   // Within 16 natural bytes (4 dwords = p .. p+3, byte t of each), gather byte t of every dword: the
   // result's dword t holds plane t for those 4 p's.
@@ -251,15 +251,14 @@ TGT void quantize_q8_avx2(const float* x, int64_t K, int levels, int8_t* q, floa
     for (int i = 0; i < 128; i += 32) {
       __m256i v[3][4];
       for (int k = 0; k < 4; ++k) {
-        // The digits of kernels.h: round to nearest even, every step after the product exact.
+        // The digits of kernels.h: round to nearest even, base 254 (no clamp needed).
         const __m256 f = _mm256_mul_ps(_mm256_loadu_ps(xg + i + 8 * k), vinv);
         const __m256 d0 = _mm256_round_ps(f, kRne);
         __m256 dig[3] = {d0, d0, d0};
         if (levels > 1) {
-          const __m256 r1 = _mm256_mul_ps(_mm256_sub_ps(f, d0), k256);
-          dig[1] = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_round_ps(r1, kRne)));
-          if (levels > 2)
-            dig[2] = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(r1, dig[1]), k256), kRne)));
+          const __m256 r1 = _mm256_mul_ps(_mm256_sub_ps(f, d0), base254);
+          dig[1] = _mm256_round_ps(r1, kRne);
+          if (levels > 2) dig[2] = _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(r1, dig[1]), base254), kRne);
         }
         for (int l = 0; l < levels; ++l) {
           v[l][k] = _mm256_cvtps_epi32(dig[l]);
@@ -303,7 +302,11 @@ TGT_INLINE __m256i group_dot(const Planes8& pl, const int8_t* q0, int64_t P, int
   return _mm256_sub_epi32(i32, _mm256_castsi128_si256(_mm_cvtsi32_si128(qsum)));
 }
 
-constexpr float digit_unit(int L) { return L == 1 ? 1.0f : L == 2 ? 1.0f / 256 : 1.0f / 65536; }
+constexpr float digit_unit(int L) { return L == 1 ? 1.0f : L == 2 ? 1.0f / 254 : 1.0f / 64516; }
+// t * 254 + a in int32 lanes (exact: see kernels.h for the range).
+TGT_INLINE __m256i times254_add(__m256i t, __m256i a) {
+  return _mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(t, 8), _mm256_slli_epi32(t, 1)), a);
+}
 
 // The activation bytes of group g's plane 0 and the plane stride P.
 inline const int8_t* group_q(const int8_t* q, int64_t G, int64_t g, int64_t* P) {
@@ -343,7 +346,7 @@ TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t ws, const uint16_t* s0, in
         const Planes8 pl = planes8(wc);
         __m256i i32 = group_dot(pl, qg, P, qsum[g]);
         for (int l = 1; l < L; ++l)  // exact in int32 (kernels.h)
-          i32 = _mm256_add_epi32(_mm256_slli_epi32(i32, 8), group_dot(pl, qg + l * K, P, qsum[l * G + g]));
+          i32 = times254_add(i32, group_dot(pl, qg + l * K, P, qsum[l * G + g]));
         facc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_broadcast_ss(&ds[r][k]), facc[r]);
       }
     }
@@ -422,7 +425,7 @@ TGT_INLINE void gemm8_group(const __m256i (*pl)[4], const int8_t* q, int64_t P, 
         acc[mb] = _mm256_add_epi32(acc[mb], _mm256_madd_epi16(_mm256_add_epi16(s01, s23), ones));
       }
     }
-    for (int mb = 0; mb < MB; ++mb) tot[mb] = l == 0 ? acc[mb] : _mm256_add_epi32(_mm256_slli_epi32(tot[mb], 8), acc[mb]);
+    for (int mb = 0; mb < MB; ++mb) tot[mb] = l == 0 ? acc[mb] : times254_add(tot[mb], acc[mb]);
   }
   for (int mb = 0; mb < MB; ++mb)
     facc[mb] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot[mb]), _mm256_mul_ps(d, _mm256_set1_ps(qs[mb * G] * digit_unit(L))),

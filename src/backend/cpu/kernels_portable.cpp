@@ -166,10 +166,9 @@ void ternary_rows_xm_portable(const uint32_t* words, const uint16_t* scales, int
 // ---- int8 activations (layout in kernels.h) ----
 
 // The digit rounding every variant reproduces bit for bit: round to nearest even. |v| <= 127 (+1 ulp)
-// for the first digit and |r| <= 128 for the others, so adding and subtracting 1.5 * 2^23 rounds exactly
-// like nearbyint / cvtps2dq (and, unlike a libm call, lets the loops vectorise).
+// and |r| <= 127, so adding and subtracting 1.5 * 2^23 rounds exactly like nearbyint / vroundps (and,
+// unlike a libm call, lets the loops vectorise). Digits of kernels.h (base 254, no clamp needed).
 inline float round_even(float v) { return (v + 12582912.0f) - 12582912.0f; }
-inline int8_t clamp_digit(float r) { return int8_t(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r); }
 
 void quantize_q8_portable(const float* x, int64_t K, int levels, int8_t* q, float* scale, int32_t* sum) {
   const int64_t G = K / 128;
@@ -179,20 +178,18 @@ void quantize_q8_portable(const float* x, int64_t K, int levels, int8_t* q, floa
     for (int e = 0; e < 128; ++e) amax = std::max(amax, std::fabs(xg[e]));
     const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
     scale[g] = amax / 127.0f;
-    // Digits in natural order (a NaN input gives digits 0: the comparisons in clamp_digit fail... then
-    // int8_t(NaN) would be undefined, so NaN is mapped explicitly).
-    int8_t nat[3][128];
+    int8_t nat[3][128];  // digits in natural order
     for (int e = 0; e < 128; ++e) {
       float v = xg[e] * inv;
-      if (!(v == v)) v = 0.0f;
+      if (!(v == v)) v = 0.0f;  // NaN: digits 0 (int8_t(NaN) would be undefined)
       const float d0 = round_even(v);
-      nat[0][e] = clamp_digit(d0);
-      const float r1 = (v - d0) * 256.0f;
-      const float d1 = std::min(127.0f, std::max(-127.0f, round_even(r1)));
+      const float r1 = (v - d0) * 254.0f;
+      const float d1 = round_even(r1);
+      nat[0][e] = int8_t(d0);
       nat[1][e] = int8_t(d1);
-      nat[2][e] = clamp_digit(round_even((r1 - d1) * 256.0f));
+      nat[2][e] = int8_t(round_even((r1 - d1) * 254.0f));
     }
-    // Natural element 4p + t of the chunk -> plane t, byte p (layout in kernels.h).
+// Natural element 4p + t of the chunk -> plane t, byte p (layout in kernels.h).
     const int64_t base = 256 * (g / 2), P = (g / 2 * 2 + 1 < G) ? 64 : 32, p0 = (g & 1) * 32;
     for (int l = 0; l < levels; ++l) {
       int32_t s = 0;
@@ -214,17 +211,17 @@ inline int32_t q8_group_dot(const uint8_t* cb, const int8_t* q0, int64_t P) {
   return s;
 }
 
-// y = sum_g float(I_g) * (d_g * s_g * 256^-(L-1)), I_g = ((I0 * 256) + I1) * 256 + I2 of the group (each
+// y = sum_g float(I_g) * (d_g * s_g * 254^-(L-1)), I_g = ((I0 * 254) + I1) * 254 + I2 of the group (each
 // digit's exact dot minus its sum), groups in order, one fma each.
 float q8_row_dot(const uint8_t* wb, const uint16_t* sr, int64_t K, const int8_t* q, const float* qs,
                  const int32_t* qsum, int levels) {
   const int64_t G = K / 128;
-  const float unit = levels == 1 ? 1.0f : levels == 2 ? 1.0f / 256 : 1.0f / 65536;
+  const float unit = levels == 1 ? 1.0f : levels == 2 ? 1.0f / 254 : 1.0f / 64516;
   float total = 0.0f;
   for (int64_t g = 0; g < G; ++g) {
     const int64_t c = g / 2, P = (2 * c + 1 < G) ? 64 : 32, off = 256 * c + (g & 1) * 32;
     int32_t i = 0;
-    for (int l = 0; l < levels; ++l) i = i * 256 + (q8_group_dot(wb + 32 * g, q + l * K + off, P) - qsum[l * G + g]);
+    for (int l = 0; l < levels; ++l) i = i * 254 + (q8_group_dot(wb + 32 * g, q + l * K + off, P) - qsum[l * G + g]);
     total = std::fma(float(i), fp16_to_f32(sr[g]) * qs[g] * unit, total);
   }
   return total;
