@@ -3,6 +3,8 @@
 #include <cstring>
 
 #include "model/pack.h"
+#include "model/tensor_names.h"
+#include "util/error.h"
 
 namespace bonsai {
 
@@ -50,6 +52,43 @@ bool same_ternary(const TernaryMatrix& a, const TernaryMatrix& b) {
 }
 
 }  // namespace
+
+const TernaryMatrix* ternary_of(const Model& m, Role role, int64_t layer) {
+  const LayerWeights* L = layer >= 0 ? &m.layers[size_t(layer)] : nullptr;
+  switch (role) {
+    case Role::TokenEmbd: return &m.embed;
+    case Role::Output: return &m.head;
+    case Role::FfnGate: return &L->gate;
+    case Role::FfnUp: return &L->up;
+    case Role::FfnDown: return &L->down;
+    case Role::AttnQ: return &L->attn.q;
+    case Role::AttnK: return &L->attn.k;
+    case Role::AttnV: return &L->attn.v;
+    case Role::AttnOutput: return &L->attn.o;
+    case Role::GdnQkv: return &L->gdn.qkv;
+    case Role::GdnGate: return &L->gdn.z;
+    case Role::GdnOut: return &L->gdn.out;
+    default: return nullptr;
+  }
+}
+
+const std::vector<float>& floats_of(const Model& m, Role role, int64_t layer) {
+  const LayerWeights* L = layer >= 0 ? &m.layers[size_t(layer)] : nullptr;
+  switch (role) {
+    case Role::OutputNorm: return m.out_norm;
+    case Role::AttnNorm: return L->attn_norm;
+    case Role::PostAttnNorm: return L->post_norm;
+    case Role::AttnQNorm: return L->attn.q_norm;
+    case Role::AttnKNorm: return L->attn.k_norm;
+    case Role::GdnAlpha: return L->gdn.a;
+    case Role::GdnBeta: return L->gdn.b;
+    case Role::GdnA: return L->gdn.A;
+    case Role::GdnDtBias: return L->gdn.dt_bias;
+    case Role::GdnConv: return L->gdn.conv;
+    case Role::GdnNorm: return L->gdn.norm;
+    default: fail("internal: tensor role {} holds ternary data, not floats", role_name(role));
+  }
+}
 
 bool canonical_equal(const Model& a, const Model& b, std::string* diff) {
   auto report = [&](const std::string& what) {

@@ -97,4 +97,11 @@ struct Model {
   uint64_t total_weight_bytes() const;
 };
 
+// The canonical buffer that holds a tensor role of the inventory (model/tensor_names.h): the one place
+// that maps a role to a field, for writers and tests. ternary_of is nullptr for non-ternary roles and
+// floats_of throws for ternary ones. GdnA maps to GdnWeights::A (= -exp(A_log), not what MLX stores).
+enum class Role;
+const TernaryMatrix* ternary_of(const Model& m, Role role, int64_t layer);
+const std::vector<float>& floats_of(const Model& m, Role role, int64_t layer);
+
 }  // namespace bonsai

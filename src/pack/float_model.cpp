@@ -28,6 +28,8 @@ std::vector<float> draw(Rng& rng, size_t n, double scale, bool uniform = false, 
 
 }  // namespace
 
+// make-pack's own fp64 transform, kept apart from backend/ref on purpose: the round-trip tests check the
+// packs it writes with the ref backend's transform, so one implementation checks the other.
 void fwht_rows_f64(double* x, int64_t K, const int8_t* signs, int64_t block, bool inverse) {
   if (!inverse && signs)
     for (int64_t i = 0; i < K; ++i) x[i] *= signs[i];
@@ -191,34 +193,9 @@ FloatModel effective_float_model(const Model& m, const std::map<int64_t, std::ve
   FloatModel f;
   f.config = m.config;
   for (const TensorSpec& s : tensor_specs(m.config)) {
-    const LayerWeights* L = s.layer >= 0 ? &m.layers[size_t(s.layer)] : nullptr;
-    const TernaryMatrix* t = nullptr;
-    const std::vector<float>* v = nullptr;
-    switch (s.role) {
-      case Role::TokenEmbd: t = &m.embed; break;
-      case Role::Output: t = &m.head; break;
-      case Role::OutputNorm: v = &m.out_norm; break;
-      case Role::AttnNorm: v = &L->attn_norm; break;
-      case Role::PostAttnNorm: v = &L->post_norm; break;
-      case Role::FfnGate: t = &L->gate; break;
-      case Role::FfnUp: t = &L->up; break;
-      case Role::FfnDown: t = &L->down; break;
-      case Role::AttnQ: t = &L->attn.q; break;
-      case Role::AttnK: t = &L->attn.k; break;
-      case Role::AttnV: t = &L->attn.v; break;
-      case Role::AttnOutput: t = &L->attn.o; break;
-      case Role::AttnQNorm: v = &L->attn.q_norm; break;
-      case Role::AttnKNorm: v = &L->attn.k_norm; break;
-      case Role::GdnQkv: t = &L->gdn.qkv; break;
-      case Role::GdnGate: t = &L->gdn.z; break;
-      case Role::GdnOut: t = &L->gdn.out; break;
-      case Role::GdnAlpha: v = &L->gdn.a; break;
-      case Role::GdnBeta: v = &L->gdn.b; break;
-      case Role::GdnA: v = &a_log.at(s.layer); break;
-      case Role::GdnDtBias: v = &L->gdn.dt_bias; break;
-      case Role::GdnConv: v = &L->gdn.conv; break;
-      case Role::GdnNorm: v = &L->gdn.norm; break;
-    }
+    const TernaryMatrix* t = ternary_of(m, s.role, s.layer);
+    // A_log as the pack was written from it (the canonical model keeps A = -exp(A_log)).
+    const std::vector<float>* v = t ? nullptr : s.role == Role::GdnA ? &a_log.at(s.layer) : &floats_of(m, s.role, s.layer);
     std::vector<float> out;
     if (t) {
       const int64_t N = t->rows, K = t->cols;

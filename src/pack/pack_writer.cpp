@@ -22,43 +22,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const TernaryMatrix* ternary_of(const Model& m, const TensorSpec& s) {
-  const LayerWeights* L = s.layer >= 0 ? &m.layers[size_t(s.layer)] : nullptr;
-  switch (s.role) {
-    case Role::TokenEmbd: return &m.embed;
-    case Role::Output: return &m.head;
-    case Role::FfnGate: return &L->gate;
-    case Role::FfnUp: return &L->up;
-    case Role::FfnDown: return &L->down;
-    case Role::AttnQ: return &L->attn.q;
-    case Role::AttnK: return &L->attn.k;
-    case Role::AttnV: return &L->attn.v;
-    case Role::AttnOutput: return &L->attn.o;
-    case Role::GdnQkv: return &L->gdn.qkv;
-    case Role::GdnGate: return &L->gdn.z;
-    case Role::GdnOut: return &L->gdn.out;
-    default: return nullptr;
-  }
-}
-
-const std::vector<float>& floats_of(const Model& m, const TensorSpec& s) {
-  const LayerWeights* L = s.layer >= 0 ? &m.layers[size_t(s.layer)] : nullptr;
-  switch (s.role) {
-    case Role::OutputNorm: return m.out_norm;
-    case Role::AttnNorm: return L->attn_norm;
-    case Role::PostAttnNorm: return L->post_norm;
-    case Role::AttnQNorm: return L->attn.q_norm;
-    case Role::AttnKNorm: return L->attn.k_norm;
-    case Role::GdnAlpha: return L->gdn.a;
-    case Role::GdnBeta: return L->gdn.b;
-    case Role::GdnA: return L->gdn.A;
-    case Role::GdnDtBias: return L->gdn.dt_bias;
-    case Role::GdnConv: return L->gdn.conv;
-    case Role::GdnNorm: return L->gdn.norm;
-    default: fail("internal: tensor {} has no float data", s.gguf_name);
-  }
-}
-
 std::vector<uint8_t> f32_bytes(const std::vector<float>& v) {
   std::vector<uint8_t> b(v.size() * 4);
   std::memcpy(b.data(), v.data(), b.size());
@@ -174,7 +137,7 @@ HadamardContract contract_for(const Model& m) {
   HadamardContract h = contract_for_rotation(m.hadamard);
   if (!h.present) return h;
   for (const TensorSpec& s : tensor_specs(m.config)) {
-    const TernaryMatrix* t = ternary_of(m, s);
+    const TernaryMatrix* t = ternary_of(m, s.role, s.layer);
     if (t && t->folded && s.role != Role::TokenEmbd) h.weight_names.push_back(s.gguf_name);
   }
   if (m.embed_inverse) h.inverse_weight_names.push_back("token_embd.weight");
@@ -194,7 +157,7 @@ void write_gguf_pack(const Model& m, const PackExtras& x, TernaryFormat fmt, con
   const uint32_t ttype = fmt == TernaryFormat::PQ2_0 ? ggml_type::PQ2_0 : ggml_type::PTQ1_0;
   for (const TensorSpec& s : tensor_specs(c)) {
     if (!s.required && s.role == Role::Output && c.tied_embeddings) continue;
-    if (const TernaryMatrix* t = ternary_of(m, s)) {
+    if (const TernaryMatrix* t = ternary_of(m, s.role, s.layer)) {
       const TernaryMatrix o = gguf_ordered(c, s, *t);
       const uint64_t blocks = uint64_t(o.rows) * uint64_t(o.cols / 128);
       std::vector<uint8_t> bytes(blocks * (fmt == TernaryFormat::PQ2_0 ? kPq2Bytes : kPtq1Bytes));
@@ -203,7 +166,7 @@ void write_gguf_pack(const Model& m, const PackExtras& x, TernaryFormat fmt, con
       w.add_tensor(s.gguf_name, ttype, s.ne, std::move(bytes));
       continue;
     }
-    const std::vector<float> v = gguf_ordered_floats(c, s, floats_of(m, s));
+    const std::vector<float> v = gguf_ordered_floats(c, s, floats_of(m, s.role, s.layer));
     if (s.kind == TensorKind::Dense) w.add_tensor(s.gguf_name, ggml_type::BF16, s.ne, half_bytes(v, true));
     else w.add_tensor(s.gguf_name, ggml_type::F32, s.ne, f32_bytes(v));
   }
@@ -221,7 +184,7 @@ void write_mlx_pack(const Model& m, const PackExtras& x, const std::string& dir)
   for (const TensorSpec& s : tensor_specs(c)) {
     if (!s.required && s.role == Role::Output && c.tied_embeddings) continue;
     const std::string name = "language_model." + s.hf_name;
-    if (const TernaryMatrix* t = ternary_of(m, s)) {
+    if (const TernaryMatrix* t = ternary_of(m, s.role, s.layer)) {
       const std::string base = name.substr(0, name.size() - 7);  // drop ".weight"
       std::vector<uint8_t> words(t->words.size() * 4), scales(t->scales.size() * 2), biases(t->scales.size() * 2);
       std::memcpy(words.data(), t->words.data(), words.size());
@@ -236,7 +199,7 @@ void write_mlx_pack(const Model& m, const PackExtras& x, const std::string& dir)
                          {"embedding", s.role == Role::TokenEmbd}});
       continue;
     }
-    std::vector<float> v = s.role == Role::GdnA ? a_log_of(m, x, s.layer) : floats_of(m, s);
+    std::vector<float> v = s.role == Role::GdnA ? a_log_of(m, x, s.layer) : floats_of(m, s.role, s.layer);
     if (s.kind == TensorKind::Dense) {
       st.add(name, StDtype::BF16, {uint64_t(s.rows()), uint64_t(s.cols())}, half_bytes(v, true));
     } else if (s.kind == TensorKind::Conv) {

@@ -90,23 +90,8 @@ TEST(PackRoundTrip, CanonicalWeightsUnrotatedEqualEffectiveFloatWeights) {
     ASSERT_EQ(t->dtype, StDtype::F32);
     const float* want = reinterpret_cast<const float*>(t->data);
     if (s.kind != TensorKind::Ternary) continue;
-    const TernaryMatrix* w = nullptr;
-    const LayerWeights* L = s.layer >= 0 ? &m.layers[size_t(s.layer)] : nullptr;
-    switch (s.role) {
-      case Role::TokenEmbd: w = &m.embed; break;
-      case Role::Output: w = &m.head; break;
-      case Role::FfnGate: w = &L->gate; break;
-      case Role::FfnUp: w = &L->up; break;
-      case Role::FfnDown: w = &L->down; break;
-      case Role::AttnQ: w = &L->attn.q; break;
-      case Role::AttnK: w = &L->attn.k; break;
-      case Role::AttnV: w = &L->attn.v; break;
-      case Role::AttnOutput: w = &L->attn.o; break;
-      case Role::GdnQkv: w = &L->gdn.qkv; break;
-      case Role::GdnGate: w = &L->gdn.z; break;
-      case Role::GdnOut: w = &L->gdn.out; break;
-      default: FAIL() << s.hf_name;
-    }
+    const TernaryMatrix* w = ternary_of(m, s.role, s.layer);
+    ASSERT_NE(w, nullptr) << s.hf_name;
     const int64_t K = w->cols;
     std::vector<float> row(static_cast<size_t>(K));
     // Rows spread over the matrix (the whole of every matrix would take long in debug builds).
