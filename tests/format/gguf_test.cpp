@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "format/gguf.h"
+#include "format_test_util.h"
 #include "util/error.h"
 #include "util/progress.h"
 
@@ -19,35 +20,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh directory per test, removed at the end.
-class GgufTest : public testing::Test {
+class GgufTest : public testing_support::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(testing::TempDir()) /
-           fmt::format("bonsai_gguf_{}_{}", ::getpid(), testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  fs::path dir_;
+  GgufTest() : TempDirTest("bonsai_gguf") {}
 };
 
-std::vector<uint8_t> read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected bonsai::Error, nothing was thrown";
-  return {};
-}
+using testing_support::error_of;
+using testing_support::read_all;
 
 // The message of parsing `bytes` as "broken.gguf"; every parse error must name the file.
 std::string gguf_error(const std::vector<uint8_t>& bytes) {

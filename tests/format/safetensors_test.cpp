@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "format/safetensors.h"
+#include "format_test_util.h"
 #include "util/error.h"
 
 using namespace bonsai;
@@ -15,34 +16,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-class SafetensorsTest : public testing::Test {
+class SafetensorsTest : public testing_support::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(testing::TempDir()) /
-           fmt::format("bonsai_st_{}_{}", ::getpid(), testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  fs::path dir_;
+  SafetensorsTest() : TempDirTest("bonsai_st") {}
 };
 
-std::vector<uint8_t> read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected bonsai::Error, nothing was thrown";
-  return {};
-}
+using testing_support::error_of;
+using testing_support::read_all;
 
 std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
   std::vector<uint8_t> v(n);  // [n] u8
