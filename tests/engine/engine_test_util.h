@@ -21,28 +21,11 @@ namespace bonsai::testing_support {
 // The tiny preset, seed 7, written with --no-hadamard (same float model, no rotation), once per ctest run.
 inline const TinyPacks& tiny_nohad_packs() {
   static const TinyPacks p = [] {
-    TinyPacks t;
-    struct stat st {};
-    stat("/proc/self/exe", &st);
-    t.dir = ::testing::TempDir() + "/bonsai_tiny_nohad_" + std::to_string(getppid()) + "_" + std::to_string(st.st_mtime);
-    std::filesystem::create_directories(t.dir);
-    const int lock = open((t.dir + ".lock").c_str(), O_CREAT | O_RDWR, 0644);
-    flock(lock, LOCK_EX);
     MakePackOptions o;
-    o.out_dir = t.dir;
     o.seed = 7;
     o.hadamard = false;
     o.formats = {"gguf-pq2_0", "effective"};
-    const std::string done = t.dir + "/complete";
-    if (!std::filesystem::exists(done)) {
-      make_pack(o);
-      std::ofstream(done) << "ok\n";
-    }
-    flock(lock, LOCK_UN);
-    close(lock);
-    t.pq2 = t.dir + "/" + pack_output_name(o, "gguf-pq2_0");
-    t.effective = t.dir + "/" + pack_output_name(o, "effective");
-    return t;
+    return write_packs_once("bonsai_tiny_nohad", o);
   }();
   return p;
 }

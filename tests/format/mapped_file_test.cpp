@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "format/mapped_file.h"
+#include "format_test_util.h"
 #include "util/error.h"
 
 using namespace bonsai;
@@ -15,33 +16,17 @@ namespace fs = std::filesystem;
 
 namespace {
 
-class MappedFileTest : public testing::Test {
+class MappedFileTest : public testing_support::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(testing::TempDir()) /
-           fmt::format("bonsai_map_{}_{}", ::getpid(), testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  MappedFileTest() : TempDirTest("bonsai_map") {}
   std::string write(const std::string& name, const std::string& bytes) {
-    const std::string p = (dir_ / name).string();
+    const std::string p = path(name);
     std::ofstream(p, std::ios::binary) << bytes;
     return p;
   }
-  fs::path dir_;
 };
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected bonsai::Error, nothing was thrown";
-  return {};
-}
+using testing_support::error_of;
 
 }  // namespace
 

@@ -11,6 +11,7 @@
 
 #include <fcntl.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 
@@ -22,30 +23,42 @@ struct TinyPacks {
   std::string dir, pq2, ptq1, mlx, effective;
 };
 
+// Writes the packs `o` describes into a folder named `tag` (o.out_dir is set here) once per ctest run
+// and returns the paths of the formats written (empty for formats not asked for).
+inline TinyPacks write_packs_once(const std::string& tag, MakePackOptions o) {
+  TinyPacks t;
+  struct stat st {};
+  stat("/proc/self/exe", &st);
+  t.dir = ::testing::TempDir() + "/" + tag + "_" + std::to_string(getppid()) + "_" + std::to_string(st.st_mtime);
+  std::filesystem::create_directories(t.dir);
+  const int lock = open((t.dir + ".lock").c_str(), O_CREAT | O_RDWR, 0644);
+  flock(lock, LOCK_EX);
+  o.out_dir = t.dir;
+  const std::string done = t.dir + "/complete";
+  if (!std::filesystem::exists(done)) {
+    make_pack(o);
+    std::ofstream(done) << "ok\n";
+  }
+  flock(lock, LOCK_UN);
+  close(lock);
+  auto path = [&](const char* format) {
+    const bool all = o.formats.empty();
+    const bool asked = all || std::find(o.formats.begin(), o.formats.end(), format) != o.formats.end();
+    return asked ? t.dir + "/" + pack_output_name(o, format) : std::string();
+  };
+  t.pq2 = path("gguf-pq2_0");
+  t.ptq1 = path("gguf-ptq1_0");
+  t.mlx = path("mlx");
+  t.effective = path("effective");
+  return t;
+}
+
+// The tiny preset, seed 7, in every format.
 inline const TinyPacks& tiny_packs() {
   static const TinyPacks p = [] {
-    TinyPacks t;
-    struct stat st {};
-    stat("/proc/self/exe", &st);
-    t.dir = ::testing::TempDir() + "/bonsai_tiny_" + std::to_string(getppid()) + "_" + std::to_string(st.st_mtime);
-    std::filesystem::create_directories(t.dir);
-    const int lock = open((t.dir + ".lock").c_str(), O_CREAT | O_RDWR, 0644);
-    flock(lock, LOCK_EX);
     MakePackOptions o;
-    o.out_dir = t.dir;
     o.seed = 7;
-    const std::string done = t.dir + "/complete";
-    if (!std::filesystem::exists(done)) {
-      make_pack(o);
-      std::ofstream(done) << "ok\n";
-    }
-    flock(lock, LOCK_UN);
-    close(lock);
-    t.pq2 = t.dir + "/" + pack_output_name(o, "gguf-pq2_0");
-    t.ptq1 = t.dir + "/" + pack_output_name(o, "gguf-ptq1_0");
-    t.mlx = t.dir + "/" + pack_output_name(o, "mlx");
-    t.effective = t.dir + "/" + pack_output_name(o, "effective");
-    return t;
+    return write_packs_once("bonsai_tiny", o);
   }();
   return p;
 }
