@@ -17,8 +17,8 @@
 // - Shapes: [A, B] is row-major, contiguous. An op's output never aliases its inputs unless stated.
 // - Ops may throw bonsai::Error only on shape misuse (a bug, not a user error); none allocates per call
 //   once warmed up (ref excepted: it is the slow truth, not a hot path).
-// - Several sequences will later be stepped in one forward: everything per sequence (positions, the KV
-//   cache, conv and recurrent state) is an argument, never backend state, so nothing here changes then.
+// - Several sequences are stepped in one forward (the "batched decode" ops at the end): everything per
+//   sequence (positions, the KV cache, conv and recurrent state) is an argument, never backend state.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -110,6 +110,58 @@ class Backend {
   virtual void gdn_delta_rule(float* state, const float* q, const float* k, const float* v, const float* g,
                               const float* beta, int64_t T, int64_t Nk, int64_t Nv, int64_t Dk, int64_t Dv,
                               float* out) = 0;
+
+  // ---- batched decode: M sequences, one token each (Decoder::step_batch) ---------------------------
+  // Row m of every activation is the next token of its OWN sequence, at position host_pos[m] (host
+  // int64 [M], each >= 0). Per-sequence memory comes as host arrays of M pointers into this backend's
+  // memory (one KV cache / conv state / recurrent state per row; the decoder guarantees no two rows
+  // share one). Everything else of the step (embedding, norms, sites, every linear and the head) is the
+  // ordinary ops at M rows, so the weights stream once for all M sequences.
+  // The defaults loop over the rows calling the single-sequence op at M = 1 (exactly what a one-row
+  // forward does), so every backend is correct as it is; a backend overrides them to do all rows in
+  // one launch (host arrays are read during the call only: copy them if the launch is deferred).
+
+  // NEOX RoPE in place on x fp32 [M, n_heads, head_dim]; row m at position host_pos[m].
+  virtual void rope_neox_rows(float* x, int64_t M, int64_t n_heads, int64_t head_dim, int64_t rot_dims,
+                              const int64_t* host_pos, float theta) {
+    const int64_t stride = n_heads * head_dim;
+    for (int64_t m = 0; m < M; ++m) rope_neox(x + m * stride, 1, n_heads, head_dim, rot_dims, host_pos[m], theta);
+  }
+  // KV append: k, v fp32 [M, row] (row = Hkv * D); k_caches[m], v_caches[m] fp32 [capacity_m, row]
+  // with host_pos[m] < capacity_m: row host_pos[m] of cache m = row m of k (of v).
+  virtual void kv_write_rows(float* const* k_caches, float* const* v_caches, const int64_t* host_pos,
+                             const float* k, const float* v, int64_t M, int64_t row) {
+    for (int64_t m = 0; m < M; ++m) {
+      copy_rows(k_caches[m] + host_pos[m] * row, 0, k + m * row, 0, 1, row);
+      copy_rows(v_caches[m] + host_pos[m] * row, 0, v + m * row, 0, 1, row);
+    }
+  }
+  // GQA attention of row m over rows 0..host_pos[m] of its own caches: q fp32 [M, Hq, D];
+  // k_caches[m], v_caches[m] fp32 [>= host_pos[m] + 1, Hkv, D] with row host_pos[m] already written;
+  // out fp32 [M, Hq, D].
+  virtual void attention_rows(const float* q, const float* const* k_caches, const float* const* v_caches,
+                              const int64_t* host_pos, int64_t M, int64_t Hq, int64_t Hkv, int64_t D, float scale,
+                              float* out) {
+    const int64_t stride = Hq * D;
+    for (int64_t m = 0; m < M; ++m)
+      attention(q + m * stride, k_caches[m], v_caches[m], 1, host_pos[m], Hq, Hkv, D, scale, out + m * stride);
+  }
+  // The GDN conv for one token per row: x, out fp32 [M, C]; conv_states[m] fp32 [Kc-1, C] (row m's
+  // sequence, in place); taps fp32 [C, Kc]. out = silu(conv).
+  virtual void gdn_conv_rows(const float* x, float* const* conv_states, const float* taps, int64_t M, int64_t C,
+                             int64_t Kc, float* out) {
+    for (int64_t m = 0; m < M; ++m) gdn_conv(x + m * C, conv_states[m], taps, 1, C, Kc, out + m * C);
+  }
+  // The delta rule for one token per row: states[m] fp32 [Nv, Dk, Dv] (row m's sequence, in place);
+  // q, k fp32 [M, Nk, Dk]; v, out fp32 [M, Nv, Dv]; g, beta fp32 [M, Nv].
+  virtual void gdn_delta_rule_rows(float* const* states, const float* q, const float* k, const float* v,
+                                   const float* g, const float* beta, int64_t M, int64_t Nk, int64_t Nv, int64_t Dk,
+                                   int64_t Dv, float* out) {
+    const int64_t qk = Nk * Dk, vo = Nv * Dv;
+    for (int64_t m = 0; m < M; ++m)
+      gdn_delta_rule(states[m], q + m * qk, k + m * qk, v + m * vo, g + m * Nv, beta + m * Nv, 1, Nk, Nv, Dk, Dv,
+                     out + m * vo);
+  }
 };
 
 // fp32 storage owned by a backend (host memory for ref / cpu, device memory for a GPU backend).

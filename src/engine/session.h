@@ -1,7 +1,7 @@
 // Session: one sequence being decoded. It owns the per-layer state (a KV cache per attention layer, conv
 // and recurrent state per GDN layer, see model/forward.h), the position and the token history, and
 // appends tokens without re-running the history. Several sessions can share one Decoder (one model, one
-// backend), stepped one after the other.
+// backend), stepped one after the other or together in one forward (BatchGenerator, engine/batch.h).
 //
 // Prefill planner: a prompt of n tokens is fed as the largest chunk (64, then 16) that still leaves at
 // least one token, repeatedly, and the rest token by token; the last token is always a step of its own
@@ -60,6 +60,7 @@ class Session {
   void reset();
 
  private:
+  friend class BatchGenerator;  // steps several sessions in one forward (engine/batch.h)
   Decoder* dec_;
   SessionOptions opt_;
   DecoderState state_;

@@ -124,6 +124,9 @@ Decoder::Decoder(const Model& model, Backend& backend, int64_t max_chunk)
   ws_.ff_gate = Buffer(b, M * FF);
   ws_.ff_up = Buffer(b, M * FF);
   ws_.logits = Buffer(b, size_t(vocab()));
+  batch_pos_.resize(M);
+  batch_ptr_a_.resize(M);
+  batch_ptr_b_.resize(M);
 }
 
 DecoderState Decoder::new_state(int64_t capacity) const {
@@ -168,6 +171,19 @@ uint64_t Decoder::state_bytes_per_step(int64_t pos) const {
   return b;
 }
 
+uint64_t Decoder::state_bytes(int64_t capacity) const {
+  const ModelConfig& c = m_.config;
+  uint64_t b = 0;
+  for (const LayerWeights& L : m_.layers) {
+    if (L.full_attention) b += 2 * uint64_t(capacity) * uint64_t(c.kv_rows()) * 4;  // K and V
+    else
+      b += (uint64_t(c.conv_kernel - 1) * uint64_t(c.gdn_conv_channels()) +
+            uint64_t(c.gdn_v_heads) * uint64_t(c.gdn_head_dim) * uint64_t(c.gdn_head_dim)) *
+           4;  // conv + recurrent
+  }
+  return b;
+}
+
 // ---- the forward -------------------------------------------------------------------------------------
 
 const float* Decoder::hadamard_site(const float* x, int64_t M, const TernaryMatrix& reader) {
@@ -181,8 +197,9 @@ const float* Decoder::hadamard_site(const float* x, int64_t M, const TernaryMatr
   return out;
 }
 
-void Decoder::attention_block(const LayerWeights& L, LayerState& st, int64_t M, int64_t p0) {
+void Decoder::attention_block(const LayerWeights& L, size_t l, const Rows& rows) {
   const ModelConfig& c = m_.config;
+  const int64_t M = rows.M, p0 = rows.p0;
   const AttentionWeights& A = L.attn;
   const int64_t E = c.hidden, H = c.n_heads, Hkv = c.n_kv_heads, Dh = c.head_dim;
   float *q_gate = ws_.q_gate.data(), *q = ws_.q.data(), *gate = ws_.gate.data();
@@ -200,16 +217,32 @@ void Decoder::attention_block(const LayerWeights& L, LayerState& st, int64_t M, 
   // Per-head RMSNorm of q and k (before RoPE), then NEOX RoPE on the first rope_dims dims.
   be_.rmsnorm(q, M * H, Dh, A.q_norm.data(), c.rms_eps, q);
   be_.rmsnorm(k, M * Hkv, Dh, A.k_norm.data(), c.rms_eps, k);
-  be_.rope_neox(q, M, H, Dh, c.rope_dims, p0, c.rope_theta);
-  be_.rope_neox(k, M, Hkv, Dh, c.rope_dims, p0, c.rope_theta);
-
-  // Append the chunk's K and V at rows p0 .. p0+M-1 of the cache ([capacity, Hkv, Dh], rows contiguous).
+  const float scale = float(1.0 / std::sqrt(double(Dh)));
   const int64_t row = Hkv * Dh;
-  be_.copy_rows(st.k.data() + p0 * row, 0, k, 0, 1, M * row);
-  be_.copy_rows(st.v.data() + p0 * row, 0, v, 0, 1, M * row);
+  if (rows.batch) {
+    // Batched decode: row m is sequence batch[m] at its own position, with its own KV cache.
+    float **kc = batch_ptr_a_.data(), **vc = batch_ptr_b_.data();  // [M] host tables of cache pointers
+    for (int64_t m = 0; m < M; ++m) {
+      kc[m] = rows.batch[m]->layers[l].k.data();
+      vc[m] = rows.batch[m]->layers[l].v.data();
+    }
+    const int64_t* pos = batch_pos_.data();
+    be_.rope_neox_rows(q, M, H, Dh, c.rope_dims, pos, c.rope_theta);
+    be_.rope_neox_rows(k, M, Hkv, Dh, c.rope_dims, pos, c.rope_theta);
+    be_.kv_write_rows(kc, vc, pos, k, v, M, row);
+    be_.attention_rows(q, kc, vc, pos, M, H, Hkv, Dh, scale, o);
+  } else {
+    LayerState& st = rows.seq->layers[l];
+    be_.rope_neox(q, M, H, Dh, c.rope_dims, p0, c.rope_theta);
+    be_.rope_neox(k, M, Hkv, Dh, c.rope_dims, p0, c.rope_theta);
 
-  // Causal GQA attention, scale 1/sqrt(Dh), then the output gate: out *= sigmoid(gate).
-  be_.attention(q, st.k.data(), st.v.data(), M, p0, H, Hkv, Dh, float(1.0 / std::sqrt(double(Dh))), o);
+    // Append the chunk's K and V at rows p0 .. p0+M-1 of the cache ([capacity, Hkv, Dh], rows contiguous).
+    be_.copy_rows(st.k.data() + p0 * row, 0, k, 0, 1, M * row);
+    be_.copy_rows(st.v.data() + p0 * row, 0, v, 0, 1, M * row);
+    // Causal GQA attention, scale 1/sqrt(Dh).
+    be_.attention(q, st.k.data(), st.v.data(), M, p0, H, Hkv, Dh, scale, o);
+  }
+  // The output gate: out *= sigmoid(gate).
   be_.sigmoid_gate_mul(o, gate, M * H * Dh);
 
   // Site: attention output -> o_proj.
@@ -218,8 +251,9 @@ void Decoder::attention_block(const LayerWeights& L, LayerState& st, int64_t M, 
   be_.linear(&out, 1, H * Dh, orot, M);
 }
 
-void Decoder::gdn_block(const LayerWeights& L, LayerState& st, int64_t M) {
+void Decoder::gdn_block(const LayerWeights& L, size_t l, const Rows& rows) {
   const ModelConfig& c = m_.config;
+  const int64_t M = rows.M;
   const GdnWeights& G = L.gdn;
   const int64_t E = c.hidden, Nk = c.gdn_k_heads, Nv = c.gdn_v_heads, Dk = c.gdn_head_dim, Dv = c.gdn_head_dim;
   const int64_t C = c.gdn_conv_channels(), KD = c.gdn_key_dim(), VD = c.gdn_value_dim(), Kc = c.conv_kernel;
@@ -235,7 +269,17 @@ void Decoder::gdn_block(const LayerWeights& L, LayerState& st, int64_t M) {
   be_.dense_linear(G.b.data(), Nv, E, x, M, b);
 
   // Causal depthwise conv (+ SiLU) over the q | k | v channels, carrying the last Kc-1 inputs.
-  be_.gdn_conv(qkv, st.conv.data(), G.conv.data(), M, C, Kc, conv);
+  float** conv_states = batch_ptr_a_.data();  // batched: [M] host table, row m's conv state
+  float** rec_states = batch_ptr_b_.data();   // batched: [M] host table, row m's recurrent state
+  if (rows.batch) {
+    for (int64_t m = 0; m < M; ++m) {
+      conv_states[m] = rows.batch[m]->layers[l].conv.data();
+      rec_states[m] = rows.batch[m]->layers[l].recurrent.data();
+    }
+    be_.gdn_conv_rows(qkv, conv_states, G.conv.data(), M, C, Kc, conv);
+  } else {
+    be_.gdn_conv(qkv, rows.seq->layers[l].conv.data(), G.conv.data(), M, C, Kc, conv);
+  }
 
   // Split q [M, Nk, Dk], k [M, Nk, Dk], v [M, Nv, Dv]. One token: they are contiguous pieces of the row.
   float *q = conv, *k = conv + KD, *v = conv + 2 * KD;
@@ -254,7 +298,8 @@ void Decoder::gdn_block(const LayerWeights& L, LayerState& st, int64_t M) {
 
   // beta = sigmoid(b), g = A * softplus(a + dt_bias); the delta rule (V head h reads K head h / (Nv/Nk)).
   be_.gdn_gates(a, b, G.A.data(), G.dt_bias.data(), M, Nv, g, beta);
-  be_.gdn_delta_rule(st.recurrent.data(), q, k, v, g, beta, M, Nk, Nv, Dk, Dv, o);
+  if (rows.batch) be_.gdn_delta_rule_rows(rec_states, q, k, v, g, beta, M, Nk, Nv, Dk, Dv, o);
+  else be_.gdn_delta_rule(rows.seq->layers[l].recurrent.data(), q, k, v, g, beta, M, Nk, Nv, Dk, Dv, o);
 
   // Gated RMSNorm per head: rmsnorm(o) * ssm_norm * silu(z).
   be_.gated_rmsnorm(o, z, G.norm.data(), M * Nv, Dv, c.rms_eps, o);
@@ -280,7 +325,6 @@ void Decoder::ffn_block(const LayerWeights& L, int64_t M) {
 }
 
 void Decoder::forward(DecoderState& s, const int32_t* ids, int64_t M, LogitsMode mode, float* logits) {
-  const ModelConfig& c = m_.config;
   if (M < 1 || M > max_chunk_) fail("forward: chunk of {} tokens (1..{} supported)", M, max_chunk_);
   if (s.pos + M > s.capacity)
     fail("forward: {} tokens at position {} exceed the sequence capacity of {} positions", M, s.pos, s.capacity);
@@ -288,7 +332,40 @@ void Decoder::forward(DecoderState& s, const int32_t* ids, int64_t M, LogitsMode
   for (int64_t i = 0; i < M; ++i)
     if (ids[i] < 0 || ids[i] >= vocab()) fail("forward: token id {} is outside the vocabulary [0, {})", ids[i], vocab());
   if (mode != LogitsMode::None && !logits) fail("forward: no logits buffer");
-  const int64_t E = c.hidden, V = vocab(), p0 = s.pos;
+  Rows rows;
+  rows.M = M;
+  rows.seq = &s;
+  rows.p0 = s.pos;
+  run(ids, rows, mode, logits);
+  s.pos += M;
+}
+
+void Decoder::step_batch(DecoderState* const* states, const int32_t* ids, int64_t B, float* logits) {
+  if (B < 1 || B > max_batch()) fail("step_batch: batch of {} sequences (1..{} supported)", B, max_batch());
+  if (!states || !ids || !logits) fail("step_batch: null states, ids or logits");
+  for (int64_t b = 0; b < B; ++b) {
+    const DecoderState* s = states[b];
+    if (!s) fail("step_batch: sequence {} of the batch has no state", b);
+    if (s->layers.size() != m_.layers.size()) fail("step_batch: the state of sequence {} was made for another model", b);
+    if (s->pos >= s->capacity)
+      fail("step_batch: sequence {} is full ({} of {} positions used): it cannot take another token", b, s->pos,
+           s->capacity);
+    if (ids[b] < 0 || ids[b] >= vocab())
+      fail("step_batch: sequence {}'s token id {} is outside the vocabulary [0, {})", b, ids[b], vocab());
+    for (int64_t o = 0; o < b; ++o)  // two rows on one state would both write its KV row and recurrence
+      if (states[o] == s) fail("step_batch: sequences {} and {} are the same state", o, b);
+  }
+  for (int64_t b = 0; b < B; ++b) batch_pos_[size_t(b)] = states[b]->pos;
+  Rows rows;
+  rows.M = B;
+  rows.batch = states;
+  run(ids, rows, LogitsMode::All, logits);
+  for (int64_t b = 0; b < B; ++b) ++states[b]->pos;
+}
+
+void Decoder::run(const int32_t* ids, const Rows& rows, LogitsMode mode, float* logits) {
+  const ModelConfig& c = m_.config;
+  const int64_t M = rows.M, E = c.hidden, V = vocab();
   float *h = ws_.h.data(), *x = ws_.x.data(), *delta = ws_.delta.data();
 
   // Embedding: gather + de-quantise the rows; an inverse-rotated table then gets R^T (transform, then signs).
@@ -298,23 +375,22 @@ void Decoder::forward(DecoderState& s, const int32_t* ids, int64_t M, LogitsMode
   be_.rmsnorm(h, M, E, m_.layers[0].attn_norm.data(), c.rms_eps, x);
   for (size_t l = 0; l < m_.layers.size(); ++l) {
     const LayerWeights& L = m_.layers[l];
-    if (L.full_attention) attention_block(L, s.layers[l], M, p0);
-    else gdn_block(L, s.layers[l], M);
+    if (L.full_attention) attention_block(L, l, rows);
+    else gdn_block(L, l, rows);
     be_.add_rmsnorm(h, delta, M, E, L.post_norm.data(), c.rms_eps, x);  // h += mixer; x = f
     ffn_block(L, M);
     const float* next_gain = l + 1 < m_.layers.size() ? m_.layers[l + 1].attn_norm.data() : m_.out_norm.data();
     be_.add_rmsnorm(h, delta, M, E, next_gain, c.rms_eps, x);  // h += ffn; x = next layer's (or final) norm
   }
-  s.pos += M;
   if (mode == LogitsMode::None) return;
 
   // Head over the rows whose logits are wanted. Site: final norm -> head.
-  const int64_t r0 = mode == LogitsMode::Last ? M - 1 : 0, rows = M - r0;
-  if (ws_.logits.size() < size_t(rows * V)) ws_.logits = Buffer(be_, size_t(max_chunk_ * V));  // first All only
-  const float* xr = hadamard_site(x + r0 * E, rows, m_.head);
+  const int64_t r0 = mode == LogitsMode::Last ? M - 1 : 0, n_out = M - r0;
+  if (ws_.logits.size() < size_t(n_out * V)) ws_.logits = Buffer(be_, size_t(max_chunk_ * V));  // first All only
+  const float* xr = hadamard_site(x + r0 * E, n_out, m_.head);
   const LinearOut out{&m_.head, ws_.logits.data()};
-  be_.linear(&out, 1, E, xr, rows);
-  be_.copy_to_host(ws_.logits.data(), size_t(rows * V), logits);
+  be_.linear(&out, 1, E, xr, n_out);
+  be_.copy_to_host(ws_.logits.data(), size_t(n_out * V), logits);
 }
 
 }  // namespace bonsai

@@ -20,6 +20,8 @@
 // M-row GEMM, attention is causal over the chunk, the delta rule runs over the chunk in whatever order the
 // backend picks. The same function is the prefill and the decode step (M = 1), so chunked prefill and the
 // token walk cannot drift apart in anything but evaluation order (tested in tests/engine).
+// step_batch() runs the same layers with the M rows taken from M different sequences (one token each):
+// only the mixers' per-sequence work (RoPE position, KV cache, conv and recurrent state) differs by row.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -78,18 +80,44 @@ class Decoder {
   // [M, V] for All, nothing for None (may be null then).
   void forward(DecoderState& s, const int32_t* ids, int64_t M, LogitsMode mode, float* logits);
 
+  // Batched decode: one new token for each of B sequences in ONE forward. Row b is ids[b] (host int32)
+  // consumed by *states[b] at position states[b]->pos, which then advances by 1. Embedding, norms, sites,
+  // every linear and the head run once at M = B rows (the weights stream once per step for all B);
+  // RoPE, the KV write, attention, the GDN conv and delta rule use each row's own position and state
+  // (Backend::*_rows). `logits` (host fp32) receives [B, V], row b for states[b].
+  // Preconditions, checked before anything is touched (bonsai::Error): 1 <= B <= max_batch(), every
+  // state non-null, made for this model, distinct from the others and with pos < capacity, every id in
+  // [0, vocab), logits non-null. A row's result equals forward(*states[b], &ids[b], 1, Last, ...) up to
+  // the float summation order of the M = B linears.
+  void step_batch(DecoderState* const* states, const int32_t* ids, int64_t B, float* logits);
+  // The most sequences one step_batch takes (the activation workspace's rows).
+  int64_t max_batch() const { return max_chunk_; }
+
   // Bytes of state a decode step at position `pos` moves besides the weights: K and V rows read
   // (pos + 1 of them) and written (1) per attention layer; conv and recurrent state read and written per
   // GDN layer. For the GB/s figure.
   uint64_t state_bytes_per_step(int64_t pos) const;
+  // Bytes of state one sequence of `capacity` positions holds (= new_state(capacity).bytes(), without
+  // allocating): K and V caches per attention layer, conv and recurrent state per GDN layer.
+  uint64_t state_bytes(int64_t capacity) const;
 
  private:
   // Hadamard site: the activation x fp32 [M, reader.cols] as `reader` (and every other linear at this
   // site) must read it. Gather by input_perm when set, then sign + FWHT when folded, into the site
   // workspace; with neither, x itself is returned (no copy).
   const float* hadamard_site(const float* x, int64_t M, const TernaryMatrix& reader);
-  void attention_block(const LayerWeights& L, LayerState& st, int64_t M, int64_t p0);
-  void gdn_block(const LayerWeights& L, LayerState& st, int64_t M);
+  // Who the M rows of one forward are: a chunk of ONE sequence (`seq`, rows at positions p0 .. p0+M-1)
+  // or a batch of M sequences, one token each (`batch[m]` at batch_pos_[m]); exactly one is set.
+  struct Rows {
+    int64_t M = 0;
+    DecoderState* seq = nullptr;
+    int64_t p0 = 0;
+    DecoderState* const* batch = nullptr;
+  };
+  // The whole forward over `rows` (positions not advanced here); the head as `mode` asks.
+  void run(const int32_t* ids, const Rows& rows, LogitsMode mode, float* logits);
+  void attention_block(const LayerWeights& L, size_t l, const Rows& rows);
+  void gdn_block(const LayerWeights& L, size_t l, const Rows& rows);
   void ffn_block(const LayerWeights& L, int64_t M);
   void check_model() const;
 
@@ -114,8 +142,11 @@ class Decoder {
     Buffer gq, gk;     // [M, Nk, Dk]
     Buffer gv, go;     // [M, Nv, Dv]
     Buffer ff_gate, ff_up;  // [M, max FF]
-    Buffer logits;     // [1, V]; grows to [max_chunk, V] on the first LogitsMode::All
+    Buffer logits;     // [1, V]; grows to [max_chunk, V] on the first LogitsMode::All or batch of B > 1
   } ws_;
+  // Batched decode: host tables refilled per step (positions) and per layer (state pointers).
+  std::vector<int64_t> batch_pos_;                  // [max_batch] position of each row
+  std::vector<float*> batch_ptr_a_, batch_ptr_b_;   // [max_batch] k caches / conv states, v caches / recurrent
 };
 
 }  // namespace bonsai
