@@ -1,10 +1,14 @@
-// bonsai bench -m PACK [--backend cpu] [-p 512,2048] [-n 128] [-r 5] [--threads N] [--json]
+// bonsai bench -m PACK [--backend cpu] [-p 512,2048] [-n 128] [-r 5] [--threads N] [--batch 1,8,32] [--json]
 // bonsai bench --probe
 //
 // Like llama-bench: prompt processing (pp: prefill of P tokens) and generation (tg: N decode steps after
 // one token), each repeated r times, reported as mean +- sd tok/s; plus the bytes a decode step moves,
 // the GB/s that makes, and both as a fraction of this machine's own limits measured in the same run
 // (streaming read bandwidth for tg, the int8 dot-product peak for pp: `--probe` prints just those).
+// --batch B1,B2,..: tg with B concurrent sequences stepped in one forward per token (BatchGenerator):
+// aggregate tok/s (B tokens per step), per-sequence tok/s, bytes per step (the weights once + every
+// sequence's state) and the KV + state bytes each sequence holds; it replaces the single-sequence tg.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +23,7 @@
 #include "backend/cpu/probe.h"
 #include "commands.h"
 #include "engine/backends.h"
+#include "engine/batch.h"
 #include "engine/generate.h"
 #include "model/forward.h"
 #include "model/pack.h"
@@ -39,6 +44,7 @@ struct BenchArgs {
   int reps = 5;
   int threads = 0;
   std::string backend = "cpu";
+  std::string batch;  // --batch: comma-separated batch sizes; empty: the single-sequence tg
   bool json = false;
   bool probe_only = false;
 };
@@ -56,7 +62,7 @@ MeanSd mean_sd(const std::vector<double>& v) {
   return r;
 }
 
-std::vector<int64_t> parse_list(const std::string& s) {
+std::vector<int64_t> parse_list(const std::string& s, const char* option = "-p") {
   std::vector<int64_t> v;
   size_t i = 0;
   while (i < s.size()) {
@@ -69,7 +75,7 @@ std::vector<int64_t> parse_list(const std::string& s) {
       if (used != item.size() || x < 0) throw std::invalid_argument(item);
       if (x > 0) v.push_back(x);
     } catch (const std::exception&) {
-      fail("-p: '{}' is not a non-negative token count (in '{}')", item, s);
+      fail("{}: '{}' is not a non-negative count (in '{}')", option, item, s);
     }
     i = j + 1;
   }
@@ -129,6 +135,10 @@ void bench(const BenchArgs& a) {
   if (a.model.empty()) fail("bench: give a pack with -m (or --probe for the machine limits alone)");
   const std::vector<int64_t> pps = parse_list(a.prompts);
   if (a.n < 0 || a.reps < 1) fail("bench: -n must be >= 0 and -r >= 1");
+  const std::vector<int64_t> batches = a.batch.empty() ? std::vector<int64_t>{} : parse_list(a.batch, "--batch");
+  if (!a.batch.empty() && batches.empty()) fail("bench: --batch needs at least one batch size >= 1");
+  if (!batches.empty() && a.n < 1) fail("bench: --batch measures generation: -n must be >= 1");
+  const int64_t max_b = batches.empty() ? 1 : *std::max_element(batches.begin(), batches.end());
 
   auto t0 = std::chrono::steady_clock::now();
   const Pack pack = open_pack(a.model);
@@ -136,7 +146,8 @@ void bench(const BenchArgs& a) {
   lo.threads = a.threads;
   const Model model = load_model(pack, lo);
   const double load_s = seconds_since(t0);
-  Decoder decoder(model, *backend);
+  // The workspace holds max(64, the largest batch) rows (a batched step is one forward of B rows).
+  Decoder decoder(model, *backend, std::max(Decoder::kDefaultMaxChunk, max_b));
   int64_t need = a.n + 2;
   for (int64_t p : pps) need = std::max(need, p + 1);
   SessionOptions so;
@@ -184,7 +195,39 @@ void bench(const BenchArgs& a) {
       std::printf("pp%-6lld %10.2f +- %7.2f tok/s | %8.1f Gops/s = %5.1f%% of the int8 dot peak\n", (long long)p, ms.mean,
                   ms.sd, gops, pct);
   }
-  if (a.n > 0) {
+  for (const int64_t B : batches) {
+    // B one-token prompts (random ids), then -n decode steps of all B together.
+    std::vector<double> agg, per_seq, gbs;
+    double bytes_per_step = 0;
+    for (int r = 0; r < a.reps + 1; ++r) {  // the first repetition warms up and is not counted
+      BatchOptions bo;
+      bo.max_batch = B;
+      BatchGenerator gen(decoder, bo);
+      GenerateOptions go;
+      go.max_new_tokens = a.n + 1;  // the first token comes from each one-token prefill
+      for (int64_t b = 0; b < B; ++b) gen.submit(random_ids(1), go);
+      gen.run();
+      const BatchStats& s = gen.stats();
+      bytes_per_step = s.bytes_per_step();
+      if (r > 0) {
+        agg.push_back(s.aggregate_tok_s());
+        per_seq.push_back(s.steps_per_s());
+        gbs.push_back(s.decode_gb_s());
+      }
+    }
+    const MeanSd ma = mean_sd(agg), mp = mean_sd(per_seq), mg = mean_sd(gbs);
+    const uint64_t seq_state = decoder.state_bytes(need);  // KV (capacity -n + 2) + conv + recurrent
+    results.push_back({{"test", "tg" + std::to_string(a.n)}, {"batch", B}, {"tok_s", ma.mean}, {"tok_s_sd", ma.sd},
+                       {"per_seq_tok_s", mp.mean}, {"per_seq_tok_s_sd", mp.sd}, {"bytes_per_step", bytes_per_step},
+                       {"gb_s", mg.mean}, {"pct_read_bandwidth", 100.0 * mg.mean / read_gbs},
+                       {"state_bytes_per_seq", seq_state}, {"kv_capacity", need}});
+    if (!a.json)
+      std::printf("tg%-6lld B=%-3lld %10.2f +- %7.2f tok/s aggregate | %8.2f tok/s per sequence | %.3f GB per step, "
+                  "%6.2f GB/s = %5.1f%% of the read bandwidth | %.2f MB KV+state per sequence (%lld positions)\n",
+                  (long long)a.n, (long long)B, ma.mean, ma.sd, mp.mean, bytes_per_step / 1e9, mg.mean,
+                  100.0 * mg.mean / read_gbs, double(seq_state) / 1e6, (long long)need);
+  }
+  if (a.n > 0 && batches.empty()) {
     std::vector<double> tps, gbs;
     uint64_t bytes_per_token = 0;
     for (int r = 0; r < a.reps + 1; ++r) {
@@ -221,6 +264,9 @@ void register_bench(CLI::App& app) {
   cmd->add_option("-r,--repetitions", a->reps, "Repetitions of each test (after one warm-up)")->capture_default_str();
   cmd->add_option("--threads", a->threads, "CPU threads (0: all)")->capture_default_str();
   cmd->add_option("--backend", a->backend, "ref, cpu or cuda")->capture_default_str();
+  cmd->add_option("--batch", a->batch,
+                  "Generation with B concurrent sequences in one forward per step, comma-separated sizes (e.g. "
+                  "1,8,32): aggregate and per-sequence tok/s; replaces the single-sequence tg");
   cmd->add_flag("--probe", a->probe_only, "Only measure the machine: streaming read bandwidth and int8 dot-product peak");
   cmd->add_flag("--json", a->json, "Print JSON");
   cmd->callback([a] { bench(*a); });
