@@ -87,15 +87,26 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
       {"gate+up", 5120, {17408, 17408}, 1}, {"qkv+z", 5120, {10240, 6144}, 1},    {"q+k+v", 5120, {12288, 1024, 1024}, 1},
       {"gate+up M64", 5120, {17408, 17408}, 64}, {"down M64", 17408, {5120}, 64}, {"gate+up M256", 5120, {17408, 17408}, 256},
       {"down M256", 17408, {5120}, 256},    {"gate+up M4", 5120, {17408, 17408}, 4}, {"down M4", 17408, {5120}, 4},
+      {"gate+up M32", 5120, {17408, 17408}, 32}, {"down M32", 17408, {5120}, 32}, {"qkv+z M32", 5120, {10240, 6144}, 32},
+      {"gate+up M8", 5120, {17408, 17408}, 8},
   };
   report("bench_kernels.txt", "shape            M    K      N(s)                 MB/launch   us      GB/s   %probe  TOP/s");
   const char* only = std::getenv("BONSAI_BENCH_SHAPE");
+  // Variants at M = 1: v3 (register ring, 4 rows), v4 (bulk copies) timed back to back without and with
+  // programmatic dependent launch (v4's point is that the next launch streams while this one drains).
+  struct Variant {
+    const char* tag;
+    int matvec;
+    bool pdl;
+  };
+  const Variant variants[] = {{"v3", 3, false}, {"v3 pdl", 3, true}, {"v4", 4, false}, {"v4 pdl", 4, true}};
+  const CudaBackend::Options base = be.options();
   for (const Shape& sh : shapes)
-  for (int rows : {2, 4}) {
+  for (const Variant& v : variants) {
     if (only && std::string(sh.name) != only) continue;
-    if (rows == 4 && sh.M > 4) continue;  // the GEMM has no row variant
-    CudaBackend::Options bo = be.options();
-    bo.matvec_rows = rows;
+    if (sh.M > 1 && v.matvec == 4) continue;  // M > 1: one kernel (v3 or the GEMM), timed once per pdl mode
+    CudaBackend::Options bo = base;
+    bo.matvec = v.matvec;
     be.set_options(bo);
     uint64_t bytes = 0;
     for (int64_t N : sh.N) bytes += uint64_t(N * sh.K / 4 + N * sh.K / 128 * 2);
@@ -110,19 +121,20 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
         be.prepare_matrix(mats.back());
         list.push_back(&mats.back());
       }
-    const double us = be.time_linear_kernel(list.data(), int(list.size()), int(sh.N.size()), sh.M, 20);
+    const double us = be.time_linear_kernel(list.data(), int(list.size()), int(sh.N.size()), sh.M, 20, v.pdl);
     const double gbs = double(bytes) / (us * 1e-6) / 1e9;
     double flops = 0;
     for (int64_t N : sh.N) flops += 2.0 * double(N) * double(sh.K) * double(sh.M);
     std::string ns;
     for (int64_t N : sh.N) ns += (ns.empty() ? "" : "+") + std::to_string(N);
-    const std::string label = std::string(sh.name) + (sh.M <= 4 ? (rows == 4 ? " r4" : " r2") : "");
+    const std::string label = std::string(sh.name) + " " + v.tag;
     std::snprintf(buf, sizeof buf, "%-16s %-4lld %-6lld %-20s %-11.2f %-7.2f %-6.0f %-7.1f %.1f", label.c_str(),
                   (long long)sh.M, (long long)sh.K, ns.c_str(), double(bytes) / 1e6, us, gbs, 100.0 * gbs / probe,
                   flops / (us * 1e-6) / 1e12);
     report("bench_kernels.txt", buf);
     for (const TernaryMatrix& m : mats) be.release_matrix(m);
   }
+  be.set_options(base);
 }
 
 TEST(CudaBench, Model27b) {
@@ -170,16 +182,20 @@ TEST(CudaBench, Model27b) {
     struct Mode {
       const char* name;
       bool graphs, pdl, fuse;
-      int rows;
-    } modes[] = {{"graphs+pdl+fuse rows4", true, true, true, 4}, {"graphs+pdl+fuse rows2", true, true, true, 2},
-                 {"eager+pdl+fuse", false, true, true, 4},        {"graphs, no pdl", true, false, true, 4},
-                 {"graphs, no fuse", true, true, false, 4}};
+      int rows;  // matvec version
+      int early;  // v4: tiles streamed before the previous kernel finishes
+    } modes[] = {{"graphs+pdl+fuse, matvec v4 early 1", true, true, true, 4, 1},
+                 {"graphs+pdl+fuse, matvec v4 early 0", true, true, true, 4, 0},
+                 {"graphs+pdl+fuse, matvec v4 early 4", true, true, true, 4, 4},
+                 {"graphs+pdl+fuse, matvec v3", true, true, true, 3, 0},
+                 {"graphs, no pdl, matvec v4", true, false, true, 4, 0}};
     for (const Mode& md : modes) {
       CudaBackend::Options o = be.options();
       o.graphs = md.graphs;
       o.pdl = md.pdl;
       o.fuse = md.fuse;
-      o.matvec_rows = md.rows;
+      o.matvec = md.rows;
+      o.matvec_early = md.early;
       be.set_options(o);
       for (int64_t ctx : {int64_t(2048), int64_t(16)}) {
         DecoderState d = dec.new_state(4096);

@@ -13,6 +13,7 @@
 #include <numeric>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kernels.h"
 #include "backend/ref/ops.h"
 #include "cuda_test_util.h"
 #include "util/error.h"
@@ -109,22 +110,35 @@ TEST(CudaOps, SiteFusionsMatchTheOpSequence) {
 TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
   BONSAI_REQUIRE_GPU();
   CudaBackend& be = gpu();
+  // be: defaults (M = 1 with K % 1024 == 0: the bulk-copy matvec, tile rows chosen for balance);
+  // be2: register-ring matvec for every M (v3, no tensor cores); be3 / be4: bulk matvec forced to at
+  // most 2 / 1 rows per warp.
   CudaBackend::Options no_tc;
   no_tc.tensor_cores = false;
   no_tc.graphs = false;
+  no_tc.matvec = 3;
   CudaBackend be2(no_tc);
+  CudaBackend::Options r2, r1;
+  r2.matvec_bulk_rows = 2;
+  r1.matvec_bulk_rows = 1;
+  CudaBackend be3(r2), be4(r1);
   struct Case {
     int64_t M, K;
     std::vector<int64_t> N;
   } cases[] = {{1, 128, {1}},       {1, 384, {37}},        {1, 1152, {300, 129, 7}}, {2, 640, {129}},
                {3, 1152, {65, 31}}, {4, 256, {17}},        {5, 384, {130}},          {17, 1152, {257, 3}},
-               {64, 640, {128}},    {70, 384, {200, 75}},  {1, 5120, {1024}},        {64, 5120, {300}}};
+               {64, 640, {128}},    {70, 384, {200, 75}},  {1, 5120, {1024}},        {64, 5120, {300}},
+               // bulk matvec: K % 1024 == 0; several outputs with ragged row groups; a last slice of 16
+               // chunks (K = 3072); many row groups per warp (the stage ring wraps); a long K
+               {1, 1024, {37, 5, 300}}, {1, 3072, {129, 4}}, {1, 5120, {20003}}, {1, 17408, {70}},
+               {1, 2048, {40000}}, {1, 1024, {70001}}};  // 4 and 8 rows per warp
   uint32_t seed = 100;
   for (const Case& c : cases) {
     std::vector<TernaryMatrix*> ws;
     for (int64_t N : c.N) ws.push_back(&random_matrix(N, c.K, seed++, 0.02));
     const auto x = randn(size_t(c.M * c.K), seed++);
-    for (CudaBackend* b : {&be, &be2}) {
+    for (CudaBackend* b : {&be, &be2, &be3, &be4}) {
+      if ((b == &be3 || b == &be4) && !cuda::matvec_bulk_supported(c.K, c.M)) continue;
       for (TernaryMatrix* w : ws) b->prepare_matrix(*w);
       Buffer dx = up(*b, x);
       std::vector<Buffer> ys;
@@ -140,7 +154,8 @@ TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
         std::vector<float> truth(size_t(c.M * ws[i]->rows));
         ref::ternary_matmul(ws[i]->words.data(), ws[i]->scales.data(), ws[i]->rows, c.K, x.data(), c.M, truth.data());
         const std::string what = "M " + std::to_string(c.M) + " K " + std::to_string(c.K) + " N " +
-                                 std::to_string(ws[i]->rows) + (b == &be2 ? " dp4a" : " default");
+                                 std::to_string(ws[i]->rows) +
+                                 (b == &be2 ? " v3" : b == &be3 ? " bulk R2" : b == &be4 ? " bulk R1" : " default");
         EXPECT_LE(rel_err(got, exact), 1e-4) << what;
         // vs the unquantised fp64 product: |error| <= 1% of sum_e |w_e x_e| per output (int8 noise is
         // ~0.3% of that; a max-relative measure is meaningless for a single output near zero)

@@ -3,7 +3,7 @@
 # .devbin/ (ignored through .git/info/exclude), for `run` with carry [".devbin"].
 set -eu
 cd "$(dirname "$0")/../.."
-grep -qx '/.devbin/' .git/info/exclude || echo '/.devbin/' >> .git/info/exclude
+ex=$(git rev-parse --git-common-dir)/info/exclude; grep -qx "/.devbin/" "$ex" || echo "/.devbin/" >> "$ex"
 rm -rf .devbin
 mkdir -p .devbin
 cp build-cuda/tests/test_cuda build-cuda/bonsai .devbin/

@@ -64,6 +64,8 @@ std::unique_ptr<Backend> make_cuda_backend(int device) {
   o.graphs = flag("BONSAI_CUDA_GRAPHS", o.graphs);
   o.pdl = flag("BONSAI_CUDA_PDL", o.pdl);
   o.fuse = flag("BONSAI_CUDA_FUSE", o.fuse);
+  if (const char* e = std::getenv("BONSAI_CUDA_MATVEC"); e && *e) o.matvec = std::atoi(e);
+  if (const char* e = std::getenv("BONSAI_CUDA_MATVEC_EARLY"); e && *e) o.matvec_early = std::atoi(e);
   return std::make_unique<CudaBackend>(o);
 }
 
@@ -142,6 +144,14 @@ struct CudaBackend::Impl {
   std::vector<GraphEntry> graphs;
 
   // ---- launching ----------------------------------------------------------------------------------
+  // The int8 ternary kernel for M tokens: bulk-copy matvec (M = 1), register-ring matvec (M <= 4), GEMM.
+  cuda::Launch ternary_launch(const cuda::TernaryDev* t, int n, int64_t K, const int8_t* xq, const float2* xds,
+                              int64_t M) const {
+    const int sms = prop.multiProcessorCount;
+    if (opt.matvec >= 4 && cuda::matvec_bulk_supported(K, M)) return cuda::matvec_bulk_launch(t, n, K, xq, xds, sms, opt.matvec_bulk_rows, opt.matvec_early);
+    if (M <= 4 || !opt.tensor_cores) return cuda::matvec_launch(t, n, K, xq, xds, M, sms, opt.matvec_rows);
+    return cuda::gemm_launch(t, n, K, xq, xds, M, sms);
+  }
   void launch_now(const cuda::Launch& l) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = l.grid;
@@ -225,6 +235,9 @@ struct CudaBackend::Impl {
     }
   }
   const Pending* tail() const { return pend.empty() ? nullptr : &pend.back(); }
+  void emit_delta(float* state, const cuda::RowTable* rows, const float* q, const float* k, const float* v,
+                  const float* g, const float* beta, int64_t T, int64_t Nk, int64_t Nv, int64_t Dk, int64_t Dv,
+                  float* out);
 
   // ---- steps and graphs -----------------------------------------------------------------------------
   void begin_step() {
@@ -677,7 +690,9 @@ void CudaBackend::scale(float* x, size_t n, float s) {
 
 void CudaBackend::embed_rows(const TernaryMatrix& table, const int32_t* host_ids, int64_t M, float* out) {
   Impl& I = *p_;
-  if (I.opt.graphs && M == 1) I.begin_step();  // a decode step: record until the next sync point
+  // A decode step (one sequence, or a batched step of up to kInlineIds rows; prefill chunks of that size
+  // too): record until the next sync point and replay a cached graph of the same shape.
+  if (I.opt.graphs && M <= cuda::kInlineIds) I.begin_step();
   else I.flush_pending();
   ++I.seq;
   const Impl::DevMatrix& t = I.matrix(&table);
@@ -749,8 +764,7 @@ void CudaBackend::linear(const LinearOut* outs, int n_outs, int64_t K, const flo
       t[i] = {d.words, d.scales, outs[i0 + i].y, d.N};
     }
     if (I.opt.exact) I.emit(cuda::exact_linear_launch(t, n, K, x, M));
-    else if (M <= 4 || !I.opt.tensor_cores) I.emit(cuda::matvec_launch(t, n, K, xq, xds, M, I.prop.multiProcessorCount, I.opt.matvec_rows));
-    else I.emit(cuda::gemm_launch(t, n, K, xq, xds, M, I.prop.multiProcessorCount));
+    else I.emit(I.ternary_launch(t, n, K, xq, xds, M));
   }
 }
 
@@ -856,14 +870,18 @@ void CudaBackend::rope_neox(float* x, int64_t M, int64_t n_heads, int64_t head_d
   I.emit(cuda::rope_launch(x, M, n_heads, head_dim, rot_dims, p0, theta));
 }
 
-void CudaBackend::attention(const float* q, const float* k_cache, const float* v_cache, int64_t M, int64_t p0,
-                            int64_t Hq, int64_t Hkv, int64_t D, float scale, float* out) {
-  Impl& I = *p_;
-  ++I.seq;
+static void check_attention_shape(int64_t Hq, int64_t Hkv, int64_t D) {
   if (Hkv < 1 || Hq % Hkv != 0 || Hq / Hkv > cuda::kAttnMaxGroup || D % 32 != 0 || D > cuda::kAttnMaxDim)
     fail("CUDA backend: attention with Hq = {}, Hkv = {}, D = {} is not supported (Hq/Hkv <= {}, D a multiple of 32 "
          "<= {})",
          Hq, Hkv, D, cuda::kAttnMaxGroup, cuda::kAttnMaxDim);
+}
+
+void CudaBackend::attention(const float* q, const float* k_cache, const float* v_cache, int64_t M, int64_t p0,
+                            int64_t Hq, int64_t Hkv, int64_t D, float scale, float* out) {
+  Impl& I = *p_;
+  ++I.seq;
+  check_attention_shape(Hq, Hkv, D);
   I.flush_pending();
   // Splits grow with the context, one per 64 positions (decode) / 256 (prefill) up to 16. At M = 1 this
   // changes the grid only every 64 tokens up to 1024: the decode graph is rebuilt then (cached by shape),
@@ -940,11 +958,11 @@ void CudaBackend::gdn_gates(const float* a, const float* b, const float* A, cons
   I.defer(q);
 }
 
-void CudaBackend::gdn_delta_rule(float* state, const float* q, const float* k, const float* v, const float* g,
-                                 const float* beta, int64_t T, int64_t Nk, int64_t Nv, int64_t Dk, int64_t Dv,
-                                 float* out) {
-  Impl& I = *p_;
-  ++I.seq;
+// The delta rule launch for T tokens (one sequence) or T rows (rows != null), with the ops the forward
+// issued just before it (gates, q scale, l2norm of q and k) folded into its prologue when fusion is on.
+void CudaBackend::Impl::emit_delta(float* state, const cuda::RowTable* rows, const float* q, const float* k,
+                                   const float* v, const float* g, const float* beta, int64_t T, int64_t Nk, int64_t Nv,
+                                   int64_t Dk, int64_t Dv, float* out) {
   if (Nk < 1 || Nv % Nk != 0) fail("gdn: Nv = {} is not a multiple of Nk = {}", Nv, Nk);
   if (Dk > cuda::kDeltaMaxDk || Dk % 4 != 0 || Dv % 32 != 0)
     fail("CUDA backend: delta rule with Dk = {}, Dv = {} is not supported (Dk <= {} and a multiple of 4, Dv a "
@@ -952,6 +970,7 @@ void CudaBackend::gdn_delta_rule(float* state, const float* q, const float* k, c
          Dk, Dv, cuda::kDeltaMaxDk);
   cuda::DeltaDesc d{};
   d.state = state;
+  d.rows = rows;
   d.q = const_cast<float*>(q);
   d.k = const_cast<float*>(k);
   d.v = v;
@@ -964,43 +983,131 @@ void CudaBackend::gdn_delta_rule(float* state, const float* q, const float* k, c
   d.Dk = Dk;
   d.Dv = Dv;
   d.q_scale = 1.f;
-  using PK = Impl::PK;
-  if (I.opt.fuse) {
-    const Impl::Pending* t = I.tail();
+  if (opt.fuse) {
+    const Pending* t = tail();
     if (t && t->kind == PK::Gates && t->dst == g && t->dst2 == beta && t->rows == T && t->cols == Nv) {
       d.a = t->src;
       d.b = t->src2;
       d.A = t->gain;
       d.dt_bias = t->gain2;
-      I.pend.pop_back();
-      t = I.tail();
+      pend.pop_back();
+      t = tail();
     }
     if (t && t->kind == PK::Scale && t->dst == q && t->cols == T * Nk * Dk) {
       d.q_scale = t->f;
-      I.pend.pop_back();
-      t = I.tail();
+      pend.pop_back();
+      t = tail();
     }
     for (int rep = 0; rep < 2; ++rep) {
       if (t && t->kind == PK::L2 && t->rows == T * Nk && t->cols == Dk && !d.l2_k && t->dst == k) {
         d.l2_k = 1;
         d.eps_k = t->f;
-      } else if (t && t->kind == PK::L2 && t->rows == T * Nk && t->cols == Dk && !d.l2_q && t->dst == q &&
-                 d.q_scale == 1.f) {
-        d.l2_q = 1;
-        d.eps_q = t->f;
       } else if (t && t->kind == PK::L2 && t->rows == T * Nk && t->cols == Dk && !d.l2_q && t->dst == q) {
-        // l2norm(q) happened before the (fused) scale: apply both in the kernel, l2 first.
+        // l2norm(q) before a fused scale is fine too: the kernel applies l2 first, then the scale.
         d.l2_q = 1;
         d.eps_q = t->f;
       } else {
         break;
       }
-      I.pend.pop_back();
-      t = I.tail();
+      pend.pop_back();
+      t = tail();
     }
   }
+  flush_pending();
+  emit(cuda::delta_launch(d));
+}
+
+void CudaBackend::gdn_delta_rule(float* state, const float* q, const float* k, const float* v, const float* g,
+                                 const float* beta, int64_t T, int64_t Nk, int64_t Nv, int64_t Dk, int64_t Dv,
+                                 float* out) {
+  ++p_->seq;
+  p_->emit_delta(state, nullptr, q, k, v, g, beta, T, Nk, Nv, Dk, Dv, out);
+}
+
+// ---- batched decode ----------------------------------------------------------------------------------------
+
+namespace {
+// The inline table of a batched launch (M <= cuda::kMaxBatchRows, checked by the callers).
+cuda::RowTable row_table(int64_t M, const int64_t* host_pos, float* const* a, float* const* b) {
+  cuda::RowTable t{};
+  for (int64_t m = 0; m < M; ++m) {
+    t.pos[m] = host_pos ? host_pos[m] : 0;
+    t.a[m] = a ? a[m] : nullptr;
+    t.b[m] = b ? b[m] : nullptr;
+  }
+  return t;
+}
+}  // namespace
+
+void CudaBackend::rope_neox_rows(float* x, int64_t M, int64_t n_heads, int64_t head_dim, int64_t rot_dims,
+                                 const int64_t* host_pos, float theta) {
+  if (M > cuda::kMaxBatchRows) return Backend::rope_neox_rows(x, M, n_heads, head_dim, rot_dims, host_pos, theta);
+  Impl& I = *p_;
+  ++I.seq;
+  if (rot_dims % 2 != 0 || rot_dims > head_dim) fail("rope_neox: rot_dims {} vs head_dim {}", rot_dims, head_dim);
   I.flush_pending();
-  I.emit(cuda::delta_launch(d));
+  if (rot_dims == 0) return;
+  I.emit(cuda::rope_rows_launch(x, M, n_heads, head_dim, rot_dims, row_table(M, host_pos, nullptr, nullptr), theta));
+}
+
+void CudaBackend::kv_write_rows(float* const* k_caches, float* const* v_caches, const int64_t* host_pos, const float* k,
+                                const float* v, int64_t M, int64_t row) {
+  if (M > cuda::kMaxBatchRows) return Backend::kv_write_rows(k_caches, v_caches, host_pos, k, v, M, row);
+  Impl& I = *p_;
+  ++I.seq;
+  I.flush_pending();
+  I.emit(cuda::kv_write_rows_launch(row_table(M, host_pos, k_caches, v_caches), k, v, M, row));
+}
+
+void CudaBackend::attention_rows(const float* q, const float* const* k_caches, const float* const* v_caches,
+                                 const int64_t* host_pos, int64_t M, int64_t Hq, int64_t Hkv, int64_t D, float scale,
+                                 float* out) {
+  if (M > cuda::kMaxBatchRows) return Backend::attention_rows(q, k_caches, v_caches, host_pos, M, Hq, Hkv, D, scale, out);
+  Impl& I = *p_;
+  ++I.seq;
+  check_attention_shape(Hq, Hkv, D);
+  I.flush_pending();
+  int64_t longest = 0;
+  for (int64_t m = 0; m < M; ++m) longest = std::max(longest, host_pos[m] + 1);
+  // One split count for the batch, from its longest row (rows shorter than a split leave it empty).
+  const int S = int(std::clamp<int64_t>((longest + 63) / 64, 1, kDecodeSplits));
+  const cuda::RowTable t =
+      row_table(M, host_pos, const_cast<float* const*>(k_caches), const_cast<float* const*>(v_caches));
+  cuda::AttnDesc d{};
+  d.q = q;
+  d.out = out;
+  d.M = M;
+  d.Hq = Hq;
+  d.Hkv = Hkv;
+  d.D = D;
+  d.splits = S;
+  d.scale = scale;
+  d.rows = &t;
+  if (S > 1) {
+    d.part_o = static_cast<float*>(I.ensure(I.attn_o, size_t(M * Hq * S * D) * 4, "attention partials"));
+    d.part_ml = static_cast<float*>(I.ensure(I.attn_ml, size_t(M * Hq * S * 2) * 4, "attention partials"));
+    d.counters = static_cast<int32_t*>(I.ensure(I.attn_cnt, size_t(M * Hkv) * 4, "attention counters", true));
+  }
+  I.emit(cuda::attention_launch(d));
+}
+
+void CudaBackend::gdn_conv_rows(const float* x, float* const* conv_states, const float* taps, int64_t M, int64_t C,
+                                int64_t Kc, float* out) {
+  if (M > cuda::kMaxBatchRows) return Backend::gdn_conv_rows(x, conv_states, taps, M, C, Kc, out);
+  Impl& I = *p_;
+  ++I.seq;
+  if (Kc < 1 || Kc > 8) fail("CUDA backend: conv kernel {} is not supported (1..8)", Kc);
+  I.flush_pending();
+  I.emit(cuda::gdn_conv_rows_launch(x, row_table(M, nullptr, conv_states, nullptr), I.dev(taps), M, C, Kc, out));
+}
+
+void CudaBackend::gdn_delta_rule_rows(float* const* states, const float* q, const float* k, const float* v,
+                                      const float* g, const float* beta, int64_t M, int64_t Nk, int64_t Nv, int64_t Dk,
+                                      int64_t Dv, float* out) {
+  if (M > cuda::kMaxBatchRows) return Backend::gdn_delta_rule_rows(states, q, k, v, g, beta, M, Nk, Nv, Dk, Dv, out);
+  ++p_->seq;
+  const cuda::RowTable t = row_table(M, nullptr, states, nullptr);
+  p_->emit_delta(nullptr, &t, q, k, v, g, beta, M, Nk, Nv, Dk, Dv, out);
 }
 
 // ---- extras ------------------------------------------------------------------------------------------------
@@ -1111,7 +1218,8 @@ double CudaBackend::probe_read_gbs(uint64_t bytes, int reps) {
   return double(bytes) / (double(ms[ms.size() / 2]) * 1e-3) / 1e9;
 }
 
-double CudaBackend::time_linear_kernel(const TernaryMatrix* const* mats, int n_mats, int n_outs, int64_t M, int reps) {
+double CudaBackend::time_linear_kernel(const TernaryMatrix* const* mats, int n_mats, int n_outs, int64_t M, int reps,
+                                       bool pdl_between) {
   Impl& I = *p_;
   I.sync();
   const int64_t K = mats[0]->cols;
@@ -1135,13 +1243,11 @@ double CudaBackend::time_linear_kernel(const TernaryMatrix* const* mats, int n_m
       const Impl::DevMatrix& d = I.matrix(mats[i + j]);
       t[j] = {d.words, d.scales, y + j * M * maxN, d.N};
     }
-    ls.push_back(M <= 4 || !I.opt.tensor_cores ? cuda::matvec_launch(t, n_outs, K, xq, xds, M, I.prop.multiProcessorCount,
-                                                                     I.opt.matvec_rows)
-                                               : cuda::gemm_launch(t, n_outs, K, xq, xds, M, I.prop.multiProcessorCount));
+    ls.push_back(I.ternary_launch(t, n_outs, K, xq, xds, M));
   }
-  // One round = every launch once, captured as a graph without PDL (kernel time + the graph's gap).
+  // One round = every launch once, captured as a graph, with or without programmatic edges between them.
   const bool pdl = I.opt.pdl;
-  I.opt.pdl = false;
+  I.opt.pdl = pdl_between;
   CUDA_CHECK(cudaStreamSynchronize(I.stream));
   cudaGraph_t g;
   cudaGraphExec_t ge;

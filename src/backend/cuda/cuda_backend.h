@@ -40,6 +40,11 @@ class CudaBackend final : public Backend {
     bool tensor_cores = true;  // int8 mma GEMM for M > 4 (else the dp4a kernel, 4 tokens per pass)
     bool profile = false;      // time every eager launch with events (serialises; for profile_report)
     int matvec_rows = 4;       // weight rows per matvec warp step: 4 or 2 (see ternary.cu)
+    int matvec = 3;            // M = 1 kernel: 3 = register ring (ternary.cu), 4 = bulk-copy stream (matvec_bulk.cu,
+                               // K % 1024 == 0; faster alone, slower inside the model: docs/cuda-kernels.md);
+                               // BONSAI_CUDA_MATVEC=4 selects it
+    int matvec_bulk_rows = 0;  // v4 rows per warp group: 1, 2, 4, or 0 = chosen per matrix for balance
+    int matvec_early = 1;      // v4 tiles streamed before waiting on the previous kernel (BONSAI_CUDA_MATVEC_EARLY)
     bool fuse_norm = false;    // rmsnorm / add_rmsnorm before a site fused into it (needs fuse; BONSAI_CUDA_FUSE_NORM=1;
                                // one block per row: measured slower at decode, see docs/cuda-kernels.md)
     bool exact = false;        // ternary products on the fp32 activation, no int8 step (BONSAI_CUDA_EXACT=1); slow
@@ -89,6 +94,21 @@ class CudaBackend final : public Backend {
                       const float* beta, int64_t T, int64_t Nk, int64_t Nv, int64_t Dk, int64_t Dv,
                       float* out) override;
 
+  // Batched decode (several sequences, one token each): one launch per op for up to
+  // cuda::kMaxBatchRows rows (tables inline in the arguments), the Backend defaults above that.
+  void rope_neox_rows(float* x, int64_t M, int64_t n_heads, int64_t head_dim, int64_t rot_dims, const int64_t* host_pos,
+                      float theta) override;
+  void kv_write_rows(float* const* k_caches, float* const* v_caches, const int64_t* host_pos, const float* k,
+                     const float* v, int64_t M, int64_t row) override;
+  void attention_rows(const float* q, const float* const* k_caches, const float* const* v_caches,
+                      const int64_t* host_pos, int64_t M, int64_t Hq, int64_t Hkv, int64_t D, float scale,
+                      float* out) override;
+  void gdn_conv_rows(const float* x, float* const* conv_states, const float* taps, int64_t M, int64_t C, int64_t Kc,
+                     float* out) override;
+  void gdn_delta_rule_rows(float* const* states, const float* q, const float* k, const float* v, const float* g,
+                           const float* beta, int64_t M, int64_t Nk, int64_t Nv, int64_t Dk, int64_t Dv,
+                           float* out) override;
+
   // ---- CUDA extras (not in the Backend interface) ---------------------------------------------------
   // Index of the largest element of x [n] on the device (ref::argmax semantics); one int64 comes back.
   int64_t argmax(const float* x, int64_t n);
@@ -125,8 +145,10 @@ class CudaBackend final : public Backend {
   double probe_read_gbs(uint64_t bytes, int reps);
   // Median microseconds of ONE ternary product kernel (no quantisation kernel) for x [M, K] random,
   // rotating over `mats` (each prepared) so the working set exceeds L2. n_outs outputs per launch
-  // take mats[i*n_outs .. i*n_outs + n_outs) for launch i.
-  double time_linear_kernel(const TernaryMatrix* const* mats, int n_mats, int n_outs, int64_t M, int reps);
+  // take mats[i*n_outs .. i*n_outs + n_outs) for launch i. pdl_between: programmatic edges between the
+  // launches (each may start streaming while its predecessor drains), as in a decode step.
+  double time_linear_kernel(const TernaryMatrix* const* mats, int n_mats, int n_outs, int64_t M, int reps,
+                            bool pdl_between = false);
 
  private:
   struct Impl;

@@ -1,6 +1,8 @@
 // Norms, RoPE, elementwise ops, copies, the embedding gather, the dense a/b projections, the GDN conv and
 // gates, argmax and the bandwidth probe. All memory-light: written for few launches and coalesced access,
 // not for tricks.
+#include <type_traits>
+
 #include "backend/cuda/common.cuh"
 
 namespace bonsai::cuda {
@@ -103,15 +105,25 @@ struct RopeArgs {
   int64_t M, H, D, rot, p0;
   double theta;
 };
+struct RopeRowsArgs {  // batched decode: row m at t.pos[m]
+  RopeArgs a;
+  RowTable t;
+};
+__device__ __forceinline__ const RopeArgs& base_of(const RopeArgs& a) { return a; }
+__device__ __forceinline__ const RopeArgs& base_of(const RopeRowsArgs& r) { return r.a; }
 
-__global__ __launch_bounds__(kThreads) void rope_kernel(const RopeArgs a) {
+template <class Args>
+__global__ __launch_bounds__(kThreads) void rope_kernel(const Args args) {
+  const RopeArgs& a = base_of(args);
   pdl_trigger();
   pdl_wait();
   const int64_t half = a.rot / 2;
   const int64_t total = a.M * a.H * half;
   for (int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x; idx < total; idx += int64_t(gridDim.x) * kThreads) {
     const int64_t i = idx % half, mh = idx / half, m = mh / a.H;
-    const double angle = double(a.p0 + m) * pow(a.theta, -2.0 * double(i) / double(a.rot));
+    int64_t pos = a.p0 + m;
+    if constexpr (std::is_same_v<Args, RopeRowsArgs>) pos = args.t.pos[m];
+    const double angle = double(pos) * pow(a.theta, -2.0 * double(i) / double(a.rot));
     double s, c;
     sincos(angle, &s, &c);
     float* xh = a.x + mh * a.D;
@@ -119,6 +131,24 @@ __global__ __launch_bounds__(kThreads) void rope_kernel(const RopeArgs a) {
     xh[i] = float(double(x0) * c - double(x1) * s);
     xh[i + half] = float(double(x0) * s + double(x1) * c);
   }
+}
+
+// Batched KV append: block (piece of the row, row m, k or v).
+struct KvRowsArgs {
+  const float* k;
+  const float* v;
+  int64_t M, row;
+  RowTable t;
+};
+__global__ __launch_bounds__(kThreads) void kv_rows_kernel(const KvRowsArgs a) {
+  pdl_trigger();
+  pdl_wait();
+  const int64_t m = blockIdx.y;
+  const bool is_v = blockIdx.z == 1;
+  const float* src = (is_v ? a.v : a.k) + m * a.row;
+  float* dst = (is_v ? a.t.b[m] : a.t.a[m]) + a.t.pos[m] * a.row;
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < a.row; i += int64_t(gridDim.x) * kThreads)
+    dst[i] = src[i];
 }
 
 // ---- elementwise ---------------------------------------------------------------------------------
@@ -294,20 +324,35 @@ struct ConvArgs {
   float* out;
   int64_t T, C, Kc;
 };
+struct ConvRowsArgs {  // batched decode: token m (grid.y) is row m's, with its own state t.a[m]
+  ConvArgs a;
+  RowTable t;
+};
+__device__ __forceinline__ const ConvArgs& base_of(const ConvArgs& a) { return a; }
+__device__ __forceinline__ const ConvArgs& base_of(const ConvRowsArgs& r) { return r.a; }
 
-__global__ __launch_bounds__(kThreads) void conv_kernel(const ConvArgs a) {
+template <class Args>
+__global__ __launch_bounds__(kThreads) void conv_kernel(const Args args) {
+  const ConvArgs& a = base_of(args);
   pdl_trigger();
   pdl_wait();
   const int64_t c = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (c >= a.C) return;
+  int64_t t0 = 0, t1 = a.T;  // tokens of this thread's sequence
+  float* state = a.state;
+  if constexpr (std::is_same_v<Args, ConvRowsArgs>) {
+    t0 = blockIdx.y;
+    t1 = t0 + 1;
+    state = args.t.a[t0];
+  }
   const int P = int(a.Kc - 1);
   float win[kMaxConvKernel], tap[kMaxConvKernel];
 #pragma unroll
   for (int j = 0; j < kMaxConvKernel; ++j) {
-    win[j] = j < P ? a.state[j * a.C + c] : 0.f;
+    win[j] = j < P ? state[j * a.C + c] : 0.f;
     tap[j] = j < a.Kc ? a.taps[c * a.Kc + j] : 0.f;
   }
-  for (int64_t t = 0; t < a.T; ++t) {
+  for (int64_t t = t0; t < t1; ++t) {
     const float xv = a.x[t * a.C + c];
     float acc = 0.f;
 #pragma unroll
@@ -324,7 +369,7 @@ __global__ __launch_bounds__(kThreads) void conv_kernel(const ConvArgs a) {
   }
 #pragma unroll
   for (int j = 0; j < kMaxConvKernel; ++j)
-    if (j < P) a.state[j * a.C + c] = win[j];
+    if (j < P) state[j * a.C + c] = win[j];
 }
 
 struct GatesArgs {
@@ -464,7 +509,19 @@ Launch gated_rmsnorm_launch(const float* o, const float* z, const float* gain, i
 
 Launch rope_launch(float* x, int64_t M, int64_t H, int64_t D, int64_t rot, int64_t p0, float theta) {
   RopeArgs a{x, M, H, D, rot, p0, double(theta)};
-  return make_launch(reinterpret_cast<const void*>(&rope_kernel), dim3(blocks_for(M * H * (rot / 2), kThreads, 4096)),
+  return make_launch(reinterpret_cast<const void*>(&rope_kernel<RopeArgs>),
+                     dim3(blocks_for(M * H * (rot / 2), kThreads, 4096)), dim3(kThreads), 0, a);
+}
+
+Launch rope_rows_launch(float* x, int64_t M, int64_t H, int64_t D, int64_t rot, const RowTable& t, float theta) {
+  RopeRowsArgs r{{x, M, H, D, rot, 0, double(theta)}, t};
+  return make_launch(reinterpret_cast<const void*>(&rope_kernel<RopeRowsArgs>),
+                     dim3(blocks_for(M * H * (rot / 2), kThreads, 4096)), dim3(kThreads), 0, r);
+}
+
+Launch kv_write_rows_launch(const RowTable& t, const float* k, const float* v, int64_t M, int64_t row) {
+  KvRowsArgs a{k, v, M, row, t};
+  return make_launch(reinterpret_cast<const void*>(&kv_rows_kernel), dim3(blocks_for(row, kThreads), unsigned(M), 2),
                      dim3(kThreads), 0, a);
 }
 
@@ -526,7 +583,15 @@ Launch dense_launch(const DenseDev* outs, int n_outs, bool bf16, int64_t K, cons
 
 Launch gdn_conv_launch(const float* x, float* state, const float* taps, int64_t T, int64_t C, int64_t Kc, float* out) {
   ConvArgs a{x, state, taps, out, T, C, Kc};
-  return make_launch(reinterpret_cast<const void*>(&conv_kernel), dim3(blocks_for(C, kThreads)), dim3(kThreads), 0, a);
+  return make_launch(reinterpret_cast<const void*>(&conv_kernel<ConvArgs>), dim3(blocks_for(C, kThreads)),
+                     dim3(kThreads), 0, a);
+}
+
+Launch gdn_conv_rows_launch(const float* x, const RowTable& t, const float* taps, int64_t M, int64_t C, int64_t Kc,
+                            float* out) {
+  ConvRowsArgs r{{x, nullptr, taps, out, M, C, Kc}, t};
+  return make_launch(reinterpret_cast<const void*>(&conv_kernel<ConvRowsArgs>), dim3(blocks_for(C, kThreads), unsigned(M)),
+                     dim3(kThreads), 0, r);
 }
 
 Launch gdn_gates_launch(const float* a_, const float* b, const float* A, const float* dt_bias, int64_t T, int64_t Nv,

@@ -63,10 +63,19 @@ struct TernaryDev {
 // (2: 6-deep pipeline; 4: 3-deep, activation loads shared by 4 rows).
 Launch matvec_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                      int sms, int rows = 2);
+// Bulk-copy matvec (matvec_bulk.cu): M = 1, tiles of rows streamed by one producer thread per block with
+// cp.async.bulk into a 4-stage shared-memory ring. Supported when K % 1024 == 0; rows: at most 1, 2, 4
+// or 8 rows per consumer warp, anything else = chosen per matrix for balance over the SMs; early: tiles
+// streamed before the kernel waits on its predecessor (0..4).
+bool matvec_bulk_supported(int64_t K, int64_t M);
+void init_matvec_bulk_attributes();  // called by init_kernel_attributes
+Launch matvec_bulk_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int sms,
+                          int rows = 0, int early = 1);
 // Exact-activation product (Options::exact, BONSAI_CUDA_EXACT=1): fp32 x [M, K] as it is, no int8
 // quantisation; one warp per weight row, 4 tokens per pass, fp32 accumulation. For parity checks, not speed.
 Launch exact_linear_launch(const TernaryDev* outs, int n_outs, int64_t K, const float* x, int64_t M);
-// Tensor-core GEMM (int8 mma.sync m16n8k32): tiles of 128 weight rows x 64 tokens.
+// Tensor-core GEMM (int8 mma.sync m16n8k32): tiles of 128 weight rows x 64 tokens (2 cp.async stages), or
+// x 32 tokens with 4 stages when M <= 32 (batched decode).
 // 4 warps (64 rows) per block instead of 8 when the 8-warp grid would leave SMs idle.
 Launch gemm_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                    int sms);
@@ -99,6 +108,24 @@ struct DenseDev {
 };
 Launch dense_launch(const DenseDev* outs, int n_outs, bool bf16, int64_t K, const float* x, int64_t M);
 
+// ---- batched decode: several sequences, one token each (Backend::*_rows) ----------------------------
+// Per-row positions and per-sequence memory travel INLINE in the launch arguments, so a cached decode
+// graph replays a batched step by patching arguments only; at most kMaxBatchRows rows per launch (the
+// backend falls back to one launch per row above that).
+constexpr int64_t kMaxBatchRows = 64;
+struct RowTable {
+  int64_t pos[kMaxBatchRows];  // position of row m's token in its own sequence
+  float* a[kMaxBatchRows];     // row m's K cache / conv state / recurrent state
+  float* b[kMaxBatchRows];     // row m's V cache (attention, KV write)
+};
+// NEOX RoPE in place on x [M, H, D], row m at position t.pos[m].
+Launch rope_rows_launch(float* x, int64_t M, int64_t H, int64_t D, int64_t rot, const RowTable& t, float theta);
+// Row t.pos[m] of K cache t.a[m] (V cache t.b[m]) [capacity, row] = row m of k (v) [M, row].
+Launch kv_write_rows_launch(const RowTable& t, const float* k, const float* v, int64_t M, int64_t row);
+// GDN conv for one token per row: x, out [M, C]; conv state of row m = t.a[m] [Kc-1, C].
+Launch gdn_conv_rows_launch(const float* x, const RowTable& t, const float* taps, int64_t M, int64_t C, int64_t Kc,
+                            float* out);
+
 // ---- attention -------------------------------------------------------------------------------------
 // Causal GQA attention, flash-decoding style: grid (splits, Hkv, M); each block does one split of the
 // positions for one query row and one KV head (all Hq/Hkv query heads of it); the last block of a
@@ -115,6 +142,8 @@ struct AttnDesc {
   int64_t M, p0, Hq, Hkv, D;
   int32_t splits;
   float scale;
+  const RowTable* rows = nullptr;  // set: row m of q attends over its own caches rows->a[m], rows->b[m] up to
+                                   // position rows->pos[m] (k, v, p0 unused)
 };
 Launch attention_launch(const AttnDesc& d);
 constexpr int64_t kAttnMaxGroup = 8;    // Hq / Hkv
@@ -145,6 +174,7 @@ struct DeltaDesc {
   int32_t l2_q, l2_k;
   float eps_q, eps_k, q_scale;
   int32_t pad;
+  const RowTable* rows = nullptr;  // set: T rows, row m one token of its own sequence, state rows->a[m]
 };
 Launch delta_launch(const DeltaDesc& d);
 constexpr int64_t kDeltaMaxDk = 128;

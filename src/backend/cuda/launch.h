@@ -17,7 +17,7 @@
 
 namespace bonsai::cuda {
 
-constexpr unsigned kLaunchArgBytes = 512;
+constexpr unsigned kLaunchArgBytes = 2048;  // batched-decode row tables ride inline (kernels.h); CUDA allows 4 KB
 
 struct Launch {
   const void* func = nullptr;  // the __global__ function
@@ -42,8 +42,7 @@ Launch make_launch(const void* func, dim3 grid, dim3 block, uint32_t smem, const
   l.block = block;
   l.smem = smem;
   l.size = uint32_t(sizeof(A));
-  std::memset(l.args, 0, sizeof(l.args));
-  std::memcpy(l.args, &a, sizeof(A));
+  std::memcpy(l.args, &a, sizeof(A));  // only the first `size` bytes are ever compared or launched
   return l;
 }
 

@@ -1,6 +1,7 @@
 // The two token mixers: causal GQA attention (flash-decoding splits, merged by the last block) and the
 // Gated DeltaNet delta rule (token by token, state slice in registers, optional fused prologue).
 #include <cmath>
+#include <type_traits>
 
 #include "backend/cuda/common.cuh"
 
@@ -27,8 +28,17 @@ struct AttnArgs {
   int32_t splits;
   float scale;
 };
+struct AttnRowsArgs {  // batched decode: per-row caches and positions
+  AttnArgs a;
+  RowTable t;
+};
+__device__ __forceinline__ const AttnArgs& base_of(const AttnArgs& a) { return a; }
+__device__ __forceinline__ const AttnArgs& base_of(const AttnRowsArgs& r) { return r.a; }
 
-__global__ __launch_bounds__(kAttnWarps * 32) void attention_kernel(const AttnArgs a) {
+template <class Args>
+__global__ __launch_bounds__(kAttnWarps * 32) void attention_kernel(const Args args) {
+  constexpr bool kRows = std::is_same_v<Args, AttnRowsArgs>;
+  const AttnArgs& a = base_of(args);
   __shared__ float s_ml[kAttnWarps][kAttnG][2];
   __shared__ float s_acc[kAttnWarps][kAttnG][kAttnMaxDim];
   __shared__ bool last;
@@ -39,7 +49,14 @@ __global__ __launch_bounds__(kAttnWarps * 32) void attention_kernel(const AttnAr
   const int S = a.splits;
   const int G = int(a.Hq / a.Hkv), E = int(a.D / 32), D = int(a.D);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t T = a.p0 + m + 1;  // positions visible to query row m
+  const float* kc = a.k;  // this row's caches [T, Hkv, D]
+  const float* vc = a.v;
+  int64_t T = a.p0 + m + 1;  // positions visible to query row m
+  if constexpr (kRows) {
+    kc = args.t.a[m];
+    vc = args.t.b[m];
+    T = args.t.pos[m] + 1;
+  }
   const int64_t per = (T + S - 1) / S;
   const int64_t t_begin = int64_t(split) * per, t_end = min(T, t_begin + per);
 
@@ -57,8 +74,8 @@ __global__ __launch_bounds__(kAttnWarps * 32) void attention_kernel(const AttnAr
   // K/V rows one position ahead (the loop is latency-bound at decode: few blocks, dependent math).
   float kn[kAttnE], vn[kAttnE];
   auto load_kv = [&](int64_t t) {
-    const float* kr = a.k + (t * a.Hkv + kvh) * a.D;
-    const float* vr = a.v + (t * a.Hkv + kvh) * a.D;
+    const float* kr = kc + (t * a.Hkv + kvh) * a.D;
+    const float* vr = vc + (t * a.Hkv + kvh) * a.D;
 #pragma unroll
     for (int e = 0; e < kAttnE; ++e) {
       kn[e] = e < E ? kr[lane + 32 * e] : 0.f;
@@ -169,7 +186,11 @@ __global__ __launch_bounds__(kAttnWarps * 32) void attention_kernel(const AttnAr
 Launch attention_launch(const AttnDesc& d) {
   AttnArgs a{d.q, d.k, d.v, d.out, d.part_o, d.part_ml, d.counters, d.M, d.p0, d.Hq, d.Hkv, d.D, d.splits, d.scale};
   const dim3 grid(unsigned(d.splits), unsigned(d.Hkv), unsigned(d.M));
-  return make_launch(reinterpret_cast<const void*>(&attention_kernel), grid, dim3(kAttnWarps * 32), 0, a);
+  if (d.rows) {
+    AttnRowsArgs r{a, *d.rows};
+    return make_launch(reinterpret_cast<const void*>(&attention_kernel<AttnRowsArgs>), grid, dim3(kAttnWarps * 32), 0, r);
+  }
+  return make_launch(reinterpret_cast<const void*>(&attention_kernel<AttnArgs>), grid, dim3(kAttnWarps * 32), 0, a);
 }
 
 // ================================ Gated DeltaNet delta rule ========================================
@@ -200,8 +221,17 @@ struct DeltaArgs {
   float eps_q, eps_k, q_scale;
   int32_t pad;
 };
+struct DeltaRowsArgs {  // batched decode: token m is row m's, with its own state
+  DeltaArgs a;
+  RowTable t;
+};
+__device__ __forceinline__ const DeltaArgs& base_of(const DeltaArgs& a) { return a; }
+__device__ __forceinline__ const DeltaArgs& base_of(const DeltaRowsArgs& r) { return r.a; }
 
-__global__ __launch_bounds__(kDeltaWarps * 32) void delta_kernel(const DeltaArgs a) {
+template <class Args>
+__global__ __launch_bounds__(kDeltaWarps * 32) void delta_kernel(const Args args) {
+  constexpr bool kRows = std::is_same_v<Args, DeltaRowsArgs>;
+  const DeltaArgs& a = base_of(args);
   __shared__ float ks[kDeltaMaxDk], qs[kDeltaMaxDk];
   __shared__ float red[kDeltaWarps][32], red2[kDeltaWarps][32], bred[32];
   __shared__ float gb[2];
@@ -211,7 +241,14 @@ __global__ __launch_bounds__(kDeltaWarps * 32) void delta_kernel(const DeltaArgs
   const int64_t h = blockIdx.x, j = int64_t(blockIdx.y) * 32 + lane;
   const int64_t rep = a.Nv / a.Nk, kh = h / rep;
   const int R = int(a.Dk / kDeltaWarps);
+  // Tokens [t0, t1) of this block: all T of one sequence, or (batched) token z of sequence z.
+  int64_t t0 = 0, t1 = a.T;
   float* Sg = a.state + h * a.Dk * a.Dv;
+  if constexpr (kRows) {
+    t0 = blockIdx.z;
+    t1 = t0 + 1;
+    Sg = args.t.a[t0] + h * a.Dk * a.Dv;
+  }
   float s[kDeltaRows];
 #pragma unroll
   for (int ii = 0; ii < kDeltaRows; ++ii) s[ii] = ii < R ? Sg[(warp + kDeltaWarps * ii) * a.Dv + j] : 0.f;
@@ -229,11 +266,11 @@ __global__ __launch_bounds__(kDeltaWarps * 32) void delta_kernel(const DeltaArgs
       gb_n = a.a ? a.b[t * a.Nv + h] : a.beta[t * a.Nv + h];
     }
   };
-  if (a.T > 0) load_token(0);
-  for (int64_t t = 0; t < a.T; ++t) {
+  if (t1 > t0) load_token(t0);
+  for (int64_t t = t0; t < t1; ++t) {
     float kv = kv_n, qv = qv_n;
     const float vj = vj_n, ga = ga_n, gbv = gb_n;
-    if (t + 1 < a.T) load_token(t + 1);
+    if (t + 1 < t1) load_token(t + 1);
     if (a.l2_k) kv *= rsqrtf(block_sum(kv * kv, bred) + a.eps_k);
     if (a.l2_q) qv *= rsqrtf(block_sum(qv * qv, bred) + a.eps_q);
     qv *= a.q_scale;
@@ -302,8 +339,13 @@ __global__ __launch_bounds__(kDeltaWarps * 32) void delta_kernel(const DeltaArgs
 Launch delta_launch(const DeltaDesc& d) {
   DeltaArgs a{d.state, d.q,  d.k,  d.v,  d.g,  d.beta, d.out,  d.a,    d.b,     d.A,       d.dt_bias, d.T,
               d.Nk,    d.Nv, d.Dk, d.Dv, d.l2_q, d.l2_k, d.eps_q, d.eps_k, d.q_scale, 0};
+  if (d.rows) {
+    DeltaRowsArgs r{a, *d.rows};
+    const dim3 grid(unsigned(d.Nv), unsigned(d.Dv / 32), unsigned(d.T));
+    return make_launch(reinterpret_cast<const void*>(&delta_kernel<DeltaRowsArgs>), grid, dim3(kDeltaWarps * 32), 0, r);
+  }
   const dim3 grid(unsigned(d.Nv), unsigned(d.Dv / 32));
-  return make_launch(reinterpret_cast<const void*>(&delta_kernel), grid, dim3(kDeltaWarps * 32), 0, a);
+  return make_launch(reinterpret_cast<const void*>(&delta_kernel<DeltaArgs>), grid, dim3(kDeltaWarps * 32), 0, a);
 }
 
 }  // namespace bonsai::cuda

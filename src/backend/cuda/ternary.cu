@@ -12,6 +12,7 @@
 //   xds float2 [M, K/64] {d of the chunk's 128-group, sum of the chunk's 64 q} (the matvec uses unsigned
 //                       codes 0..3 and subtracts the sum: sum((c - 1) q) = sum(c q) - sum(q)).
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/ternary_dot.cuh"
 
 namespace bonsai::cuda {
 
@@ -223,29 +224,6 @@ struct TernaryArgs {
 
 constexpr int kMvWarps = 8;
 
-// d = a (4 unsigned bytes) . b (4 signed bytes) + c
-__device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
-  int d;
-  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
-
-// sum over the 64 weights of a chunk of code * q (codes unsigned 0..3).
-__device__ __forceinline__ int chunk_dot(const uint4 w, const int4 x0, const int4 x1, const int4 x2, const int4 x3) {
-  int a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-  const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
-  const int4 xs[4] = {x0, x1, x2, x3};
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    a0 = dp4a_us(ws[k] & 0x03030303u, xs[k].x, a0);
-    a1 = dp4a_us(ws[k] & 0x0C0C0C0Cu, xs[k].y, a1);
-    a2 = dp4a_us(ws[k] & 0x30303030u, xs[k].z, a2);
-    a3 = dp4a_us(ws[k] & 0xC0C0C0C0u, xs[k].w, a3);
-  }
-  // a_j = 4^j * sum(code * q) exactly, so the shifts are exact.
-  return a0 + (a1 >> 2) + (a2 >> 4) + (a3 >> 6);
-}
-
 __device__ __forceinline__ int output_of(const TernaryArgs& a, int64_t g) {
   int o = 0;
 #pragma unroll
@@ -421,22 +399,24 @@ Launch matvec_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t
 }
 
 // ================================ int8 tensor-core GEMM ===========================================
-// Block: 8 warps, 128 weight rows (16 per warp) x 64 tokens (8 mma n-tiles of 8). K advances one
-// 128-group per stage (4 mma k-steps of 32), two stages in flight via cp.async. A fragments are decoded
+// Block: 8 warps, 128 weight rows (16 per warp) x 64 tokens (8 mma n-tiles of 8), or x 32 tokens for
+// M <= 32. K advances one 128-group per stage (4 mma k-steps of 32), 2 (64 tokens) or 4 (32 tokens)
+// stages in flight via cp.async. A fragments are decoded
 // from the canonical words to signed int8 (code - 1) in registers; x is the transposed xq (the same
 // permutation of k inside each 16 on both sides leaves the dot product unchanged). Per group the int32
 // accumulators are scaled by d_w[row] * d_x[token] into fp32.
 
 namespace {
 
-constexpr int kGemmRows = 128, kGemmToks = 64;
+constexpr int kGemmRows = 128;
 constexpr int kAStride = 12;    // words per weight row in shared memory (8 used): conflict-free A reads
 constexpr int kXStride = 144;   // bytes per token row in shared memory (128 used): conflict-free B reads
 
+template <int TOKS>
 struct GemmStage {
   uint32_t A[kGemmRows * kAStride];
-  int8_t X[kGemmToks * kXStride];
-  float2 xds[kGemmToks * 2];
+  int8_t X[TOKS * kXStride];
+  float2 xds[TOKS * 2];
 };
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
@@ -464,10 +444,13 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], uint32_t a0, uint32_t a1, ui
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-template <int WARPS>
+// TOKS tokens per tile (64, or 32 for batched decode where M <= 32: no MMA work on padding), STAGES
+// 128-groups in flight (cp.async multistage: the loads of group kg + STAGES - 1 are issued while group kg
+// is computed).
+template <int WARPS, int TOKS, int STAGES>
 __global__ __launch_bounds__(WARPS * 32, 16 / WARPS) void gemm_kernel(const TernaryArgs a) {
-  constexpr int NT = WARPS * 32, ROWS = WARPS * 16;
-  __shared__ __align__(16) GemmStage st[2];
+  constexpr int NT = WARPS * 32, ROWS = WARPS * 16, NTILES = TOKS / 8;
+  __shared__ __align__(16) GemmStage<TOKS> st[STAGES];
   const int o = find_output(a);
   const uint32_t* words = a.o[o].words;
   const __half* scales = reinterpret_cast<const __half*>(a.o[o].scales);
@@ -475,7 +458,7 @@ __global__ __launch_bounds__(WARPS * 32, 16 / WARPS) void gemm_kernel(const Tern
   const int64_t N = a.o[o].N, K = a.K, M = a.M;
   const int64_t KW = K / 16, G = K / 128, C = K / 64;
   const int64_t row0 = (int64_t(blockIdx.x) - a.o[o].g0) * ROWS;
-  const int64_t tok0 = int64_t(blockIdx.y) * kGemmToks;
+  const int64_t tok0 = int64_t(blockIdx.y) * TOKS;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
 
   auto issue_w = [&](int64_t kg, int s) {
@@ -489,23 +472,23 @@ __global__ __launch_bounds__(WARPS * 32, 16 / WARPS) void gemm_kernel(const Tern
   };
   auto issue_x = [&](int64_t kg, int s) {
 #pragma unroll
-    for (int id = tid; id < kGemmToks * 8; id += NT) {
+    for (int id = tid; id < TOKS * 8; id += NT) {
       const int tk = id >> 3, part = id & 7;
       const int64_t tok = tok0 + tk;
       const int8_t* src = a.xq + (tok < M ? tok : M - 1) * K + kg * 128 + part * 16;
       cp_async16(&st[s].X[tk * kXStride + part * 16], src, tok < M ? 16 : 0);
     }
 #pragma unroll
-    for (int id = tid; id < kGemmToks * 2; id += NT) {
+    for (int id = tid; id < TOKS * 2; id += NT) {
       const int tk = id >> 1, ch = id & 1;
       const int64_t tok = tok0 + tk;
       cp_async8(&st[s].xds[id], a.xds + (tok < M ? tok : M - 1) * C + kg * 2 + ch, tok < M ? 8 : 0);
     }
   };
 
-  float facc[8][4];
+  float facc[NTILES][4];
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
+  for (int nt = 0; nt < NTILES; ++nt)
 #pragma unroll
     for (int i = 0; i < 4; ++i) facc[nt][i] = 0.f;
 
@@ -514,26 +497,28 @@ __global__ __launch_bounds__(WARPS * 32, 16 / WARPS) void gemm_kernel(const Tern
   const __half* srg8 = scales + (rg8 < N ? rg8 : 0) * G;
 
   pdl_trigger();
-  issue_w(0, 0);
+  for (int s = 0; s < STAGES - 1; ++s)  // weights first: they do not depend on earlier kernels
+    if (s < G) issue_w(s, s);
   pdl_wait();
-  issue_x(0, 0);
-  cp_async_commit();
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < G) issue_x(s, s);
+    cp_async_commit();  // one group per stage (the first also holds the early weight loads)
+  }
 
   for (int64_t kg = 0; kg < G; ++kg) {
-    const int s = int(kg & 1);
-    if (kg + 1 < G) {
-      issue_w(kg + 1, s ^ 1);
-      issue_x(kg + 1, s ^ 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
+    const int s = int(kg % STAGES);
+    cp_async_wait<STAGES - 2>();  // group kg has landed
+    __syncthreads();              // ... for every thread; and slot (kg - 1) % STAGES is free to refill
+    if (kg + STAGES - 1 < G) {
+      const int sn = int((kg + STAGES - 1) % STAGES);
+      issue_w(kg + STAGES - 1, sn);
+      issue_x(kg + STAGES - 1, sn);
     }
-    __syncthreads();
-    const GemmStage& S = st[s];
-    int cacc[8][4];
+    cp_async_commit();
+    const GemmStage<TOKS>& S = st[s];
+    int cacc[NTILES][4];
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+    for (int nt = 0; nt < NTILES; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) cacc[nt][i] = 0;
 #pragma unroll
@@ -543,7 +528,7 @@ __global__ __launch_bounds__(WARPS * 32, 16 / WARPS) void gemm_kernel(const Tern
       const uint32_t a0 = decode4(Ar[0] >> (2 * q)), a2 = decode4(Ar[1] >> (2 * q));
       const uint32_t a1 = decode4(Ar8[0] >> (2 * q)), a3 = decode4(Ar8[1] >> (2 * q));
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
+      for (int nt = 0; nt < NTILES; ++nt) {
         const int8_t* xb = &S.X[(nt * 8 + g) * kXStride + ks * 32 + 4 * q];
         const uint32_t b0 = *reinterpret_cast<const uint32_t*>(xb);
         const uint32_t b1 = *reinterpret_cast<const uint32_t*>(xb + 16);
@@ -552,18 +537,17 @@ __global__ __launch_bounds__(WARPS * 32, 16 / WARPS) void gemm_kernel(const Tern
     }
     const float dw = __half2float(srg[kg]), dw8 = __half2float(srg8[kg]);
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
+    for (int nt = 0; nt < NTILES; ++nt) {
       const float dx0 = S.xds[(nt * 8 + 2 * q) * 2].x, dx1 = S.xds[(nt * 8 + 2 * q + 1) * 2].x;
       facc[nt][0] += dw * dx0 * float(cacc[nt][0]);
       facc[nt][1] += dw * dx1 * float(cacc[nt][1]);
       facc[nt][2] += dw8 * dx0 * float(cacc[nt][2]);
       facc[nt][3] += dw8 * dx1 * float(cacc[nt][3]);
     }
-    __syncthreads();  // the stage is refilled by the next iteration's issue
   }
 
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
+  for (int nt = 0; nt < NTILES; ++nt)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int64_t row = i < 2 ? rg : rg8;
@@ -582,7 +566,8 @@ Launch gemm_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* 
   a.K = K;
   a.M = M;
   a.n_outs = n_outs;
-  const int64_t ty = (M + kGemmToks - 1) / kGemmToks;
+  const bool small = M <= 32;  // batched decode: 32-token tiles, 4 stages (else 64-token tiles, 2 stages)
+  const int64_t ty = (M + (small ? 31 : 63)) / (small ? 32 : 64);
   int64_t tiles8 = 0;
   for (int i = 0; i < n_outs; ++i) tiles8 += (outs[i].N + 127) / 128;
   const int warps = tiles8 * ty < 2 * sms ? 4 : 8;
@@ -593,7 +578,10 @@ Launch gemm_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* 
     b0 += (outs[i].N + rows - 1) / rows;
   }
   const dim3 grid{unsigned(b0), unsigned(ty), 1u};
-  const void* f = warps == 4 ? reinterpret_cast<const void*>(&gemm_kernel<4>) : reinterpret_cast<const void*>(&gemm_kernel<8>);
+  const void* f = small ? (warps == 4 ? reinterpret_cast<const void*>(&gemm_kernel<4, 32, 4>)
+                                      : reinterpret_cast<const void*>(&gemm_kernel<8, 32, 4>))
+                        : (warps == 4 ? reinterpret_cast<const void*>(&gemm_kernel<4, 64, 2>)
+                                      : reinterpret_cast<const void*>(&gemm_kernel<8, 64, 2>));
   return make_launch(f, grid, dim3(unsigned(32 * warps)), 0, a);
 }
 
@@ -681,6 +669,7 @@ void init_kernel_attributes() {
   done = true;
   cudaFuncSetAttribute(reinterpret_cast<const void*>(&site_kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
                        int(kMaxHadamardBlock * sizeof(float)));
+  init_matvec_bulk_attributes();
 }
 
 }  // namespace bonsai::cuda
