@@ -162,6 +162,14 @@ class Backend {
       gdn_delta_rule(states[m], q + m * qk, k + m * qk, v + m * vo, g + m * Nv, beta + m * Nv, 1, Nk, Nv, Dk, Dv,
                      out + m * vo);
   }
+  // Greedy decode without the logits round trip: host_out int32 [rows] = the index of the largest
+  // element of each row of x fp32 [rows, n] (lowest index on ties; NaN never wins; an all-NaN row gives
+  // 0). Returns false when the backend has no such op (the default): the caller then copies x to the
+  // host and picks there. Worth overriding where the copy costs ([32, 248k] fp32 = 32 MB per step).
+  virtual bool argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* host_out) {
+    (void)x, (void)rows, (void)n, (void)host_out;
+    return false;
+  }
 };
 
 // fp32 storage owned by a backend (host memory for ref / cpu, device memory for a GPU backend).

@@ -21,9 +21,14 @@ struct BatchGenerator::Seq {
   GenerateOptions opt;
   std::vector<int32_t> seen;  // the penalty's history: prompt + generated
   int32_t next = 0;           // the token this row feeds at the next step (the last one sampled)
+  // Its sampler is a plain argmax of the logits (greedy or top-k 1, no penalty: Sampler::sample's
+  // shortcut), so a step of such rows only needs each row's argmax (Decoder::step_batch_argmax).
+  bool plain_argmax = false;
 
   Seq(int64_t id_, std::unique_ptr<Session> s, const GenerateOptions& o, int64_t vocab)
-      : id(id_), session(std::move(s)), sampler(o.sampling, vocab), opt(o) {}
+      : id(id_), session(std::move(s)), sampler(o.sampling, vocab), opt(o) {
+    plain_argmax = (sampler.greedy() || o.sampling.top_k == 1) && o.sampling.repeat_penalty == 1.0f;
+  }
 };
 
 BatchGenerator::BatchGenerator(Decoder& decoder, BatchOptions opt) : dec_(decoder), opt_(std::move(opt)) {
@@ -40,6 +45,7 @@ BatchGenerator::BatchGenerator(Decoder& decoder, BatchOptions opt) : dec_(decode
   const size_t B = size_t(opt_.max_batch);
   states_.resize(B);
   ids_.resize(B);
+  next_.resize(B);
   finished_.resize(B);
   logits_.resize(B * size_t(dec_.vocab()));
   live_.reserve(B);
@@ -132,6 +138,7 @@ void BatchGenerator::admit(Request& rq) {
   auto seq = std::make_unique<Seq>(rq.id, take_session(n + rq.opt.max_new_tokens), rq.opt, dec_.vocab());
   seq->seen = std::move(rq.prompt);
   seq->seen.reserve(size_t(n + rq.opt.max_new_tokens));
+  results_[size_t(rq.id)].tokens.reserve(size_t(rq.opt.max_new_tokens));  // no allocation while stepping
   const std::span<const float> logits = seq->session->append(seq->seen);
   ++stats_.admitted;
   stats_.prompt_tokens += n;
@@ -155,20 +162,25 @@ bool BatchGenerator::step() {
   if (B == 0) return true;  // every admitted request finished on its first token
 
   auto t0 = std::chrono::steady_clock::now();
+  bool all_argmax = true;
   for (int64_t b = 0; b < B; ++b) {
     Seq& s = *live_[size_t(b)];
     states_[size_t(b)] = &s.session->state_;
     ids_[size_t(b)] = s.next;
+    all_argmax &= s.plain_argmax;
     stats_.state_bytes += dec_.state_bytes_per_step(s.session->position());
   }
-  dec_.step_batch(states_.data(), ids_.data(), B, logits_.data());
+  // Every row greedy: only the argmaxes come back (no [B, V] logits copy where the backend picks them).
+  if (all_argmax) dec_.step_batch_argmax(states_.data(), ids_.data(), B, next_.data());
+  else dec_.step_batch(states_.data(), ids_.data(), B, logits_.data());
   const size_t V = size_t(dec_.vocab());
   bool any_finished = false;
   for (int64_t b = 0; b < B; ++b) {
     Seq& s = *live_[size_t(b)];
     s.session->history_.push_back(ids_[size_t(b)]);
     const std::span<const float> row(logits_.data() + size_t(b) * V, V);  // [V] this row's logits
-    finished_[size_t(b)] = emit(s, s.sampler.sample(row, s.seen));
+    const int32_t tok = all_argmax ? next_[size_t(b)] : s.sampler.sample(row, s.seen);
+    finished_[size_t(b)] = emit(s, tok);
     any_finished |= finished_[size_t(b)] != 0;
   }
   const double sec = seconds_since(t0);

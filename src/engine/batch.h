@@ -10,7 +10,9 @@
 // Scheduling, one step():
 //   1. admission: queued requests (submission order) are prefilled while fewer than max_batch are live;
 //      a request that finishes on its first token (a stop id, or max_new_tokens <= 1) retires at once;
-//   2. one batched decode step of all live sequences, then retirement.
+//   2. one batched decode step of all live sequences, then retirement. When every live row samples
+//      greedily (no penalty), the step asks only for each row's argmax (Decoder::step_batch_argmax:
+//      a backend with argmax_rows then never copies the [B, V] logits to the host).
 // Row order: the live rows are in admission order; a retired row is removed and the rows after it move
 // up one (stable compaction; each row's state stays where it is, only its pointer moves). New rows join
 // at the end. Retired sessions go to a pool and are reused (reset) by later admissions that fit them.
@@ -114,6 +116,7 @@ class BatchGenerator {
   std::vector<uint8_t> done_;                  // [requests] by id
   std::vector<DecoderState*> states_;          // [max_batch] row b's state, per step
   std::vector<int32_t> ids_;                   // [max_batch] row b's input token, per step
+  std::vector<int32_t> next_;                  // [max_batch] row b's argmax, per all-greedy step
   std::vector<uint8_t> finished_;              // [max_batch] row b retires after this step
   std::vector<float> logits_;                  // [max_batch, V] host, row b for live_[b]
   BatchStats stats_;

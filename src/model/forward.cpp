@@ -340,9 +340,9 @@ void Decoder::forward(DecoderState& s, const int32_t* ids, int64_t M, LogitsMode
   s.pos += M;
 }
 
-void Decoder::step_batch(DecoderState* const* states, const int32_t* ids, int64_t B, float* logits) {
+Decoder::Rows Decoder::begin_batch(DecoderState* const* states, const int32_t* ids, int64_t B, const void* out) {
   if (B < 1 || B > max_batch()) fail("step_batch: batch of {} sequences (1..{} supported)", B, max_batch());
-  if (!states || !ids || !logits) fail("step_batch: null states, ids or logits");
+  if (!states || !ids || !out) fail("step_batch: null states, ids or output");
   for (int64_t b = 0; b < B; ++b) {
     const DecoderState* s = states[b];
     if (!s) fail("step_batch: sequence {} of the batch has no state", b);
@@ -359,8 +359,30 @@ void Decoder::step_batch(DecoderState* const* states, const int32_t* ids, int64_
   Rows rows;
   rows.M = B;
   rows.batch = states;
+  return rows;
+}
+
+void Decoder::step_batch(DecoderState* const* states, const int32_t* ids, int64_t B, float* logits) {
+  const Rows rows = begin_batch(states, ids, B, logits);
   run(ids, rows, LogitsMode::All, logits);
   for (int64_t b = 0; b < B; ++b) ++states[b]->pos;
+}
+
+void Decoder::step_batch_argmax(DecoderState* const* states, const int32_t* ids, int64_t B, int32_t* next) {
+  const Rows rows = begin_batch(states, ids, B, next);
+  run(ids, rows, LogitsMode::All, nullptr);  // logits [B, V] stay in ws_.logits
+  for (int64_t b = 0; b < B; ++b) ++states[b]->pos;
+  const int64_t V = vocab();
+  if (be_.argmax_rows(ws_.logits.data(), B, V, next)) return;
+  if (host_logits_.size() < size_t(max_batch() * V)) host_logits_.resize(size_t(max_batch() * V));
+  be_.copy_to_host(ws_.logits.data(), size_t(B * V), host_logits_.data());
+  for (int64_t b = 0; b < B; ++b) {  // lowest index on ties, NaN never wins, all-NaN -> 0
+    const float* row = host_logits_.data() + b * V;
+    int64_t best = -1;
+    for (int64_t i = 0; i < V; ++i)
+      if (!std::isnan(row[i]) && (best < 0 || row[i] > row[best])) best = i;
+    next[b] = int32_t(best < 0 ? 0 : best);
+  }
 }
 
 void Decoder::run(const int32_t* ids, const Rows& rows, LogitsMode mode, float* logits) {
@@ -390,7 +412,7 @@ void Decoder::run(const int32_t* ids, const Rows& rows, LogitsMode mode, float* 
   const float* xr = hadamard_site(x + r0 * E, n_out, m_.head);
   const LinearOut out{&m_.head, ws_.logits.data()};
   be_.linear(&out, 1, E, xr, n_out);
-  be_.copy_to_host(ws_.logits.data(), size_t(n_out * V), logits);
+  if (logits) be_.copy_to_host(ws_.logits.data(), size_t(n_out * V), logits);
 }
 
 }  // namespace bonsai

@@ -90,6 +90,10 @@ class Decoder {
   // [0, vocab), logits non-null. A row's result equals forward(*states[b], &ids[b], 1, Last, ...) up to
   // the float summation order of the M = B linears.
   void step_batch(DecoderState* const* states, const int32_t* ids, int64_t B, float* logits);
+  // The same step for greedy decoding: next (host int32 [B]) = the argmax of each row's logits (lowest
+  // index on ties, NaN never wins), picked on the backend when it has Backend::argmax_rows (no [B, V]
+  // copy to the host), else on the host. Same preconditions (next instead of logits).
+  void step_batch_argmax(DecoderState* const* states, const int32_t* ids, int64_t B, int32_t* next);
   // The most sequences one step_batch takes (the activation workspace's rows).
   int64_t max_batch() const { return max_chunk_; }
 
@@ -115,7 +119,10 @@ class Decoder {
     DecoderState* const* batch = nullptr;
   };
   // The whole forward over `rows` (positions not advanced here); the head as `mode` asks.
+  // `logits` null: the head's output stays in ws_.logits (the argmax step reads it there).
   void run(const int32_t* ids, const Rows& rows, LogitsMode mode, float* logits);
+  // step_batch's checks (nothing touched on error), then the rows of the batch (fills batch_pos_).
+  Rows begin_batch(DecoderState* const* states, const int32_t* ids, int64_t B, const void* out);
   void attention_block(const LayerWeights& L, size_t l, const Rows& rows);
   void gdn_block(const LayerWeights& L, size_t l, const Rows& rows);
   void ffn_block(const LayerWeights& L, int64_t M);
@@ -147,6 +154,7 @@ class Decoder {
   // Batched decode: host tables refilled per step (positions) and per layer (state pointers).
   std::vector<int64_t> batch_pos_;                  // [max_batch] position of each row
   std::vector<float*> batch_ptr_a_, batch_ptr_b_;   // [max_batch] k caches / conv states, v caches / recurrent
+  std::vector<float> host_logits_;  // [max_batch, V] step_batch_argmax on a backend without argmax_rows; first use
 };
 
 }  // namespace bonsai

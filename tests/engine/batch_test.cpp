@@ -24,6 +24,9 @@
 #include "engine/session.h"
 #include "engine_test_util.h"
 #include "util/error.h"
+#ifdef BONSAI_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 using namespace bonsai;
 using namespace bonsai::testing_support;
@@ -40,9 +43,21 @@ std::string error_of(const std::function<void()>& f) {
   return "(no error)";
 }
 
+// "ref", "cpu" or (CUDA builds) "cuda"; nullptr when that backend has no device here (the test skips).
 std::unique_ptr<Backend> backend_named(const std::string& name) {
   if (name == "ref") return std::make_unique<RefBackend>();
+#ifdef BONSAI_HAVE_CUDA
+  if (name == "cuda") return cuda_device_count() > 0 ? std::make_unique<CudaBackend>() : nullptr;
+#endif
   return std::make_unique<CpuBackend>();
+}
+
+std::vector<std::string> backends_to_test() {
+#ifdef BONSAI_HAVE_CUDA
+  return {"ref", "cpu", "cuda"};
+#else
+  return {"ref", "cpu"};
+#endif
 }
 
 // max |a - b| over two rows of the same size.
@@ -53,7 +68,10 @@ double max_abs_diff(const float* a, const float* b, size_t n) {
 }
 
 // Tolerance for one row of a batch vs the same sequence alone: summation order only (see the top).
-double row_tolerance(const std::string& backend) { return backend == "ref" ? 0.0 : 1e-3; }
+double row_tolerance(const std::string& backend) {
+  if (backend == "ref") return 0.0;
+  return backend == "cuda" ? 1e-2 : 1e-3;  // cuda: provisional, see the printed figure
+}
 
 // Prefills a fresh state with `prompt` (chunked, as a Session would) and returns it.
 DecoderState prefilled(Decoder& dec, const std::vector<int32_t>& prompt, int64_t capacity) {
@@ -71,6 +89,7 @@ class BatchDecode : public ::testing::TestWithParam<std::string> {};
 // B = 1 is the single-sequence decode step: the same ops in the same order, so the same bits.
 TEST_P(BatchDecode, OneRowEqualsTheSingleSequenceStep) {
   auto be = backend_named(GetParam());
+  if (!be) GTEST_SKIP() << "no CUDA device";
   Decoder dec(tiny_model("pq2"), *be);
   const int64_t V = dec.vocab();
   const auto prompt = test_tokens(23, V, 31), next = test_tokens(5, V, 32);
@@ -92,6 +111,7 @@ TEST_P(BatchDecode, OneRowEqualsTheSingleSequenceStep) {
 TEST_P(BatchDecode, RowsEqualEachSequenceSteppedAlone) {
   const std::string name = GetParam();
   auto be = backend_named(name);
+  if (!be) GTEST_SKIP() << "no CUDA device";
   Decoder dec(tiny_model("pq2"), *be);
   const int64_t V = dec.vocab(), steps = 6;
   const std::vector<int64_t> lengths{1, 7, 20, 33, 70};
@@ -139,6 +159,7 @@ TEST_P(BatchDecode, RowsEqualEachSequenceSteppedAlone) {
 TEST_P(BatchDecode, RetiringAndReorderingRowsDoesNotChangeTheOthers) {
   const std::string name = GetParam();
   auto be = backend_named(name);
+  if (!be) GTEST_SKIP() << "no CUDA device";
   Decoder dec(tiny_model("pq2"), *be);
   const int64_t V = dec.vocab();
   const std::vector<int64_t> lengths{9, 2, 17, 40, 5};
@@ -169,11 +190,44 @@ TEST_P(BatchDecode, RetiringAndReorderingRowsDoesNotChangeTheOthers) {
   EXPECT_EQ(batched[4].pos, lengths[4] + 3);
 }
 
+// The greedy step returns each row's argmax of exactly the logits step_batch would return.
+TEST_P(BatchDecode, ArgmaxStepPicksTheArgmaxOfEachRow) {
+  auto be = backend_named(GetParam());
+  if (!be) GTEST_SKIP() << "no CUDA device";
+  Decoder dec(tiny_model("pq2"), *be);
+  const int64_t V = dec.vocab();
+  const std::vector<int64_t> lengths{3, 18, 1, 50};
+  const int64_t B = int64_t(lengths.size());
+  std::vector<DecoderState> x, y;
+  for (int64_t b = 0; b < B; ++b) {
+    const auto prompt = test_tokens(lengths[size_t(b)], V, 700 + uint32_t(b));
+    x.push_back(prefilled(dec, prompt, 64));
+    y.push_back(prefilled(dec, prompt, 64));
+  }
+  std::vector<DecoderState*> rx, ry;
+  for (int64_t b = 0; b < B; ++b) {
+    rx.push_back(&x[size_t(b)]);
+    ry.push_back(&y[size_t(b)]);
+  }
+  std::vector<float> logits(static_cast<size_t>(B * V));
+  std::vector<int32_t> next(static_cast<size_t>(B));
+  for (int t = 0; t < 3; ++t) {
+    const auto ids = test_tokens(B, V, 800 + uint32_t(t));
+    dec.step_batch(rx.data(), ids.data(), B, logits.data());
+    dec.step_batch_argmax(ry.data(), ids.data(), B, next.data());
+    for (int64_t b = 0; b < B; ++b)
+      EXPECT_EQ(next[size_t(b)], greedy_argmax({logits.data() + b * V, size_t(V)})) << "step " << t << " row " << b;
+  }
+  for (int64_t b = 0; b < B; ++b) EXPECT_EQ(y[size_t(b)].pos, lengths[size_t(b)] + 3);
+  EXPECT_THAT(error_of([&] { dec.step_batch_argmax(ry.data(), next.data(), B, nullptr); }), HasSubstr("null"));
+}
+
 // Greedy BatchGenerator == generate() on each request alone, token for token: 6 requests, at most 4 live
 // (so two are admitted between steps as others retire), different prompts, lengths and -n, one that ends
 // on a stop id, one with -n 1 (done at its prefill) and one with -n 0.
 TEST_P(BatchDecode, GreedyBatchGenerationEqualsSequentialGeneration) {
   auto be = backend_named(GetParam());
+  if (!be) GTEST_SKIP() << "no CUDA device";
   Decoder dec(tiny_model("pq2"), *be);
   const int64_t V = dec.vocab();
   struct Req {
@@ -186,6 +240,9 @@ TEST_P(BatchDecode, GreedyBatchGenerationEqualsSequentialGeneration) {
     Req r;
     r.prompt = test_tokens(lengths[i], V, 500 + uint32_t(i));
     r.opt.max_new_tokens = max_new[i];
+    // Request 4 is greedy with a repetition penalty: while it is live the steps bring the logits back and
+    // sample every row on the host; otherwise they ask only for the argmaxes (step_batch_argmax).
+    if (i == 4) r.opt.sampling.repeat_penalty = 1.3f;
     reqs.push_back(r);
   }
   std::vector<GenerateResult> seq;
@@ -209,6 +266,8 @@ TEST_P(BatchDecode, GreedyBatchGenerationEqualsSequentialGeneration) {
   int64_t steps = 0;
   while (gen.step()) {
     EXPECT_LE(gen.live(), 4);
+    const std::vector<int64_t> rows = gen.live_ids();  // admission order = id order here, kept on retirement
+    EXPECT_TRUE(std::is_sorted(rows.begin(), rows.end()));
     ++steps;
   }
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -252,7 +311,7 @@ TEST(BatchDecodeRef, SeededSamplingEqualsSequentialSampling) {
   for (size_t i = 0; i < seq.size(); ++i) EXPECT_EQ(gen.result(int64_t(i)).tokens, seq[i].tokens) << "request " << i;
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, BatchDecode, ::testing::Values("ref", "cpu"),
+INSTANTIATE_TEST_SUITE_P(Backends, BatchDecode, ::testing::ValuesIn(backends_to_test()),
                          [](const auto& info) { return std::string(info.param); });
 
 TEST(BatchDecodeErrors, BadStepsAreRefusedBeforeAnythingRuns) {
