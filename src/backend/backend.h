@@ -97,6 +97,27 @@ class Backend {
   virtual void sigmoid_gate_mul(float* x, const float* gate, int64_t n) = 0;  // x *= sigmoid(gate)
   virtual void silu_mul(const float* gate, const float* up, int64_t n, float* out) = 0;
 
+  // ---- fused sites: the producer of a folded linear's input + its sign+FWHT, one op -----------------
+  // The defaults are the unfused ops (every backend is correct as it is); a backend overrides them to
+  // make one pass over each row instead of three or four.
+  // Residual site: h fp32 [rows, n] += delta (nullptr: no add); out fp32 [rows, n] = rmsnorm(h) * gain
+  // (the un-rotated normed residual); site fp32 [rows, n] = hadamard_forward(out, signs, block).
+  // No buffer aliases another.
+  virtual void add_rmsnorm_rotate(float* h, const float* delta, int64_t rows, int64_t n, const float* gain,
+                                  float eps, float* out, float* site, const int8_t* signs, int64_t block) {
+    if (delta) add_rmsnorm(h, delta, rows, n, gain, eps, out);
+    else rmsnorm(h, rows, n, gain, eps, out);
+    copy_rows(site, n, out, n, rows, n);
+    hadamard_forward(site, rows, n, signs, block);
+  }
+  // SwiGLU site: gate, up fp32 [rows, n]; site fp32 [rows, n] = hadamard_forward(silu(gate) * up, signs,
+  // block). site may alias gate or up.
+  virtual void silu_mul_rotate(const float* gate, const float* up, int64_t rows, int64_t n, float* site,
+                               const int8_t* signs, int64_t block) {
+    silu_mul(gate, up, rows * n, site);
+    hadamard_forward(site, rows, n, signs, block);
+  }
+
   // ---- Gated DeltaNet (FACTS section 6) -----------------------------------------------------------
   // x fp32 [T, C]; conv_state fp32 [Kc-1, C] in place; taps fp32 [C, Kc]; out fp32 [T, C] = silu(conv).
   virtual void gdn_conv(const float* x, float* conv_state, const float* taps, int64_t T, int64_t C, int64_t Kc,

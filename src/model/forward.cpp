@@ -186,8 +186,25 @@ uint64_t Decoder::state_bytes(int64_t capacity) const {
 
 // ---- the forward -------------------------------------------------------------------------------------
 
+void Decoder::norm_site(const float* delta, int64_t M, const float* gain, const TernaryMatrix* reader) {
+  const ModelConfig& c = m_.config;
+  const int64_t E = c.hidden;
+  float *h = ws_.h.data(), *x = ws_.x.data();
+  // A folded reader (with no column gather) gets its sign+FWHT in the same op: one pass per row.
+  x_rotated_ = reader && reader->folded && reader->input_perm.empty();
+  if (x_rotated_)
+    be_.add_rmsnorm_rotate(h, delta, M, E, gain, c.rms_eps, x, ws_.site.data(), m_.hadamard.signs_for(E),
+                           m_.hadamard.block);
+  else if (delta) be_.add_rmsnorm(h, delta, M, E, gain, c.rms_eps, x);
+  else be_.rmsnorm(h, M, E, gain, c.rms_eps, x);
+}
+
 const float* Decoder::hadamard_site(const float* x, int64_t M, const TernaryMatrix& reader) {
   const int64_t K = reader.cols;
+  // The fused norm site already wrote rotate(ws_.x) into ws_.site (norm_site); it is read once.
+  const bool fused = x_rotated_ && x == ws_.x.data();
+  x_rotated_ = false;
+  if (fused) return ws_.site.data();
   if (!reader.folded && reader.input_perm.empty()) return x;
   float* out = ws_.site.data();
   // A folded GDN out_proj whose columns stay tiled reads the activation permuted BEFORE sign + transform.
@@ -317,9 +334,14 @@ void Decoder::ffn_block(const LayerWeights& L, int64_t M) {
   const float* xr = hadamard_site(ws_.x.data(), M, L.gate);
   const LinearOut in[2] = {{&L.gate, fg}, {&L.up, fu}};
   be_.linear(in, 2, E, xr, M);
-  be_.silu_mul(fg, fu, M * FF, fg);
-  // Site: silu(gate) * up -> down.
-  const float* arot = hadamard_site(fg, M, L.down);
+  // Site: silu(gate) * up -> down; a folded down projection gets SwiGLU + sign+FWHT in one op (over fg).
+  const float* arot = fg;
+  if (L.down.folded && L.down.input_perm.empty()) {
+    be_.silu_mul_rotate(fg, fu, M, FF, fg, m_.hadamard.signs_for(FF), m_.hadamard.block);
+  } else {
+    be_.silu_mul(fg, fu, M * FF, fg);
+    arot = hadamard_site(fg, M, L.down);
+  }
   const LinearOut out{&L.down, ws_.delta.data()};
   be_.linear(&out, 1, FF, arot, M);
 }
@@ -394,15 +416,21 @@ void Decoder::run(const int32_t* ids, const Rows& rows, LogitsMode mode, float* 
   be_.embed_rows(m_.embed, ids, M, h);
   if (m_.embed_inverse) be_.hadamard_inverse(h, M, E, m_.hadamard.signs_for(E), m_.hadamard.block);
 
-  be_.rmsnorm(h, M, E, m_.layers[0].attn_norm.data(), c.rms_eps, x);
+  // Each residual norm also rotates x for the site that reads it next (norm_site).
+  const auto mixer_reader = [&](const LayerWeights& L) { return L.full_attention ? &L.attn.q : &L.gdn.qkv; };
+  // The head site rotates only when every row goes to the head (a Last chunk rotates its one row there).
+  const TernaryMatrix* head_reader = mode == LogitsMode::All || M == 1 ? &m_.head : nullptr;
+  norm_site(nullptr, M, m_.layers[0].attn_norm.data(), mixer_reader(m_.layers[0]));
   for (size_t l = 0; l < m_.layers.size(); ++l) {
     const LayerWeights& L = m_.layers[l];
     if (L.full_attention) attention_block(L, l, rows);
     else gdn_block(L, l, rows);
-    be_.add_rmsnorm(h, delta, M, E, L.post_norm.data(), c.rms_eps, x);  // h += mixer; x = f
+    norm_site(delta, M, L.post_norm.data(), &L.gate);  // h += mixer; x = f
     ffn_block(L, M);
     const float* next_gain = l + 1 < m_.layers.size() ? m_.layers[l + 1].attn_norm.data() : m_.out_norm.data();
-    be_.add_rmsnorm(h, delta, M, E, next_gain, c.rms_eps, x);  // h += ffn; x = next layer's (or final) norm
+    const TernaryMatrix* next_reader =
+        l + 1 < m_.layers.size() ? mixer_reader(m_.layers[l + 1]) : mode == LogitsMode::None ? nullptr : head_reader;
+    norm_site(delta, M, next_gain, next_reader);  // h += ffn; x = next layer's (or final) norm
   }
   if (mode == LogitsMode::None) return;
 

@@ -110,6 +110,11 @@ class Decoder {
   // site) must read it. Gather by input_perm when set, then sign + FWHT when folded, into the site
   // workspace; with neither, x itself is returned (no copy).
   const float* hadamard_site(const float* x, int64_t M, const TernaryMatrix& reader);
+  // The residual norm feeding `reader` (nullptr: no linear reads it rotated): h += delta (nullptr: none),
+  // x = rmsnorm(h) * gain; when reader is folded (no gather) the rotated copy goes to ws_.site in the same
+  // op (Backend::add_rmsnorm_rotate) and the next hadamard_site(ws_.x) returns it.
+  void norm_site(const float* delta, int64_t M, const float* gain, const TernaryMatrix* reader);
+  bool x_rotated_ = false;  // ws_.site holds rotate(ws_.x) (norm_site), consumed by one hadamard_site
   // Who the M rows of one forward are: a chunk of ONE sequence (`seq`, rows at positions p0 .. p0+M-1)
   // or a batch of M sequences, one token each (`batch[m]` at batch_pos_[m]); exactly one is set.
   struct Rows {

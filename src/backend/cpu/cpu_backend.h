@@ -7,6 +7,7 @@
 // (backend/cpu/ops.h, gdn_chunked). Options::gdn_chunked switches prefill (T > 1) to the chunked form
 // (chunk 64), for parity tests of the two paths on this backend.
 #pragma once
+#include "backend/cpu/site.h"
 #include "backend/host_backend.h"
 
 namespace bonsai {
@@ -42,6 +43,15 @@ class CpuBackend final : public HostBackend {
                  int64_t Hkv, int64_t D, float scale, float* out) override;
   void sigmoid_gate_mul(float* x, const float* gate, int64_t n) override;
   void silu_mul(const float* gate, const float* up, int64_t n, float* out) override;
+  // Fused sites (backend/cpu/site.h): one pass per row instead of norm, copy and rotate.
+  void add_rmsnorm_rotate(float* h, const float* delta, int64_t rows, int64_t n, const float* gain, float eps,
+                          float* out, float* site, const int8_t* signs, int64_t block) override {
+    cpu::add_rmsnorm_rotate(h, delta, rows, n, gain, eps, out, site, signs, block);
+  }
+  void silu_mul_rotate(const float* gate, const float* up, int64_t rows, int64_t n, float* site, const int8_t* signs,
+                       int64_t block) override {
+    cpu::silu_mul_rotate(gate, up, rows, n, site, signs, block);
+  }
   void gdn_conv(const float* x, float* conv_state, const float* taps, int64_t T, int64_t C, int64_t Kc,
                 float* out) override;
   void gdn_gates(const float* a, const float* b, const float* A, const float* dt_bias, int64_t T, int64_t Nv,

@@ -5,6 +5,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cpu/scratch.h"
 #include "backend/cpu/thread_pool.h"
+#include "backend/cpu/vec.h"
 #include "util/error.h"
 
 namespace bonsai::cpu {
@@ -36,18 +37,11 @@ void rope_neox(float* x, int64_t n_heads, int64_t head_dim, int64_t rot_dims, in
 }
 
 void sigmoid_gate_mul(float* x, const float* gate, int64_t n) {
-  parallel_for(0, n, kElemGrain, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) x[i] = x[i] / (1.0f + std::exp(-gate[i]));
-  });
+  parallel_for(0, n, kElemGrain, [&](int64_t lo, int64_t hi) { vec::sigmoid_mul(x + lo, gate + lo, hi - lo); });
 }
 
 void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
-  parallel_for(0, n, kElemGrain, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      const float g = gate[i];
-      out[i] = g / (1.0f + std::exp(-g)) * up[i];
-    }
-  });
+  parallel_for(0, n, kElemGrain, [&](int64_t lo, int64_t hi) { vec::silu_mul(gate + lo, up + lo, hi - lo, out + lo); });
 }
 
 int64_t argmax(const float* x, int64_t n) {

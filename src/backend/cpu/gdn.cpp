@@ -7,6 +7,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cpu/scratch.h"
 #include "backend/cpu/thread_pool.h"
+#include "backend/cpu/vec.h"
 #include "util/error.h"
 
 namespace bonsai::cpu {
@@ -20,9 +21,7 @@ void check_heads(int64_t Nk, int64_t Nv) {
 }
 
 // y[0..n) += a * x[0..n)
-inline void axpy(float a, const float* x, float* y, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) y[j] += a * x[j];
-}
+inline void axpy(float a, const float* x, float* y, int64_t n) { vec::axpy(a, x, y, n); }
 
 }  // namespace
 
@@ -39,7 +38,7 @@ void gdn_conv(const float* x, float* conv_state, const float* taps, int64_t T, i
         const float* src = in_row(t + j);
         for (int64_t c = lo; c < hi; ++c) o[c] += taps[c * Kc + j] * src[c];
       }
-      for (int64_t c = lo; c < hi; ++c) o[c] = o[c] * sigmoid(o[c]);
+      vec::silu(o + lo, hi - lo);
     }
     // New state row r = input T + r. Ascending r only reads rows not yet overwritten (T + r > r).
     for (int64_t r = 0; r < P; ++r) {
@@ -68,31 +67,14 @@ void gdn_recurrent(float* state, const float* q, const float* k, const float* v,
   check_heads(Nk, Nv);
   const int64_t rep = Nv / Nk;
   parallel_for(0, Nv, 1, [&](int64_t lo, int64_t hi) {
-    float* kv = scratch(size_t(2 * Dv), 0);
-    float* delta = kv + Dv;
+    float* kv = scratch(size_t(2 * Dv), 0);  // [2, Dv] the step's column-tail scratch
     for (int64_t h = lo; h < hi; ++h) {
       const int64_t kh = h / rep;
       float* S = state + h * Dk * Dv;  // [Dk, Dv]
       for (int64_t t = 0; t < T; ++t) {
-        const float* qt = q + (t * Nk + kh) * Dk;
-        const float* kt = k + (t * Nk + kh) * Dk;
-        const float* vt = v + (t * Nv + h) * Dv;
-        float* o = out + (t * Nv + h) * Dv;
-        const float eg = std::exp(g[t * Nv + h]), bt = beta[t * Nv + h];
-        // Pass 1 reads S: kv = (e^g S)^T k = e^g (S^T k).
-        std::fill(kv, kv + Dv, 0.0f);
-        for (int64_t i = 0; i < Dk; ++i) axpy(kt[i], S + i * Dv, kv, Dv);
-        for (int64_t j = 0; j < Dv; ++j) delta[j] = bt * (vt[j] - eg * kv[j]);
-        // Pass 2 rewrites S = e^g S + k delta^T and reads the new rows for o = S^T q.
-        std::fill(o, o + Dv, 0.0f);
-        for (int64_t i = 0; i < Dk; ++i) {
-          float* Si = S + i * Dv;
-          const float ki = kt[i], qi = qt[i];
-          for (int64_t j = 0; j < Dv; ++j) {
-            Si[j] = eg * Si[j] + ki * delta[j];
-            o[j] += Si[j] * qi;
-          }
-        }
+        // kv = (e^g S)^T k = e^g (S^T k); delta = beta (v - kv); S = e^g S + k delta^T; o = S^T q.
+        vec::gdn_step_head(S, q + (t * Nk + kh) * Dk, k + (t * Nk + kh) * Dk, v + (t * Nv + h) * Dv,
+                           std::exp(g[t * Nv + h]), beta[t * Nv + h], Dk, Dv, out + (t * Nv + h) * Dv, kv);
       }
     }
   });

@@ -5,12 +5,12 @@
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/thread_pool.h"
+#include "backend/cpu/vec.h"
 
 namespace bonsai::cpu {
 namespace {
 
 inline float sum_squares(const float* x, int64_t n) { return kernels().dot(x, x, n); }
-inline float silu(float z) { return z / (1.0f + std::exp(-z)); }
 // Rows per chunk so that a chunk holds ~32K elements.
 inline int64_t grain_rows(int64_t n) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, n)); }
 
@@ -61,7 +61,14 @@ void gated_rmsnorm(const float* o, const float* z, const float* gain, int64_t ro
       const float* zr = z + r * Dv;
       const float inv = 1.0f / std::sqrt(sum_squares(orow, Dv) / float(Dv) + eps);
       float* out_r = out + r * Dv;
-      for (int64_t i = 0; i < Dv; ++i) out_r[i] = orow[i] * inv * gain[i] * silu(zr[i]);
+      // silu(z) first (vectorised; out may alias o but not z), then the norm in place.
+      float sz[512];
+      for (int64_t i0 = 0; i0 < Dv; i0 += 512) {
+        const int64_t len = std::min<int64_t>(512, Dv - i0);
+        std::copy(zr + i0, zr + i0 + len, sz);
+        vec::silu(sz, len);
+        for (int64_t i = 0; i < len; ++i) out_r[i0 + i] = orow[i0 + i] * inv * gain[i0 + i] * sz[i];
+      }
     }
   });
 }
