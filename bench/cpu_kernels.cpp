@@ -40,6 +40,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cpu/probe.h"
 #include "backend/cpu/thread_pool.h"
+#include "format/ternary_codec.h"
 #include "util/half.h"
 
 #if defined(__x86_64__)
@@ -64,8 +65,15 @@ double weight_bytes(const Shape& s) { return double(s.N) * double(s.K) * (2.0 / 
 
 // Random canonical weights (codes 0..2, scales ~0.01): speed does not depend on the values.
 struct Matrix {
-  std::vector<uint32_t> words;   // [N, K/16]
+  std::vector<uint32_t> words;   // [N, K/16]   split form, filled first, freed by encode()
   std::vector<uint16_t> scales;  // [N, K/128]
+  std::vector<uint8_t> blocks;   // [N, K/128, 34] PQ2_0 blocks (the canonical layout the kernels read)
+  void encode(int64_t N, int64_t K) {
+    blocks.resize(size_t(N * K / 128 * bonsai::kPq2Bytes));
+    bonsai::canonical_to_pq2(words.data(), scales.data(), uint64_t(N), uint64_t(K), blocks.data());
+    words = {};  // only the blocks stay resident
+    scales = {};
+  }
 };
 struct Copies {
   Shape shape{0, 0};
@@ -86,7 +94,7 @@ Copies& weights(const Shape& s) {
     return state;
   };
   for (int i = 0; i < copies; ++i) {
-    Matrix m{std::vector<uint32_t>(size_t(s.N * s.K / 16)), std::vector<uint16_t>(size_t(s.N * s.K / 128))};
+    Matrix m{std::vector<uint32_t>(size_t(s.N * s.K / 16)), std::vector<uint16_t>(size_t(s.N * s.K / 128)), {}};
     for (auto& w : m.words) {
       // 16 codes from 32 random bits, each mapped into {0, 1, 2}.
       uint64_t r = next();
@@ -95,6 +103,7 @@ Copies& weights(const Shape& s) {
       w = v;
     }
     for (auto& d : m.scales) d = bonsai::f32_to_fp16(0.005f + float(next() % 1000) * 1e-5f);
+    m.encode(s.N, s.K);
     c.m.push_back(std::move(m));
   }
   return c;
@@ -137,7 +146,7 @@ void bm_ternary(benchmark::State& state, const char* variant, cpu::TernaryActiva
   const auto t0 = std::chrono::steady_clock::now();
   for (auto _ : state) {
     const Matrix& m = w.m[i++ % w.m.size()];
-    cpu::ternary_matmul(m.words.data(), m.scales.data(), s.N, s.K, x.data(), M, y.data());
+    cpu::ternary_matmul(m.blocks.data(), s.N, s.K, x.data(), M, y.data());
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }
@@ -187,18 +196,15 @@ void bm_read(benchmark::State& state, Shape s, int threads) {
 #if defined(__x86_64__)
   if (__builtin_cpu_supports("avx512f")) read = read_bytes_avx512;
 #endif
-  const int64_t rb = s.K / 4, sb = s.K / 64;  // code bytes and scale bytes per row
+  const int64_t rb = s.K / 128 * bonsai::kPq2Bytes;  // block bytes per row
   std::atomic<uint64_t> sink{0};
   size_t i = 0;
   const double cpu0 = process_cpu_seconds();
   const auto t0 = std::chrono::steady_clock::now();
   for (auto _ : state) {
     const Matrix& m = w.m[i++ % w.m.size()];
-    const auto* words = reinterpret_cast<const uint8_t*>(m.words.data());
-    const auto* scales = reinterpret_cast<const uint8_t*>(m.scales.data());
-    cpu::parallel_for(0, s.N, 16, [&](int64_t lo, int64_t hi) {
-      sink.fetch_xor(read(words + lo * rb, size_t((hi - lo) * rb)) ^ read(scales + lo * sb, size_t((hi - lo) * sb)));
-    });
+    const uint8_t* blocks = m.blocks.data();
+    cpu::parallel_for(0, s.N, 16, [&](int64_t lo, int64_t hi) { sink.fetch_xor(read(blocks + lo * rb, size_t((hi - lo) * rb))); });
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double cpu_secs = process_cpu_seconds() - cpu0;
@@ -219,7 +225,8 @@ void bm_incache(benchmark::State& state, const char* variant, int levels, int64_
   }
   const Shape s{5120, 128};
   const int64_t G = s.K / 128, L = std::max(1, levels);
-  Matrix m{std::vector<uint32_t>(size_t(s.N * s.K / 16), 0x96a5a169u), std::vector<uint16_t>(size_t(s.N * G), 0x2000)};
+  Matrix m{std::vector<uint32_t>(size_t(s.N * s.K / 16), 0x96a5a169u), std::vector<uint16_t>(size_t(s.N * G), 0x2000), {}};
+  m.encode(s.N, s.K);
   const auto x = activation(M * s.K, 6);
   std::vector<int8_t> q(size_t(M * L * s.K));
   std::vector<float> qs(size_t(M * G));
@@ -229,15 +236,15 @@ void bm_incache(benchmark::State& state, const char* variant, int levels, int64_
   std::vector<float> y(size_t(M * s.N));
   for (auto _ : state) {
     if (levels > 0 && M == 1)
-      k->ternary_rows_q8_x1(m.words.data(), m.scales.data(), s.K, 0, s.N, q.data(), qs.data(), qsum.data(), levels,
+      k->ternary_rows_q8_x1(m.blocks.data(), s.K, 0, s.N, q.data(), qs.data(), qsum.data(), levels,
                             y.data());
     else if (levels > 0)
-      k->ternary_rows_q8_xm(m.words.data(), m.scales.data(), s.K, 0, s.N, q.data(), qs.data(), qsum.data(), levels, M,
+      k->ternary_rows_q8_xm(m.blocks.data(), s.K, 0, s.N, q.data(), qs.data(), qsum.data(), levels, M,
                             y.data(), s.N);
     else if (M == 1)
-      k->ternary_rows_x1(m.words.data(), m.scales.data(), s.K, 0, s.N, x.data(), y.data());
+      k->ternary_rows_x1(m.blocks.data(), s.K, 0, s.N, x.data(), y.data());
     else
-      k->ternary_rows_xm(m.words.data(), m.scales.data(), s.K, 0, s.N, x.data(), M, y.data(), s.N);
+      k->ternary_rows_xm(m.blocks.data(), s.K, 0, s.N, x.data(), M, y.data(), s.N);
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }

@@ -403,7 +403,7 @@ GgufValue GgufValue::arr_f32(const std::vector<float>& xs) {
 
 // --- reader --------------------------------------------------------------------------------------
 
-GgufFile::GgufFile(const std::string& path) : path_(path), map_(std::make_unique<MappedFile>(path)) {
+GgufFile::GgufFile(const std::string& path) : path_(path), map_(std::make_shared<MappedFile>(path)) {
   base_ = map_->data();
   size_ = map_->size();
   parse();

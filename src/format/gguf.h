@@ -99,6 +99,9 @@ class GgufFile {
   uint64_t file_size() const { return size_; }
   const uint8_t* file_data() const { return base_; }
   const MappedFile* mapping() const { return map_.get(); }
+  // The mapping as a shared owner: views into it (a loaded model's PQ2_0 weights) keep it alive after
+  // this object is gone. nullptr for a file parsed from memory.
+  std::shared_ptr<const MappedFile> shared_mapping() const { return map_; }
 
   const std::vector<std::string>& keys() const { return key_order_; }
   const GgufValue* find(const std::string& key) const;
@@ -127,7 +130,7 @@ class GgufFile {
  private:
   void parse();
   std::string path_;
-  std::unique_ptr<MappedFile> map_;
+  std::shared_ptr<MappedFile> map_;
   const uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
   uint32_t version_ = 0;

@@ -76,6 +76,17 @@ void MappedFile::advise_sequential(uint64_t offset, uint64_t len) const {
 #endif
 }
 
+void MappedFile::populate(uint64_t offset, uint64_t len) const {
+  if (!data_ || offset >= size_ || len == 0) return;
+  const uint64_t end = len > size_ - offset ? size_ : offset + len;
+  const uint64_t start = offset & ~(page_size() - 1);
+  uint8_t* p = const_cast<uint8_t*>(data_) + start;
+#ifdef MADV_POPULATE_READ
+  if (::madvise(p, size_t(end - start), MADV_POPULATE_READ) == 0) return;
+#endif
+  ::madvise(p, size_t(end - start), MADV_WILLNEED);  // older kernels: start the read-ahead at least
+}
+
 void MappedFile::release(uint64_t offset, uint64_t len) const {
   if (!data_ || offset >= size_ || len == 0) return;
   const uint64_t end_req = len > size_ - offset ? size_ : offset + len;

@@ -23,6 +23,10 @@ class MappedFile {
   // Hint the kernel that [offset, offset+len) will be read sequentially / is no longer needed
   // (MADV_SEQUENTIAL + WILLNEED + POPULATE_READ / MADV_DONTNEED): lets a loader that copies tensors out keep RSS near one copy.
   void advise_sequential(uint64_t offset, uint64_t len) const;
+  // Make [offset, offset+len) resident and mapped now (MADV_POPULATE_READ; WILLNEED where the kernel
+  // lacks it), for ranges used in place for the life of the mapping (no SEQUENTIAL: it would mark the
+  // pages as read-once for reclaim).
+  void populate(uint64_t offset, uint64_t len) const;
   void release(uint64_t offset, uint64_t len) const;
 
  private:

@@ -98,21 +98,27 @@ void canonical_to_pq2(const uint32_t* words, const uint16_t* scales, uint64_t N,
     pq2_encode_block(words + g * kWordsPerGroup, scales[g], dst + g * kPq2Bytes);
 }
 
-void ptq1_to_canonical(const uint8_t* src, uint64_t N, uint64_t K, uint32_t* words, uint16_t* scales) {
-  if (K % kTernaryGroup) fail("ptq1_to_canonical: K = {} is not a multiple of {}", K, kTernaryGroup);
+void ptq1_to_pq2(const uint8_t* src, uint64_t N, uint64_t K, uint8_t* dst) {
+  if (K % kTernaryGroup) fail("ptq1_to_pq2: K = {} is not a multiple of {}", K, kTernaryGroup);
   const uint64_t groups = N * (K / kTernaryGroup);
-  for (uint64_t g = 0; g < groups; ++g)
-    ptq1_decode_block(src + g * kPtq1Bytes, words + g * kWordsPerGroup, scales + g);
+  uint32_t words[kWordsPerGroup];
+  uint16_t d;
+  for (uint64_t g = 0; g < groups; ++g) {
+    ptq1_decode_block(src + g * kPtq1Bytes, words, &d);
+    pq2_encode_block(words, d, dst + g * kPq2Bytes);
+  }
 }
 
-void canonical_to_ptq1(const uint32_t* words, const uint16_t* scales, uint64_t N, uint64_t K, uint8_t* dst,
-                       const std::string& what) {
+void pq2_to_ptq1(const uint8_t* src, uint64_t N, uint64_t K, uint8_t* dst, const std::string& what) {
   if (K % kTernaryGroup) fail("{}: K = {} is not a multiple of {}", what, K, kTernaryGroup);
   const uint64_t gpr = K / kTernaryGroup;
+  uint32_t words[kWordsPerGroup];
+  uint16_t d;
   for (uint64_t r = 0; r < N; ++r)
     for (uint64_t g = 0; g < gpr; ++g) {
       const uint64_t i = r * gpr + g;
-      if (!ptq1_encode_block(words + i * kWordsPerGroup, scales[i], dst + i * kPtq1Bytes))
+      pq2_decode_block(src + i * kPq2Bytes, words, &d);
+      if (!ptq1_encode_block(words, d, dst + i * kPtq1Bytes))
         fail("{}: row {} group {} holds code 3 (+2), which PTQ1_0 cannot store", what, r, g);
     }
 }

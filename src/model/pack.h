@@ -63,7 +63,7 @@ PackCheck check_pack(const Pack& pack);
 struct LoadOptions {
   int threads = 0;          // 0: all hardware threads
   bool progress = false;    // progress bar on stderr
-  bool release_pages = true;  // drop each tensor's mapped pages after copying it (keeps RSS ~ one copy)
+  bool release_pages = true;  // drop the mapped pages of each tensor that is copied, not viewed (keeps RSS ~ one copy)
 };
 
 // Throws Error listing every problem when check_pack finds any.

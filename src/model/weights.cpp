@@ -1,12 +1,47 @@
 #include "model/weights.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "model/pack.h"
 #include "model/tensor_names.h"
 #include "util/error.h"
+#include "util/large_buffer.h"
 
 namespace bonsai {
+
+int64_t TernaryMatrix::stored_row(int64_t r) const {
+  if (row_runs.empty()) return r;
+  // The last run starting at or before r (runs are ascending and cover [0, rows)).
+  auto it = std::upper_bound(row_runs.begin(), row_runs.end(), r, [](int64_t v, const RowRun& run) { return v < run.row; });
+  const RowRun& run = *(it - 1);
+  return run.src + (r - run.row);
+}
+
+uint8_t* TernaryMatrix::allocate(int64_t n_rows, int64_t n_cols) {
+  if (n_cols % kTernaryGroup != 0) fail("{}: K = {} is not a multiple of {}", name, n_cols, kTernaryGroup);
+  rows = n_rows;
+  cols = n_cols;
+  auto buf = std::make_shared<LargeVector<uint8_t>>();
+  buf->resize(size_t(bytes()));  // not zero-filled: the caller writes every block
+  uint8_t* p = buf->data();
+  blocks = p;
+  storage = std::move(buf);
+  owned = true;
+  row_runs.clear();
+  return p;
+}
+
+void TernaryMatrix::view(const uint8_t* data, std::shared_ptr<const void> owner) {
+  blocks = data;
+  storage = std::move(owner);
+  owned = false;
+}
+
+void TernaryMatrix::assign_split(const uint32_t* words, const uint16_t* scales, int64_t n_rows, int64_t n_cols) {
+  uint8_t* dst = allocate(n_rows, n_cols);
+  canonical_to_pq2(words, scales, uint64_t(n_rows), uint64_t(n_cols), dst);
+}
 
 std::vector<const TernaryMatrix*> Model::ternary_matrices() const {
   std::vector<const TernaryMatrix*> v{&embed};
@@ -46,9 +81,12 @@ bool same(const V& a, const V& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0);
 }
 
+// Same canonical rows (through each one's row map), whatever holds them (a view or an owned buffer).
 bool same_ternary(const TernaryMatrix& a, const TernaryMatrix& b) {
-  return a.rows == b.rows && a.cols == b.cols && a.folded == b.folded && same(a.words, b.words) &&
-         same(a.scales, b.scales) && same(a.input_perm, b.input_perm);
+  if (a.rows != b.rows || a.cols != b.cols || a.folded != b.folded || !same(a.input_perm, b.input_perm)) return false;
+  for (int64_t r = 0; r < a.rows; ++r)
+    if (std::memcmp(a.row_blocks(r), b.row_blocks(r), size_t(a.row_bytes())) != 0) return false;
+  return true;
 }
 
 }  // namespace

@@ -8,15 +8,17 @@
 //   five PlusOne norms, which IS the multiplicative gain, so it is used as stored; ssm_norm is stored raw
 //   and is also multiplicative. (HF checkpoints hold w_hf; the effective-weights writer subtracts 1.)
 // - A = -exp(A_log) per GDN head (see GdnWeights::A); conv taps [C, Kc] with tap Kc-1 applied to the newest input.
-// - Ternary matrices: words u32 [N, K/16] + scales fp16 [N, K/128] (format/ternary_codec.h), with a
-//   `folded` flag: a folded linear reads R x = FWHT_n(s_K * x) / sqrt(n) instead of x.
+// - Ternary matrices: PQ2_0 blocks [N, K/128] of 34 B (fp16 d + 32 code bytes, format/ternary_codec.h),
+//   viewed in place in the mapped pack when it is PQ2_0, with a `folded` flag: a folded linear reads
+//   R x = FWHT_n(s_K * x) / sqrt(n) instead of x.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "format/ternary_codec.h"
 #include "model/config.h"
-#include "util/large_buffer.h"
 
 namespace bonsai {
 
@@ -24,15 +26,37 @@ struct TernaryMatrix {
   std::string name;               // GGUF-style tensor name, for messages
   int64_t rows = 0;               // N (outputs)
   int64_t cols = 0;               // K (reduction)
-  LargeVector<uint32_t> words;    // u32 [N, K/16], 16 codes per word, element 16i+j at bits 2j
-  LargeVector<uint16_t> scales;   // fp16 [N, K/128]
+  // PQ2_0 blocks uint8 [stored rows, K/128, 34]: fp16 d then 32 code bytes (format/ternary_codec.h).
+  // Either a view into the mapped pack (GGUF PQ2_0: zero copy) or into an owned buffer (other formats,
+  // make-pack); `storage` keeps whichever it is alive, so a Model outlives the Pack it was loaded from.
+  const uint8_t* blocks = nullptr;
+  std::shared_ptr<const void> storage;
+  bool owned = false;             // true: `storage` is a buffer made for this matrix; false: a view
+  // Empty: canonical row r is stored row r. Otherwise ascending runs covering [0, rows): the GGUF holds
+  // some GDN V-head rows tiled, and the view reads them in place in grouped order instead of copying.
+  std::vector<RowRun> row_runs;
   bool folded = false;            // input goes through sign+FWHT of width K before the product
   // Optional gather applied to the activation before sign+FWHT: x'[i] = x[input_perm[i]], [K].
   // Only for a folded GDN out_proj whose columns stay tiled (gdn_v_grouped = false).
   std::vector<int32_t> input_perm;
-  uint64_t bytes() const { return words.size() * 4 + scales.size() * 2; }
-  const uint32_t* row_words(int64_t r) const { return words.data() + r * (cols / 16); }
-  const uint16_t* row_scales(int64_t r) const { return scales.data() + r * (cols / 128); }
+
+  int64_t groups() const { return cols / kTernaryGroup; }                       // K/128 blocks per row
+  uint64_t row_bytes() const { return uint64_t(groups()) * kPq2Bytes; }
+  uint64_t bytes() const { return uint64_t(rows) * row_bytes(); }
+  int64_t stored_row(int64_t r) const;                                          // applies row_runs
+  const uint8_t* row_blocks(int64_t r) const { return blocks + uint64_t(stored_row(r)) * row_bytes(); }
+  const uint8_t* block(int64_t r, int64_t g) const { return row_blocks(r) + uint64_t(g) * kPq2Bytes; }
+  uint16_t group_scale(int64_t r, int64_t g) const { return pq2_block_scale(block(r, g)); }  // fp16 bits
+  const uint8_t* group_codes(int64_t r, int64_t g) const { return pq2_block_codes(block(r, g)); }  // [32]
+  int code(int64_t r, int64_t e) const { return pq2_block_code(block(r, e / kTernaryGroup), int(e % kTernaryGroup)); }
+
+  // Makes this matrix own fresh storage of rows x cols (uninitialised, huge pages: util/large_buffer.h)
+  // with no row map; returns the writable blocks [rows, K/128, 34].
+  uint8_t* allocate(int64_t n_rows, int64_t n_cols);
+  // Makes this matrix a view of `data` (blocks [rows, K/128, 34] in stored order) kept alive by `owner`.
+  void view(const uint8_t* data, std::shared_ptr<const void> owner);
+  // Owned copy of split-form words u32 [N, K/16] + scales fp16 [N, K/128] (MLX, tests).
+  void assign_split(const uint32_t* words, const uint16_t* scales, int64_t n_rows, int64_t n_cols);
 };
 
 struct AttentionWeights {
@@ -83,7 +107,7 @@ struct Model {
   HadamardRotation hadamard;
   TernaryMatrix embed;             // [vocab, E]; rows are R e when embed_inverse (transform after gather)
   bool embed_inverse = false;
-  TernaryMatrix head;              // [vocab, E] (a copy of embed's words when tied is not supported)
+  TernaryMatrix head;              // [vocab, E]; when tied, shares embed's storage (folded = embed_inverse)
   std::vector<float> out_norm;     // [E]
   std::vector<LayerWeights> layers;
 

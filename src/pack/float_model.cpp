@@ -116,16 +116,18 @@ TernaryMatrix ternarise(const std::string& name, const std::vector<float>& w, in
   t.rows = N;
   t.cols = K;
   t.folded = rotate;
-  t.words.resize(size_t(N * K / 16));
-  t.scales.resize(size_t(N * K / 128));
+  uint8_t* blocks = t.allocate(N, K);  // [N, K/128, 34]
   std::vector<double> row(static_cast<size_t>(K));
   std::vector<float> rowf(static_cast<size_t>(K));
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t k = 0; k < K; ++k) row[size_t(k)] = w[size_t(n * K + k)];
     if (rotate) fwht_rows_f64(row.data(), K, signs, block, false);
     for (int64_t k = 0; k < K; ++k) rowf[size_t(k)] = float(row[size_t(k)]);
-    for (int64_t g = 0; g < K / 128; ++g)
-      t.scales[size_t(n * (K / 128) + g)] = ternary_quantize_group(&rowf[size_t(g * 128)], &t.words[size_t(n * (K / 16) + g * 8)]);
+    for (int64_t g = 0; g < K / 128; ++g) {
+      uint32_t words[8];
+      const uint16_t d = ternary_quantize_group(&rowf[size_t(g * 128)], words);
+      pq2_encode_block(words, d, blocks + uint64_t(n * (K / 128) + g) * kPq2Bytes);
+    }
   }
   return t;
 }
@@ -204,10 +206,8 @@ FloatModel effective_float_model(const Model& m, const std::map<int64_t, std::ve
       out.resize(size_t(N * K));
       std::vector<double> row(static_cast<size_t>(K));
       for (int64_t n = 0; n < N; ++n) {
-        const uint32_t* w = t->row_words(n);
-        const uint16_t* sc = t->row_scales(n);
         for (int64_t k = 0; k < K; ++k)
-          row[size_t(k)] = double(ternary_code(w, uint64_t(k)) - 1) * double(fp16_to_f32(sc[k / 128]));
+          row[size_t(k)] = double(t->code(n, k) - 1) * double(fp16_to_f32(t->group_scale(n, k / 128)));
         if (unrotate) fwht_rows_f64(row.data(), K, signs, m.hadamard.block, true);
         if (!t->input_perm.empty()) {  // the matrix reads x[input_perm[i]] at column i
           std::vector<double> g(static_cast<size_t>(K));

@@ -57,27 +57,27 @@ std::vector<int64_t> gguf_row_order(const ModelConfig& c, const TensorSpec& s) {
   return src;
 }
 
-// A ternary matrix in the order the GGUF holds it: V rows tiled; an unfolded ssm_out has tiled columns.
-TernaryMatrix gguf_ordered(const ModelConfig& c, const TensorSpec& s, const TernaryMatrix& t) {
-  TernaryMatrix o = t;
-  const int64_t wpr = t.cols / 16, spr = t.cols / 128;
+// A ternary matrix as the GGUF's PQ2_0 bytes [N, K/128, 34]: the canonical blocks with V rows tiled; an
+// unfolded ssm_out also has its columns (whole blocks per head) tiled.
+std::vector<uint8_t> gguf_ordered_pq2(const ModelConfig& c, const TensorSpec& s, const TernaryMatrix& t) {
+  const uint64_t rb = t.row_bytes();
+  std::vector<uint8_t> out(t.bytes());
   const auto src = gguf_row_order(c, s);
-  for (int64_t r = 0; r < t.rows; ++r) {
-    std::memcpy(&o.words[size_t(r * wpr)], t.row_words(src[size_t(r)]), size_t(wpr) * 4);
-    std::memcpy(&o.scales[size_t(r * spr)], t.row_scales(src[size_t(r)]), size_t(spr) * 2);
-  }
+  for (int64_t r = 0; r < t.rows; ++r) std::memcpy(&out[size_t(uint64_t(r) * rb)], t.row_blocks(src[size_t(r)]), size_t(rb));
   if (s.role == Role::GdnOut && !t.folded) {
     const int64_t Dv = c.gdn_head_dim;
     if (Dv % 128 != 0) fail("{}: cannot tile the columns of an unfolded ssm_out with head dim {} (not a multiple of 128)", t.name, Dv);
-    const int64_t wph = Dv / 16, sph = Dv / 128;
-    for (int64_t r = 0; r < t.rows; ++r)
+    const size_t head_bytes = size_t(Dv / 128) * kPq2Bytes;
+    for (int64_t r = 0; r < t.rows; ++r) {
+      const uint8_t* canon = t.row_blocks(r);
+      uint8_t* row = &out[size_t(uint64_t(r) * rb)];
       for (int64_t tt = 0; tt < c.gdn_v_heads; ++tt) {
         const int64_t g = gdn_tiled_to_grouped(tt, c.gdn_k_heads, c.gdn_v_heads);
-        std::memcpy(&o.words[size_t(r * wpr + tt * wph)], t.row_words(r) + g * wph, size_t(wph) * 4);
-        std::memcpy(&o.scales[size_t(r * spr + tt * sph)], t.row_scales(r) + g * sph, size_t(sph) * 2);
+        std::memcpy(row + size_t(tt) * head_bytes, canon + size_t(g) * head_bytes, head_bytes);
       }
+    }
   }
-  return o;
+  return out;
 }
 
 std::vector<float> gguf_ordered_floats(const ModelConfig& c, const TensorSpec& s, const std::vector<float>& v) {
@@ -158,12 +158,15 @@ void write_gguf_pack(const Model& m, const PackExtras& x, TernaryFormat fmt, con
   for (const TensorSpec& s : tensor_specs(c)) {
     if (!s.required && s.role == Role::Output && c.tied_embeddings) continue;
     if (const TernaryMatrix* t = ternary_of(m, s.role, s.layer)) {
-      const TernaryMatrix o = gguf_ordered(c, s, *t);
-      const uint64_t blocks = uint64_t(o.rows) * uint64_t(o.cols / 128);
-      std::vector<uint8_t> bytes(blocks * (fmt == TernaryFormat::PQ2_0 ? kPq2Bytes : kPtq1Bytes));
-      if (fmt == TernaryFormat::PQ2_0) canonical_to_pq2(o.words.data(), o.scales.data(), uint64_t(o.rows), uint64_t(o.cols), bytes.data());
-      else canonical_to_ptq1(o.words.data(), o.scales.data(), uint64_t(o.rows), uint64_t(o.cols), bytes.data(), s.gguf_name);
-      w.add_tensor(s.gguf_name, ttype, s.ne, std::move(bytes));
+      // PQ2_0 is the canonical block layout: the tensor is a copy of the (file-ordered) blocks.
+      std::vector<uint8_t> pq2 = gguf_ordered_pq2(c, s, *t);
+      if (fmt == TernaryFormat::PQ2_0) {
+        w.add_tensor(s.gguf_name, ttype, s.ne, std::move(pq2));
+      } else {
+        std::vector<uint8_t> bytes(uint64_t(t->rows) * uint64_t(t->groups()) * kPtq1Bytes);
+        pq2_to_ptq1(pq2.data(), uint64_t(t->rows), uint64_t(t->cols), bytes.data(), s.gguf_name);
+        w.add_tensor(s.gguf_name, ttype, s.ne, std::move(bytes));
+      }
       continue;
     }
     const std::vector<float> v = gguf_ordered_floats(c, s, floats_of(m, s.role, s.layer));
@@ -186,11 +189,16 @@ void write_mlx_pack(const Model& m, const PackExtras& x, const std::string& dir)
     const std::string name = "language_model." + s.hf_name;
     if (const TernaryMatrix* t = ternary_of(m, s.role, s.layer)) {
       const std::string base = name.substr(0, name.size() - 7);  // drop ".weight"
-      std::vector<uint8_t> words(t->words.size() * 4), scales(t->scales.size() * 2), biases(t->scales.size() * 2);
-      std::memcpy(words.data(), t->words.data(), words.size());
-      std::memcpy(scales.data(), t->scales.data(), scales.size());
-      mlx_make_biases(t->scales.data(), t->scales.size(), reinterpret_cast<uint16_t*>(biases.data()));
-      const uint64_t N = uint64_t(t->rows), K = uint64_t(t->cols);
+      const uint64_t N = uint64_t(t->rows), K = uint64_t(t->cols), G = K / 128;
+      // Split form: words u32 [N, K/16] (the blocks' code bytes), scales fp16 [N, K/128], biases = -scales.
+      std::vector<uint8_t> words(N * G * 32), scales(N * G * 2), biases(N * G * 2);
+      for (uint64_t r = 0; r < N; ++r)
+        for (uint64_t g = 0; g < G; ++g) {
+          const uint8_t* blk = t->block(int64_t(r), int64_t(g));
+          std::memcpy(&words[(r * G + g) * 32], pq2_block_codes(blk), 32);
+          std::memcpy(&scales[(r * G + g) * 2], blk, 2);
+        }
+      mlx_make_biases(reinterpret_cast<const uint16_t*>(scales.data()), N * G, reinterpret_cast<uint16_t*>(biases.data()));
       st.add(base + ".weight", StDtype::U32, {N, K / 16}, std::move(words));
       st.add(base + ".scales", StDtype::F16, {N, K / 128}, std::move(scales));
       st.add(base + ".biases", StDtype::F16, {N, K / 128}, std::move(biases));

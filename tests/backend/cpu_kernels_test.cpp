@@ -139,16 +139,16 @@ TEST_P(Variant, TernaryRowsF32) {
     for (int64_t M : {1, 5, 64, 67}) {
       const auto x = randn(size_t(M * K), 41 + uint32_t(M));
       std::vector<float> want(size_t(M * N));
-      ref::ternary_matmul(W.words.data(), W.scales.data(), N, K, x.data(), M, want.data());
+      ref::ternary_matmul(W.blocks.data(), N, K, x.data(), M, want.data());
       // Rows [n0, N) written at y[m * N + n]: the kernels see a row range not starting at 0.
       const int64_t n0 = 3;
       auto got = poisoned(size_t(M * N));
       for (int64_t n = 0; n < n0; ++n)
         for (int64_t m = 0; m < M; ++m) got[size_t(m * N + n)] = want[size_t(m * N + n)];
       if (M == 1)
-        k_->ternary_rows_x1(W.words.data(), W.scales.data(), K, n0, N, x.data(), got.data() + n0);
+        k_->ternary_rows_x1(W.blocks.data(), K, n0, N, x.data(), got.data() + n0);
       else
-        k_->ternary_rows_xm(W.words.data(), W.scales.data(), K, n0, N, x.data(), M, got.data() + n0, N);
+        k_->ternary_rows_xm(W.blocks.data(), K, n0, N, x.data(), M, got.data() + n0, N);
       SCOPED_TRACE(testing::Message() << "N " << N << " K " << K << " M " << M);
       EXPECT_LE(max_rel_err(got.data(), want.data(), got.size()), 1e-5);
     }
@@ -205,17 +205,17 @@ TEST_P(Variant, TernaryRowsQ8) {
           std::copy(row.begin(), row.end(), xd.begin() + m * K);
         }
         std::vector<float> want_q(size_t(M * N)), want(size_t(M * N));
-        ref::ternary_matmul(W.words.data(), W.scales.data(), N, K, xd.data(), M, want_q.data());
-        ref::ternary_matmul(W.words.data(), W.scales.data(), N, K, x.data(), M, want.data());
+        ref::ternary_matmul(W.blocks.data(), N, K, xd.data(), M, want_q.data());
+        ref::ternary_matmul(W.blocks.data(), N, K, x.data(), M, want.data());
         const int64_t n0 = 3;
         auto got = poisoned(size_t(M * N));
         for (int64_t n = 0; n < n0; ++n)
           for (int64_t m = 0; m < M; ++m) got[size_t(m * N + n)] = want_q[size_t(m * N + n)];
         if (M == 1)
-          k_->ternary_rows_q8_x1(W.words.data(), W.scales.data(), K, n0, N, xq.q.data(), xq.scale.data(),
+          k_->ternary_rows_q8_x1(W.blocks.data(), K, n0, N, xq.q.data(), xq.scale.data(),
                                  xq.sum.data(), levels, got.data() + n0);
         else
-          k_->ternary_rows_q8_xm(W.words.data(), W.scales.data(), K, n0, N, xq.q.data(), xq.scale.data(),
+          k_->ternary_rows_q8_xm(W.blocks.data(), K, n0, N, xq.q.data(), xq.scale.data(),
                                  xq.sum.data(), levels, M, got.data() + n0, N);
         EXPECT_LE(max_rel_err(got.data(), want_q.data(), got.size()), 1e-5);
         const auto bound = q8_bound(W, xq.scale, M, levels);
@@ -246,12 +246,12 @@ TEST_P(Variant, OpsForcedPath) {
     for (int64_t M : {1, 5, 64, 67}) {
       const auto x = randn(size_t(M * K), 71 + uint32_t(M));
       std::vector<float> want(size_t(M * N));
-      ref::ternary_matmul(W.words.data(), W.scales.data(), N, K, x.data(), M, want.data());
+      ref::ternary_matmul(W.blocks.data(), N, K, x.data(), M, want.data());
       std::vector<float> first;
       for (int threads : {1, 2, 3}) {
         cpu::set_num_threads(threads);
         auto got = poisoned(size_t(M * N));
-        cpu::ternary_matmul(W.words.data(), W.scales.data(), N, K, x.data(), M, got.data());
+        cpu::ternary_matmul(W.blocks.data(), N, K, x.data(), M, got.data());
         SCOPED_TRACE(testing::Message() << "act " << int(act) << " M " << M << " threads " << threads);
         EXPECT_LE(max_rel_err(got.data(), want.data(), got.size()), kDigitBound[int(act)]);
         if (first.empty())
@@ -262,10 +262,10 @@ TEST_P(Variant, OpsForcedPath) {
       // multi: two weight sets sharing one quantised site.
       const auto W2 = random_ternary(11, K, 72, 0.0);
       std::vector<float> want2(size_t(M * 11));
-      ref::ternary_matmul(W2.words.data(), W2.scales.data(), 11, K, x.data(), M, want2.data());
+      ref::ternary_matmul(W2.blocks.data(), 11, K, x.data(), M, want2.data());
       auto y1 = poisoned(size_t(M * N)), y2 = poisoned(size_t(M * 11));
-      const TernaryOut outs[2] = {{W.words.data(), W.scales.data(), N, y1.data()},
-                                  {W2.words.data(), W2.scales.data(), 11, y2.data()}};
+      const TernaryOut outs[2] = {{W.blocks.data(), N, y1.data()},
+                                  {W2.blocks.data(), 11, y2.data()}};
       cpu::ternary_matmul_multi(outs, 2, K, x.data(), M);
       EXPECT_EQ(0, std::memcmp(first.data(), y1.data(), 4 * y1.size()));
       EXPECT_LE(max_rel_err(y2.data(), want2.data(), y2.size()), kDigitBound[int(act)]);
@@ -328,16 +328,16 @@ TEST(CpuKernelsAccuracy, DigitsAtModelWidths) {
           for (int64_t c : {int64_t(7), K / 3, K - 100}) x[size_t(m * K + c)] *= 40.0f;
       if (kind == 2) ref::hadamard_forward(x.data(), M, K, s.data(), 1024);
       std::vector<float> want(size_t(M * N));
-      ref::ternary_matmul(W.words.data(), W.scales.data(), N, K, x.data(), M, want.data());
+      ref::ternary_matmul(W.blocks.data(), N, K, x.data(), M, want.data());
       for (int levels : {0, 1, 2, 3}) {
         auto got = poisoned(size_t(M * N));
         if (levels == 0) {
           for (int64_t m = 0; m < M; ++m)
-            k.ternary_rows_x1(W.words.data(), W.scales.data(), K, 0, N, x.data() + m * K, got.data() + m * N);
+            k.ternary_rows_x1(W.blocks.data(), K, 0, N, x.data() + m * K, got.data() + m * N);
         } else {
           const auto xq = quantize_rows(k, x.data(), M, K, levels);
           for (int64_t m = 0; m < M; ++m)
-            k.ternary_rows_q8_x1(W.words.data(), W.scales.data(), K, 0, N, xq.q.data() + m * levels * K,
+            k.ternary_rows_q8_x1(W.blocks.data(), K, 0, N, xq.q.data() + m * levels * K,
                                  xq.scale.data() + m * G, xq.sum.data() + m * levels * G, levels, got.data() + m * N);
         }
         double se = 0, sy = 0;

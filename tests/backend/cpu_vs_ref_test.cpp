@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -80,8 +81,8 @@ TEST_F(CpuVsRef, TernaryMatmul) {
       auto W = random_ternary(N, K, 300 + uint32_t(N), /*p3=*/0.002);  // code 3 (+2d) must decode the same
       auto x = randn(size_t(M * K), 301);
       auto yr = poisoned(size_t(M * N)), yc = poisoned(size_t(M * N));
-      ref::ternary_matmul(W.words.data(), W.scales.data(), N, K, x.data(), M, yr.data());
-      cpu::ternary_matmul(W.words.data(), W.scales.data(), N, K, x.data(), M, yc.data());
+      ref::ternary_matmul(W.blocks.data(), N, K, x.data(), M, yr.data());
+      cpu::ternary_matmul(W.blocks.data(), N, K, x.data(), M, yc.data());
       SCOPED_TRACE(testing::Message() << "M " << M << " N " << N << " K " << K);
       EXPECT_CLOSE(yc, yr, 1e-5);
     }
@@ -95,12 +96,12 @@ TEST_F(CpuVsRef, TernaryMatmulMulti) {
     auto x = randn(size_t(M * K), 313);
     std::vector<float> ra = poisoned(size_t(M * 37)), rb = poisoned(size_t(M * 11)), rc = poisoned(size_t(M * 64));
     std::vector<float> ca = ra, cb = rb, cc = rc;
-    const TernaryOut ref_outs[3] = {{A.words.data(), A.scales.data(), 37, ra.data()},
-                                    {B.words.data(), B.scales.data(), 11, rb.data()},
-                                    {C.words.data(), C.scales.data(), 64, rc.data()}};
-    const TernaryOut cpu_outs[3] = {{A.words.data(), A.scales.data(), 37, ca.data()},
-                                    {B.words.data(), B.scales.data(), 11, cb.data()},
-                                    {C.words.data(), C.scales.data(), 64, cc.data()}};
+    const TernaryOut ref_outs[3] = {{A.blocks.data(), 37, ra.data()},
+                                    {B.blocks.data(), 11, rb.data()},
+                                    {C.blocks.data(), 64, rc.data()}};
+    const TernaryOut cpu_outs[3] = {{A.blocks.data(), 37, ca.data()},
+                                    {B.blocks.data(), 11, cb.data()},
+                                    {C.blocks.data(), 64, cc.data()}};
     ref::ternary_matmul_multi(ref_outs, 3, K, x.data(), M);
     cpu::ternary_matmul_multi(cpu_outs, 3, K, x.data(), M);
     SCOPED_TRACE(M);
@@ -109,8 +110,31 @@ TEST_F(CpuVsRef, TernaryMatmulMulti) {
     EXPECT_CLOSE(cc, rc, 1e-5);
     // And the same as three separate calls, bit for bit.
     auto sb = poisoned(size_t(M * 11));
-    cpu::ternary_matmul(B.words.data(), B.scales.data(), 11, K, x.data(), M, sb.data());
+    cpu::ternary_matmul(B.blocks.data(), 11, K, x.data(), M, sb.data());
     EXPECT_EQ(sb, cb);
+  }
+}
+
+// A row map (TernaryOut::runs, how a GGUF's tiled GDN rows are read in place) gives the same product as
+// the rows physically permuted; run boundaries fall inside the pool's row chunks and the kernels' row tiles.
+TEST_F(CpuVsRef, TernaryMatmulRowRuns) {
+  const int64_t N = 300, K = 384;
+  auto W = random_ternary(N, K, 330);
+  const RowRun runs[3] = {{0, 200, 100}, {100, 0, 123}, {223, 123, 77}};
+  const size_t rb = size_t(K / 128 * kPq2Bytes);
+  std::vector<uint8_t> permuted(W.blocks.size());
+  for (const RowRun& r : runs)
+    std::memcpy(&permuted[size_t(r.row) * rb], &W.blocks[size_t(r.src) * rb], size_t(r.count) * rb);
+  for (int64_t M : {1, 5}) {
+    auto x = randn(size_t(M * K), 331);
+    auto want = poisoned(size_t(M * N)), rr = poisoned(size_t(M * N)), cr = poisoned(size_t(M * N));
+    ref::ternary_matmul(permuted.data(), N, K, x.data(), M, want.data());
+    const TernaryOut ro{W.blocks.data(), N, rr.data(), runs, 3}, co{W.blocks.data(), N, cr.data(), runs, 3};
+    ref::ternary_matmul_multi(&ro, 1, K, x.data(), M);
+    cpu::ternary_matmul_multi(&co, 1, K, x.data(), M);
+    SCOPED_TRACE(M);
+    EXPECT_EQ(rr, want);
+    EXPECT_CLOSE(cr, want, 1e-5);
   }
 }
 
@@ -119,8 +143,8 @@ TEST_F(CpuVsRef, TernaryDequantRowExact) {
   auto W = random_ternary(N, K, 320, 0.01);
   for (int64_t row : {0, 4, 8}) {
     auto a = poisoned(size_t(K)), b = poisoned(size_t(K));
-    ref::ternary_dequant_row(W.words.data(), W.scales.data(), K, row, a.data());
-    cpu::ternary_dequant_row(W.words.data(), W.scales.data(), K, row, b.data());
+    ref::ternary_dequant_row(W.blocks.data(), K, row, a.data());
+    cpu::ternary_dequant_row(W.blocks.data(), K, row, b.data());
     EXPECT_EQ(a, b);
   }
 }
@@ -369,7 +393,7 @@ TEST_F(CpuVsRef, ResultsDoNotDependOnThreadCount) {
   for (int pass = 0; pass < 2; ++pass) {
     cpu::set_num_threads(pass == 0 ? 1 : 3);
     y[pass] = poisoned(size_t(M * N));
-    cpu::ternary_matmul(W.words.data(), W.scales.data(), N, K, x.data(), M, y[pass].data());
+    cpu::ternary_matmul(W.blocks.data(), N, K, x.data(), M, y[pass].data());
     st[pass] = c.state;
     o[pass] = poisoned(size_t(40 * 6 * 24));
     cpu::gdn_chunked(st[pass].data(), c.q.data(), c.k.data(), c.v.data(), c.g.data(), c.beta.data(), 40, 2, 6, 32, 24,

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/ref/ops.h"
+#include "format/ternary_codec.h"
 #include "util/half.h"
 
 namespace bonsai::test {
@@ -45,8 +46,9 @@ inline std::vector<float> poisoned(size_t n) { return std::vector<float>(n, std:
 // the range seen in the real packs.
 struct Ternary {
   int64_t N, K;
-  std::vector<uint32_t> words;   // [N, K/16]
+  std::vector<uint32_t> words;   // [N, K/16]   split form, for the tests' own decoding
   std::vector<uint16_t> scales;  // [N, K/128]
+  std::vector<uint8_t> blocks;   // [N, K/128, 34] the same as PQ2_0 blocks: what the ops read
 };
 inline Ternary random_ternary(int64_t N, int64_t K, uint32_t seed, double p3 = 0.0) {
   std::mt19937 rng(seed);
@@ -59,6 +61,8 @@ inline Ternary random_ternary(int64_t N, int64_t K, uint32_t seed, double p3 = 0
   }
   std::uniform_real_distribution<float> sc(0.004f, 0.03f);
   for (auto& s : t.scales) s = f32_to_fp16(sc(rng));
+  t.blocks.resize(size_t(N * K / 128 * kPq2Bytes));
+  canonical_to_pq2(t.words.data(), t.scales.data(), uint64_t(N), uint64_t(K), t.blocks.data());
   return t;
 }
 

@@ -96,7 +96,7 @@ TEST(RefTernary, MatmulEqualsExplicitDequantisedMatmul) {
       Wd[size_t(n * K + e)] = (code - 1) * double(fp16_to_f32(W.scales[size_t(n * K / 128 + e / 128)]));
     }
   auto y = poisoned(size_t(M * N));
-  ref::ternary_matmul(W.words.data(), W.scales.data(), N, K, x.data(), M, y.data());
+  ref::ternary_matmul(W.blocks.data(), N, K, x.data(), M, y.data());
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) {
       double acc = 0;
@@ -104,7 +104,7 @@ TEST(RefTernary, MatmulEqualsExplicitDequantisedMatmul) {
       ASSERT_EQ(y[size_t(m * N + n)], float(acc)) << m << "," << n;
     }
   auto row = poisoned(size_t(K));
-  ref::ternary_dequant_row(W.words.data(), W.scales.data(), K, 17, row.data());
+  ref::ternary_dequant_row(W.blocks.data(), K, 17, row.data());
   for (int64_t e = 0; e < K; ++e) ASSERT_EQ(row[size_t(e)], float(Wd[size_t(17 * K + e)]));
 }
 

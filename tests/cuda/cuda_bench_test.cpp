@@ -50,10 +50,10 @@ void fill_matrix(TernaryMatrix& t, int64_t N, int64_t K, uint64_t seed) {
   t.rows = N;
   t.cols = K;
   t.name = "bench." + std::to_string(N) + "x" + std::to_string(K);
-  t.words.resize(size_t(N * K / 16));
-  t.scales.resize(size_t(N * K / 128));
+  std::vector<uint32_t> words(size_t(N * K / 16));  // split form, encoded into the canonical blocks below
+  std::vector<uint16_t> scales(size_t(N * K / 128));
   uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (auto& w : t.words) {
+  for (auto& w : words) {
     s ^= s << 13;
     s ^= s >> 7;
     s ^= s << 17;
@@ -61,7 +61,8 @@ void fill_matrix(TernaryMatrix& t, int64_t N, int64_t K, uint64_t seed) {
     for (int k = 0; k < 4; ++k) v |= uint32_t(table[((s >> (16 * k)) & 0xffff) * 81 >> 16]) << (8 * k);
     w = v;
   }
-  for (size_t j = 0; j < t.scales.size(); ++j) t.scales[j] = f32_to_fp16(0.004f + 0.02f * float(j % 97) / 97.f);
+  for (size_t j = 0; j < scales.size(); ++j) scales[j] = f32_to_fp16(0.004f + 0.02f * float(j % 97) / 97.f);
+  t.assign_split(words.data(), scales.data(), N, K);
 }
 
 TEST(CudaBench, ProbeAndTernaryKernels) {

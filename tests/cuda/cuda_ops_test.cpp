@@ -152,7 +152,7 @@ TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
         const auto got = down(*b, ys[i]);
         const auto exact = quantised_reference(*ws[i], x, c.M);
         std::vector<float> truth(size_t(c.M * ws[i]->rows));
-        ref::ternary_matmul(ws[i]->words.data(), ws[i]->scales.data(), ws[i]->rows, c.K, x.data(), c.M, truth.data());
+        ref::ternary_matmul(ws[i]->blocks, ws[i]->rows, c.K, x.data(), c.M, truth.data());
         const std::string what = "M " + std::to_string(c.M) + " K " + std::to_string(c.K) + " N " +
                                  std::to_string(ws[i]->rows) +
                                  (b == &be2 ? " v3" : b == &be3 ? " bulk R2" : b == &be4 ? " bulk R1" : " default");
@@ -164,8 +164,8 @@ TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
           for (int64_t n = 0; n < ws[i]->rows; ++n) {
             double mag = 0;
             for (int64_t e = 0; e < c.K; ++e) {
-              const int code = int((ws[i]->words[size_t(n * (c.K / 16) + e / 16)] >> (2 * (e % 16))) & 3);
-              mag += std::fabs(double(code - 1) * double(fp16_to_f32(ws[i]->scales[size_t(n * (c.K / 128) + e / 128)])) *
+              const int code = ws[i]->code(n, e);
+              mag += std::fabs(double(code - 1) * double(fp16_to_f32(ws[i]->group_scale(n, e / 128))) *
                                double(x[size_t(m * c.K + e)]));
             }
             const size_t k = size_t(m * ws[i]->rows + n);
@@ -415,7 +415,7 @@ TEST(CudaOps, EmbeddingGatherAndInverseTransform) {
     ids[0] = int32_t(V - 1);
     std::vector<float> want(size_t(M * E));
     for (int64_t m = 0; m < M; ++m)
-      ref::ternary_dequant_row(table.words.data(), table.scales.data(), E, ids[size_t(m)], want.data() + m * E);
+      ref::ternary_dequant_row(table.blocks, E, ids[size_t(m)], want.data() + m * E);
     Buffer o = poisoned(be, want.size());
     be.embed_rows(table, ids.data(), M, o.data());
     EXPECT_EQ(down(be, o), want) << "M " << M;

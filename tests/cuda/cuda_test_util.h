@@ -91,10 +91,10 @@ inline TernaryMatrix& random_matrix(int64_t N, int64_t K, uint32_t seed, double 
   t.name = "test." + std::to_string(N) + "x" + std::to_string(K) + "." + std::to_string(seed);
   t.rows = N;
   t.cols = K;
-  t.words.assign(size_t(N * K / 16), 0);
-  t.scales.resize(size_t(N * K / 128));
+  std::vector<uint32_t> words(size_t(N * K / 16), 0);  // split form, encoded into the canonical blocks below
+  std::vector<uint16_t> scales(size_t(N * K / 128));
   std::mt19937_64 rng(seed);
-  for (auto& w : t.words) {
+  for (auto& w : words) {
     uint32_t v = 0;
     for (int j = 0; j < 16; ++j) {
       const uint64_t r = rng();
@@ -105,7 +105,8 @@ inline TernaryMatrix& random_matrix(int64_t N, int64_t K, uint32_t seed, double 
     w = v;
   }
   std::uniform_real_distribution<float> sc(0.004f, 0.03f);
-  for (auto& s : t.scales) s = f32_to_fp16(sc(rng));
+  for (auto& s : scales) s = f32_to_fp16(sc(rng));
+  t.assign_split(words.data(), scales.data(), N, K);
   return t;
 }
 
@@ -135,10 +136,10 @@ inline std::vector<float> quantised_reference(const TernaryMatrix& w, const std:
         double s = 0;
         for (int64_t i = 0; i < 128; ++i) {
           const int64_t e = g * 128 + i;
-          const int code = int((w.words[size_t(n * (K / 16) + e / 16)] >> (2 * (e % 16))) & 3);
+          const int code = w.code(n, e);
           s += double(code - 1) * xd[size_t(m * K + e)];
         }
-        acc += s * double(fp16_to_f32(w.scales[size_t(n * G + g)])) * dx[size_t(m * G + g)];
+        acc += s * double(fp16_to_f32(w.group_scale(n, g))) * dx[size_t(m * G + g)];
       }
       y[size_t(m * N + n)] = float(acc);
     }

@@ -55,24 +55,27 @@ TEST(TernaryCodec, RandomRowsRoundTripByteExact) {
     EXPECT_EQ(s1, m.scales);
 
     std::vector<uint8_t> ptq1(groups * kPtq1Bytes, 0xEE);
-    canonical_to_ptq1(w1.data(), s1.data(), N, K, ptq1.data(), "rand");
+    pq2_to_ptq1(pq2.data(), N, K, ptq1.data(), "rand");
+    std::vector<uint8_t> pq2b(groups * kPq2Bytes, 0x11);
+    ptq1_to_pq2(ptq1.data(), N, K, pq2b.data());
+    EXPECT_EQ(pq2b, pq2);  // PQ2_0 -> PTQ1_0 -> PQ2_0 byte-exact
     std::vector<uint32_t> w2(m.words.size(), 0xDEADBEEF);
     std::vector<uint16_t> s2(m.scales.size(), 0xBEEF);
-    ptq1_to_canonical(ptq1.data(), N, K, w2.data(), s2.data());
+    pq2_to_canonical(pq2b.data(), N, K, w2.data(), s2.data());
     EXPECT_EQ(w2, m.words);
     EXPECT_EQ(s2, m.scales);
 
-    std::vector<uint8_t> pq2b(groups * kPq2Bytes, 0x11);
-    canonical_to_pq2(w2.data(), s2.data(), N, K, pq2b.data());
-    EXPECT_EQ(pq2b, pq2);  // PQ2_0 -> canonical -> PTQ1_0 -> canonical -> PQ2_0 byte-exact
-
-    // And the other way: PTQ1_0 -> canonical -> PQ2_0 -> canonical -> PTQ1_0.
-    std::vector<uint32_t> w3(m.words.size());
-    std::vector<uint16_t> s3(m.scales.size());
-    pq2_to_canonical(pq2b.data(), N, K, w3.data(), s3.data());
+    // And the other way: PTQ1_0 -> PQ2_0 -> PTQ1_0.
     std::vector<uint8_t> ptq1b(groups * kPtq1Bytes, 0x22);
-    canonical_to_ptq1(w3.data(), s3.data(), N, K, ptq1b.data(), "rand");
+    pq2_to_ptq1(pq2b.data(), N, K, ptq1b.data(), "rand");
     EXPECT_EQ(ptq1b, ptq1);
+
+    // Block accessors read the split form's codes and scales.
+    for (uint64_t g = 0; g < groups; g += 3) {
+      const uint8_t* blk = pq2.data() + g * kPq2Bytes;
+      EXPECT_EQ(pq2_block_scale(blk), m.scales[g]);
+      for (int e = 0; e < 128; e += 7) EXPECT_EQ(pq2_block_code(blk, e), ternary_code(&m.words[g * 8], uint64_t(e)));
+    }
 
     // MLX: words as-is, biases = -scales, both ways.
     std::vector<uint16_t> biases(m.scales.size());
@@ -224,9 +227,10 @@ TEST(TernaryCodec, Code3DecodesAsPlusTwoButPtq1Refuses) {
 
   Mat m = random_ternary(4, 256, 99);
   set_code(m.words.data() + 2 * (256 / 16), 128 + 5, 3);  // row 2, group 1
-  std::vector<uint8_t> dst(4 * 2 * kPtq1Bytes);
+  std::vector<uint8_t> src(4 * 2 * kPq2Bytes), dst(4 * 2 * kPtq1Bytes);
+  canonical_to_pq2(m.words.data(), m.scales.data(), 4, 256, src.data());
   try {
-    canonical_to_ptq1(m.words.data(), m.scales.data(), 4, 256, dst.data(), "blk.0.ffn_up.weight");
+    pq2_to_ptq1(src.data(), 4, 256, dst.data(), "blk.0.ffn_up.weight");
     FAIL() << "expected a throw";
   } catch (const Error& e) {
     const std::string msg = e.what();
@@ -240,7 +244,7 @@ TEST(TernaryCodec, RejectsKNotMultipleOf128) {
   std::vector<uint32_t> w(16);
   std::vector<uint16_t> s(2);
   EXPECT_THROW(pq2_to_canonical(src.data(), 1, 200, w.data(), s.data()), Error);
-  EXPECT_THROW(ptq1_to_canonical(src.data(), 1, 200, w.data(), s.data()), Error);
+  EXPECT_THROW(ptq1_to_pq2(src.data(), 1, 200, src.data()), Error);
 }
 
 TEST(TernaryCodec, QuantiserKnownValues) {

@@ -40,6 +40,40 @@ TEST(PackRoundTrip, AllFormatsLoadToIdenticalCanonicalWeights) {
     if (t != &a.embed) EXPECT_TRUE(t->folded) << t->name;
 }
 
+// Zero copy: a PQ2_0 load views the mapped file's blocks in place (the tiled GDN rows through a row map),
+// and the model keeps the mapping alive after the Pack is gone. PTQ1_0 and MLX are transcoded into owned blocks.
+TEST(PackRoundTrip, Pq2LoadIsAViewThatOutlivesThePack) {
+  auto pack = std::make_unique<Pack>(open_pack(tiny_packs().pq2));
+  Model m = load_model(*pack);
+  int tiled = 0;
+  for (const TernaryMatrix* t : m.ternary_matrices()) {
+    const GgufTensorInfo* info = pack->gguf->find_tensor(t == &m.head && m.config.tied_embeddings ? "token_embd.weight" : t->name);
+    ASSERT_NE(info, nullptr) << t->name;
+    EXPECT_FALSE(t->owned) << t->name << " was copied";
+    EXPECT_EQ(t->blocks, info->data) << t->name << " is not the file's bytes";
+    EXPECT_EQ(t->bytes(), info->nbytes) << t->name;
+    if (!t->row_runs.empty()) {
+      ++tiled;
+      // Only the tensors whose V rows the converter tiled carry a row map.
+      EXPECT_TRUE(t->name.find("attn_qkv") != std::string::npos || t->name.find("attn_gate") != std::string::npos) << t->name;
+    }
+  }
+  int gdn_layers = 0;
+  for (const LayerWeights& l : m.layers) gdn_layers += !l.full_attention;
+  EXPECT_EQ(tiled, 2 * gdn_layers);  // qkv and z of every GDN layer
+  pack.reset();  // the GgufFile and its handle on the mapping are gone; the model's views still read
+  const Model b = load_model(tiny_packs().ptq1);
+  const Model c = load_model(tiny_packs().mlx);
+  std::string diff;
+  EXPECT_TRUE(canonical_equal(m, b, &diff)) << "after the pack closed, PQ2_0 vs PTQ1_0 differ at " << diff;
+  for (const TernaryMatrix* t : b.ternary_matrices()) EXPECT_TRUE(t->owned && t->row_runs.empty()) << t->name;
+  for (const TernaryMatrix* t : c.ternary_matrices()) EXPECT_TRUE(t->owned && t->row_runs.empty()) << t->name;
+  // A copy of the model shares the storage (no weight copy) and stays valid on its own.
+  Model copy = m;
+  m = Model{};
+  EXPECT_TRUE(canonical_equal(copy, c, &diff)) << diff;
+}
+
 TEST(PackRoundTrip, GgufHoldsGdnHeadsTiledAndNormsPlusOne) {
   // Read the GGUF bytes directly (not through the loader) and check the converter conventions against
   // the MLX file, which holds HF order: V rows of attn_qkv are tiled, ssm_a = -exp(A_log).
@@ -96,7 +130,7 @@ TEST(PackRoundTrip, CanonicalWeightsUnrotatedEqualEffectiveFloatWeights) {
     std::vector<float> row(static_cast<size_t>(K));
     // Rows spread over the matrix (the whole of every matrix would take long in debug builds).
     for (int64_t r = 0; r < w->rows; r += std::max<int64_t>(1, w->rows / 37)) {
-      ref::ternary_dequant_row(w->words.data(), w->scales.data(), K, r, row.data());
+      ref::ternary_dequant_row(w->row_blocks(r), K, 0, row.data());
       // Folded linear: stored w' = R w, so w = R^T w' = S H w' / sqrt(n) (the inverse transform).
       ref::hadamard_inverse(row.data(), 1, K, m.hadamard.signs_for(K), m.hadamard.block);
       double max_err = 0, max_abs = 0;

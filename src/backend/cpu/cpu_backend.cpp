@@ -18,7 +18,7 @@ void CpuBackend::prepare(const Model&) {}  // canonical layout as is (see the he
 
 void CpuBackend::embed_rows(const TernaryMatrix& table, const int32_t* host_ids, int64_t M, float* out) {
   for (int64_t m = 0; m < M; ++m)
-    cpu::ternary_dequant_row(table.words.data(), table.scales.data(), table.cols, host_ids[m], out + m * table.cols);
+    cpu::ternary_dequant_row(table.row_blocks(host_ids[m]), table.cols, 0, out + m * table.cols);
 }
 
 void CpuBackend::hadamard_forward(float* x, int64_t rows, int64_t K, const int8_t* signs, int64_t block) {
@@ -35,7 +35,7 @@ void CpuBackend::linear(const LinearOut* outs, int n_outs, int64_t K, const floa
   for (int i = 0; i < n_outs; ++i) {
     const TernaryMatrix& w = *outs[i].w;
     if (w.cols != K) fail("linear: {} has K = {}, the input has {}", w.name, w.cols, K);
-    t[i] = {w.words.data(), w.scales.data(), w.rows, outs[i].y};
+    t[i] = {w.blocks, w.rows, outs[i].y, w.row_runs.data(), int64_t(w.row_runs.size())};
   }
   cpu::ternary_matmul_multi(t, n_outs, K, x, M);
 }

@@ -33,10 +33,11 @@ namespace bonsai::cpu {
 //                       256 elements (two groups; a last odd group forms a chunk of 128): with P = chunk/4
 //                       (64, or 32 for the odd tail),
 //                         q[l][chunk_base + t*P + p] = digit l of x[chunk_base + 4*p + t],  t = 0..3, p < P.
-//                       Why: canonical code byte p of a chunk holds elements 4p..4p+3 at bits 2t, so
-//                       (codes >> 2t) & 3 over the chunk's P code bytes is "plane t", whose byte p lines
-//                       up with q plane t byte p. The weights are read in their canonical layout (no
-//                       repack, 1x memory); only the activation, once per site, is reordered.
+//                       Why: code byte p of a chunk (the 32 code bytes of each of its blocks, in order)
+//                       holds elements 4p..4p+3 at bits 2t, so (codes >> 2t) & 3 over the chunk's P code
+//                       bytes is "plane t", whose byte p lines up with q plane t byte p. The weights are
+//                       read in their canonical layout (no repack, 1x memory); only the activation, once
+//                       per site, is reordered.
 //   scale fp32  [G]     s_g = amax_g / 127
 //   sum   int32 [L, G]  sum of digit l over the group (maps the unsigned codes c to c - 1:
 //                       sum (c-1) q = sum c q - sum q)
@@ -57,13 +58,15 @@ struct Kernels {
   // pre_signs: optional int8 [n] (+-1) multiplied in before the transform; post_signs: optional int8 [n]
   // multiplied in after it; `scale` always multiplies the result (1/sqrt(n) for the rotation).
   void (*fwht_block)(float* x, int64_t n, const int8_t* pre_signs, const int8_t* post_signs, float scale);
-  // y[n - n0] = sum_e W[n][e] x[e] for rows n0 <= n < n1 of a canonical ternary W [*, K] (M = 1).
-  void (*ternary_rows_x1)(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
-                          const float* x, float* y);
+  // Weights: W [*, K] as PQ2_0 blocks, `blocks` = row 0; row n's K/128 blocks of 34 bytes (fp16 d, then
+  // the 32 code bytes of the canonical layout above) start at blocks + n * (K/128) * 34. No alignment:
+  // the code bytes sit at offset 2 of each block (unaligned loads), as a GGUF PQ2_0 tensor holds them.
+  // y[n - n0] = sum_e W[n][e] x[e] for rows n0 <= n < n1 (M = 1).
+  void (*ternary_rows_x1)(const uint8_t* blocks, int64_t K, int64_t n0, int64_t n1, const float* x, float* y);
   // Y[m][n] = sum_e W[n][e] X[m][e] for rows n0 <= n < n1, all m < M; X fp32 [M, K];
   // y points at Y[0][n0] and rows of Y are ldy apart.
-  void (*ternary_rows_xm)(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
-                          const float* x, int64_t M, float* y, int64_t ldy);
+  void (*ternary_rows_xm)(const uint8_t* blocks, int64_t K, int64_t n0, int64_t n1, const float* x, int64_t M,
+                          float* y, int64_t ldy);
   // fp32 dot product of length n with several partial sums.
   float (*dot)(const float* a, const float* b, int64_t n);
 
@@ -72,13 +75,12 @@ struct Kernels {
   void (*quantize_q8)(const float* x, int64_t K, int levels, int8_t* q, float* scale, int32_t* sum);
   // Integer-activation matvec: y[n - n0] = sum_g d[n][g] * s_g * sum_{e in g} (code[n][e] - 1) * xq[e],
   // xq = q0 + q1/254 + q2/254^2 (`levels` digits), rows n0 <= n < n1; q, qscale, qsum: one quantised row.
-  void (*ternary_rows_q8_x1)(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
-                             const int8_t* q, const float* qscale, const int32_t* qsum, int levels, float* y);
+  void (*ternary_rows_q8_x1)(const uint8_t* blocks, int64_t K, int64_t n0, int64_t n1, const int8_t* q,
+                             const float* qscale, const int32_t* qsum, int levels, float* y);
   // GEMM tile: the same for M quantised rows (q [M, levels, K], qscale [M, K/128], qsum [M, levels, K/128]);
   // y as ternary_rows_xm.
-  void (*ternary_rows_q8_xm)(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
-                             const int8_t* q, const float* qscale, const int32_t* qsum, int levels, int64_t M,
-                             float* y, int64_t ldy);
+  void (*ternary_rows_q8_xm)(const uint8_t* blocks, int64_t K, int64_t n0, int64_t n1, const int8_t* q,
+                             const float* qscale, const int32_t* qsum, int levels, int64_t M, float* y, int64_t ldy);
 };
 
 const Kernels& kernels();            // the active variant (chosen at first use; see above)

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "format/ternary_codec.h"
 #include "util/half.h"
 
 #define TGT __attribute__((target("avx2,fma,popcnt,bmi,bmi2")))
@@ -44,6 +45,16 @@ TGT_INLINE __m256 fp16x8_to_f32(const uint16_t* h) {
   const __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(mag), _mm256_castsi256_ps(_mm256_set1_epi32(0x77800000)));
   return _mm256_or_ps(f, _mm256_castsi256_ps(sign));
 }
+
+// Weights are PQ2_0 blocks (kernels.h): row n at blocks + n * rb, rb = (K/128) * 34; group g's block at
+// + 34 g: fp16 d, then the 32 code bytes (unaligned).
+inline int64_t row_bytes(int64_t K) { return K / 128 * kPq2Bytes; }
+inline uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+inline float block_d(const uint8_t* blk) { return fp16_to_f32(pq2_block_scale(blk)); }
 
 TGT float dot_avx2(const float* a, const float* b, int64_t n) {
   __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
@@ -127,10 +138,9 @@ TGT_INLINE __m256 decode8(uint32_t word, __m256i shifts, __m256 lut) {
   return _mm256_permutevar8x32_ps(lut, _mm256_srlv_epi32(_mm256_set1_epi32(int(word)), shifts));
 }
 
-// R rows: row r's words at w0 + r * ws, scales at s0 + r * ss, output y[r * ys].
+// R rows: row r's blocks at w0 + r * ws bytes, output y[r * ys].
 template <int R>
-TGT_INLINE void f32_rows_x1(const uint32_t* w0, int64_t ws, const uint16_t* s0, int64_t ss, int64_t K, const float* x,
-                            float* y, int64_t ys) {
+TGT_INLINE void f32_rows_x1(const uint8_t* w0, int64_t ws, int64_t K, const float* x, float* y, int64_t ys) {
   const int64_t G = K / 128;
   const __m256i sh_lo = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
   const __m256i sh_hi = _mm256_setr_epi32(16, 18, 20, 22, 24, 26, 28, 30);
@@ -143,32 +153,30 @@ TGT_INLINE void f32_rows_x1(const uint32_t* w0, int64_t ws, const uint16_t* s0, 
     for (int i = 0; i < 8; ++i) {
       const __m256 x0 = _mm256_loadu_ps(x + 128 * g + 16 * i), x1 = _mm256_loadu_ps(x + 128 * g + 16 * i + 8);
       for (int r = 0; r < R; ++r) {
-        const uint32_t wd = w0[r * ws + 8 * g + i];
+        const uint32_t wd = load_u32(pq2_block_codes(w0 + r * ws + g * kPq2Bytes) + 4 * i);
         a[r][0] = _mm256_fmadd_ps(decode8(wd, sh_lo, lut), x0, a[r][0]);
         a[r][1] = _mm256_fmadd_ps(decode8(wd, sh_hi, lut), x1, a[r][1]);
       }
     }
     for (int r = 0; r < R; ++r)
-      tot[r] = _mm256_fmadd_ps(_mm256_add_ps(a[r][0], a[r][1]), _mm256_set1_ps(fp16_to_f32(s0[r * ss + g])), tot[r]);
+      tot[r] = _mm256_fmadd_ps(_mm256_add_ps(a[r][0], a[r][1]), _mm256_set1_ps(block_d(w0 + r * ws + g * kPq2Bytes)), tot[r]);
   }
   for (int r = 0; r < R; ++r) y[r * ys] = hsum8(tot[r]);
 }
 
-TGT void ternary_rows_x1_avx2(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
-                              const float* x, float* y) {
-  const int64_t G = K / 128, W = K / 16;
+TGT void ternary_rows_x1_avx2(const uint8_t* blocks, int64_t K, int64_t n0, int64_t n1, const float* x, float* y) {
+  const int64_t rb = row_bytes(K);
   // Two equal runs in lockstep: two long sequential streams (adjacent rows would be short interleaved ones).
   const int64_t Q = (n1 - n0) / 2;
-  for (int64_t j = 0; j < Q; ++j) f32_rows_x1<2>(words + (n0 + j) * W, Q * W, scales + (n0 + j) * G, Q * G, K, x, y + j, Q);
-  for (int64_t n = n0 + 2 * Q; n < n1; ++n) f32_rows_x1<1>(words + n * W, W, scales + n * G, G, K, x, y + (n - n0), 1);
+  for (int64_t j = 0; j < Q; ++j) f32_rows_x1<2>(blocks + (n0 + j) * rb, Q * rb, K, x, y + j, Q);
+  for (int64_t n = n0 + 2 * Q; n < n1; ++n) f32_rows_x1<1>(blocks + n * rb, rb, K, x, y + (n - n0), 1);
 }
 
 // GEMM tile, fp32 activations: R rows of one group decoded (times d, exact) into an L1 tile, then every
 // activation row m runs against them.
 template <int R>
-TGT_INLINE void f32_rows_xm(const uint32_t* w0, int64_t K, const uint16_t* s0, const float* x, int64_t M, float* y,
-                            int64_t ldy) {
-  const int64_t G = K / 128, W = K / 16;
+TGT_INLINE void f32_rows_xm(const uint8_t* w0, int64_t K, const float* x, int64_t M, float* y, int64_t ldy) {
+  const int64_t G = K / 128, rb = row_bytes(K);
   const __m256i sh_lo = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
   const __m256i sh_hi = _mm256_setr_epi32(16, 18, 20, 22, 24, 26, 28, 30);
   const __m256 lut = _mm256_setr_ps(-1, 0, 1, 2, -1, 0, 1, 2);
@@ -181,9 +189,10 @@ TGT_INLINE void f32_rows_xm(const uint32_t* w0, int64_t K, const uint16_t* s0, c
       for (int r = 0; r < R; ++r) acc[m][r] = 0.0f;
     for (int64_t g = 0; g < G; ++g) {
       for (int r = 0; r < R; ++r) {
-        const __m256 d = _mm256_set1_ps(fp16_to_f32(s0[r * G + g]));
+        const uint8_t* blk = w0 + r * rb + g * kPq2Bytes;
+        const __m256 d = _mm256_set1_ps(block_d(blk));
         for (int i = 0; i < 8; ++i) {
-          const uint32_t wd = w0[r * W + 8 * g + i];
+          const uint32_t wd = load_u32(pq2_block_codes(blk) + 4 * i);
           _mm256_store_ps(&wt[r][16 * i], _mm256_mul_ps(decode8(wd, sh_lo, lut), d));
           _mm256_store_ps(&wt[r][16 * i + 8], _mm256_mul_ps(decode8(wd, sh_hi, lut), d));
         }
@@ -207,12 +216,12 @@ TGT_INLINE void f32_rows_xm(const uint32_t* w0, int64_t K, const uint16_t* s0, c
   }
 }
 
-TGT void ternary_rows_xm_avx2(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
-                              const float* x, int64_t M, float* y, int64_t ldy) {
-  const int64_t G = K / 128, W = K / 16;
+TGT void ternary_rows_xm_avx2(const uint8_t* blocks, int64_t K, int64_t n0, int64_t n1, const float* x, int64_t M,
+                              float* y, int64_t ldy) {
+  const int64_t rb = row_bytes(K);
   int64_t n = n0;
-  for (; n + 4 <= n1; n += 4) f32_rows_xm<4>(words + n * W, K, scales + n * G, x, M, y + (n - n0), ldy);
-  for (; n < n1; ++n) f32_rows_xm<1>(words + n * W, K, scales + n * G, x, M, y + (n - n0), ldy);
+  for (; n + 4 <= n1; n += 4) f32_rows_xm<4>(blocks + n * rb, K, x, M, y + (n - n0), ldy);
+  for (; n < n1; ++n) f32_rows_xm<1>(blocks + n * rb, K, x, M, y + (n - n0), ldy);
 }
 
 // ---- int8 activations ---------------------------------------------------------------------------------
@@ -317,10 +326,10 @@ inline const int8_t* group_q(const int8_t* q, int64_t G, int64_t g, int64_t* P) 
 
 constexpr int64_t kStreamPrefetch = 2048;  // bytes ahead in each row stream (see kernels_avx512_impl.h)
 
-// R rows, L digits: row r's codes at w0 + r * ws bytes, scales at s0 + r * ss, output y[r * ys].
+// R rows, L digits: row r's blocks at w0 + r * ws bytes, output y[r * ys].
 template <int R, int L>
-TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t ws, const uint16_t* s0, int64_t ss, int64_t K, const int8_t* q,
-                           const float* qs, const int32_t* qsum, float* y, int64_t ys) {
+TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t ws, int64_t K, const int8_t* q, const float* qs,
+                           const int32_t* qsum, float* y, int64_t ys) {
   const int64_t G = K / 128;
   __m256 facc[R];
   for (int r = 0; r < R; ++r) facc[r] = _mm256_setzero_ps();
@@ -330,10 +339,13 @@ TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t ws, const uint16_t* s0, in
     const int64_t gn = std::min<int64_t>(8, G - g0);
     // d_g * s_g * unit for the next 8 groups of each row.
     for (int r = 0; r < R; ++r) {
+      const uint8_t* b0 = w0 + r * ws + g0 * kPq2Bytes;
       if (gn == 8) {
-        _mm256_store_ps(ds[r], _mm256_mul_ps(fp16x8_to_f32(s0 + r * ss + g0), _mm256_mul_ps(_mm256_loadu_ps(qs + g0), unit)));
+        alignas(16) uint16_t d8[8];  // the 8 blocks' d, 34 bytes apart
+        for (int k = 0; k < 8; ++k) d8[k] = pq2_block_scale(b0 + k * kPq2Bytes);
+        _mm256_store_ps(ds[r], _mm256_mul_ps(fp16x8_to_f32(d8), _mm256_mul_ps(_mm256_loadu_ps(qs + g0), unit)));
       } else {
-        for (int64_t k = 0; k < gn; ++k) ds[r][k] = fp16_to_f32(s0[r * ss + g0 + k]) * (qs[g0 + k] * digit_unit(L));
+        for (int64_t k = 0; k < gn; ++k) ds[r][k] = block_d(b0 + k * kPq2Bytes) * (qs[g0 + k] * digit_unit(L));
       }
     }
     for (int64_t k = 0; k < gn; ++k) {
@@ -341,7 +353,7 @@ TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t ws, const uint16_t* s0, in
       int64_t P;
       const int8_t* qg = group_q(q, G, g, &P);
       for (int r = 0; r < R; ++r) {
-        const uint8_t* wc = w0 + r * ws + 32 * g;
+        const uint8_t* wc = pq2_block_codes(w0 + r * ws + g * kPq2Bytes);
         if (g & 1) _mm_prefetch(reinterpret_cast<const char*>(wc + kStreamPrefetch), _MM_HINT_T0);
         const Planes8 pl = planes8(wc);
         __m256i i32 = group_dot(pl, qg, P, qsum[g]);
@@ -355,23 +367,20 @@ TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t ws, const uint16_t* s0, in
 }
 
 template <int L>
-TGT_INLINE void q8_x1_levels(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
-                             const int8_t* q, const float* qscale, const int32_t* qsum, float* y) {
-  const int64_t G = K / 128, rb = K / 4;
-  const uint8_t* wb = reinterpret_cast<const uint8_t*>(words);
+TGT_INLINE void q8_x1_levels(const uint8_t* blocks, int64_t K, int64_t n0, int64_t n1, const int8_t* q,
+                             const float* qscale, const int32_t* qsum, float* y) {
+  const int64_t rb = row_bytes(K);
   // Two equal runs in lockstep: two long sequential streams, then the leftover row.
   const int64_t Q = (n1 - n0) / 2;
-  for (int64_t j = 0; j < Q; ++j)
-    q8_rows_x1<2, L>(wb + (n0 + j) * rb, Q * rb, scales + (n0 + j) * G, Q * G, K, q, qscale, qsum, y + j, Q);
-  for (int64_t n = n0 + 2 * Q; n < n1; ++n)
-    q8_rows_x1<1, L>(wb + n * rb, rb, scales + n * G, G, K, q, qscale, qsum, y + (n - n0), 1);
+  for (int64_t j = 0; j < Q; ++j) q8_rows_x1<2, L>(blocks + (n0 + j) * rb, Q * rb, K, q, qscale, qsum, y + j, Q);
+  for (int64_t n = n0 + 2 * Q; n < n1; ++n) q8_rows_x1<1, L>(blocks + n * rb, rb, K, q, qscale, qsum, y + (n - n0), 1);
 }
 
-TGT void ternary_rows_q8_x1_avx2(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
-                                 const int8_t* q, const float* qscale, const int32_t* qsum, int levels, float* y) {
-  if (levels == 1) q8_x1_levels<1>(words, scales, K, n0, n1, q, qscale, qsum, y);
-  else if (levels == 2) q8_x1_levels<2>(words, scales, K, n0, n1, q, qscale, qsum, y);
-  else q8_x1_levels<3>(words, scales, K, n0, n1, q, qscale, qsum, y);
+TGT void ternary_rows_q8_x1_avx2(const uint8_t* blocks, int64_t K, int64_t n0, int64_t n1, const int8_t* q,
+                                 const float* qscale, const int32_t* qsum, int levels, float* y) {
+  if (levels == 1) q8_x1_levels<1>(blocks, K, n0, n1, q, qscale, qsum, y);
+  else if (levels == 2) q8_x1_levels<2>(blocks, K, n0, n1, q, qscale, qsum, y);
+  else q8_x1_levels<3>(blocks, K, n0, n1, q, qscale, qsum, y);
 }
 
 // q8 GEMM tile, 8 rows per int32 lane set: the 32 code bytes of one group of 8 rows are transposed
@@ -433,8 +442,8 @@ TGT_INLINE void gemm8_group(const __m256i (*pl)[4], const int8_t* q, int64_t P, 
 }
 
 template <int L>
-TGT void q8_rows8_xm(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_t K, const int8_t* q, const float* qs,
-                     const int32_t* qsum, int64_t M, float* y, int64_t ldy, int nr) {
+TGT void q8_rows8_xm(const uint8_t* w0, int64_t rb, int64_t K, const int8_t* q, const float* qs, const int32_t* qsum,
+                     int64_t M, float* y, int64_t ldy, int nr) {
   const int64_t G = K / 128, qrs = L * K, srs = L * G;
   constexpr int kMT = 64;
   alignas(32) __m256i pl[8][4];
@@ -447,8 +456,9 @@ TGT void q8_rows8_xm(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_t 
       __m256i a[8];
       alignas(32) float dr[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (int r = 0; r < 8; ++r) {
-        a[r] = r < nr ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0 + r * rb + 32 * g)) : _mm256_setzero_si256();
-        if (r < nr) dr[r] = fp16_to_f32(s0[r * G + g]);
+        const uint8_t* blk = w0 + r * rb + g * kPq2Bytes;
+        a[r] = r < nr ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pq2_block_codes(blk))) : _mm256_setzero_si256();
+        if (r < nr) dr[r] = block_d(blk);
       }
       transpose8x8(a);
       for (int k = 0; k < 8; ++k) {
@@ -476,18 +486,15 @@ TGT void q8_rows8_xm(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_t 
   }
 }
 
-TGT void ternary_rows_q8_xm_avx2(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
-                                 const int8_t* q, const float* qscale, const int32_t* qsum, int levels, int64_t M,
-                                 float* y, int64_t ldy) {
-  const int64_t G = K / 128, rb = K / 4;
-  const uint8_t* wb = reinterpret_cast<const uint8_t*>(words);
+TGT void ternary_rows_q8_xm_avx2(const uint8_t* blocks, int64_t K, int64_t n0, int64_t n1, const int8_t* q,
+                                 const float* qscale, const int32_t* qsum, int levels, int64_t M, float* y, int64_t ldy) {
+  const int64_t rb = row_bytes(K);
   for (int64_t n = n0; n < n1; n += 8) {
     const int nr = int(std::min<int64_t>(8, n1 - n));
-    const uint8_t* w = wb + n * rb;
-    const uint16_t* sc = scales + n * G;
-    if (levels == 1) q8_rows8_xm<1>(w, rb, sc, K, q, qscale, qsum, M, y + (n - n0), ldy, nr);
-    else if (levels == 2) q8_rows8_xm<2>(w, rb, sc, K, q, qscale, qsum, M, y + (n - n0), ldy, nr);
-    else q8_rows8_xm<3>(w, rb, sc, K, q, qscale, qsum, M, y + (n - n0), ldy, nr);
+    const uint8_t* w = blocks + n * rb;
+    if (levels == 1) q8_rows8_xm<1>(w, rb, K, q, qscale, qsum, M, y + (n - n0), ldy, nr);
+    else if (levels == 2) q8_rows8_xm<2>(w, rb, K, q, qscale, qsum, M, y + (n - n0), ldy, nr);
+    else q8_rows8_xm<3>(w, rb, K, q, qscale, qsum, M, y + (n - n0), ldy, nr);
   }
 }
 

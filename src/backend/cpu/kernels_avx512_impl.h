@@ -6,7 +6,7 @@
 // the linker can never pick an AVX-512 copy of one for the whole program (the classic per-file-flags trap).
 //
 // int8 ("q8") matvec, the decode workhorse. Per row and chunk of 256 elements (two groups of 128):
-//   - one 64-byte load of canonical codes (byte p = elements 4p..4p+3 at bits 2t);
+//   - the 64 code bytes of the chunk's two PQ2_0 blocks, two 32-byte loads (byte p = elements 4p..4p+3 at bits 2t);
 //   - plane t = (codes >> 2t) & 3: unsigned bytes {0,1,2(,3)}, lined up with the activation's plane t
 //     (the activation is plane-permuted once per site by quantize_q8, see kernels.h);
 //   - 4 x vpdpbusd (u8 codes x s8 activations, 4 products per int32 lane): lanes 0-7 sum group 2c,
@@ -39,6 +39,7 @@
 #include <cstring>
 
 #include "backend/cpu/kernels.h"
+#include "format/ternary_codec.h"
 #include "util/half.h"
 
 #if BONSAI_AVX512_VNNI
@@ -52,6 +53,32 @@
 
 namespace bonsai::cpu {
 namespace {
+
+// ---- weight layout helpers ----------------------------------------------------------------------------
+// Weights are PQ2_0 blocks (kernels.h): row n at blocks + n * rb, rb = (K/128) * 34; group g's block at
+// + 34 g: fp16 d, then the 32 code bytes (unaligned). A chunk c (groups 2c, 2c+1) is the 68 bytes at + 68 c.
+
+inline int64_t row_bytes(int64_t K) { return K / 128 * kPq2Bytes; }
+inline uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+inline float block_d(const uint8_t* blk) { return fp16_to_f32(pq2_block_scale(blk)); }
+
+// The 64 code bytes of a chunk (two blocks): two 32-byte loads around the second block's d.
+TGT_INLINE __m512i chunk_codes(const uint8_t* chunk) {
+  const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 2));
+  const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + kPq2Bytes + 2));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+// fp16 d of the blocks at base + idx[i] bytes (lanes in `m`; 0 elsewhere) as 16 floats. A dword gather
+// reads d and the first 2 code bytes of the block, so it never reads past a block.
+TGT_INLINE __m512 gather_d(const uint8_t* base, __m512i idx, __mmask16 m) {
+  const __m512i dw = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, base, 1);
+  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dw));
+}
 
 // ---- fp32 helpers ----------------------------------------------------------------------------------
 
@@ -147,10 +174,9 @@ TGT_INLINE __m512i code_shifts() {
   return _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
 }
 
-// R rows: row r's words at w0 + r * ws, scales at s0 + r * ss, output y[r * ys].
+// R rows: row r's blocks at w0 + r * ws bytes, output y[r * ys].
 template <int R>
-TGT_INLINE void f32_rows_x1(const uint32_t* w0, int64_t ws, const uint16_t* s0, int64_t ss, int64_t K, const float* x,
-                            float* y, int64_t ys) {
+TGT_INLINE void f32_rows_x1(const uint8_t* w0, int64_t ws, int64_t K, const float* x, float* y, int64_t ys) {
   const int64_t G = K / 128;
   const __m512i shifts = code_shifts();
   const __m512 lut = code_lut();
@@ -162,24 +188,23 @@ TGT_INLINE void f32_rows_x1(const uint32_t* w0, int64_t ws, const uint16_t* s0, 
     for (int i = 0; i < 8; i += 2) {
       const __m512 x0 = _mm512_loadu_ps(x + 128 * g + 16 * i), x1 = _mm512_loadu_ps(x + 128 * g + 16 * i + 16);
       for (int r = 0; r < R; ++r) {
-        const uint32_t* wr = w0 + r * ws + 8 * g;
-        a[r][0] = _mm512_fmadd_ps(decode16(wr[i], shifts, lut), x0, a[r][0]);
-        a[r][1] = _mm512_fmadd_ps(decode16(wr[i + 1], shifts, lut), x1, a[r][1]);
+        const uint8_t* wr = pq2_block_codes(w0 + r * ws + g * kPq2Bytes);
+        a[r][0] = _mm512_fmadd_ps(decode16(load_u32(wr + 4 * i), shifts, lut), x0, a[r][0]);
+        a[r][1] = _mm512_fmadd_ps(decode16(load_u32(wr + 4 * i + 4), shifts, lut), x1, a[r][1]);
       }
     }
     for (int r = 0; r < R; ++r)
-      tot[r] = _mm512_fmadd_ps(_mm512_add_ps(a[r][0], a[r][1]), _mm512_set1_ps(fp16_to_f32(s0[r * ss + g])), tot[r]);
+      tot[r] = _mm512_fmadd_ps(_mm512_add_ps(a[r][0], a[r][1]), _mm512_set1_ps(block_d(w0 + r * ws + g * kPq2Bytes)), tot[r]);
   }
   for (int r = 0; r < R; ++r) y[r * ys] = _mm512_reduce_add_ps(tot[r]);
 }
 
-TGT void ternary_rows_x1_avx512(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
-                                const float* x, float* y) {
-  const int64_t G = K / 128, W = K / 16;
+TGT void ternary_rows_x1_avx512(const uint8_t* blocks, int64_t K, int64_t n0, int64_t n1, const float* x, float* y) {
+  const int64_t rb = row_bytes(K);
   // Two equal runs in lockstep: two long sequential streams (see the q8 matvec below).
   const int64_t Q = (n1 - n0) / 2;
-  for (int64_t j = 0; j < Q; ++j) f32_rows_x1<2>(words + (n0 + j) * W, Q * W, scales + (n0 + j) * G, Q * G, K, x, y + j, Q);
-  for (int64_t n = n0 + 2 * Q; n < n1; ++n) f32_rows_x1<1>(words + n * W, W, scales + n * G, G, K, x, y + (n - n0), 1);
+  for (int64_t j = 0; j < Q; ++j) f32_rows_x1<2>(blocks + (n0 + j) * rb, Q * rb, K, x, y + j, Q);
+  for (int64_t n = n0 + 2 * Q; n < n1; ++n) f32_rows_x1<1>(blocks + n * rb, rb, K, x, y + (n - n0), 1);
 }
 
 // ---- int8 activations ---------------------------------------------------------------------------------
@@ -271,14 +296,14 @@ TGT_INLINE __m256i dot4_planes256(__m256i acc, __m256i c0, __m256i c1, __m256i c
 #endif
 }
 
-// The 4 code planes of 64 code bytes.
+// The 4 code planes of the 64 code bytes of a chunk (two blocks).
 struct Planes {
   __m512i p[4];
 };
 // (A GFNI variant, one gf2p8affineqb per plane instead of shift + mask, measured no faster on Zen 4:
 // gf2p8affineqb competes with vpdpbusd for the same two pipes, the shifts and masks do not.)
-TGT_INLINE Planes planes(const void* codes) {
-  const __m512i w = _mm512_loadu_si512(codes);
+TGT_INLINE Planes planes(const uint8_t* chunk) {
+  const __m512i w = chunk_codes(chunk);
   const __m512i m3 = _mm512_set1_epi8(3);
   // 16-bit shifts are fine: the mask drops the bits that cross from the neighbouring byte.
   return {{_mm512_and_si512(w, m3), _mm512_and_si512(_mm512_srli_epi16(w, 2), m3),
@@ -318,15 +343,17 @@ TGT_INLINE __m512i times254_add(__m512i t, __m512i a) {
   return _mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(t, 8), _mm512_slli_epi32(t, 1)), a);
 }
 
-// R rows of the integer matvec with L activation digits: row r's codes at w0 + r * ws bytes, its scales
-// at s0 + r * ss, its output y[r * ys]; q [L, K], qsum [L, G]. The codes are decoded once for all digits.
+// R rows of the integer matvec with L activation digits: row r's blocks at w0 + r * ws bytes, its output
+// y[r * ys]; q [L, K], qsum [L, G]. The codes are decoded once for all digits.
 template <int R, int L>
-TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t ws, const uint16_t* s0, int64_t ss, int64_t K, const int8_t* q,
-                           const float* qs, const int32_t* qsum, float* y, int64_t ys) {
+TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t ws, int64_t K, const int8_t* q, const float* qs,
+                           const int32_t* qsum, float* y, int64_t ys) {
   const int64_t G = K / 128, C = G / 2;  // full chunks of two groups
   const __m512i idx_lo = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
   const __m512i two = _mm512_set1_epi32(2);
   const __m512 unit = _mm512_set1_ps(digit_unit(L));
+  const __m512i d_idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32(kPq2Bytes));  // byte offsets of 16 blocks' d
   __m512 facc[R], ds[R];
   for (int r = 0; r < R; ++r) facc[r] = ds[r] = _mm512_setzero_ps();
   // Blocks of 8 chunks = 16 groups: d_g * s_g of the block's groups for each row in one vector; chunk c of
@@ -335,7 +362,7 @@ TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t ws, const uint16_t* s0, in
     const int64_t g0 = 2 * c0, left = G - g0, c1 = std::min<int64_t>(C, c0 + 8);
     const __mmask16 m = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
     const __m512 sv = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, qs + g0), unit);
-    for (int r = 0; r < R; ++r) ds[r] = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, s0 + r * ss + g0)), sv);
+    for (int r = 0; r < R; ++r) ds[r] = _mm512_mul_ps(gather_d(w0 + r * ws + g0 * kPq2Bytes, d_idx, m), sv);
     __m512i pidx = idx_lo;
     for (int64_t c = c0; c < c1; ++c) {
       __m512i x[L][4], ns[L];
@@ -345,7 +372,7 @@ TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t ws, const uint16_t* s0, in
         ns[l] = neg_sums(qsum + l * G + 2 * c);
       }
       for (int r = 0; r < R; ++r) {
-        const uint8_t* wc = w0 + r * ws + 64 * c;
+        const uint8_t* wc = w0 + r * ws + 2 * kPq2Bytes * c;
         _mm_prefetch(reinterpret_cast<const char*>(wc + kStreamPrefetch), _MM_HINT_T0);
         const Planes pl = planes(wc);
         __m512i acc = dot4_planes(ns[0], pl.p[0], pl.p[1], pl.p[2], pl.p[3], x[0][0], x[0][1], x[0][2], x[0][3]);
@@ -362,32 +389,31 @@ TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t ws, const uint16_t* s0, in
     if (G & 1) {
       const int64_t g = G - 1;
       int32_t i = 0;
-      for (int l = 0; l < L; ++l) i = i * 254 + tail_group_dot(w0 + r * ws + 64 * C, q + l * K + 256 * C, qsum[l * G + g]);
-      t += float(i) * (fp16_to_f32(s0[r * ss + g]) * (qs[g] * digit_unit(L)));
+      const uint8_t* blk = w0 + r * ws + g * kPq2Bytes;
+      for (int l = 0; l < L; ++l) i = i * 254 + tail_group_dot(pq2_block_codes(blk), q + l * K + 256 * C, qsum[l * G + g]);
+      t += float(i) * (block_d(blk) * (qs[g] * digit_unit(L)));
     }
     y[r * ys] = t;
   }
 }
 
 template <int L>
-TGT_INLINE void q8_x1_levels(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
-                             const int8_t* q, const float* qscale, const int32_t* qsum, float* y) {
-  const int64_t G = K / 128, rb = K / 4;
-  const uint8_t* wb = reinterpret_cast<const uint8_t*>(words);
+TGT_INLINE void q8_x1_levels(const uint8_t* wb, int64_t K, int64_t n0, int64_t n1, const int8_t* q,
+                             const float* qscale, const int32_t* qsum, float* y) {
+  const int64_t rb = row_bytes(K);
   // Four equal runs of Q rows in lockstep (four long sequential streams), then the < 4 leftover rows.
   // Rows get identical arithmetic either way (results do not depend on how the pool cuts the range).
   const int64_t Q = (n1 - n0) / 4;
   for (int64_t j = 0; j < Q; ++j)
-    q8_rows_x1<4, L>(wb + (n0 + j) * rb, Q * rb, scales + (n0 + j) * G, Q * G, K, q, qscale, qsum, y + j, Q);
-  for (int64_t n = n0 + 4 * Q; n < n1; ++n)
-    q8_rows_x1<1, L>(wb + n * rb, rb, scales + n * G, G, K, q, qscale, qsum, y + (n - n0), 1);
+    q8_rows_x1<4, L>(wb + (n0 + j) * rb, Q * rb, K, q, qscale, qsum, y + j, Q);
+  for (int64_t n = n0 + 4 * Q; n < n1; ++n) q8_rows_x1<1, L>(wb + n * rb, rb, K, q, qscale, qsum, y + (n - n0), 1);
 }
 
-TGT void ternary_rows_q8_x1_avx512(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
-                                   const int8_t* q, const float* qscale, const int32_t* qsum, int levels, float* y) {
-  if (levels == 1) q8_x1_levels<1>(words, scales, K, n0, n1, q, qscale, qsum, y);
-  else if (levels == 2) q8_x1_levels<2>(words, scales, K, n0, n1, q, qscale, qsum, y);
-  else q8_x1_levels<3>(words, scales, K, n0, n1, q, qscale, qsum, y);
+TGT void ternary_rows_q8_x1_avx512(const uint8_t* blocks, int64_t K, int64_t n0, int64_t n1, const int8_t* q,
+                                   const float* qscale, const int32_t* qsum, int levels, float* y) {
+  if (levels == 1) q8_x1_levels<1>(blocks, K, n0, n1, q, qscale, qsum, y);
+  else if (levels == 2) q8_x1_levels<2>(blocks, K, n0, n1, q, qscale, qsum, y);
+  else q8_x1_levels<3>(blocks, K, n0, n1, q, qscale, qsum, y);
 }
 
 // ---- q8 GEMM, 16 rows per int32 lane set ("broadcast activation") -----------------------------------
@@ -472,21 +498,22 @@ TGT_INLINE void gemm16_half(const __m512i (*pl)[4], int h, const int8_t* q, int6
 // tail (nr < 16) runs the same code with zero lanes, so every row gets bit-identical arithmetic wherever
 // the thread pool cuts the row range (results must not depend on the thread count).
 template <int L>
-TGT void q8_rows16_xm(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_t K, const int8_t* q, const float* qs,
-                      const int32_t* qsum, int64_t M, float* y, int64_t ldy, int nr) {
+TGT void q8_rows16_xm(const uint8_t* w0, int64_t rb, int64_t K, const int8_t* q, const float* qs, const int32_t* qsum,
+                      int64_t M, float* y, int64_t ldy, int nr) {
   const int64_t G = K / 128, C = G / 2, qrs = L * K, srs = L * G;
   constexpr int kMT = 64;
   alignas(64) __m512i pl[16][4];  // decoded planes of one chunk of 16 rows: [dword k][plane t], lane = row
   alignas(64) __m512 facc[kMT];   // [m] 16 rows
   const __m512i row_idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                             _mm512_set1_epi32(int(G)));
+                                             _mm512_set1_epi32(int(rb)));  // byte offsets of the 16 rows
   const __m512i m3 = _mm512_set1_epi8(3);
   for (int64_t m0 = 0; m0 < M; m0 += kMT) {
     const int64_t mc = std::min<int64_t>(kMT, M - m0);
     for (int64_t m = 0; m < mc; ++m) facc[m] = _mm512_setzero_ps();
     for (int64_t c = 0; c < C; ++c) {
       __m512i a[16];
-      for (int r = 0; r < 16; ++r) a[r] = r < nr ? _mm512_loadu_si512(w0 + r * rb + 64 * c) : _mm512_setzero_si512();
+      const uint8_t* wc = w0 + 2 * kPq2Bytes * c;
+      for (int r = 0; r < 16; ++r) a[r] = r < nr ? chunk_codes(wc + r * rb) : _mm512_setzero_si512();
       transpose16x16(a);
       for (int k = 0; k < 16; ++k) {
         pl[k][0] = _mm512_and_si512(a[k], m3);
@@ -494,11 +521,9 @@ TGT void q8_rows16_xm(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_t
         pl[k][2] = _mm512_and_si512(_mm512_srli_epi16(a[k], 4), m3);
         pl[k][3] = _mm512_and_si512(_mm512_srli_epi16(a[k], 6), m3);
       }
-      // d of groups 2c and 2c+1 for the 16 rows: one gathered dword (two fp16) per row.
-      const __m512i dd = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), __mmask16((1u << nr) - 1), row_idx,
-                                                     s0 + 2 * c, 2);
-      const __m512 dA = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
-      const __m512 dB = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
+      // d of groups 2c and 2c+1 for the 16 rows: one gather per group.
+      const __m512 dA = gather_d(wc, row_idx, __mmask16((1u << nr) - 1));
+      const __m512 dB = gather_d(wc + kPq2Bytes, row_idx, __mmask16((1u << nr) - 1));
       int64_t m = 0;
       for (; m + 4 <= mc; m += 4) {
         const int64_t mm = m0 + m;
@@ -521,9 +546,10 @@ TGT void q8_rows16_xm(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_t
         const int64_t g = G - 1;
         for (int r = 0; r < nr; ++r) {
           int32_t i = 0;
+          const uint8_t* blk = w0 + r * rb + g * kPq2Bytes;
           for (int l = 0; l < L; ++l)
-            i = i * 254 + tail_group_dot(w0 + r * rb + 64 * C, q + mm * qrs + l * K + 256 * C, qsum[mm * srs + l * G + g]);
-          out[r] += float(i) * (fp16_to_f32(s0[r * G + g]) * (qs[mm * G + g] * digit_unit(L)));
+            i = i * 254 + tail_group_dot(pq2_block_codes(blk), q + mm * qrs + l * K + 256 * C, qsum[mm * srs + l * G + g]);
+          out[r] += float(i) * (block_d(blk) * (qs[mm * G + g] * digit_unit(L)));
         }
       }
       std::memcpy(y + mm * ldy, out, sizeof(float) * size_t(nr));
@@ -531,18 +557,16 @@ TGT void q8_rows16_xm(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_t
   }
 }
 
-TGT void ternary_rows_q8_xm_avx512(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
-                                   const int8_t* q, const float* qscale, const int32_t* qsum, int levels, int64_t M,
-                                   float* y, int64_t ldy) {
-  const int64_t G = K / 128, rb = K / 4;
-  const uint8_t* wb = reinterpret_cast<const uint8_t*>(words);
+TGT void ternary_rows_q8_xm_avx512(const uint8_t* blocks, int64_t K, int64_t n0, int64_t n1, const int8_t* q,
+                                   const float* qscale, const int32_t* qsum, int levels, int64_t M, float* y,
+                                   int64_t ldy) {
+  const int64_t rb = row_bytes(K);
   for (int64_t n = n0; n < n1; n += 16) {
     const int nr = int(std::min<int64_t>(16, n1 - n));
-    const uint8_t* w = wb + n * rb;
-    const uint16_t* sc = scales + n * G;
-    if (levels == 1) q8_rows16_xm<1>(w, rb, sc, K, q, qscale, qsum, M, y + (n - n0), ldy, nr);
-    else if (levels == 2) q8_rows16_xm<2>(w, rb, sc, K, q, qscale, qsum, M, y + (n - n0), ldy, nr);
-    else q8_rows16_xm<3>(w, rb, sc, K, q, qscale, qsum, M, y + (n - n0), ldy, nr);
+    const uint8_t* w = blocks + n * rb;
+    if (levels == 1) q8_rows16_xm<1>(w, rb, K, q, qscale, qsum, M, y + (n - n0), ldy, nr);
+    else if (levels == 2) q8_rows16_xm<2>(w, rb, K, q, qscale, qsum, M, y + (n - n0), ldy, nr);
+    else q8_rows16_xm<3>(w, rb, K, q, qscale, qsum, M, y + (n - n0), ldy, nr);
   }
 }
 
@@ -570,8 +594,8 @@ TGT_INLINE void f32_gemm16_group(const __m512* wt, const float* x, int64_t K, __
 
 // Rows w0 .. w0 + nr - 1 (nr <= 16), all M activation rows; y[m * ldy + r]. Row tails use the same code
 // with zero lanes (results independent of where the pool cuts the rows).
-TGT void f32_rows16_xm(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_t K, const float* x, int64_t M,
-                       float* y, int64_t ldy, int nr) {
+TGT void f32_rows16_xm(const uint8_t* w0, int64_t rb, int64_t K, const float* x, int64_t M, float* y, int64_t ldy,
+                       int nr) {
   const int64_t G = K / 128;
   constexpr int kMT = 64;
   alignas(64) __m512 wt[128];    // one group: element e of the 16 rows, times d
@@ -584,16 +608,17 @@ TGT void f32_rows16_xm(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_
     for (int64_t c = 0; 2 * c < G; ++c) {
       const int groups = 2 * c + 1 < G ? 2 : 1;
       __m512i a[16];
+      const uint8_t* wc = w0 + 2 * kPq2Bytes * c;
       for (int r = 0; r < 16; ++r)
         a[r] = r >= nr ? _mm512_setzero_si512()
-               : groups == 2 ? _mm512_loadu_si512(w0 + r * rb + 64 * c)
-                             : _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0 + r * rb + 64 * c)));
+               : groups == 2 ? chunk_codes(wc + r * rb)
+                             : _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pq2_block_codes(wc + r * rb))));
       transpose16x16(a);  // a[k] lane r: row r's code dword k of the chunk (elements 16k .. 16k+15)
       for (int h = 0; h < groups; ++h) {
         const int64_t g = 2 * c + h;
-        // d of group g for the 16 rows (scalar: a dword gather at the last group could read past the array).
+        // d of group g for the 16 rows.
         alignas(64) float dr[16] = {};
-        for (int r = 0; r < nr; ++r) dr[r] = fp16_to_f32(s0[r * G + g]);
+        for (int r = 0; r < nr; ++r) dr[r] = block_d(w0 + r * rb + g * kPq2Bytes);
         const __m512 d = _mm512_load_ps(dr);
         for (int k = 0; k < 8; ++k)
           for (int j = 0; j < 16; ++j) {
@@ -609,12 +634,11 @@ TGT void f32_rows16_xm(const uint8_t* w0, int64_t rb, const uint16_t* s0, int64_
   }
 }
 
-TGT void ternary_rows_xm_avx512(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
-                                const float* x, int64_t M, float* y, int64_t ldy) {
-  const int64_t G = K / 128, rb = K / 4;
-  const uint8_t* wb = reinterpret_cast<const uint8_t*>(words);
+TGT void ternary_rows_xm_avx512(const uint8_t* blocks, int64_t K, int64_t n0, int64_t n1, const float* x, int64_t M,
+                                float* y, int64_t ldy) {
+  const int64_t rb = row_bytes(K);
   for (int64_t n = n0; n < n1; n += 16)
-    f32_rows16_xm(wb + n * rb, rb, scales + n * G, K, x, M, y + (n - n0), ldy, int(std::min<int64_t>(16, n1 - n)));
+    f32_rows16_xm(blocks + n * rb, rb, K, x, M, y + (n - n0), ldy, int(std::min<int64_t>(16, n1 - n)));
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "backend/cpu/kernels.h"
+#include "format/ternary_codec.h"
 #include "util/half.h"
 
 namespace bonsai::cpu {
@@ -22,7 +23,7 @@ inline void store4(float* p, v4f v) { std::memcpy(p, &v, 16); }
 inline float hsum(v4f v) { return (v[0] + v[2]) + (v[1] + v[3]); }
 
 static_assert(std::endian::native == std::endian::little,
-              "canonical words are read as bytes: byte b of a group holds elements 4b..4b+3");
+              "fp16 d of a block is read little-endian; code byte b of a group holds elements 4b..4b+3");
 
 // kCodeLut[byte][i] = (code_i - 1) for the 4 two-bit codes of a byte (element 4b+i at bits 2i).
 // Decoding a byte is then one 16-byte load; 4 KiB, resident in L1.
@@ -101,14 +102,18 @@ inline float group_dot(const uint8_t* b, const float* xg) {
   return hsum((a0 + a1) + (a2 + a3));
 }
 
-void ternary_rows_x1_portable(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
-                              const float* x, float* y) {
-  const int64_t G = K / 128;
+// Bytes of one row of PQ2_0 blocks [K/128, 34].
+inline int64_t row_bytes(int64_t K) { return K / 128 * kPq2Bytes; }
+
+void ternary_rows_x1_portable(const uint8_t* blocks, int64_t K, int64_t n0, int64_t n1, const float* x, float* y) {
+  const int64_t G = K / 128, rb = row_bytes(K);
   for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* wb = reinterpret_cast<const uint8_t*>(words + n * (K / 16));
-    const uint16_t* sr = scales + n * G;
+    const uint8_t* row = blocks + n * rb;
     float total = 0.0f;
-    for (int64_t g = 0; g < G; ++g) total += group_dot(wb + 32 * g, x + 128 * g) * fp16_to_f32(sr[g]);
+    for (int64_t g = 0; g < G; ++g) {
+      const uint8_t* blk = row + g * kPq2Bytes;
+      total += group_dot(pq2_block_codes(blk), x + 128 * g) * fp16_to_f32(pq2_block_scale(blk));
+    }
     y[n - n0] = total;
   }
 }
@@ -128,8 +133,7 @@ inline void tile_dot(const float (*w)[128], const float* xg, float* out) {
 }
 
 template <int R>
-void rows_tile_xm(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t nb, const float* x, int64_t M,
-                  float* y, int64_t ldy) {
+void rows_tile_xm(const uint8_t* blocks, int64_t K, int64_t nb, const float* x, int64_t M, float* y, int64_t ldy) {
   // Decode R rows of one group once, reuse them for up to kMT activation rows; the x tile of one group
   // (kMT x 512 B) stays in L1 across the R rows.
   constexpr int kMT = 32;
@@ -141,9 +145,10 @@ void rows_tile_xm(const uint32_t* words, const uint16_t* scales, int64_t K, int6
     float acc[kMT][R] = {};
     for (int64_t g = 0; g < G; ++g) {
       for (int r = 0; r < R; ++r) {
-        const uint8_t* b = reinterpret_cast<const uint8_t*>(words + (nb + r) * (K / 16)) + 32 * g;
+        const uint8_t* blk = blocks + (nb + r) * row_bytes(K) + g * kPq2Bytes;
+        const uint8_t* b = pq2_block_codes(blk);
         for (int i = 0; i < 32; ++i) store4(&wt[r][4 * i], kCodeLut.v[b[i]]);
-        d[r] = fp16_to_f32(scales[(nb + r) * G + g]);
+        d[r] = fp16_to_f32(pq2_block_scale(blk));
       }
       for (int64_t m = 0; m < mc; ++m) {
         float s[R];
@@ -156,11 +161,11 @@ void rows_tile_xm(const uint32_t* words, const uint16_t* scales, int64_t K, int6
   }
 }
 
-void ternary_rows_xm_portable(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
-                              const float* x, int64_t M, float* y, int64_t ldy) {
+void ternary_rows_xm_portable(const uint8_t* blocks, int64_t K, int64_t n0, int64_t n1, const float* x, int64_t M,
+                              float* y, int64_t ldy) {
   int64_t n = n0;
-  for (; n + 4 <= n1; n += 4) rows_tile_xm<4>(words, scales, K, n, x, M, y + (n - n0), ldy);
-  for (; n < n1; ++n) rows_tile_xm<1>(words, scales, K, n, x, M, y + (n - n0), ldy);
+  for (; n + 4 <= n1; n += 4) rows_tile_xm<4>(blocks, K, n, x, M, y + (n - n0), ldy);
+  for (; n < n1; ++n) rows_tile_xm<1>(blocks, K, n, x, M, y + (n - n0), ldy);
 }
 
 // ---- int8 activations (layout in kernels.h) ----
@@ -213,36 +218,33 @@ inline int32_t q8_group_dot(const uint8_t* cb, const int8_t* q0, int64_t P) {
 
 // y = sum_g float(I_g) * (d_g * s_g * 254^-(L-1)), I_g = ((I0 * 254) + I1) * 254 + I2 of the group (each
 // digit's exact dot minus its sum), groups in order, one fma each.
-float q8_row_dot(const uint8_t* wb, const uint16_t* sr, int64_t K, const int8_t* q, const float* qs,
-                 const int32_t* qsum, int levels) {
+// row: one row of blocks [K/128, 34].
+float q8_row_dot(const uint8_t* row, int64_t K, const int8_t* q, const float* qs, const int32_t* qsum, int levels) {
   const int64_t G = K / 128;
   const float unit = levels == 1 ? 1.0f : levels == 2 ? 1.0f / 254 : 1.0f / 64516;
   float total = 0.0f;
   for (int64_t g = 0; g < G; ++g) {
     const int64_t c = g / 2, P = (2 * c + 1 < G) ? 64 : 32, off = 256 * c + (g & 1) * 32;
+    const uint8_t* blk = row + g * kPq2Bytes;
     int32_t i = 0;
-    for (int l = 0; l < levels; ++l) i = i * 254 + (q8_group_dot(wb + 32 * g, q + l * K + off, P) - qsum[l * G + g]);
-    total = std::fma(float(i), fp16_to_f32(sr[g]) * qs[g] * unit, total);
+    for (int l = 0; l < levels; ++l) i = i * 254 + (q8_group_dot(pq2_block_codes(blk), q + l * K + off, P) - qsum[l * G + g]);
+    total = std::fma(float(i), fp16_to_f32(pq2_block_scale(blk)) * qs[g] * unit, total);
   }
   return total;
 }
 
-void ternary_rows_q8_x1_portable(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
-                                 const int8_t* q, const float* qscale, const int32_t* qsum, int levels, float* y) {
-  const int64_t G = K / 128;
-  for (int64_t n = n0; n < n1; ++n)
-    y[n - n0] = q8_row_dot(reinterpret_cast<const uint8_t*>(words + n * (K / 16)), scales + n * G, K, q, qscale, qsum,
-                           levels);
+void ternary_rows_q8_x1_portable(const uint8_t* blocks, int64_t K, int64_t n0, int64_t n1, const int8_t* q,
+                                 const float* qscale, const int32_t* qsum, int levels, float* y) {
+  for (int64_t n = n0; n < n1; ++n) y[n - n0] = q8_row_dot(blocks + n * row_bytes(K), K, q, qscale, qsum, levels);
 }
 
-void ternary_rows_q8_xm_portable(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t n0, int64_t n1,
-                                 const int8_t* q, const float* qscale, const int32_t* qsum, int levels, int64_t M,
-                                 float* y, int64_t ldy) {
+void ternary_rows_q8_xm_portable(const uint8_t* blocks, int64_t K, int64_t n0, int64_t n1, const int8_t* q,
+                                 const float* qscale, const int32_t* qsum, int levels, int64_t M, float* y, int64_t ldy) {
   const int64_t G = K / 128;
   for (int64_t n = n0; n < n1; ++n)
     for (int64_t m = 0; m < M; ++m)
-      y[m * ldy + (n - n0)] = q8_row_dot(reinterpret_cast<const uint8_t*>(words + n * (K / 16)), scales + n * G, K,
-                                         q + m * levels * K, qscale + m * G, qsum + m * levels * G, levels);
+      y[m * ldy + (n - n0)] = q8_row_dot(blocks + n * row_bytes(K), K, q + m * levels * K, qscale + m * G,
+                                         qsum + m * levels * G, levels);
 }
 
 const Kernels kPortable{"portable",           fwht_block_portable,        ternary_rows_x1_portable,

@@ -24,26 +24,41 @@ int64_t row_grain(int64_t K, int64_t M) {
   return (g + 3) / 4 * 4;
 }
 
-// Rows [lo, hi) of one weight set; xq: the activation quantised once per call (q8/q16/q24) or nullptr (fp32).
-void rows(const TernaryOut& o, int64_t K, const float* x, const ActQ8* xq, int64_t M, int64_t lo, int64_t hi) {
+// Rows [lo, hi) of one contiguous stored run: `blocks` is stored row 0 of the run, y its row 0's output.
+void run_rows(const uint8_t* blocks, int64_t N, float* y, int64_t K, const float* x, const ActQ8* xq, int64_t M,
+              int64_t lo, int64_t hi) {
   const Kernels& kr = kernels();
   if (xq) {
     if (M == 1)
-      kr.ternary_rows_q8_x1(o.words, o.scales, K, lo, hi, xq->q, xq->scale, xq->sum, xq->levels, o.y + lo);
+      kr.ternary_rows_q8_x1(blocks, K, lo, hi, xq->q, xq->scale, xq->sum, xq->levels, y + lo);
     else
-      kr.ternary_rows_q8_xm(o.words, o.scales, K, lo, hi, xq->q, xq->scale, xq->sum, xq->levels, M, o.y + lo, o.N);
+      kr.ternary_rows_q8_xm(blocks, K, lo, hi, xq->q, xq->scale, xq->sum, xq->levels, M, y + lo, N);
   } else if (M == 1) {
-    kr.ternary_rows_x1(o.words, o.scales, K, lo, hi, x, o.y + lo);
+    kr.ternary_rows_x1(blocks, K, lo, hi, x, y + lo);
   } else {
-    kr.ternary_rows_xm(o.words, o.scales, K, lo, hi, x, M, o.y + lo, o.N);
+    kr.ternary_rows_xm(blocks, K, lo, hi, x, M, y + lo, N);
+  }
+}
+
+// Rows [lo, hi) of one weight set; xq: the activation quantised once per call (q8/q16/q24) or nullptr (fp32).
+// A row map (o.runs) splits the range at run boundaries: each piece is a contiguous stored range.
+void rows(const TernaryOut& o, int64_t K, const float* x, const ActQ8* xq, int64_t M, int64_t lo, int64_t hi) {
+  if (o.n_runs == 0) return run_rows(o.blocks, o.N, o.y, K, x, xq, M, lo, hi);
+  const uint64_t row_bytes = uint64_t(K / 128) * kPq2Bytes;
+  for (int64_t i = 0; i < o.n_runs && lo < hi; ++i) {
+    const RowRun& r = o.runs[i];
+    if (lo >= r.row + r.count) continue;
+    const int64_t b = std::min(hi, r.row + r.count);
+    // The run's stored rows start at r.src; its outputs at canonical row r.row.
+    run_rows(o.blocks + uint64_t(r.src) * row_bytes, o.N, o.y + r.row, K, x, xq, M, lo - r.row, b - r.row);
+    lo = b;
   }
 }
 
 }  // namespace
 
-void ternary_matmul(const uint32_t* words, const uint16_t* scales, int64_t N, int64_t K, const float* x,
-                    int64_t M, float* y) {
-  const TernaryOut o{words, scales, N, y};
+void ternary_matmul(const uint8_t* blocks, int64_t N, int64_t K, const float* x, int64_t M, float* y) {
+  const TernaryOut o{blocks, N, y};
   ternary_matmul_multi(&o, 1, K, x, M);
 }
 
@@ -73,16 +88,13 @@ void ternary_matmul_multi(const TernaryOut* outs, int n_outs, int64_t K, const f
   });
 }
 
-void ternary_dequant_row(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t row, float* out) {
+void ternary_dequant_row(const uint8_t* blocks, int64_t K, int64_t row, float* out) {
   check_k(K);
-  const uint32_t* w = words + row * (K / 16);
-  const uint16_t* s = scales + row * (K / 128);
+  const uint8_t* r = blocks + uint64_t(row) * uint64_t(K / 128) * kPq2Bytes;
   for (int64_t g = 0; g < K / 128; ++g) {
-    const float d = fp16_to_f32(s[g]);
-    for (int64_t e = 0; e < 128; ++e) {
-      const int64_t i = g * 128 + e;
-      out[i] = float(int((w[i >> 4] >> (2 * (i & 15))) & 3u) - 1) * d;
-    }
+    const uint8_t* blk = r + g * kPq2Bytes;
+    const float d = fp16_to_f32(pq2_block_scale(blk));
+    for (int e = 0; e < 128; ++e) out[g * 128 + e] = float(pq2_block_code(blk, e) - 1) * d;
   }
 }
 

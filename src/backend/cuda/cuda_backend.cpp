@@ -423,13 +423,34 @@ struct CudaBackend::Impl {
   void upload_matrix(const TernaryMatrix& w) {
     if (mats.count(&w)) return;
     if (w.cols % 128 != 0 || w.rows < 1) fail("CUDA backend: {} has K = {} (must be a positive multiple of 128)", w.name, w.cols);
-    if (int64_t(w.words.size()) != w.rows * w.cols / 16 || int64_t(w.scales.size()) != w.rows * w.cols / 128)
-      fail("CUDA backend: {} has {} words / {} scales for [{}, {}]", w.name, w.words.size(), w.scales.size(), w.rows, w.cols);
-    const size_t wb = w.words.size() * 4, sb = w.scales.size() * 2;
+    if (!w.blocks) fail("CUDA backend: {} has no weight blocks", w.name);
+    // Device layout: words u32 [N, K/16] then (256-aligned) scales fp16 [N, K/128]. The canonical host form
+    // is PQ2_0 blocks [N, K/128, 34] (often a view of the mapped pack), de-interleaved here a slice of
+    // rows at a time through a bounded pinned staging buffer: no full host copy of the weights.
+    const int64_t G = w.cols / 128;
+    const size_t wpr = size_t(G) * 32, spr = size_t(G) * 2;  // word / scale bytes per row
+    const size_t wb = size_t(w.rows) * wpr, sb = size_t(w.rows) * spr;
     const size_t soff = (wb + 255) / 256 * 256;
     auto* base = static_cast<unsigned char*>(device_alloc(soff + sb, w.name.c_str()));
-    CUDA_CHECK(cudaMemcpy(base, w.words.data(), wb, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(base + soff, w.scales.data(), sb, cudaMemcpyHostToDevice));
+    constexpr size_t kStaging = size_t(16) << 20;
+    const int64_t slice = std::max<int64_t>(1, int64_t(kStaging / (wpr + spr)));  // rows per staging fill
+    CUDA_CHECK(cudaStreamSynchronize(stream));  // nothing queued may still read the pinned buffer
+    auto* stage = static_cast<unsigned char*>(pinned_buf(size_t(std::min<int64_t>(slice, w.rows)) * (wpr + spr)));
+    for (int64_t r0 = 0; r0 < w.rows; r0 += slice) {
+      const int64_t n = std::min<int64_t>(slice, w.rows - r0);
+      unsigned char* sw = stage;                  // [n, K/16] u32
+      unsigned char* ss = stage + size_t(n) * wpr;  // [n, K/128] fp16
+      for (int64_t r = 0; r < n; ++r) {
+        const uint8_t* row = w.row_blocks(r0 + r);  // [K/128, 34]: fp16 d, then the 32 code bytes (= 8 words)
+        for (int64_t g = 0; g < G; ++g) {
+          std::memcpy(sw + size_t(r) * wpr + size_t(g) * 32, row + g * 34 + 2, 32);
+          std::memcpy(ss + size_t(r) * spr + size_t(g) * 2, row + g * 34, 2);
+        }
+      }
+      CUDA_CHECK(cudaMemcpyAsync(base + size_t(r0) * wpr, sw, size_t(n) * wpr, cudaMemcpyHostToDevice, stream));
+      CUDA_CHECK(cudaMemcpyAsync(base + soff + size_t(r0) * spr, ss, size_t(n) * spr, cudaMemcpyHostToDevice, stream));
+      CUDA_CHECK(cudaStreamSynchronize(stream));  // the next slice overwrites the staging buffer
+    }
     owned.push_back(base);
     st.weight_bytes += wb + sb;
     if (!w.input_perm.empty()) upload_const(w.input_perm.data(), w.input_perm.size() * 4);

@@ -3,17 +3,22 @@
 #pragma once
 #include <cstdint>
 
+#include "format/ternary_codec.h"
+
 namespace bonsai {
 
 // One output of ternary_matmul_multi: a canonical ternary matrix W [N, K] and where y = x W^T goes.
-//   words  uint32 [N, K/16]  element 16*i + j of a row at bits 2j of word i, code q -> (q - 1) * d
-//   scales fp16   [N, K/128] bits, d per group of 128 consecutive elements of a row
-//   y      fp32   [M, N]     row-major, written (not accumulated)
+//   blocks uint8 [N, K/128, 34]  PQ2_0 blocks (format/ternary_codec.h): fp16 d, then 32 code bytes, element j
+//                                of a group in byte j/4 at bits 2*(j%4), code q -> (q - 1) * d
+//   y      fp32  [M, N]          row-major, written (not accumulated)
+//   runs   optional row map [n_runs] (TernaryMatrix::row_runs): row r of W is stored row
+//          run.src + (r - run.row) of `blocks`; n_runs == 0: row r is stored row r
 struct TernaryOut {
-  const uint32_t* words;
-  const uint16_t* scales;
+  const uint8_t* blocks;
   int64_t N;
   float* y;
+  const RowRun* runs = nullptr;
+  int64_t n_runs = 0;
 };
 
 }  // namespace bonsai

@@ -28,16 +28,15 @@ void hadamard_inverse(float* x, int64_t rows, int64_t K, const int8_t* signs, in
 
 // ---- Ternary linear layers -----------------------------------------------------------------------
 // Canonical ternary W [N, K] (K % 128 == 0):
-//   words  uint32 [N, K/16]   element 16*i + j of a row at bits 2j of word i
-//   scales fp16   [N, K/128]  bits; W[n][e] = (code - 1) * fp16(scales[n][e/128]); code 3 -> +2d
+//   blocks uint8 [N, K/128, 34]  PQ2_0 blocks: fp16 d then 32 code bytes; W[n][e] = (code - 1) * d of
+//                                block e/128 of row n; code 3 -> +2d
 // x fp32 [M, K]; y fp32 [M, N] = x W^T (written). M = 1 is the decode matvec.
-void ternary_matmul(const uint32_t* words, const uint16_t* scales, int64_t N, int64_t K, const float* x,
-                    int64_t M, float* y);
+void ternary_matmul(const uint8_t* blocks, int64_t N, int64_t K, const float* x, int64_t M, float* y);
 // Several weight sets with the same K sharing one x (q+k+v, qkv+z, gate+up): outs[i].y [M, outs[i].N]
 // = x W_i^T, one call. n_outs >= 1.
 void ternary_matmul_multi(const TernaryOut* outs, int n_outs, int64_t K, const float* x, int64_t M);
 // Dequantise row `row` of W (for the embedding gather): out fp32 [K] = W[row][:].
-void ternary_dequant_row(const uint32_t* words, const uint16_t* scales, int64_t K, int64_t row, float* out);
+void ternary_dequant_row(const uint8_t* blocks, int64_t K, int64_t row, float* out);
 
 // Dense bf16 linear (GDN's small a/b projections): w bf16 bits [N, K]; x fp32 [M, K]; y fp32 [M, N] = x w^T.
 void dense_matmul_bf16(const uint16_t* w, int64_t N, int64_t K, const float* x, int64_t M, float* y);

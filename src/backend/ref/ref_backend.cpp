@@ -11,7 +11,7 @@ void RefBackend::prepare(const Model&) {}  // uses the canonical buffers as they
 
 void RefBackend::embed_rows(const TernaryMatrix& table, const int32_t* host_ids, int64_t M, float* out) {
   for (int64_t m = 0; m < M; ++m)
-    ref::ternary_dequant_row(table.words.data(), table.scales.data(), table.cols, host_ids[m], out + m * table.cols);
+    ref::ternary_dequant_row(table.row_blocks(host_ids[m]), table.cols, 0, out + m * table.cols);
 }
 
 void RefBackend::hadamard_forward(float* x, int64_t rows, int64_t K, const int8_t* signs, int64_t block) {
@@ -26,7 +26,7 @@ void RefBackend::linear(const LinearOut* outs, int n_outs, int64_t K, const floa
   for (int i = 0; i < n_outs; ++i) {
     const TernaryMatrix& w = *outs[i].w;
     if (w.cols != K) fail("linear: {} has K = {}, the input has {}", w.name, w.cols, K);
-    t[size_t(i)] = {w.words.data(), w.scales.data(), w.rows, outs[i].y};
+    t[size_t(i)] = {w.blocks, w.rows, outs[i].y, w.row_runs.data(), int64_t(w.row_runs.size())};
   }
   ref::ternary_matmul_multi(t.data(), n_outs, K, x, M);
 }
