@@ -116,7 +116,7 @@ TEST(CudaModel, TinyPackMatchesReference) {
     const char* name;
     CudaBackend::Options o;
   };
-  std::vector<Config> configs(7);
+  std::vector<Config> configs(9);
   configs[0].name = "default";
   configs[1].name = "no-graphs";
   configs[1].o.graphs = false;
@@ -130,6 +130,10 @@ TEST(CudaModel, TinyPackMatchesReference) {
   configs[5].o.fuse_norm = true;
   configs[6].name = "exact";  // fp32 activations in the ternary products: only fp32 rounding remains
   configs[6].o.exact = true;
+  configs[7].name = "fuse-site";  // the decode sites as matvec prologues, not site kernels
+  configs[7].o.fuse_site = true;
+  configs[8].name = "bulk-matvec";   // matvec v4 (bulk copies) for M = 1
+  configs[8].o.matvec = 4;
   std::vector<ModelRun> runs;
   for (const Config& cfg : configs) {
     CudaBackend be(cfg.o);
@@ -237,6 +241,33 @@ TEST(CudaModel, BatchedStepMatchesEachSequenceAlone) {
                 argmax_same, (long long)(steps * B));
     // exact (fp32 activations): summation order only; int8: rounding flips cascade as in walk vs chunk
     EXPECT_LE(worst, (exact ? 1e-3 : 0.05) * scale) << (exact ? "exact" : "int8");
+  }
+  // Greedy batched steps pick each row's argmax on the device (Backend::argmax_rows): the same tokens as
+  // the argmax of the logits step_batch returns.
+  {
+    CudaBackend be;
+    Decoder dec(m, be);
+    std::vector<DecoderState> a, b;
+    for (int64_t r = 0; r < B; ++r) {
+      a.push_back(dec.new_state(128));
+      b.push_back(dec.new_state(128));
+      dec.forward(a.back(), prompts[size_t(r)].data(), std::min<int64_t>(64, lens[size_t(r)]), LogitsMode::None, nullptr);
+      dec.forward(b.back(), prompts[size_t(r)].data(), std::min<int64_t>(64, lens[size_t(r)]), LogitsMode::None, nullptr);
+    }
+    std::vector<DecoderState*> pa, pb;
+    for (int64_t r = 0; r < B; ++r) pa.push_back(&a[size_t(r)]), pb.push_back(&b[size_t(r)]);
+    std::vector<float> logits(static_cast<size_t>(B * V));
+    std::vector<int32_t> next(static_cast<size_t>(B));
+    for (int64_t s = 0; s < steps; ++s) {
+      dec.step_batch(pa.data(), next.data(), B, logits.data());
+      std::vector<int32_t> want(static_cast<size_t>(B));
+      for (int64_t r = 0; r < B; ++r)
+        want[size_t(r)] = int32_t(std::max_element(logits.begin() + r * V, logits.begin() + (r + 1) * V) - (logits.begin() + r * V));
+      std::vector<int32_t> got(static_cast<size_t>(B));
+      dec.step_batch_argmax(pb.data(), next.data(), B, got.data());
+      EXPECT_EQ(got, want) << "step " << s;
+      next = got;
+    }
   }
 }
 

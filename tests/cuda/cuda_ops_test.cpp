@@ -107,6 +107,49 @@ TEST(CudaOps, SiteFusionsMatchTheOpSequence) {
   }
 }
 
+// A one-row site (producer op -> copy -> sign + FWHT) followed by the M = 1 linear that reads it: with
+// Options::fuse_site the matvec computes the site as its prologue (warp_site.cuh). Its int8 activation
+// is the site kernel's bit for bit for the elementwise pre-ops, so the outputs are EQUAL to the unfused
+// backend's; the gated norm sums its squares in another order (<= 1e-3 relative). Also n < 1024
+// (FWHT blocks smaller than the 1024 chunk) and two weight matrices sharing the site.
+TEST(CudaOps, SiteFusedIntoMatvecMatchesTheSiteKernel) {
+  BONSAI_REQUIRE_GPU();
+  CudaBackend::Options on, off;
+  on.fuse_site = true;
+  off.fuse_site = false;
+  CudaBackend fused(on), plain(off);
+  const int64_t K = 3072, Dv = 128;
+  TernaryMatrix& w0 = random_matrix(700, K, 71, 0.02);
+  TernaryMatrix& w1 = random_matrix(129, K, 72, 0.02);
+  const auto a = randn(size_t(K), 81), b = randn(size_t(K), 82), gain = uniform(size_t(Dv), 83, 0.5f, 1.5f);
+  const auto s = random_signs(size_t(K), 84);
+  for (int64_t n : {int64_t(1024), int64_t(256), int64_t(64)}) {
+    for (int kind = 0; kind < 4; ++kind) {  // silu*up, x*sigmoid(g), gated norm, plain rotate
+      std::vector<float> y[2];
+      for (CudaBackend* be : {&fused, &plain}) {
+        be->prepare_matrix(w0);
+        be->prepare_matrix(w1);
+        Buffer sd = up_bytes(*be, s), gd = up(*be, gain);
+        Buffer da = up(*be, a), db = up(*be, b), site = poisoned(*be, size_t(K));
+        Buffer y0 = poisoned(*be, size_t(w0.rows)), y1 = poisoned(*be, size_t(w1.rows));
+        if (kind == 0) be->silu_mul(da.data(), db.data(), K, da.data());
+        if (kind == 1) be->sigmoid_gate_mul(da.data(), db.data(), K);
+        if (kind == 2) be->gated_rmsnorm(da.data(), db.data(), gd.data(), K / Dv, Dv, 1e-6f, da.data());
+        be->copy_rows(site.data(), K, da.data(), K, 1, K);
+        be->hadamard_forward(site.data(), 1, K, reinterpret_cast<const int8_t*>(sd.data()), n);
+        const LinearOut outs[2] = {{&w0, y0.data()}, {&w1, y1.data()}};
+        be->linear(outs, 2, K, site.data(), 1);
+        auto v0 = down(*be, y0), v1 = down(*be, y1);
+        v0.insert(v0.end(), v1.begin(), v1.end());
+        y[be == &plain] = v0;
+      }
+      const std::string what = "n " + std::to_string(n) + " kind " + std::to_string(kind);
+      if (kind == 2) EXPECT_LE(rel_err(y[0], y[1]), 1e-3) << what;
+      else EXPECT_EQ(y[0], y[1]) << what;
+    }
+  }
+}
+
 TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
   BONSAI_REQUIRE_GPU();
   CudaBackend& be = gpu();
@@ -423,6 +466,24 @@ TEST(CudaOps, EmbeddingGatherAndInverseTransform) {
     be.hadamard_inverse(o.data(), M, E, reinterpret_cast<const int8_t*>(sd.data()), 1024);
     EXPECT_LE(rel_err(down(be, o), want), 1e-5) << "M " << M;
   }
+}
+
+// Per-row argmax for greedy batched decode: rows with ties, NaN, +inf and all-NaN, vs ref::argmax per row.
+TEST(CudaOps, DeviceArgmaxRows) {
+  BONSAI_REQUIRE_GPU();
+  CudaBackend& be = gpu();
+  const int64_t rows = 5, n = 100003;
+  auto x = randn(size_t(rows * n), 2);
+  x[size_t(1 * n + 70000)] = 40.f;
+  x[size_t(1 * n + 9)] = 40.f;  // tie: lowest index wins
+  x[size_t(2 * n + 3)] = std::numeric_limits<float>::quiet_NaN();
+  x[size_t(2 * n + 4)] = std::numeric_limits<float>::infinity();
+  std::fill(x.begin() + 3 * n, x.begin() + 4 * n, std::numeric_limits<float>::quiet_NaN());
+  Buffer d = up(be, x);
+  std::vector<int32_t> got(static_cast<size_t>(rows), -7);
+  ASSERT_TRUE(be.argmax_rows(d.data(), rows, n, got.data()));
+  for (int64_t r = 0; r < rows; ++r)
+    EXPECT_EQ(int64_t(got[size_t(r)]), ref::argmax(x.data() + r * n, n)) << "row " << r;
 }
 
 TEST(CudaOps, DeviceArgmax) {

@@ -64,6 +64,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device) {
   o.graphs = flag("BONSAI_CUDA_GRAPHS", o.graphs);
   o.pdl = flag("BONSAI_CUDA_PDL", o.pdl);
   o.fuse = flag("BONSAI_CUDA_FUSE", o.fuse);
+  o.fuse_site = flag("BONSAI_CUDA_FUSE_SITE", o.fuse_site);
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC"); e && *e) o.matvec = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC_EARLY"); e && *e) o.matvec_early = std::atoi(e);
   return std::make_unique<CudaBackend>(o);
@@ -119,7 +120,7 @@ struct CudaBackend::Impl {
   std::vector<void*> retired;      // scratch replaced while work may still read it: freed at a sync
   Stats st;
 
-  Scratch xq, xds, attn_o, attn_ml, attn_cnt, ids, am_v, am_i, am_cnt, am_res;
+  Scratch xq, xds, attn_o, attn_ml, attn_cnt, ids, am_v, am_i, am_cnt, am_res, amr_out;
   void* pinned = nullptr;
   size_t pinned_bytes = 0;
 
@@ -139,6 +140,10 @@ struct CudaBackend::Impl {
   std::vector<cudaEvent_t> ev_pool;
   std::map<const void*, std::pair<int64_t, double>> prof_acc;  // func -> launches, ms
 
+  // A one-row site that produces the int8 activation, held back so the M = 1 matvec that consumes it
+  // can compute it as its prologue (Options::fuse_site); any other op launches it first (flush_pending).
+  bool deferred_site = false;
+  cuda::SiteDesc site_desc;
   bool recording = false;
   std::vector<cuda::Launch> rec;
   std::vector<GraphEntry> graphs;
@@ -146,8 +151,9 @@ struct CudaBackend::Impl {
   // ---- launching ----------------------------------------------------------------------------------
   // The int8 ternary kernel for M tokens: bulk-copy matvec (M = 1), register-ring matvec (M <= 4), GEMM.
   cuda::Launch ternary_launch(const cuda::TernaryDev* t, int n, int64_t K, const int8_t* xq, const float2* xds,
-                              int64_t M) const {
+                              int64_t M, const cuda::SiteDesc* site = nullptr) const {
     const int sms = prop.multiProcessorCount;
+    if (site) return cuda::matvec_launch(t, n, K, xq, xds, M, sms, opt.matvec_rows, site);
     if (opt.matvec >= 4 && cuda::matvec_bulk_supported(K, M)) return cuda::matvec_bulk_launch(t, n, K, xq, xds, sms, opt.matvec_bulk_rows, opt.matvec_early);
     if (M <= 4 || !opt.tensor_cores) return cuda::matvec_launch(t, n, K, xq, xds, M, sms, opt.matvec_rows);
     return cuda::gemm_launch(t, n, K, xq, xds, M, sms);
@@ -224,6 +230,10 @@ struct CudaBackend::Impl {
     }
   }
   void flush_pending() {
+    if (deferred_site) {  // it precedes everything still pending (its producers were folded into it)
+      deferred_site = false;
+      emit(cuda::site_launch(site_desc));
+    }
     for (const Pending& p : pend) launch_pending(p);
     pend.clear();
   }
@@ -461,7 +471,8 @@ struct CudaBackend::Impl {
   // ---- the site kernel with peephole fusion ----------------------------------------------------------
   // Transforms (or just quantises, n = 1) x [rows, K] in place, fusing the producer ops at the tail of
   // the pending list. quantise: also write the int8 form and record it as the shadow of x.
-  void site(float* x, int64_t rows, int64_t K, const int8_t* signs, int64_t n, bool inverse, bool quantise) {
+  void site(float* x, int64_t rows, int64_t K, const int8_t* signs, int64_t n, bool inverse, bool quantise,
+            bool may_defer = false) {
     cuda::SiteDesc d;
     d.src = x;
     d.ld = K;
@@ -530,6 +541,15 @@ struct CudaBackend::Impl {
       d.xds = static_cast<float2*>(ensure(xds, size_t(rows * (K / 64)) * sizeof(float2), "the activation scales"));
       shadow = {x, rows, K, seq};
     }
+    // Held back for the matvec prologue: one row, int8 output, a pre-op the prologue knows, no gather.
+    // The fused form does not write d.dst / d.pre_out: the forward reads a site's outputs only through
+    // the linear that follows (checked by the tiny-pack model tests against the reference).
+    if (may_defer && opt.fuse_site && opt.fuse && !opt.exact && quantise && rows == 1 && !inverse && !d.perm &&
+        d.ld == K && d.src != d.dst && cuda::matvec_site_supported(K, n, d.pre, d.seg)) {
+      deferred_site = true;
+      site_desc = d;
+      return;
+    }
     emit(cuda::site_launch(d));
   }
 };
@@ -569,7 +589,7 @@ CudaBackend::~CudaBackend() {
   }
   for (void* q : p_->owned) cudaFree(q);
   for (Impl::Scratch* s : {&p_->xq, &p_->xds, &p_->attn_o, &p_->attn_ml, &p_->attn_cnt, &p_->ids, &p_->am_v, &p_->am_i,
-                           &p_->am_cnt, &p_->am_res})
+                           &p_->am_cnt, &p_->am_res, &p_->amr_out})
     if (s->p) cudaFree(s->p);
   if (p_->pinned) cudaFreeHost(p_->pinned);
   for (cudaEvent_t e : p_->ev_pool) cudaEventDestroy(e);
@@ -742,7 +762,7 @@ void CudaBackend::hadamard_forward(float* x, int64_t rows, int64_t K, const int8
   Impl& I = *p_;
   check_hadamard(K, block);
   ++I.seq;
-  I.site(x, rows, K, signs, block, false, K % 128 == 0);
+  I.site(x, rows, K, signs, block, false, K % 128 == 0, true);
 }
 
 void CudaBackend::hadamard_inverse(float* x, int64_t rows, int64_t K, const int8_t* signs, int64_t block) {
@@ -773,7 +793,14 @@ void CudaBackend::linear(const LinearOut* outs, int n_outs, int64_t K, const flo
   ++I.seq;
   for (int i = 0; i < n_outs; ++i)
     if (outs[i].w->cols != K) fail("linear: {} has K = {}, the input has {}", outs[i].w->name, outs[i].w->cols, K);
-  if (!fresh) I.site(const_cast<float*>(x), M, K, nullptr, 1, false, true);  // quantise (x unchanged)
+  if (!fresh) I.site(const_cast<float*>(x), M, K, nullptr, 1, false, true, true);  // quantise (x unchanged)
+  // The site producing x held back (one row): the matvec computes it as its prologue.
+  cuda::SiteDesc site;
+  const bool fused = I.deferred_site && M == 1 && !I.opt.exact;
+  if (fused) {
+    site = I.site_desc;
+    I.deferred_site = false;
+  }
   I.flush_pending();
   const auto* xq = static_cast<const int8_t*>(I.xq.p);
   const auto* xds = static_cast<const float2*>(I.xds.p);
@@ -785,7 +812,7 @@ void CudaBackend::linear(const LinearOut* outs, int n_outs, int64_t K, const flo
       t[i] = {d.words, d.scales, outs[i0 + i].y, d.N};
     }
     if (I.opt.exact) I.emit(cuda::exact_linear_launch(t, n, K, x, M));
-    else I.emit(I.ternary_launch(t, n, K, xq, xds, M));
+    else I.emit(I.ternary_launch(t, n, K, xq, xds, M, fused ? &site : nullptr));
   }
 }
 
@@ -1132,6 +1159,21 @@ void CudaBackend::gdn_delta_rule_rows(float* const* states, const float* q, cons
 }
 
 // ---- extras ------------------------------------------------------------------------------------------------
+
+bool CudaBackend::argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* host_out) {
+  Impl& I = *p_;
+  ++I.seq;
+  if (rows < 1 || n < 1) fail("argmax_rows: {} rows of {}", rows, n);
+  I.flush_pending();
+  auto* out = static_cast<int32_t*>(I.ensure(I.amr_out, size_t(rows) * 4, "argmax rows"));
+  I.emit(cuda::argmax_rows_launch(x, rows, n, out));  // part of the step's graph when one is recorded
+  I.drain();                                          // ... which this sync point launches
+  void* pin = I.pinned_buf(size_t(rows) * 4);
+  CUDA_CHECK(cudaMemcpyAsync(pin, out, size_t(rows) * 4, cudaMemcpyDeviceToHost, I.stream));
+  CUDA_CHECK(cudaStreamSynchronize(I.stream));
+  std::memcpy(host_out, pin, size_t(rows) * 4);
+  return true;
+}
 
 int64_t CudaBackend::argmax(const float* x, int64_t n) {
   Impl& I = *p_;

@@ -47,6 +47,9 @@ class CudaBackend final : public Backend {
     int matvec_early = 1;      // v4 tiles streamed before waiting on the previous kernel (BONSAI_CUDA_MATVEC_EARLY)
     bool fuse_norm = false;    // rmsnorm / add_rmsnorm before a site fused into it (needs fuse; BONSAI_CUDA_FUSE_NORM=1;
                                // one block per row: measured slower at decode, see docs/cuda-kernels.md)
+    bool fuse_site = false;    // a one-row site computed by the matvec that consumes it (its prologue) instead of
+                               // by a site kernel (needs fuse; BONSAI_CUDA_FUSE_SITE=1): 676 instead of 933 kernels
+                               // per 27b decode step but slower (124 vs 150 tok/s, docs/cuda-kernels.md)
     bool exact = false;        // ternary products on the fp32 activation, no int8 step (BONSAI_CUDA_EXACT=1); slow
   };
 
@@ -112,6 +115,9 @@ class CudaBackend final : public Backend {
   // ---- CUDA extras (not in the Backend interface) ---------------------------------------------------
   // Index of the largest element of x [n] on the device (ref::argmax semantics); one int64 comes back.
   int64_t argmax(const float* x, int64_t n);
+  // Greedy batched decode: each row's argmax on the device (recorded into the step's graph), int32 [rows]
+  // back to the host instead of the [rows, n] logits.
+  bool argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* host_out) override;
   // Ends the current step (launches a pending graph) and waits for the stream.
   void synchronize();
   // Switches graphs / pdl / fuse / tensor_cores between calls (the device cannot change).

@@ -413,6 +413,41 @@ __device__ __forceinline__ void better(float& bv, int64_t& bi, float v, int64_t 
   }
 }
 
+// One block per row: out[r] = argmax of x[r] [n] (lowest index on ties, NaN never wins, all-NaN -> 0).
+struct ArgmaxRowsArgs {
+  const float* x;
+  int32_t* out;
+  int64_t n;
+};
+__global__ __launch_bounds__(kArgmaxRowThreads) void argmax_rows_kernel(const ArgmaxRowsArgs a) {
+  __shared__ float sv[kArgmaxRowThreads / 32];
+  __shared__ int64_t si[kArgmaxRowThreads / 32];
+  pdl_trigger();
+  pdl_wait();
+  const float* x = a.x + int64_t(blockIdx.x) * a.n;
+  float bv = 0.f;
+  int64_t bi = -1;
+  for (int64_t i = threadIdx.x; i < a.n; i += kArgmaxRowThreads) better(bv, bi, x[i], i);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float v = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int64_t i = __shfl_xor_sync(0xffffffffu, bi, o);
+    better(bv, bi, v, i);
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) {
+    sv[warp] = bv;
+    si[warp] = bi;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float v = 0.f;
+    int64_t i = -1;
+    for (int w = 0; w < kArgmaxRowThreads / 32; ++w) better(v, i, sv[w], si[w]);
+    a.out[blockIdx.x] = int32_t(i < 0 ? 0 : i);
+  }
+}
+
 __global__ __launch_bounds__(kThreads) void argmax_kernel(const ArgmaxArgs a) {
   __shared__ float sv[kThreads];
   __shared__ int64_t si[kThreads];
@@ -598,6 +633,12 @@ Launch gdn_gates_launch(const float* a_, const float* b, const float* A, const f
                         float* g, float* beta) {
   GatesArgs a{a_, b, A, dt_bias, g, beta, T, Nv};
   return make_launch(reinterpret_cast<const void*>(&gates_kernel), dim3(blocks_for(T * Nv, kThreads)), dim3(kThreads),
+                     0, a);
+}
+
+Launch argmax_rows_launch(const float* x, int64_t rows, int64_t n, int32_t* out) {
+  ArgmaxRowsArgs a{x, out, n};
+  return make_launch(reinterpret_cast<const void*>(&argmax_rows_kernel), dim3(unsigned(rows)), dim3(kArgmaxRowThreads),
                      0, a);
 }
 

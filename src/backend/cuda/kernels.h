@@ -61,14 +61,19 @@ struct TernaryDev {
 };
 // dp4a matvec: best for M <= 4 (weights stream once per 4 tokens). rows: weight rows per warp step
 // (2: 6-deep pipeline; 4: 3-deep, activation loads shared by 4 rows).
+// site (M = 1 only): the activation site that produces xq, computed by every block as its prologue
+// (warp_site.cuh) instead of by a site kernel: reads site->src (src2, gain, signs), writes neither
+// site->dst nor site->pre_out nor the global xq. Supported when matvec_site_supported().
 Launch matvec_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                     int sms, int rows = 2);
+                     int sms, int rows = 2, const SiteDesc* site = nullptr);
+bool matvec_site_supported(int64_t K, int64_t n, int32_t pre, int64_t seg);
 // Bulk-copy matvec (matvec_bulk.cu): M = 1, tiles of rows streamed by one producer thread per block with
 // cp.async.bulk into a 4-stage shared-memory ring. Supported when K % 1024 == 0; rows: at most 1, 2, 4
 // or 8 rows per consumer warp, anything else = chosen per matrix for balance over the SMs; early: tiles
 // streamed before the kernel waits on its predecessor (0..4).
 bool matvec_bulk_supported(int64_t K, int64_t M);
 void init_matvec_bulk_attributes();  // called by init_kernel_attributes
+void init_gemm_attributes();         // called by init_kernel_attributes
 Launch matvec_bulk_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int sms,
                           int rows = 0, int early = 1);
 // Exact-activation product (Options::exact, BONSAI_CUDA_EXACT=1): fp32 x [M, K] as it is, no int8
@@ -182,6 +187,9 @@ constexpr int64_t kDeltaMaxDk = 128;
 // ---- utilities -------------------------------------------------------------------------------------
 // Two-stage argmax over x [n]: blocks write partials, the last block reduces into *result (int64).
 constexpr int kArgmaxBlocks = 64;
+// Per-row argmax of x [rows, n] into out int32 [rows] (device), one block per row.
+constexpr int kArgmaxRowThreads = 1024;
+Launch argmax_rows_launch(const float* x, int64_t rows, int64_t n, int32_t* out);
 Launch argmax_launch(const float* x, int64_t n, float* part_v, int64_t* part_i, int32_t* counter, int64_t* result);
 // Streaming read of buf [n16 x 16 bytes]; writes one word per block into sink [gridDim].
 Launch probe_launch(const void* buf, int64_t n16, uint32_t* sink, int blocks);

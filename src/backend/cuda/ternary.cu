@@ -13,6 +13,7 @@
 //                       codes 0..3 and subtracts the sum: sum((c - 1) q) = sum(c q) - sum(q)).
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/ternary_dot.cuh"
+#include "backend/cuda/warp_site.cuh"
 
 namespace bonsai::cuda {
 
@@ -220,6 +221,7 @@ struct TernaryArgs {
   int64_t K, M;
   int64_t total, per_warp;  // matvec: row pairs in all, row pairs per warp
   int32_t n_outs, pad;
+  WarpSite site;            // matvec, M = 1: when active, every block computes xq / xds itself (warp_site.cuh)
 };
 
 constexpr int kMvWarps = 8;
@@ -239,8 +241,9 @@ struct MvStage {
 };
 
 // R rows per warp step (a row group), D steps in flight per lane.
-template <int MT, int R, int D>
+template <int MT, int R, int D, bool SITE = false>
 __global__ __launch_bounds__(kMvWarps * 32, 2) void matvec_kernel(const TernaryArgs a) {
+  extern __shared__ __align__(16) unsigned char mv_smem[];  // SITE: xq [K] int8 | xds [K/64] float2
   const int lane = threadIdx.x & 31;
   const int64_t warp = int64_t(blockIdx.x) * kMvWarps + (threadIdx.x >> 5);
   const int64_t C = a.K >> 6, G = a.K >> 7;
@@ -289,6 +292,16 @@ __global__ __launch_bounds__(kMvWarps * 32, 2) void matvec_kernel(const TernaryA
 #pragma unroll
   for (int s = 0; s < D; ++s) issue(ring[s]);  // weights first: they do not depend on earlier kernels
   pdl_wait();                                   // the activations and y do
+  const int8_t* xqp = a.xq;
+  const float2* xdsp = a.xds;
+  if constexpr (SITE) {  // the activation site of this matvec's input, computed here (weights in flight)
+    int8_t* xq_s = reinterpret_cast<int8_t*>(mv_smem);
+    float2* xds_s = reinterpret_cast<float2*>(mv_smem + a.K);
+    for (int64_t c = threadIdx.x >> 5; c < (a.K >> 10); c += kMvWarps) warp_site_chunk(a.site, c << 10, lane, xq_s, xds_s);
+    __syncthreads();
+    xqp = xq_s;
+    xdsp = xds_s;
+  }
 
   float acc[R][MT];
 #pragma unroll
@@ -304,10 +317,10 @@ __global__ __launch_bounds__(kMvWarps * 32, 2) void matvec_kernel(const TernaryA
   auto load_x = [&](int buf, int step_in_group) {
     const int64_t c = lane + 32 * step_in_group;
     if (c < C) {
-      const int4* xp = reinterpret_cast<const int4*>(a.xq) + c * 4;
+      const int4* xp = reinterpret_cast<const int4*>(xqp) + c * 4;
 #pragma unroll
       for (int k = 0; k < 4; ++k) xb[buf][k] = xp[k];
-      db[buf] = a.xds[c];
+      db[buf] = xdsp[c];
     }
   };
   if constexpr (MT == 1) {
@@ -364,8 +377,14 @@ __device__ __forceinline__ int find_output(const TernaryArgs& a) { return output
 
 }  // namespace
 
+bool matvec_site_supported(int64_t K, int64_t n, int32_t pre, int64_t seg) {
+  return K % 1024 == 0 && K <= 32768 && n >= 1 && n <= 1024 && (n & (n - 1)) == 0 &&
+         (pre == kPreNone || pre == kPreSiluMul || pre == kPreSigmoidMul ||
+          (pre == kPreGatedNorm && seg % 32 == 0 && seg <= 1024 && 1024 % seg == 0));
+}
+
 Launch matvec_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                     int sms, int rows) {
+                     int sms, int rows, const SiteDesc* site) {
   const int R = rows == 4 ? 4 : 2;
   TernaryArgs a{};
   a.xq = xq;
@@ -395,6 +414,15 @@ Launch matvec_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t
     else f = reinterpret_cast<const void*>(&matvec_kernel<4, 4, 3>), mt = 4;
   }
   const dim3 grid(unsigned((warps + kMvWarps - 1) / kMvWarps), unsigned((M + mt - 1) / mt));
+  if (site && M == 1) {  // the site is this kernel's prologue: it reads site->src, writes no fp32 outputs
+    int log2n = 0;
+    while ((int64_t(1) << log2n) < site->n) ++log2n;
+    a.site = {site->src, site->src2, site->gain, site->signs, site->pre, log2n, site->seg, site->eps,
+              float(1.0 / __builtin_sqrt(double(site->n))), 1, 0};
+    f = R == 2 ? reinterpret_cast<const void*>(&matvec_kernel<1, 2, 4, true>)
+               : reinterpret_cast<const void*>(&matvec_kernel<1, 4, 2, true>);
+    return make_launch(f, grid, dim3(kMvWarps * 32), uint32_t(K + K / 64 * 8), a);
+  }
   return make_launch(f, grid, dim3(kMvWarps * 32), 0, a);
 }
 
@@ -450,7 +478,8 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], uint32_t a0, uint32_t a1, ui
 template <int WARPS, int TOKS, int STAGES>
 __global__ __launch_bounds__(WARPS * 32, 16 / WARPS) void gemm_kernel(const TernaryArgs a) {
   constexpr int NT = WARPS * 32, ROWS = WARPS * 16, NTILES = TOKS / 8;
-  __shared__ __align__(16) GemmStage<TOKS> st[STAGES];
+  extern __shared__ __align__(16) unsigned char gemm_smem[];
+  GemmStage<TOKS>* st = reinterpret_cast<GemmStage<TOKS>*>(gemm_smem);  // [STAGES] (dynamic: > 48 KB)
   const int o = find_output(a);
   const uint32_t* words = a.o[o].words;
   const __half* scales = reinterpret_cast<const __half*>(a.o[o].scales);
@@ -556,7 +585,27 @@ __global__ __launch_bounds__(WARPS * 32, 16 / WARPS) void gemm_kernel(const Tern
     }
 }
 
+// Stages in flight (dynamic shared memory, so deeper rings can be tried without the 48 KB static cap).
+// Measured on the H200 (docs/cuda-kernels.md, round 3): 6 / 8 stages changed nothing at M = 32 / 64 and
+// made M = 256 slower (209 -> 377 us for ffn_down): the GEMM is bound by its per-MMA instruction
+// overhead (A decode, per-group scaling, fragment loads), not by load latency.
+constexpr int kGemmStages64 = 2, kGemmStages32 = 4;
+
+const void* gemm_kernel_for(int warps, bool small) {
+  return small ? (warps == 4 ? reinterpret_cast<const void*>(&gemm_kernel<4, 32, kGemmStages32>)
+                             : reinterpret_cast<const void*>(&gemm_kernel<8, 32, kGemmStages32>))
+               : (warps == 4 ? reinterpret_cast<const void*>(&gemm_kernel<4, 64, kGemmStages64>)
+                             : reinterpret_cast<const void*>(&gemm_kernel<8, 64, kGemmStages64>));
+}
+
 }  // namespace
+
+void init_gemm_attributes() {
+  for (int w : {4, 8})
+    for (bool small : {false, true})
+      cudaFuncSetAttribute(gemm_kernel_for(w, small), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(small ? sizeof(GemmStage<32>) * kGemmStages32 : sizeof(GemmStage<64>) * kGemmStages64));
+}
 
 Launch gemm_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                    int sms) {
@@ -566,7 +615,7 @@ Launch gemm_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* 
   a.K = K;
   a.M = M;
   a.n_outs = n_outs;
-  const bool small = M <= 32;  // batched decode: 32-token tiles, 4 stages (else 64-token tiles, 2 stages)
+  const bool small = M <= 32;  // batched decode: 32-token tiles, kGemmStages32 (else 64 tokens, kGemmStages64)
   const int64_t ty = (M + (small ? 31 : 63)) / (small ? 32 : 64);
   int64_t tiles8 = 0;
   for (int i = 0; i < n_outs; ++i) tiles8 += (outs[i].N + 127) / 128;
@@ -578,11 +627,9 @@ Launch gemm_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* 
     b0 += (outs[i].N + rows - 1) / rows;
   }
   const dim3 grid{unsigned(b0), unsigned(ty), 1u};
-  const void* f = small ? (warps == 4 ? reinterpret_cast<const void*>(&gemm_kernel<4, 32, 4>)
-                                      : reinterpret_cast<const void*>(&gemm_kernel<8, 32, 4>))
-                        : (warps == 4 ? reinterpret_cast<const void*>(&gemm_kernel<4, 64, 2>)
-                                      : reinterpret_cast<const void*>(&gemm_kernel<8, 64, 2>));
-  return make_launch(f, grid, dim3(unsigned(32 * warps)), 0, a);
+  const void* f = gemm_kernel_for(warps, small);
+  const uint32_t smem = small ? uint32_t(sizeof(GemmStage<32>) * kGemmStages32) : uint32_t(sizeof(GemmStage<64>) * kGemmStages64);
+  return make_launch(f, grid, dim3(unsigned(32 * warps)), smem, a);
 }
 
 // ================================ exact-activation product ========================================
@@ -670,6 +717,7 @@ void init_kernel_attributes() {
   cudaFuncSetAttribute(reinterpret_cast<const void*>(&site_kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
                        int(kMaxHadamardBlock * sizeof(float)));
   init_matvec_bulk_attributes();
+  init_gemm_attributes();
 }
 
 }  // namespace bonsai::cuda
