@@ -122,6 +122,7 @@ void bench(const BenchArgs& a) {
     read_gbs = cpu::probe_read_bandwidth_gbs(probe_threads);
     int8_gops = cpu::probe_int8_dot_peak_gops(probe_threads);
     j["cpu_kernels"] = cpu::kernels_name();
+    j["cpu_activation"] = cpu::activation_name(cpu::ternary_activation());  // BONSAI_CPU_ACT
   }
   j["probe"] = {{"read_gb_s", read_gbs}, {"int8_dot_peak_gops", int8_gops}};
   if (a.probe_only) {
@@ -173,9 +174,10 @@ void bench(const BenchArgs& a) {
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
 
   if (!a.json)
-    std::printf("%s | %s | %s backend, %d threads, %s kernels | read %.2f GB/s, int8 peak %.1f Gops/s (probed)\n",
+    std::printf("%s | %s | %s backend, %d threads, %s kernels%s%s | read %.2f GB/s, int8 peak %.1f Gops/s (probed)\n",
                 a.model.c_str(), model.source_format.c_str(), backend->name(), threads, gpu ? "cuda" : cpu::kernels_name(),
-                read_gbs, int8_gops);
+                gpu ? "" : ", activations ", gpu ? "" : cpu::activation_name(cpu::ternary_activation()), read_gbs,
+                int8_gops);
   for (int64_t p : pps) {
     std::vector<double> tps;
     for (int r = 0; r < a.reps + 1; ++r) {  // the first repetition warms up and is not counted

@@ -11,6 +11,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/generate.h"
+#include "../engine/cpu_bounds.h"
 #include "../engine/ref_fixture.h"
 
 using namespace bonsai;
@@ -18,6 +19,14 @@ using namespace bonsai::testing_support;
 using ::testing::HasSubstr;
 
 namespace {
+
+// The CPU gate bounds at the activation precision the binary runs (same machine, same BONSAI_CPU_ACT):
+// tests/engine/cpu_bounds.h.
+std::string cpu_bound_args() {
+  char buf[80];
+  std::snprintf(buf, sizeof buf, "--max-delta %g --max-kl %g", cpu_max_delta(), cpu_max_kl());
+  return buf;
+}
 
 struct Result {
   int code = -1;
@@ -146,14 +155,14 @@ TEST(CliGate, PassesAgainstTheRefFixtureAndFailsWithExit3) {
   const std::string fixture = ref_fixture_path();
   const std::string base = "gate -m " + q(tiny_packs().pq2) + " --fixture " + q(fixture) + " ";
   for (const char* chunk : {"auto", "1", "16", "64"}) {
-    const Result r = bonsai_cli(base + "--max-delta 1e-3 --max-kl 1e-7 --chunk " + chunk);
+    const Result r = bonsai_cli(base + cpu_bound_args() + " --chunk " + chunk);
     EXPECT_EQ(r.code, 0) << r.out;
     EXPECT_THAT(r.out, HasSubstr("PASS"));
     EXPECT_THAT(r.out, HasSubstr("overall"));
     EXPECT_THAT(r.out, HasSubstr("random"));
   }
   // The MLX folder gives the same verdict.
-  EXPECT_EQ(bonsai_cli("gate -m " + q(tiny_packs().mlx) + " --fixture " + q(fixture) + " --max-delta 1e-3").code, 0);
+  EXPECT_EQ(bonsai_cli("gate -m " + q(tiny_packs().mlx) + " --fixture " + q(fixture) + " " + cpu_bound_args()).code, 0);
   // A bound no fp32 path meets: exit 3.
   const Result tight = bonsai_cli(base + "--max-delta 1e-9");
   EXPECT_EQ(tight.code, 3) << tight.out;
@@ -184,7 +193,7 @@ TEST(CliGate, HuggingFaceFixture) {
   const std::string fixture = std::string(BONSAI_TEST_DATA) + "/fixtures/tiny_seed7.safetensors";
   if (!std::filesystem::exists(fixture)) GTEST_SKIP() << fixture << " is not there";
   const Result r = bonsai_cli("gate -m " + q(tiny_packs().mlx) + " --fixture " + q(fixture) +
-                              " --max-delta 1e-3 --max-kl 1e-7 --json");
+                              " " + cpu_bound_args() + " --json");
   ASSERT_EQ(r.code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_TRUE(j["pass"].get<bool>());

@@ -15,11 +15,13 @@
 //                                                    max|dlogit| <= 2e-3 [1.1e-5 / 9.9e-6], mean KL <= 1e-6
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/ref/ref_backend.h"
 #include "engine/session.h"
+#include "cpu_bounds.h"
 #include "engine_test_util.h"
 #include "float_forward.h"
 
@@ -28,10 +30,9 @@ using namespace bonsai::testing_support;
 
 namespace {
 
-constexpr double kMaxDelta = 1e-3;  // max |dlogit|, fp32 paths vs each other / vs fp64 ref
-constexpr double kMaxKl = 1e-7;     // mean KL(ref || ours)
-
-void expect_close(const GateStats& s, double max_delta = kMaxDelta, double max_kl = kMaxKl) {
+// max |dlogit| and mean KL(ref || ours) of the CPU paths vs each other / vs the fp64 ref: 1e-3 / 1e-7, or the
+// q16 default's stated 5e-3 (cpu_bounds.h).
+void expect_close(const GateStats& s, double max_delta = cpu_max_delta(), double max_kl = cpu_max_kl()) {
   EXPECT_LE(s.max_delta, max_delta) << s.name;
   EXPECT_LE(s.mean_kl(), max_kl) << s.name;
   EXPECT_EQ(s.agree, s.counted) << s.name;
@@ -160,7 +161,8 @@ TEST(Forward, RotatedPackMatchesFloatForwardOfItsEffectiveWeights) {
   const auto tokens = test_tokens(24, dec.vocab(), 17);
   const auto ours = run_steps(dec, tokens, {16, 8});
   const auto want = float_forward(tiny_packs().effective, tokens);
-  expect_close(compare("rotated pack vs float forward (effective)", want, ours, dec.vocab()), 2e-3, 1e-6);
+  expect_close(compare("rotated pack vs float forward (effective)", want, ours, dec.vocab()),
+               std::max(2e-3, cpu_max_delta()), 1e-6);
 }
 
 TEST(Forward, UnrotatedPackRunsAndMatchesItsEffectiveWeights) {
@@ -176,7 +178,8 @@ TEST(Forward, UnrotatedPackRunsAndMatchesItsEffectiveWeights) {
   const auto tokens = test_tokens(24, dec.vocab(), 17);
   const auto ours = run_steps(dec, tokens, {16, 8});
   const auto want = float_forward(tiny_nohad_packs().effective, tokens);
-  expect_close(compare("unrotated pack vs float forward (effective)", want, ours, dec.vocab()), 2e-3, 1e-6);
+  expect_close(compare("unrotated pack vs float forward (effective)", want, ours, dec.vocab()),
+               std::max(2e-3, cpu_max_delta()), 1e-6);
   Decoder rot(tiny_model("pq2"), cb);
   compare("unrotated vs rotated pack (info only)", run_steps(rot, tokens, {16, 8}), ours, dec.vocab());
 }

@@ -12,6 +12,7 @@
 #include "engine/sampler.h"
 #include "format/safetensors.h"
 #include "util/error.h"
+#include "cpu_bounds.h"
 #include "ref_fixture.h"
 
 using namespace bonsai;
@@ -20,10 +21,11 @@ using ::testing::HasSubstr;
 
 namespace {
 
-GateOptions bounds() {
+// The CPU backend's bounds at its activation precision (cpu_bounds.h): 1e-3 / 1e-7, or the q16 default's 5e-3.
+GateOptions bounds(double max_delta = cpu_max_delta()) {
   GateOptions o;
-  o.max_delta = 1e-3;
-  o.max_kl = 1e-7;
+  o.max_delta = max_delta;
+  o.max_kl = cpu_max_kl();
   return o;
 }
 

@@ -96,11 +96,16 @@ bool set_kernels(const char* name);
 // ---- Activation precision of the ternary ops (ternary_matmul / _multi) --------------------------------
 // f32: the fp32-activation kernels (exact to fp32 rounding). q8 / q16 / q24: quantise the activation once
 // per call (once per site for ternary_matmul_multi) to 1 / 2 / 3 int8 digits and use the integer kernels.
-// Default: q24 on the SIMD variants (gate-identical to f32, and fast: see kernels.cpp), f32 on portable;
-// BONSAI_CPU_ACT=f32|q8|q16|q24 overrides at startup. Measured on the HF fixture (tiny pack, 726 counted
-// positions): f32 and q24 726/726 (max |dlogit| 2.1e-5 / 1.7e-5), q16 726/726 (1.9e-3), q8 691/726 (0.50).
+// Default: q16 on the SIMD variants (the fast path, with a stated looser bound: see kernels.cpp), f32 on
+// portable; BONSAI_CPU_ACT=f32|q8|q16|q24 overrides at startup. Measured on the HF fixture (tiny pack, 726
+// counted positions): f32 and q24 726/726 (max |dlogit| 2.1e-5 / 1.6e-5), q16 726/726 (2.0e-3, mean KL
+// 4.3e-8), q8 691/726 (0.50: fails the gate).
 enum class TernaryActivation { f32, q8, q16, q24 };
 inline int activation_levels(TernaryActivation a) { return int(a); }  // 0 for f32, else the digits
+inline const char* activation_name(TernaryActivation a) {  // "f32", "q8", "q16", "q24" (BONSAI_CPU_ACT's words)
+  constexpr const char* kNames[] = {"f32", "q8", "q16", "q24"};
+  return kNames[int(a)];
+}
 TernaryActivation ternary_activation();
 void set_ternary_activation(TernaryActivation a);  // call while no op is running
 

@@ -343,6 +343,18 @@ TGT_INLINE __m512i times254_add(__m512i t, __m512i a) {
   return _mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(t, 8), _mm512_slli_epi32(t, 1)), a);
 }
 
+// dl + 254 * acc for acc = ONE chunk's digit-0 dot of a row (the matvec's first combine). Such a lane sums 16
+// products |code * q| <= 3 * 127 plus, in lanes 0 and 8, -sum(q) of a group (<= 128 * 127): |acc| <= 22352
+// < 2^15, so its low int16 IS acc (the high one its sign) and one vpdpwssd against int16 pairs (254, 0) does
+// the multiply-add, instead of two shifts, a subtract and an add (the matvec is ALU-bound at L >= 2).
+TGT_INLINE __m512i combine_first(__m512i acc, __m512i dl) {
+#if BONSAI_AVX512_VNNI
+  return _mm512_dpwssd_epi32(dl, acc, _mm512_set1_epi32(254));
+#else
+  return times254_add(acc, dl);
+#endif
+}
+
 // R rows of the integer matvec with L activation digits: row r's blocks at w0 + r * ws bytes, its output
 // y[r * ys]; q [L, K], qsum [L, G]. The codes are decoded once for all digits.
 template <int R, int L>
@@ -376,9 +388,10 @@ TGT_INLINE void q8_rows_x1(const uint8_t* w0, int64_t ws, int64_t K, const int8_
         _mm_prefetch(reinterpret_cast<const char*>(wc + kStreamPrefetch), _MM_HINT_T0);
         const Planes pl = planes(wc);
         __m512i acc = dot4_planes(ns[0], pl.p[0], pl.p[1], pl.p[2], pl.p[3], x[0][0], x[0][1], x[0][2], x[0][3]);
-        for (int l = 1; l < L; ++l)  // exact in int32 (see kernels.h)
-          acc = times254_add(acc, dot4_planes(ns[l], pl.p[0], pl.p[1], pl.p[2], pl.p[3], x[l][0], x[l][1], x[l][2],
-                                              x[l][3]));
+        for (int l = 1; l < L; ++l) {  // exact in int32 (see kernels.h)
+          const __m512i dl = dot4_planes(ns[l], pl.p[0], pl.p[1], pl.p[2], pl.p[3], x[l][0], x[l][1], x[l][2], x[l][3]);
+          acc = l == 1 ? combine_first(acc, dl) : times254_add(acc, dl);
+        }
         facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_permutexvar_ps(pidx, ds[r]), facc[r]);
       }
       pidx = _mm512_add_epi32(pidx, two);

@@ -45,9 +45,9 @@ struct V {
     std::memcpy(&v, p, sizeof v);
     return v;
   }
-  static ALWAYS_INLINE void store(float* p, f v) { std::memcpy(p, &v, sizeof v); }
+  static ALWAYS_INLINE void store(float* p, const f& v) { std::memcpy(p, &v, sizeof v); }
   static ALWAYS_INLINE f splat(float a) { return f{} + a; }
-  static ALWAYS_INLINE float hsum(f v) {
+  static ALWAYS_INLINE float hsum(const f& v) {
     float s = 0.0f;
     for (int j = 0; j < W; ++j) s += v[j];
     return s;
@@ -56,11 +56,11 @@ struct V {
 
 // exp (see vec.h). Round to nearest with the 1.5 * 2^23 trick: the low mantissa bits of t hold n.
 template <int W>
-ALWAYS_INLINE typename V<W>::f vexp(typename V<W>::f x) {
+ALWAYS_INLINE typename V<W>::f vexp(const typename V<W>::f& x_in) {  // by reference: no vector-ABI question
   using F = typename V<W>::f;
   using I = typename V<W>::i;
   const F hi = V<W>::splat(88.3f), lo = V<W>::splat(-87.3f);
-  x = x > hi ? hi : x;
+  F x = x_in > hi ? hi : x_in;
   x = x < lo ? lo : x;
   const F magic = V<W>::splat(12582912.0f);
   const F t = x * 1.44269504088896341f + magic;
