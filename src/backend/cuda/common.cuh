@@ -65,6 +65,23 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
   return r;
 }
 
+// Batched-decode form of a kernel's argument struct A: A plus the per-row table (kernels.h, RowTable).
+// A kernel templated on its argument type reads the shared fields through base_of() and the table only
+// under `if constexpr (is_rows_v<Args>)`, so the single-sequence launch keeps its small arguments.
+template <class A>
+struct WithRows {
+  A a;
+  RowTable t;
+};
+template <class A>
+__device__ __forceinline__ const A& base_of(const A& a) { return a; }
+template <class A>
+__device__ __forceinline__ const A& base_of(const WithRows<A>& r) { return r.a; }
+template <class T>
+inline constexpr bool is_rows_v = false;
+template <class A>
+inline constexpr bool is_rows_v<WithRows<A>> = true;
+
 // Grid-stride helper bounds.
 inline unsigned blocks_for(int64_t n, int threads, int64_t cap = 65535 * 4) {
   int64_t b = (n + threads - 1) / threads;

@@ -245,6 +245,16 @@ struct CudaBackend::Impl {
     }
   }
   const Pending* tail() const { return pend.empty() ? nullptr : &pend.back(); }
+  // The attention launch with its split scratch (partials [M, Hq, S, D] and [M, Hq, S, 2], counters [M, Hkv]).
+  void emit_attention(cuda::AttnDesc& d) {
+    if (d.splits > 1) {
+      const int64_t M = d.M, S = d.splits;
+      d.part_o = static_cast<float*>(ensure(attn_o, size_t(M * d.Hq * S * d.D) * 4, "attention partials"));
+      d.part_ml = static_cast<float*>(ensure(attn_ml, size_t(M * d.Hq * S * 2) * 4, "attention partials"));
+      d.counters = static_cast<int32_t*>(ensure(attn_cnt, size_t(M * d.Hkv) * 4, "attention counters", true));
+    }
+    emit(cuda::attention_launch(d));
+  }
   void emit_delta(float* state, const cuda::RowTable* rows, const float* q, const float* k, const float* v,
                   const float* g, const float* beta, int64_t T, int64_t Nk, int64_t Nv, int64_t Dk, int64_t Dv,
                   float* out);
@@ -948,12 +958,7 @@ void CudaBackend::attention(const float* q, const float* k_cache, const float* v
   d.D = D;
   d.splits = S;
   d.scale = scale;
-  if (S > 1) {
-    d.part_o = static_cast<float*>(I.ensure(I.attn_o, size_t(M * Hq * S * D) * 4, "attention partials"));
-    d.part_ml = static_cast<float*>(I.ensure(I.attn_ml, size_t(M * Hq * S * 2) * 4, "attention partials"));
-    d.counters = static_cast<int32_t*>(I.ensure(I.attn_cnt, size_t(M * Hkv) * 4, "attention counters", true));
-  }
-  I.emit(cuda::attention_launch(d));
+  I.emit_attention(d);
 }
 
 // ---- elementwise ----------------------------------------------------------------------------------------
@@ -1131,12 +1136,7 @@ void CudaBackend::attention_rows(const float* q, const float* const* k_caches, c
   d.splits = S;
   d.scale = scale;
   d.rows = &t;
-  if (S > 1) {
-    d.part_o = static_cast<float*>(I.ensure(I.attn_o, size_t(M * Hq * S * D) * 4, "attention partials"));
-    d.part_ml = static_cast<float*>(I.ensure(I.attn_ml, size_t(M * Hq * S * 2) * 4, "attention partials"));
-    d.counters = static_cast<int32_t*>(I.ensure(I.attn_cnt, size_t(M * Hkv) * 4, "attention counters", true));
-  }
-  I.emit(cuda::attention_launch(d));
+  I.emit_attention(d);
 }
 
 void CudaBackend::gdn_conv_rows(const float* x, float* const* conv_states, const float* taps, int64_t M, int64_t C,

@@ -1,8 +1,6 @@
 // Norms, RoPE, elementwise ops, copies, the embedding gather, the dense a/b projections, the GDN conv and
 // gates, argmax and the bandwidth probe. All memory-light: written for few launches and coalesced access,
 // not for tricks.
-#include <type_traits>
-
 #include "backend/cuda/common.cuh"
 
 namespace bonsai::cuda {
@@ -105,12 +103,7 @@ struct RopeArgs {
   int64_t M, H, D, rot, p0;
   double theta;
 };
-struct RopeRowsArgs {  // batched decode: row m at t.pos[m]
-  RopeArgs a;
-  RowTable t;
-};
-__device__ __forceinline__ const RopeArgs& base_of(const RopeArgs& a) { return a; }
-__device__ __forceinline__ const RopeArgs& base_of(const RopeRowsArgs& r) { return r.a; }
+using RopeRowsArgs = WithRows<RopeArgs>;  // batched decode: row m at t.pos[m]
 
 template <class Args>
 __global__ __launch_bounds__(kThreads) void rope_kernel(const Args args) {
@@ -122,7 +115,7 @@ __global__ __launch_bounds__(kThreads) void rope_kernel(const Args args) {
   for (int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x; idx < total; idx += int64_t(gridDim.x) * kThreads) {
     const int64_t i = idx % half, mh = idx / half, m = mh / a.H;
     int64_t pos = a.p0 + m;
-    if constexpr (std::is_same_v<Args, RopeRowsArgs>) pos = args.t.pos[m];
+    if constexpr (is_rows_v<Args>) pos = args.t.pos[m];
     const double angle = double(pos) * pow(a.theta, -2.0 * double(i) / double(a.rot));
     double s, c;
     sincos(angle, &s, &c);
@@ -324,12 +317,7 @@ struct ConvArgs {
   float* out;
   int64_t T, C, Kc;
 };
-struct ConvRowsArgs {  // batched decode: token m (grid.y) is row m's, with its own state t.a[m]
-  ConvArgs a;
-  RowTable t;
-};
-__device__ __forceinline__ const ConvArgs& base_of(const ConvArgs& a) { return a; }
-__device__ __forceinline__ const ConvArgs& base_of(const ConvRowsArgs& r) { return r.a; }
+using ConvRowsArgs = WithRows<ConvArgs>;  // batched decode: token m (grid.y) is row m's, state t.a[m]
 
 template <class Args>
 __global__ __launch_bounds__(kThreads) void conv_kernel(const Args args) {
@@ -340,7 +328,7 @@ __global__ __launch_bounds__(kThreads) void conv_kernel(const Args args) {
   if (c >= a.C) return;
   int64_t t0 = 0, t1 = a.T;  // tokens of this thread's sequence
   float* state = a.state;
-  if constexpr (std::is_same_v<Args, ConvRowsArgs>) {
+  if constexpr (is_rows_v<Args>) {
     t0 = blockIdx.y;
     t1 = t0 + 1;
     state = args.t.a[t0];

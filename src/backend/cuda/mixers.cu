@@ -1,7 +1,6 @@
 // The two token mixers: causal GQA attention (flash-decoding splits, merged by the last block) and the
 // Gated DeltaNet delta rule (token by token, state slice in registers, optional fused prologue).
 #include <cmath>
-#include <type_traits>
 
 #include "backend/cuda/common.cuh"
 
@@ -28,16 +27,11 @@ struct AttnArgs {
   int32_t splits;
   float scale;
 };
-struct AttnRowsArgs {  // batched decode: per-row caches and positions
-  AttnArgs a;
-  RowTable t;
-};
-__device__ __forceinline__ const AttnArgs& base_of(const AttnArgs& a) { return a; }
-__device__ __forceinline__ const AttnArgs& base_of(const AttnRowsArgs& r) { return r.a; }
+using AttnRowsArgs = WithRows<AttnArgs>;  // batched decode: per-row caches and positions
 
 template <class Args>
 __global__ __launch_bounds__(kAttnWarps * 32) void attention_kernel(const Args args) {
-  constexpr bool kRows = std::is_same_v<Args, AttnRowsArgs>;
+  constexpr bool kRows = is_rows_v<Args>;
   const AttnArgs& a = base_of(args);
   __shared__ float s_ml[kAttnWarps][kAttnG][2];
   __shared__ float s_acc[kAttnWarps][kAttnG][kAttnMaxDim];
@@ -221,16 +215,11 @@ struct DeltaArgs {
   float eps_q, eps_k, q_scale;
   int32_t pad;
 };
-struct DeltaRowsArgs {  // batched decode: token m is row m's, with its own state
-  DeltaArgs a;
-  RowTable t;
-};
-__device__ __forceinline__ const DeltaArgs& base_of(const DeltaArgs& a) { return a; }
-__device__ __forceinline__ const DeltaArgs& base_of(const DeltaRowsArgs& r) { return r.a; }
+using DeltaRowsArgs = WithRows<DeltaArgs>;  // batched decode: token m is row m's, with its own state
 
 template <class Args>
 __global__ __launch_bounds__(kDeltaWarps * 32) void delta_kernel(const Args args) {
-  constexpr bool kRows = std::is_same_v<Args, DeltaRowsArgs>;
+  constexpr bool kRows = is_rows_v<Args>;
   const DeltaArgs& a = base_of(args);
   __shared__ float ks[kDeltaMaxDk], qs[kDeltaMaxDk];
   __shared__ float red[kDeltaWarps][32], red2[kDeltaWarps][32], bred[32];
