@@ -199,6 +199,7 @@ class LineReader {
         return ReadStatus::Line;
       }
       char tmp[4096];
+      if (g_sigint) return ReadStatus::Interrupted;  // delivered before read() could be interrupted by it
       const ssize_t n = ::read(fd_, tmp, sizeof tmp);
       if (n < 0) {
         if (errno == EINTR) {
@@ -255,8 +256,9 @@ void chat_repl(const ChatCliArgs& a) {
   LineReader reader(0);
   int ctrl_c = 0;  // Ctrl-C at the prompt, in a row
   for (;;) {
+    // g_sigint is NOT cleared here: whoever consumes a Ctrl-C clears it (the reply's interrupt, the
+    // Interrupted branch below), so one typed as soon as "> " or the hint appears is never lost.
     if (tty_in) write_all(stdout, "> ");
-    g_sigint = 0;
     std::string line;
     ReadStatus st = reader.read(line);
     while (st == ReadStatus::Line && !line.empty() && line.back() == '\\') {  // continuation
