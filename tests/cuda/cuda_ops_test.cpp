@@ -174,7 +174,9 @@ TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
                // bulk matvec: K % 1024 == 0; several outputs with ragged row groups; a last slice of 16
                // chunks (K = 3072); many row groups per warp (the stage ring wraps); a long K
                {1, 1024, {37, 5, 300}}, {1, 3072, {129, 4}}, {1, 5120, {20003}}, {1, 17408, {70}},
-               {1, 2048, {40000}}, {1, 1024, {70001}}};  // 4 and 8 rows per warp
+               {1, 2048, {40000}}, {1, 1024, {70001}},  // 4 and 8 rows per warp
+               // GEMM split-K (few rows, long K: 4 and 2 K slices, then their ordered sum)
+               {32, 8192, {300}}, {70, 4096, {130, 7}}};
   uint32_t seed = 100;
   for (const Case& c : cases) {
     std::vector<TernaryMatrix*> ws;

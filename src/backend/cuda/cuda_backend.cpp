@@ -120,7 +120,8 @@ struct CudaBackend::Impl {
   std::vector<void*> retired;      // scratch replaced while work may still read it: freed at a sync
   Stats st;
 
-  Scratch xq, xds, attn_o, attn_ml, attn_cnt, ids, am_v, am_i, am_cnt, am_res, amr_out;
+  Scratch xq, xds, attn_o, attn_ml, attn_cnt, ids, am_v, am_i, am_cnt, am_res, amr_out, gemm_part;
+  std::vector<cuda::Launch> launches;  // scratch list for one linear's launches (no allocation once warm)
   void* pinned = nullptr;
   size_t pinned_bytes = 0;
 
@@ -150,13 +151,30 @@ struct CudaBackend::Impl {
 
   // ---- launching ----------------------------------------------------------------------------------
   // The int8 ternary kernel for M tokens: bulk-copy matvec (M = 1), register-ring matvec (M <= 4), GEMM.
-  cuda::Launch ternary_launch(const cuda::TernaryDev* t, int n, int64_t K, const int8_t* xq, const float2* xds,
-                              int64_t M, const cuda::SiteDesc* site = nullptr) const {
+  // The int8 ternary product as launches (the split-K GEMM adds its ordered sum of the slices).
+  void ternary_launches(const cuda::TernaryDev* t, int n, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
+                        const cuda::SiteDesc* site, std::vector<cuda::Launch>& out) {
     const int sms = prop.multiProcessorCount;
-    if (site) return cuda::matvec_launch(t, n, K, xq, xds, M, sms, opt.matvec_rows, site);
-    if (opt.matvec >= 4 && cuda::matvec_bulk_supported(K, M)) return cuda::matvec_bulk_launch(t, n, K, xq, xds, sms, opt.matvec_bulk_rows, opt.matvec_early);
-    if (M <= 4 || !opt.tensor_cores) return cuda::matvec_launch(t, n, K, xq, xds, M, sms, opt.matvec_rows);
-    return cuda::gemm_launch(t, n, K, xq, xds, M, sms);
+    if (site) return out.push_back(cuda::matvec_launch(t, n, K, xq, xds, M, sms, opt.matvec_rows, site));
+    if (opt.matvec >= 4 && cuda::matvec_bulk_supported(K, M))
+      return out.push_back(cuda::matvec_bulk_launch(t, n, K, xq, xds, sms, opt.matvec_bulk_rows, opt.matvec_early));
+    if (M <= 4 || !opt.tensor_cores) return out.push_back(cuda::matvec_launch(t, n, K, xq, xds, M, sms, opt.matvec_rows));
+    const int ks = cuda::gemm_ksplit(t, n, K, M, sms);
+    if (ks == 1) return out.push_back(cuda::gemm_launch(t, n, K, xq, xds, M, sms));
+    // Partials [ks][M * sum N]: output i's slice z at part + z * stride + M * (N_0 + .. + N_{i-1}).
+    int64_t ntot = 0;
+    for (int i = 0; i < n; ++i) ntot += t[i].N;
+    const int64_t stride = M * ntot;
+    auto* part = static_cast<float*>(ensure(gemm_part, size_t(ks * stride) * 4, "split-K partials"));
+    cuda::TernaryDev tp[cuda::kMaxOuts];
+    int64_t off = 0;
+    for (int i = 0; i < n; ++i) {
+      tp[i] = t[i];
+      tp[i].y = part + off;
+      off += M * t[i].N;
+    }
+    out.push_back(cuda::gemm_launch(tp, n, K, xq, xds, M, sms, ks, stride));
+    for (int i = 0; i < n; ++i) out.push_back(cuda::splitk_sum_launch(tp[i].y, stride, ks, M * t[i].N, t[i].y));
   }
   void launch_now(const cuda::Launch& l) {
     cudaLaunchConfig_t cfg{};
@@ -599,7 +617,7 @@ CudaBackend::~CudaBackend() {
   }
   for (void* q : p_->owned) cudaFree(q);
   for (Impl::Scratch* s : {&p_->xq, &p_->xds, &p_->attn_o, &p_->attn_ml, &p_->attn_cnt, &p_->ids, &p_->am_v, &p_->am_i,
-                           &p_->am_cnt, &p_->am_res, &p_->amr_out})
+                           &p_->am_cnt, &p_->am_res, &p_->amr_out, &p_->gemm_part})
     if (s->p) cudaFree(s->p);
   if (p_->pinned) cudaFreeHost(p_->pinned);
   for (cudaEvent_t e : p_->ev_pool) cudaEventDestroy(e);
@@ -822,7 +840,11 @@ void CudaBackend::linear(const LinearOut* outs, int n_outs, int64_t K, const flo
       t[i] = {d.words, d.scales, outs[i0 + i].y, d.N};
     }
     if (I.opt.exact) I.emit(cuda::exact_linear_launch(t, n, K, x, M));
-    else I.emit(I.ternary_launch(t, n, K, xq, xds, M, fused ? &site : nullptr));
+    else {
+      I.launches.clear();
+      I.ternary_launches(t, n, K, xq, xds, M, fused ? &site : nullptr, I.launches);
+      for (const cuda::Launch& l : I.launches) I.emit(l);
+    }
   }
 }
 
@@ -1306,7 +1328,7 @@ double CudaBackend::time_linear_kernel(const TernaryMatrix* const* mats, int n_m
       const Impl::DevMatrix& d = I.matrix(mats[i + j]);
       t[j] = {d.words, d.scales, y + j * M * maxN, d.N};
     }
-    ls.push_back(I.ternary_launch(t, n_outs, K, xq, xds, M));
+    I.ternary_launches(t, n_outs, K, xq, xds, M, nullptr, ls);
   }
   // One round = every launch once, captured as a graph, with or without programmatic edges between them.
   const bool pdl = I.opt.pdl;
@@ -1339,7 +1361,7 @@ double CudaBackend::time_linear_kernel(const TernaryMatrix* const* mats, int n_m
   release(x);
   release(y);
   std::sort(ms.begin(), ms.end());
-  return double(ms[ms.size() / 2]) * 1e3 / double(ls.size());
+  return double(ms[ms.size() / 2]) * 1e3 / double(n_mats / n_outs);  // per product (split-K: GEMM + its sum)
 }
 
 }  // namespace bonsai

@@ -401,6 +401,23 @@ __device__ __forceinline__ void better(float& bv, int64_t& bi, float v, int64_t 
   }
 }
 
+// Split-K GEMM epilogue: y[j] = sum of the ks partials, in slice order.
+struct SplitSumArgs {
+  const float* part;
+  float* y;
+  int64_t stride, n;
+  int32_t ks, pad;
+};
+__global__ __launch_bounds__(kThreads) void splitk_sum_kernel(const SplitSumArgs a) {
+  pdl_trigger();
+  pdl_wait();
+  for (int64_t j = int64_t(blockIdx.x) * kThreads + threadIdx.x; j < a.n; j += int64_t(gridDim.x) * kThreads) {
+    float v = a.part[j];
+    for (int k = 1; k < a.ks; ++k) v += a.part[k * a.stride + j];
+    a.y[j] = v;
+  }
+}
+
 // One block per row: out[r] = argmax of x[r] [n] (lowest index on ties, NaN never wins, all-NaN -> 0).
 struct ArgmaxRowsArgs {
   const float* x;
@@ -622,6 +639,12 @@ Launch gdn_gates_launch(const float* a_, const float* b, const float* A, const f
   GatesArgs a{a_, b, A, dt_bias, g, beta, T, Nv};
   return make_launch(reinterpret_cast<const void*>(&gates_kernel), dim3(blocks_for(T * Nv, kThreads)), dim3(kThreads),
                      0, a);
+}
+
+Launch splitk_sum_launch(const float* part, int64_t stride, int ks, int64_t n, float* y) {
+  SplitSumArgs a{part, y, stride, n, ks, 0};
+  return make_launch(reinterpret_cast<const void*>(&splitk_sum_kernel), dim3(blocks_for(n, kThreads)), dim3(kThreads), 0,
+                     a);
 }
 
 Launch argmax_rows_launch(const float* x, int64_t rows, int64_t n, int32_t* out) {

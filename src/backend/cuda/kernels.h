@@ -82,8 +82,14 @@ Launch exact_linear_launch(const TernaryDev* outs, int n_outs, int64_t K, const 
 // Tensor-core GEMM (int8 mma.sync m16n8k32): tiles of 128 weight rows x 64 tokens (2 cp.async stages), or
 // x 32 tokens with 4 stages when M <= 32 (batched decode).
 // 4 warps (64 rows) per block instead of 8 when the 8-warp grid would leave SMs idle.
+// Split-K (ks > 1, grid.z = ks): slice z of the 128-groups writes its partial product to outs[i].y +
+// z * part_stride; splitk_sum_launch then adds the slices in order (deterministic, no atomics).
 Launch gemm_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                   int sms);
+                   int sms, int ks = 1, int64_t part_stride = 0);
+// K slices for the GEMM of these outputs: > 1 when the grid would leave SMs idle over a long K.
+int gemm_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int sms);
+// y [n] = sum over k < ks of part[k * stride + j], in k order.
+Launch splitk_sum_launch(const float* part, int64_t stride, int ks, int64_t n, float* y);
 
 // ---- norms ---------------------------------------------------------------------------------------
 Launch rmsnorm_launch(const float* x, int64_t rows, int64_t n, const float* gain, float eps, float* out);

@@ -11,6 +11,8 @@
 //                       the weights (they stay canonical: device memory = pack bytes).
 //   xds float2 [M, K/64] {d of the chunk's 128-group, sum of the chunk's 64 q} (the matvec uses unsigned
 //                       codes 0..3 and subtracts the sum: sum((c - 1) q) = sum(c q) - sum(q)).
+#include <algorithm>
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/ternary_dot.cuh"
 #include "backend/cuda/warp_site.cuh"
@@ -220,7 +222,8 @@ struct TernaryArgs {
   const float2* xds;
   int64_t K, M;
   int64_t total, per_warp;  // matvec: row pairs in all, row pairs per warp
-  int32_t n_outs, pad;
+  int64_t part_stride;      // GEMM split-K: floats between the partial outputs of consecutive K slices
+  int32_t n_outs, ks;       // GEMM split-K: K slices (blockIdx.z); 1 = no split
   WarpSite site;            // matvec, M = 1: when active, every block computes xq / xds itself (warp_site.cuh)
 };
 
@@ -483,9 +486,11 @@ __global__ __launch_bounds__(WARPS * 32, 16 / WARPS) void gemm_kernel(const Tern
   const int o = find_output(a);
   const uint32_t* words = a.o[o].words;
   const __half* scales = reinterpret_cast<const __half*>(a.o[o].scales);
-  float* y = a.o[o].y;
   const int64_t N = a.o[o].N, K = a.K, M = a.M;
   const int64_t KW = K / 16, G = K / 128, C = K / 64;
+  // Split-K: this block's slice of the 128-groups [k0, k0 + NG); its partial goes to y + kz * part_stride.
+  const int64_t kz = blockIdx.z, k0 = G * kz / a.ks, NG = G * (kz + 1) / a.ks - k0;
+  float* y = a.o[o].y + kz * a.part_stride;
   const int64_t row0 = (int64_t(blockIdx.x) - a.o[o].g0) * ROWS;
   const int64_t tok0 = int64_t(blockIdx.y) * TOKS;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
@@ -495,7 +500,7 @@ __global__ __launch_bounds__(WARPS * 32, 16 / WARPS) void gemm_kernel(const Tern
     for (int id = tid; id < ROWS * 2; id += NT) {
       const int rr = id >> 1, hh = id & 1;
       const int64_t row = row0 + rr;
-      const uint32_t* src = words + (row < N ? row : N - 1) * KW + kg * 8 + hh * 4;
+      const uint32_t* src = words + (row < N ? row : N - 1) * KW + (k0 + kg) * 8 + hh * 4;
       cp_async16(&st[s].A[rr * kAStride + hh * 4], src, row < N ? 16 : 0);
     }
   };
@@ -504,14 +509,14 @@ __global__ __launch_bounds__(WARPS * 32, 16 / WARPS) void gemm_kernel(const Tern
     for (int id = tid; id < TOKS * 8; id += NT) {
       const int tk = id >> 3, part = id & 7;
       const int64_t tok = tok0 + tk;
-      const int8_t* src = a.xq + (tok < M ? tok : M - 1) * K + kg * 128 + part * 16;
+      const int8_t* src = a.xq + (tok < M ? tok : M - 1) * K + (k0 + kg) * 128 + part * 16;
       cp_async16(&st[s].X[tk * kXStride + part * 16], src, tok < M ? 16 : 0);
     }
 #pragma unroll
     for (int id = tid; id < TOKS * 2; id += NT) {
       const int tk = id >> 1, ch = id & 1;
       const int64_t tok = tok0 + tk;
-      cp_async8(&st[s].xds[id], a.xds + (tok < M ? tok : M - 1) * C + kg * 2 + ch, tok < M ? 8 : 0);
+      cp_async8(&st[s].xds[id], a.xds + (tok < M ? tok : M - 1) * C + (k0 + kg) * 2 + ch, tok < M ? 8 : 0);
     }
   };
 
@@ -522,23 +527,23 @@ __global__ __launch_bounds__(WARPS * 32, 16 / WARPS) void gemm_kernel(const Tern
     for (int i = 0; i < 4; ++i) facc[nt][i] = 0.f;
 
   const int64_t rg = row0 + warp * 16 + g, rg8 = rg + 8;
-  const __half* srg = scales + (rg < N ? rg : 0) * G;
-  const __half* srg8 = scales + (rg8 < N ? rg8 : 0) * G;
+  const __half* srg = scales + (rg < N ? rg : 0) * G + k0;
+  const __half* srg8 = scales + (rg8 < N ? rg8 : 0) * G + k0;
 
   pdl_trigger();
   for (int s = 0; s < STAGES - 1; ++s)  // weights first: they do not depend on earlier kernels
-    if (s < G) issue_w(s, s);
+    if (s < NG) issue_w(s, s);
   pdl_wait();
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < G) issue_x(s, s);
+    if (s < NG) issue_x(s, s);
     cp_async_commit();  // one group per stage (the first also holds the early weight loads)
   }
 
-  for (int64_t kg = 0; kg < G; ++kg) {
+  for (int64_t kg = 0; kg < NG; ++kg) {
     const int s = int(kg % STAGES);
     cp_async_wait<STAGES - 2>();  // group kg has landed
     __syncthreads();              // ... for every thread; and slot (kg - 1) % STAGES is free to refill
-    if (kg + STAGES - 1 < G) {
+    if (kg + STAGES - 1 < NG) {
       const int sn = int((kg + STAGES - 1) % STAGES);
       issue_w(kg + STAGES - 1, sn);
       issue_x(kg + STAGES - 1, sn);
@@ -607,26 +612,59 @@ void init_gemm_attributes() {
                            int(small ? sizeof(GemmStage<32>) * kGemmStages32 : sizeof(GemmStage<64>) * kGemmStages64));
 }
 
+namespace {
+// The GEMM's block shape for M tokens: tokens per tile, 8 or 4 warps (128 / 64 rows), blocks before split-K.
+struct GemmShape {
+  bool small;
+  int64_t ty;
+  int warps;
+  int64_t blocks;
+};
+GemmShape gemm_shape(const TernaryDev* outs, int n_outs, int64_t M, int sms) {
+  GemmShape g;
+  g.small = M <= 32;  // batched decode: 32-token tiles, kGemmStages32 (else 64 tokens, kGemmStages64)
+  g.ty = (M + (g.small ? 31 : 63)) / (g.small ? 32 : 64);
+  int64_t tiles8 = 0;
+  for (int i = 0; i < n_outs; ++i) tiles8 += (outs[i].N + 127) / 128;
+  g.warps = tiles8 * g.ty < 2 * sms ? 4 : 8;
+  g.blocks = 0;
+  for (int i = 0; i < n_outs; ++i) g.blocks += (outs[i].N + 16 * g.warps - 1) / (16 * g.warps) * g.ty;
+  return g;
+}
+}  // namespace
+
+int gemm_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int sms) {
+  // Few output rows and a long K (the FFN down projection: 5,120 rows, K = 17,408): the grid leaves SMs
+  // idle, each block walking 136 groups. Split K so there are ~2 blocks per SM, each slice >= 16 groups.
+  const GemmShape g = gemm_shape(outs, n_outs, M, sms);
+  const int64_t G = K / 128;
+  if (g.blocks >= sms || G < 32) return 1;
+  int64_t ks = (2 * sms) / g.blocks;
+  ks = std::min<int64_t>({ks, 8, G / 16});
+  return int(std::max<int64_t>(ks, 1));
+}
+
 Launch gemm_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                   int sms) {
+                   int sms, int ks, int64_t part_stride) {
   TernaryArgs a{};
   a.xq = xq;
   a.xds = xds;
   a.K = K;
   a.M = M;
   a.n_outs = n_outs;
-  const bool small = M <= 32;  // batched decode: 32-token tiles, kGemmStages32 (else 64 tokens, kGemmStages64)
-  const int64_t ty = (M + (small ? 31 : 63)) / (small ? 32 : 64);
-  int64_t tiles8 = 0;
-  for (int i = 0; i < n_outs; ++i) tiles8 += (outs[i].N + 127) / 128;
-  const int warps = tiles8 * ty < 2 * sms ? 4 : 8;
+  a.ks = ks;
+  a.part_stride = part_stride;
+  const GemmShape gs = gemm_shape(outs, n_outs, M, sms);
+  const bool small = gs.small;
+  const int64_t ty = gs.ty;
+  const int warps = gs.warps;
   const int64_t rows = 16 * warps;
   int64_t b0 = 0;
   for (int i = 0; i < n_outs; ++i) {
     a.o[i] = {outs[i].words, outs[i].scales, outs[i].y, outs[i].N, b0};
     b0 += (outs[i].N + rows - 1) / rows;
   }
-  const dim3 grid{unsigned(b0), unsigned(ty), 1u};
+  const dim3 grid{unsigned(b0), unsigned(ty), unsigned(ks)};
   const void* f = gemm_kernel_for(warps, small);
   const uint32_t smem = small ? uint32_t(sizeof(GemmStage<32>) * kGemmStages32) : uint32_t(sizeof(GemmStage<64>) * kGemmStages64);
   return make_launch(f, grid, dim3(unsigned(32 * warps)), smem, a);
