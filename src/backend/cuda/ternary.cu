@@ -634,12 +634,13 @@ GemmShape gemm_shape(const TernaryDev* outs, int n_outs, int64_t M, int sms) {
 }  // namespace
 
 int gemm_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int sms) {
-  // Few output rows and a long K (the FFN down projection: 5,120 rows, K = 17,408): the grid leaves SMs
-  // idle, each block walking 136 groups. Split K so there are ~2 blocks per SM, each slice >= 16 groups.
+  // Few output rows and a long K (the FFN down projection: 5,120 rows, K = 17,408): the grid fills a
+  // fraction of the resident block slots (8-warp blocks: 2 per SM, 4-warp: 4), each block walking up to
+  // 136 groups. Split K to fill the slots, each slice >= 16 groups.
   const GemmShape g = gemm_shape(outs, n_outs, M, sms);
-  const int64_t G = K / 128;
-  if (g.blocks >= sms || G < 32) return 1;
-  int64_t ks = (2 * sms) / g.blocks;
+  const int64_t G = K / 128, slots = int64_t(sms) * (g.warps == 4 ? 4 : 2);
+  if (2 * g.blocks > slots || G < 32) return 1;
+  int64_t ks = slots / g.blocks;
   ks = std::min<int64_t>({ks, 8, G / 16});
   return int(std::max<int64_t>(ks, 1));
 }
