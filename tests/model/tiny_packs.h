@@ -4,6 +4,7 @@
 #pragma once
 #include <gtest/gtest.h>
 #include <sys/file.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,6 +13,8 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
@@ -23,10 +26,28 @@ struct TinyPacks {
   std::string dir, pq2, ptq1, mlx, effective;
 };
 
+// Folders of earlier ctest runs (named tag_<ctest pid>_<mtime>) whose ctest process is gone: removed, so
+// the ~1 GB a run writes does not pile up in the temp dir. A live run's folders (its pid still exists)
+// are left alone.
+inline void remove_stale_pack_dirs(const std::string& tag) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(::testing::TempDir(), ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(tag + "_", 0) != 0) continue;
+    const std::string rest = name.substr(tag.size() + 1);
+    const size_t us = rest.find('_');
+    if (us == std::string::npos || rest.find_first_not_of("0123456789_.lock") != std::string::npos) continue;
+    const pid_t pid = pid_t(std::atol(rest.substr(0, us).c_str()));
+    if (pid <= 1 || kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
+    std::filesystem::remove_all(e.path(), ec);
+  }
+}
+
 // Writes the packs `o` describes into a folder named `tag` (o.out_dir is set here) once per ctest run
 // and returns the paths of the formats written (empty for formats not asked for).
 inline TinyPacks write_packs_once(const std::string& tag, MakePackOptions o) {
   TinyPacks t;
+  remove_stale_pack_dirs(tag);
   struct stat st {};
   stat("/proc/self/exe", &st);
   t.dir = ::testing::TempDir() + "/" + tag + "_" + std::to_string(getppid()) + "_" + std::to_string(st.st_mtime);
