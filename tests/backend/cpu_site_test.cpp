@@ -12,6 +12,7 @@
 #include "backend/cpu/site.h"
 #include "backend/cpu/thread_pool.h"
 #include "backend/ref/ops.h"
+#include "forced_kernels.h"
 #include "op_test_util.h"
 #include "util/error.h"
 
@@ -26,19 +27,7 @@ struct Shape {
 const Shape kShapes[] = {{1, 128, 128}, {3, 384, 128}, {7, 2048, 256}, {1, 5120, 1024}, {3, 5120, 1024},
                          {1, 17408, 1024}, {2, 17408, 1024}};
 
-class Site : public ::testing::TestWithParam<const char*> {
- protected:
-  void SetUp() override {
-    prev_ = cpu::kernels_name();
-    if (!cpu::find_kernels(GetParam())) GTEST_SKIP() << "this CPU cannot run the " << GetParam() << " kernels";
-    ASSERT_TRUE(cpu::set_kernels(GetParam()));
-  }
-  void TearDown() override {
-    cpu::set_kernels(prev_.c_str());
-    cpu::set_num_threads(0);
-  }
-  std::string prev_;
-};
+class Site : public ForcedKernels {};
 
 TEST_P(Site, AddRmsnormRotate) {
   for (const Shape& s : kShapes)

@@ -14,6 +14,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cpu/thread_pool.h"
 #include "backend/ref/ops.h"
+#include "forced_kernels.h"
 #include "op_test_util.h"
 
 using namespace bonsai;
@@ -21,19 +22,7 @@ using namespace bonsai::test;
 
 namespace {
 
-class Vec : public ::testing::TestWithParam<const char*> {
- protected:
-  void SetUp() override {
-    prev_ = cpu::kernels_name();
-    if (!cpu::find_kernels(GetParam())) GTEST_SKIP() << "this CPU cannot run the " << GetParam() << " kernels";
-    ASSERT_TRUE(cpu::set_kernels(GetParam()));
-  }
-  void TearDown() override {
-    cpu::set_kernels(prev_.c_str());
-    cpu::set_num_threads(0);
-  }
-  std::string prev_;
-};
+class Vec : public ForcedKernels {};
 
 TEST_P(Vec, Elementwise) {
   for (int64_t n : {1, 3, 15, 17, 33, 100, 17408, 16385}) {

@@ -36,14 +36,6 @@ using ::testing::HasSubstr;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 // "ref", "cpu" or (CUDA builds) "cuda"; nullptr when that backend has no device here (the test skips).
 // CUDA runs its exact mode (fp32 activations): the int8 fast path rounds rows differently at M = B and

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -14,6 +15,7 @@
 #include "../model/tiny_packs.h"
 #include "engine/gate.h"
 #include "model/forward.h"
+#include "util/error.h"
 #include "model/pack.h"
 
 namespace bonsai::testing_support {
@@ -101,6 +103,16 @@ inline std::vector<float> host_copy(Backend& be, const Buffer& b) {
   std::vector<float> h(b.size());
   be.copy_to_host(b.data(), b.size(), h.data());
   return h;
+}
+
+// The message of the bonsai::Error f throws, or "(no error)".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 }  // namespace bonsai::testing_support

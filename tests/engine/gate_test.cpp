@@ -36,14 +36,6 @@ void print(const std::string& what, const GateReport& r) {
               o.max_delta, o.mean_kl(), r.pass() ? "pass" : "FAIL");
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 }  // namespace
 

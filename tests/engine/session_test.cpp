@@ -19,14 +19,6 @@ using ::testing::HasSubstr;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 std::vector<int64_t> ones(int n) { return std::vector<int64_t>(size_t(n), 1); }
 
