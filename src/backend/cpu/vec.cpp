@@ -54,6 +54,23 @@ struct V {
   }
 };
 
+// exp(x - n ln 2) for the rounded n: the reduction and the degree-7 Taylor polynomial, shared by the
+// vector exp and its scalar tail (T = float or a vector of floats; the same operations in the same order,
+// so a result does not depend on which of the two computed it). c7 = 1/5040 in T.
+template <class T>
+ALWAYS_INLINE T exp_reduced(const T& x, const T& n, const T& c7) {
+  const T r = (x - n * 0.693145751953125f) - n * 1.428606765330187045e-06f;  // ln 2 = hi + lo, hi exact in 11 bits
+  T p = c7;
+  p = p * r + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  return p;
+}
+
 // exp (see vec.h). Round to nearest with the 1.5 * 2^23 trick: the low mantissa bits of t hold n.
 template <int W>
 ALWAYS_INLINE typename V<W>::f vexp(const typename V<W>::f& x_in) {  // by reference: no vector-ABI question
@@ -64,16 +81,7 @@ ALWAYS_INLINE typename V<W>::f vexp(const typename V<W>::f& x_in) {  // by refer
   x = x < lo ? lo : x;
   const F magic = V<W>::splat(12582912.0f);
   const F t = x * 1.44269504088896341f + magic;
-  const F n = t - magic;
-  const F r = (x - n * 0.693145751953125f) - n * 1.428606765330187045e-06f;  // ln 2 = hi + lo, hi exact in 11 bits
-  F p = V<W>::splat(1.0f / 5040);
-  p = p * r + 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
+  const F p = exp_reduced(x, t - magic, V<W>::splat(1.0f / 5040));
   const I e = ((I)t - (I)magic + 127) << 23;  // 2^n as float bits (n in [-126, 128))
   return p * (F)e;
 }
@@ -84,16 +92,7 @@ ALWAYS_INLINE float sexp(float x) {
   x = x < -87.3f ? -87.3f : x;
   const float magic = 12582912.0f;
   const float t = x * 1.44269504088896341f + magic;
-  const float n = t - magic;
-  const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187045e-06f;
-  float p = 1.0f / 5040;
-  p = p * r + 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
+  const float p = exp_reduced(x, t - magic, 1.0f / 5040);
   int32_t ti, mi;
   std::memcpy(&ti, &t, 4);
   std::memcpy(&mi, &magic, 4);
