@@ -108,7 +108,7 @@ void register_gate(CLI::App& app) {
   cmd->add_option("--max-delta", a->gate.max_delta, "Fail when max |delta logit| exceeds this");
   cmd->add_option("--max-kl", a->gate.max_kl, "Fail when the mean KL(ref || ours) exceeds this");
   cmd->add_option("--backend", a->backend, "ref, cpu or cuda")->capture_default_str();
-  cmd->add_option("--chunk", a->chunk, "Prefill chunks: auto (64, 16, then walk), 1 (walk), 16, 64")
+  cmd->add_option("--chunk", a->chunk, "Prefill chunks: auto (64, 16, then one ragged chunk), 1 (walk), 16, 64")
       ->capture_default_str();
   cmd->add_option("--threads", a->threads, "CPU threads (0: all)")->capture_default_str();
   cmd->add_flag("--json", a->json, "Print JSON");

@@ -7,9 +7,14 @@
 namespace bonsai {
 
 int64_t next_prefill_step(int64_t left, std::span<const int64_t> chunks) {
-  for (int64_t c : chunks)
-    if (c > 1 && left - c >= 1) return c;
-  return left > 0 ? 1 : 0;
+  if (left <= 0) return 0;
+  bool any = false;
+  for (int64_t c : chunks) {
+    if (c <= 1) continue;
+    any = true;
+    if (c <= left) return c;
+  }
+  return any ? left : 1;
 }
 
 std::vector<int64_t> plan_prefill(int64_t n, std::span<const int64_t> chunks) {

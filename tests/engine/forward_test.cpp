@@ -116,9 +116,9 @@ TEST(Forward, ChunkedPrefillMatchesTokenWalkCpu) {
                          dec.vocab()));
     expect_close(compare("ragged 13, 64, 37, 5, 31 vs walk" + tag, base,
                          run_steps(dec, tokens, {13, 64, 37, 5, 31}), dec.vocab()));
-    // The planner's plan: 64 + 64 + 21 walked + the last token.
+    // The planner's plan: 64 + 64 + a ragged 22.
     std::vector<int64_t> plan = plan_prefill(150, std::vector<int64_t>{64, 16});
-    expect_close(compare("planner (64, 16, walk) vs walk" + tag, base, run_steps(dec, tokens, plan), dec.vocab()));
+    expect_close(compare("planner (64, 64, ragged 22) vs walk" + tag, base, run_steps(dec, tokens, plan), dec.vocab()));
   }
 }
 

@@ -22,25 +22,23 @@ namespace {
 
 std::vector<int64_t> ones(int n) { return std::vector<int64_t>(size_t(n), 1); }
 
-std::vector<int64_t> cat(std::vector<int64_t> a, const std::vector<int64_t>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 }  // namespace
 
-TEST(PrefillPlanner, LargestChunkThatLeavesTheLastToken) {
+TEST(PrefillPlanner, LargestChunkThatFitsThenOneRaggedChunk) {
   const std::vector<int64_t> c{64, 16};
-  // The spec's example: 125 tokens = 64 + 16 + 16 + 16 + 13 walked.
-  EXPECT_EQ(plan_prefill(125, c), cat({64, 16, 16, 16}, ones(13)));
+  // The spec's 125-token prompt (the Apple host walked the last 13 tokens; we take any chunk length).
+  EXPECT_EQ(plan_prefill(125, c), std::vector<int64_t>({64, 16, 16, 16, 13}));
+  EXPECT_EQ(plan_prefill(512, c), std::vector<int64_t>(8, 64));
   EXPECT_EQ(plan_prefill(1, c), ones(1));
-  EXPECT_EQ(plan_prefill(16, c), ones(16));  // a chunk of 16 would leave nothing for the decode step
-  EXPECT_EQ(plan_prefill(17, c), cat({16}, ones(1)));
-  EXPECT_EQ(plan_prefill(65, c), cat({64}, ones(1)));
-  EXPECT_EQ(plan_prefill(64, c), cat({16, 16, 16}, ones(16)));
-  EXPECT_EQ(plan_prefill(200, c), cat({64, 64, 64}, ones(8)));
-  EXPECT_EQ(plan_prefill(5, {}), ones(5));
-  EXPECT_EQ(plan_prefill(40, std::vector<int64_t>{16}), cat({16, 16}, ones(8)));
+  EXPECT_EQ(plan_prefill(2, c), std::vector<int64_t>({2}));
+  EXPECT_EQ(plan_prefill(15, c), std::vector<int64_t>({15}));
+  EXPECT_EQ(plan_prefill(16, c), std::vector<int64_t>({16}));
+  EXPECT_EQ(plan_prefill(17, c), std::vector<int64_t>({16, 1}));
+  EXPECT_EQ(plan_prefill(64, c), std::vector<int64_t>({64}));
+  EXPECT_EQ(plan_prefill(65, c), std::vector<int64_t>({64, 1}));
+  EXPECT_EQ(plan_prefill(200, c), std::vector<int64_t>({64, 64, 64, 8}));
+  EXPECT_EQ(plan_prefill(5, {}), ones(5));  // no chunks: walk
+  EXPECT_EQ(plan_prefill(40, std::vector<int64_t>{16}), std::vector<int64_t>({16, 16, 8}));
   EXPECT_TRUE(plan_prefill(0, c).empty());
 }
 
