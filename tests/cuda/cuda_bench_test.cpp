@@ -93,14 +93,15 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
   };
   report("bench_kernels.txt", "shape            M    K      N(s)                 MB/launch   us      GB/s   %probe  TOP/s");
   const char* only = std::getenv("BONSAI_BENCH_SHAPE");
-  // Variants at M = 1: v3 (register ring, 4 rows), v4 (bulk copies) timed back to back without and with
-  // programmatic dependent launch (v4's point is that the next launch streams while this one drains).
+  // Variants: q16 (the default, two digits) and q8 activations, timed back to back without and with
+  // programmatic dependent launch; at M = 1 also the q8-only bulk-copy matvec v4.
   struct Variant {
     const char* tag;
     int matvec;
     bool pdl;
+    int levels;
   };
-  const Variant variants[] = {{"v3", 3, false}, {"v3 pdl", 3, true}, {"v4", 4, false}, {"v4 pdl", 4, true}};
+  const Variant variants[] = {{"q16", 3, false, 2}, {"q16 pdl", 3, true, 2}, {"q8 pdl", 3, true, 1}, {"q8 v4", 4, false, 1}};
   const CudaBackend::Options base = be.options();
   for (const Shape& sh : shapes)
   for (const Variant& v : variants) {
@@ -108,6 +109,7 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
     if (sh.M > 1 && v.matvec == 4) continue;  // M > 1: one kernel (v3 or the GEMM), timed once per pdl mode
     CudaBackend::Options bo = base;
     bo.matvec = v.matvec;
+    bo.act_levels = v.levels;
     be.set_options(bo);
     uint64_t bytes = 0;
     for (int64_t N : sh.N) bytes += uint64_t(N * sh.K / 4 + N * sh.K / 128 * 2);
@@ -184,11 +186,12 @@ TEST(CudaBench, Model27b) {
       const char* name;
       bool graphs, pdl, fuse, fuse_site;
       int matvec;  // matvec version for M = 1 (3: register ring, 4: bulk copies)
-    } modes[] = {{"graphs+pdl+fuse (default)", true, true, true, false, 3},
-                 {"graphs+pdl+fuse, site as matvec prologue", true, true, true, true, 3},
-                 {"graphs+pdl+fuse, matvec v4", true, true, true, false, 4},
-                 {"eager+pdl+fuse", false, true, true, false, 3},
-                 {"graphs, no pdl", true, false, true, false, 3}};
+      int levels;  // activation digits: 2 (q16) or 1 (q8)
+    } modes[] = {{"q16 graphs+pdl+fuse (default)", true, true, true, false, 3, 2},
+                 {"q8 graphs+pdl+fuse", true, true, true, false, 3, 1},
+                 {"q8, site as matvec prologue", true, true, true, true, 3, 1},
+                 {"q8, matvec v4", true, true, true, false, 4, 1},
+                 {"q16 eager+pdl+fuse", false, true, true, false, 3, 2}};
     for (const Mode& md : modes) {
       CudaBackend::Options o = be.options();
       o.graphs = md.graphs;
@@ -196,6 +199,7 @@ TEST(CudaBench, Model27b) {
       o.fuse = md.fuse;
       o.matvec = md.matvec;
       o.fuse_site = md.fuse_site;
+      o.act_levels = md.levels;
       be.set_options(o);
       for (int64_t ctx : {int64_t(2048), int64_t(16)}) {
         DecoderState d = dec.new_state(4096);

@@ -5,11 +5,15 @@
 // The pack: $BONSAI_TINY_PACK, else written by `bonsai make-pack --preset tiny` (the binary this build
 // made). Skipped without a CUDA device.
 //
-// Stated tolerance: max |delta logit| <= 5% of max |reference logit| (int8 activations in the ternary
-// products; measured 3.1% on the H200), top-1 agreement on every position whose reference top-2 margin
-// exceeds 5% of that scale (measured 25/25).
+// Stated tolerance, as a fraction of max |reference logit| (the scale): q16 activations (the default: two
+// int8 digits per element; measured 0.010-0.013% on the H200) max |delta logit| <= 0.1%, top-1 agreement
+// on every position whose reference top-2 margin exceeds 0.5% of the scale; q8 (one digit; measured 3.0%)
+// 5% and a 5% tie band.
 // Graphs on/off must agree bit for bit (same kernels, same order). Options::exact (fp32 activations):
 // max |delta logit| <= 0.2% of the scale.
+// The fixture gate (HF reference, tiny seed-7 pack, tests/data/fixtures/tiny_seed7.safetensors): the q16
+// default passes `bonsai gate`'s bounds (100% argmax outside the 1e-3 tie band, max |dlogit| <= 5e-3, the
+// CPU q16 bound, mean KL <= 1e-7).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -24,6 +28,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/ref/ref_backend.h"
 #include "cuda_test_util.h"
+#include "engine/gate.h"
 #include "model/forward.h"
 #include "model/pack.h"
 
@@ -75,7 +80,8 @@ struct Compare {
   int64_t counted = 0, agree = 0;
 };
 
-Compare compare(const ModelRun& got, const ModelRun& want, int64_t V) {
+// tie: reference top-2 margins below tie * scale are not counted for top-1 agreement.
+Compare compare(const ModelRun& got, const ModelRun& want, int64_t V, double tie = 0.05) {
   Compare c;
   for (float w : want.logits) c.scale = std::max(c.scale, std::fabs(double(w)));
   for (size_t i = 0; i < got.logits.size(); ++i) {
@@ -95,7 +101,7 @@ Compare compare(const ModelRun& got, const ModelRun& want, int64_t V) {
       }
       if (g[i] > g[gb]) gb = i;
     }
-    if (double(w[b1]) - double(w[b2]) < 0.05 * c.scale) continue;  // tie band
+    if (double(w[b1]) - double(w[b2]) < tie * c.scale) continue;  // tie band
     ++c.counted;
     c.agree += gb == b1;
   }
@@ -116,8 +122,8 @@ TEST(CudaModel, TinyPackMatchesReference) {
     const char* name;
     CudaBackend::Options o;
   };
-  std::vector<Config> configs(9);
-  configs[0].name = "default";
+  std::vector<Config> configs(10);
+  configs[0].name = "default";  // q16
   configs[1].name = "no-graphs";
   configs[1].o.graphs = false;
   configs[2].name = "no-fuse";
@@ -130,20 +136,25 @@ TEST(CudaModel, TinyPackMatchesReference) {
   configs[5].o.fuse_norm = true;
   configs[6].name = "exact";  // fp32 activations in the ternary products: only fp32 rounding remains
   configs[6].o.exact = true;
-  configs[7].name = "fuse-site";  // the decode sites as matvec prologues, not site kernels
+  configs[7].name = "q8 fuse-site";  // the decode sites as matvec prologues, not site kernels (q8 only)
   configs[7].o.fuse_site = true;
-  configs[8].name = "bulk-matvec";   // matvec v4 (bulk copies) for M = 1
+  configs[7].o.act_levels = 1;
+  configs[8].name = "q8 bulk-matvec";  // matvec v4 (bulk copies) for M = 1 (q8 only)
   configs[8].o.matvec = 4;
+  configs[8].o.act_levels = 1;
+  configs[9].name = "q8";
+  configs[9].o.act_levels = 1;
   std::vector<ModelRun> runs;
   for (const Config& cfg : configs) {
     CudaBackend be(cfg.o);
     runs.push_back(run_model(m, be, ids, kPrefill));
-    const Compare c = compare(runs.back(), want, V);
+    const bool q8 = cfg.o.act_levels == 1 && !cfg.o.exact;
+    const Compare c = compare(runs.back(), want, V, q8 ? 0.05 : 0.005);
     std::printf("[tiny %-16s] max|dlogit| %.5f (max|logit| %.3f, %.3f%%), top-1 %lld/%lld; graph nodes/step %llu\n",
                 cfg.name, c.max_delta, c.scale, 100.0 * c.max_delta / c.scale, (long long)c.agree,
                 (long long)c.counted, (unsigned long long)be.stats().last_step_nodes);
     RecordProperty(std::string("max_dlogit_") + cfg.name, std::to_string(c.max_delta));
-    EXPECT_LE(c.max_delta, (cfg.o.exact ? 0.002 : 0.05) * c.scale) << cfg.name;
+    EXPECT_LE(c.max_delta, (cfg.o.exact ? 0.002 : q8 ? 0.05 : 0.001) * c.scale) << cfg.name;
     EXPECT_EQ(c.agree, c.counted) << cfg.name;
   }
   // graphs change how kernels are launched, never what they compute
@@ -152,7 +163,8 @@ TEST(CudaModel, TinyPackMatchesReference) {
 }
 
 // Token walk vs chunked prefill on CUDA (matvec + recurrent delta rule vs GEMM + the same kernel over a
-// chunk): the logits after the last prompt token agree within the int8 tolerance.
+// chunk): the logits after the last prompt token agree within the q16 tolerance (0.1% of the scale;
+// measured 0.010% on the H200).
 TEST(CudaModel, WalkAndChunkAgree) {
   BONSAI_REQUIRE_GPU();
   const std::string path = tiny_pack_path();
@@ -165,7 +177,7 @@ TEST(CudaModel, WalkAndChunkAgree) {
   const ModelRun chunk = run_model(m, be, ids, kPrefill);
   const Compare c = compare(chunk, walk, V);
   std::printf("[tiny walk vs chunk] max|dlogit| %.5f (%.3f%%)\n", c.max_delta, 100.0 * c.max_delta / c.scale);
-  EXPECT_LE(c.max_delta, 0.05 * c.scale);
+  EXPECT_LE(c.max_delta, 0.001 * c.scale);
 }
 
 
@@ -174,8 +186,8 @@ TEST(CudaModel, WalkAndChunkAgree) {
 // and 70 tokens: the last crosses an attention split boundary) stepped together for 6 tokens equal each
 // sequence stepped alone. With fp32 activations (Options::exact) only the summation order differs: max
 // |dlogit| <= 0.1% of the logit scale (a row reading another row's state or position is off by the whole
-// scale); with int8 activations rounding flips cascade as in walk vs chunk: <= 5%. Graphs on and off
-// agree bit for bit.
+// scale); with q16 activations digit rounding flips cascade as in walk vs chunk: <= 0.1% (measured
+// 0.009%). Graphs on and off agree bit for bit.
 TEST(CudaModel, BatchedStepMatchesEachSequenceAlone) {
   BONSAI_REQUIRE_GPU();
   const std::string path = tiny_pack_path();
@@ -237,10 +249,10 @@ TEST(CudaModel, BatchedStepMatchesEachSequenceAlone) {
       argmax_same += std::max_element(a, a + V) - a == std::max_element(b, b + V) - b;
     }
     std::printf("[tiny batched vs alone, %s] B %lld x %lld steps: max|dlogit| %.6f (%.4f%% of %.2f), argmax %d/%lld\n",
-                exact ? "exact" : "int8", (long long)B, (long long)steps, worst, 100.0 * worst / scale, scale,
+                exact ? "exact" : "q16", (long long)B, (long long)steps, worst, 100.0 * worst / scale, scale,
                 argmax_same, (long long)(steps * B));
-    // exact (fp32 activations): summation order only; int8: rounding flips cascade as in walk vs chunk
-    EXPECT_LE(worst, (exact ? 1e-3 : 0.05) * scale) << (exact ? "exact" : "int8");
+    // exact (fp32 activations): summation order only; q16: rounding flips cascade as in walk vs chunk
+    EXPECT_LE(worst, (exact ? 1e-3 : 0.001) * scale) << (exact ? "exact" : "q16");
   }
   // Greedy batched steps pick each row's argmax on the device (Backend::argmax_rows): the same tokens as
   // the argmax of the logits step_batch returns.
@@ -267,6 +279,54 @@ TEST(CudaModel, BatchedStepMatchesEachSequenceAlone) {
       dec.step_batch_argmax(pb.data(), next.data(), B, got.data());
       EXPECT_EQ(got, want) << "step " << s;
       next = got;
+    }
+  }
+}
+
+// The fixture gate (`bonsai gate --backend cuda` on the committed HF fixture) with the q16 default, chunked
+// prefill (64, 16) and the token walk (matvec only): 100% argmax outside the 1e-3 tie band, max |dlogit|
+// <= 5e-3, mean KL <= 1e-7 (measured on the H200: 726/726, 2.07e-3, 4.3e-8; walk 2.08e-3, 4.4e-8). The q8
+// form is run too and only reported (it fails: 690/726, 0.484).
+// The seed-7 tiny pack: $BONSAI_TINY7_PACK, else written by the bonsai binary of this build; the fixture:
+// $BONSAI_GATE_FIXTURE, else tests/data/fixtures/tiny_seed7.safetensors.
+TEST(CudaModel, Q16PassesTheFixtureGate) {
+  BONSAI_REQUIRE_GPU();
+  std::string fixture = std::string(BONSAI_TEST_DATA) + "/fixtures/tiny_seed7.safetensors";
+  if (const char* f = std::getenv("BONSAI_GATE_FIXTURE")) fixture = f;
+  if (!std::filesystem::exists(fixture)) GTEST_SKIP() << fixture << " is not there";
+  std::string pack;
+  if (const char* p = std::getenv("BONSAI_TINY7_PACK")) pack = p;
+#ifdef BONSAI_BINARY
+  if (pack.empty()) {
+    const std::string dir = ::testing::TempDir() + "/bonsai_cuda_tiny7_" + std::to_string(::getpid());
+    const std::string cmd = std::string(BONSAI_BINARY) + " make-pack --preset tiny --seed 7 --format gguf-pq2_0 -o " +
+                            dir + " > /dev/null 2>&1";
+    if (std::system(cmd.c_str()) == 0) pack = dir + "/tiny-pq2_0.gguf";
+  }
+#endif
+  if (pack.empty() || !std::filesystem::exists(pack)) GTEST_SKIP() << "no seed-7 tiny pack (set BONSAI_TINY7_PACK)";
+  const GateFixture fx = read_gate_fixture(fixture);
+  const Model m = load_model(pack);
+  GateOptions bounds;
+  bounds.max_delta = 5e-3;
+  bounds.max_kl = 1e-7;
+  for (const int levels : {2, 1}) {
+    CudaBackend::Options o;
+    o.act_levels = levels;
+    CudaBackend be(o);
+    Decoder dec(m, be);
+    for (const bool walk : {false, true}) {
+      SessionOptions so;
+      if (walk) so.chunks = {};
+      const GateReport r = run_gate(dec, fx, bounds, so);
+      const GateStats& t = r.overall;
+      std::printf("[gate %s %s] agree %lld/%lld counted of %lld, max|dlogit| %.3g, mean KL %.3g -> %s\n",
+                  levels == 2 ? "q16" : "q8", walk ? "walk" : "chunks 64,16", (long long)t.agree, (long long)t.counted,
+                  (long long)t.positions, t.max_delta, t.mean_kl(), r.pass() ? "pass" : "FAIL");
+      if (levels == 2) {
+        EXPECT_TRUE(r.pass()) << (walk ? "walk" : "chunks");
+        EXPECT_GE(t.counted, t.positions - 5);
+      }
     }
   }
 }

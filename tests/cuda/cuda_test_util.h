@@ -110,9 +110,11 @@ inline TernaryMatrix& random_matrix(int64_t N, int64_t K, uint32_t seed, double 
   return t;
 }
 
-// The exact result of the CUDA ternary kernels' arithmetic: x quantised per 128-group to int8 the way
-// the site kernel does it (d = amax / 127, q = rint(x * 127 / amax)), then exact sums in double.
-inline std::vector<float> quantised_reference(const TernaryMatrix& w, const std::vector<float>& x, int64_t M) {
+// The exact result of the CUDA ternary kernels' arithmetic: x quantised per 128-group the way the site
+// kernel does it (d = amax / 127, v = x * (127 / amax), q0 = rint(v); q16 (levels 2) adds the second
+// digit q1 = rint((v - q0) * 254), x ~= d (q0 + q1 / 254)), then exact sums in double.
+inline std::vector<float> quantised_reference(const TernaryMatrix& w, const std::vector<float>& x, int64_t M,
+                                              int levels = 2) {
   const int64_t K = w.cols, N = w.rows, G = K / 128;
   std::vector<double> xd(size_t(M * K));
   std::vector<double> dx(size_t(M * G));
@@ -123,8 +125,10 @@ inline std::vector<float> quantised_reference(const TernaryMatrix& w, const std:
       const float d = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
       dx[size_t(m * G + g)] = d;
       for (int64_t i = 0; i < 128; ++i) {
-        float q = std::nearbyint(x[size_t(m * K + g * 128 + i)] * inv);
-        q = std::max(-127.f, std::min(127.f, q));
+        const float v = x[size_t(m * K + g * 128 + i)] * inv;
+        const float q0 = std::max(-127.f, std::min(127.f, std::nearbyint(v)));
+        double q = q0;
+        if (levels == 2) q += double(std::max(-127.f, std::min(127.f, std::nearbyint((v - q0) * 254.f)))) / 254.0;
         xd[size_t(m * K + g * 128 + i)] = q;
       }
     }

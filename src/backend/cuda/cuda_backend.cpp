@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -67,6 +68,12 @@ std::unique_ptr<Backend> make_cuda_backend(int device) {
   o.fuse_site = flag("BONSAI_CUDA_FUSE_SITE", o.fuse_site);
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC"); e && *e) o.matvec = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC_EARLY"); e && *e) o.matvec_early = std::atoi(e);
+  if (const char* e = std::getenv("BONSAI_CUDA_ACT"); e && *e) {
+    const std::string v = e;
+    if (v == "q8") o.act_levels = 1;
+    else if (v == "q16") o.act_levels = 2;
+    else fail("BONSAI_CUDA_ACT={}: expected q8 or q16 (fp32 activations: BONSAI_CUDA_EXACT=1)", v);
+  }
   return std::make_unique<CudaBackend>(o);
 }
 
@@ -152,15 +159,19 @@ struct CudaBackend::Impl {
   // ---- launching ----------------------------------------------------------------------------------
   // The int8 ternary kernel for M tokens: bulk-copy matvec (M = 1), register-ring matvec (M <= 4), GEMM.
   // The int8 ternary product as launches (the split-K GEMM adds its ordered sum of the slices).
+  // int8 digits per activation element in xq (Options::act_levels).
+  int levels() const { return opt.act_levels == 1 ? 1 : 2; }
+  // q16 (two digits): the register-ring matvec and the GEMM; the bulk matvec v4 and the fused-site
+  // prologue read one digit, so they are q8-only experiments (v3 runs in their place under q16).
   void ternary_launches(const cuda::TernaryDev* t, int n, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                         const cuda::SiteDesc* site, std::vector<cuda::Launch>& out) {
-    const int sms = prop.multiProcessorCount;
-    if (site) return out.push_back(cuda::matvec_launch(t, n, K, xq, xds, M, sms, opt.matvec_rows, site));
-    if (opt.matvec >= 4 && cuda::matvec_bulk_supported(K, M))
+    const int sms = prop.multiProcessorCount, lv = levels();
+    if (site) return out.push_back(cuda::matvec_launch(t, n, K, xq, xds, M, lv, sms, opt.matvec_rows, site));
+    if (opt.matvec >= 4 && lv == 1 && cuda::matvec_bulk_supported(K, M))
       return out.push_back(cuda::matvec_bulk_launch(t, n, K, xq, xds, sms, opt.matvec_bulk_rows, opt.matvec_early));
-    if (M <= 4 || !opt.tensor_cores) return out.push_back(cuda::matvec_launch(t, n, K, xq, xds, M, sms, opt.matvec_rows));
+    if (M <= 4 || !opt.tensor_cores) return out.push_back(cuda::matvec_launch(t, n, K, xq, xds, M, lv, sms, opt.matvec_rows));
     const int ks = cuda::gemm_ksplit(t, n, K, M, sms);
-    if (ks == 1) return out.push_back(cuda::gemm_launch(t, n, K, xq, xds, M, sms));
+    if (ks == 1) return out.push_back(cuda::gemm_launch(t, n, K, xq, xds, M, lv, sms));
     // Partials [ks][M * sum N]: output i's slice z at part + z * stride + M * (N_0 + .. + N_{i-1}).
     int64_t ntot = 0;
     for (int i = 0; i < n; ++i) ntot += t[i].N;
@@ -173,7 +184,7 @@ struct CudaBackend::Impl {
       tp[i].y = part + off;
       off += M * t[i].N;
     }
-    out.push_back(cuda::gemm_launch(tp, n, K, xq, xds, M, sms, ks, stride));
+    out.push_back(cuda::gemm_launch(tp, n, K, xq, xds, M, lv, sms, ks, stride));
     for (int i = 0; i < n; ++i) out.push_back(cuda::splitk_sum_launch(tp[i].y, stride, ks, M * t[i].N, t[i].y));
   }
   void launch_now(const cuda::Launch& l) {
@@ -565,14 +576,15 @@ struct CudaBackend::Impl {
     if (quantise && n == 1 && !d.signs && d.pre == cuda::kPreNone && d.src == x && !d.perm) d.dst = nullptr;
     if (quantise) {
       if (K % 128 != 0) fail("CUDA backend: ternary input width {} is not a multiple of 128", K);
-      d.xq = static_cast<int8_t*>(ensure(xq, size_t(rows * K), "the int8 activations"));
+      d.levels = levels();
+      d.xq = static_cast<int8_t*>(ensure(xq, size_t(rows * levels() * K), "the int8 activations"));
       d.xds = static_cast<float2*>(ensure(xds, size_t(rows * (K / 64)) * sizeof(float2), "the activation scales"));
       shadow = {x, rows, K, seq};
     }
     // Held back for the matvec prologue: one row, int8 output, a pre-op the prologue knows, no gather.
     // The fused form does not write d.dst / d.pre_out: the forward reads a site's outputs only through
     // the linear that follows (checked by the tiny-pack model tests against the reference).
-    if (may_defer && opt.fuse_site && opt.fuse && !opt.exact && quantise && rows == 1 && !inverse && !d.perm &&
+    if (may_defer && opt.fuse_site && opt.fuse && !opt.exact && levels() == 1 && quantise && rows == 1 && !inverse && !d.perm &&
         d.ld == K && d.src != d.dst && cuda::matvec_site_supported(K, n, d.pre, d.seg)) {
       deferred_site = true;
       site_desc = d;
@@ -1220,6 +1232,7 @@ void CudaBackend::set_options(const Options& o) {
   const int dev = p_->opt.device;
   p_->opt = o;
   p_->opt.device = dev;
+  p_->shadow = {};  // a quantised activation of the old options (digit count) must not be reused
 }
 CudaBackend::Options CudaBackend::options() const { return p_->opt; }
 

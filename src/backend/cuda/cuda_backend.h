@@ -5,8 +5,10 @@
 // (Buffer memory is cudaMalloc'd). The host only issues work on one stream.
 //
 // Numerics (stated and tested in tests/cuda): the ternary products quantise the activation per 128-group
-// to int8 (symmetric, d = max|x|/127) and accumulate exactly in int32 (dp4a for M <= 4, int8 mma tensor
-// cores above); everything else is fp32 (RoPE angles in fp64); GDN state fp32.
+// to two balanced int8 digits under one scale (q16: d = max|x|/127, x ~= d (q0 + q1/254), error <= d/508;
+// the CPU backend's default form) and accumulate exactly in int32 (254 I0 + I1; dp4a for M <= 4, int8 mma
+// tensor cores above); Options::act_levels = 1 (q8) keeps one digit. Everything else is fp32 (RoPE angles
+// in fp64); GDN state fp32.
 //
 // Speed machinery, all invisible to the forward:
 // - Peephole fusion: cheap ops are deferred and fused into the op that consumes them (copy / permute /
@@ -51,6 +53,10 @@ class CudaBackend final : public Backend {
                                // by a site kernel (needs fuse; BONSAI_CUDA_FUSE_SITE=1): 676 instead of 933 kernels
                                // per 27b decode step but slower (124 vs 150 tok/s, docs/cuda-kernels.md)
     bool exact = false;        // ternary products on the fp32 activation, no int8 step (BONSAI_CUDA_EXACT=1); slow
+    int act_levels = 2;        // int8 digits per activation element in the ternary products: 2 = q16 (default:
+                               // passes the fixture gate), 1 = q8 (faster, fails it); BONSAI_CUDA_ACT=q16|q8.
+                               // q8 only: the bulk matvec (matvec = 4) and fuse_site (v3 / the site kernel run
+                               // in their place under q16)
   };
 
   // Throws bonsai::Error when there is no usable CUDA device.

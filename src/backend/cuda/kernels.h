@@ -23,7 +23,8 @@ namespace bonsai::cuda {
 // gathered[r][i] = value[r][perm[i]] when perm is set (pre must be elementwise then)
 // dst[r][i]      = forward: FWHT_n(signs ⊙ gathered)/sqrt(n); inverse: signs ⊙ FWHT_n(gathered)/sqrt(n)
 //                  (n = 1: no transform, signs still applied)
-// xq, xds        = the int8 form the ternary kernels read (below), when xq is set (forward / n = 1 only)
+// xq, xds        = the integer form the ternary kernels read (below), when xq is set (forward / n = 1 only):
+//                  `levels` int8 digits per element (1: q8, 2: q16; layout in ternary.cu's header)
 // dst may equal src (no gather) or be null (quantise only); n power of two <= 8192; K % n == 0; quantisation needs K % 128 == 0.
 //                                                          AddNorm rmsnorm(src + resid) * gain[i] over the
 //                                                          whole row; resid (if set) = src + resid. One block
@@ -39,10 +40,11 @@ struct SiteDesc {
   const int32_t* perm = nullptr; // [K] or null
   const int8_t* signs = nullptr; // [K] or null
   float* dst = nullptr;          // [rows, K]
-  int8_t* xq = nullptr;          // [rows, K] int8, positions transposed within each 16 (see ternary.cu)
-  float2* xds = nullptr;         // [rows, K/64] {scale of the 128-group, sum of the 64 int8 values}
+  int8_t* xq = nullptr;          // [rows, levels, K] int8 digit planes, positions transposed within each 16 (ternary.cu)
+  float2* xds = nullptr;         // [rows, K/64] {unit of the 128-group, digit sum of the chunk's 64 elements}
   int64_t ld = 0, rows = 0, K = 0, n = 1;
   int32_t pre = kPreNone, inverse = 0, seg = 0;
+  int32_t levels = 2;            // int8 digits per element: 2 (q16) or 1 (q8)
   float eps = 0.f;
 };
 Launch site_launch(const SiteDesc& d);
@@ -51,7 +53,8 @@ constexpr int64_t kMaxHadamardBlock = 8192;
 
 // ---- ternary linear ------------------------------------------------------------------------------
 // y_i [M, N_i] = x W_i^T for up to kMaxOuts outputs sharing K. Weights canonical: words u32 [N, K/16],
-// scales fp16 [N, K/128]. x comes quantised (site_launch): xq int8 [M, K], xds float2 [M, K/64].
+// scales fp16 [N, K/128]. x comes quantised (site_launch): xq int8 [M, levels, K], xds float2 [M, K/64];
+// `levels` (1: q8, 2: q16) must be the site's.
 constexpr int kMaxOuts = 4;
 struct TernaryDev {
   const uint32_t* words;
@@ -61,13 +64,14 @@ struct TernaryDev {
 };
 // dp4a matvec: best for M <= 4 (weights stream once per 4 tokens). rows: weight rows per warp step
 // (2: 6-deep pipeline; 4: 3-deep, activation loads shared by 4 rows).
-// site (M = 1 only): the activation site that produces xq, computed by every block as its prologue
-// (warp_site.cuh) instead of by a site kernel: reads site->src (src2, gain, signs), writes neither
-// site->dst nor site->pre_out nor the global xq. Supported when matvec_site_supported().
+// site (M = 1, levels = 1 only): the activation site that produces xq, computed by every block as its
+// prologue (warp_site.cuh, one digit) instead of by a site kernel: reads site->src (src2, gain, signs),
+// writes neither site->dst nor site->pre_out nor the global xq. Supported when matvec_site_supported();
+// ignored under q16 (the backend never defers a site then).
 Launch matvec_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                     int sms, int rows = 2, const SiteDesc* site = nullptr);
+                     int levels, int sms, int rows = 2, const SiteDesc* site = nullptr);
 bool matvec_site_supported(int64_t K, int64_t n, int32_t pre, int64_t seg);
-// Bulk-copy matvec (matvec_bulk.cu): M = 1, tiles of rows streamed by one producer thread per block with
+// Bulk-copy matvec (matvec_bulk.cu): q8 only (levels = 1; the backend uses v3 under q16), M = 1, tiles of rows streamed by one producer thread per block with
 // cp.async.bulk into a 4-stage shared-memory ring. Supported when K % 1024 == 0; rows: at most 1, 2, 4
 // or 8 rows per consumer warp, anything else = chosen per matrix for balance over the SMs; early: tiles
 // streamed before the kernel waits on its predecessor (0..4).
@@ -85,7 +89,7 @@ Launch exact_linear_launch(const TernaryDev* outs, int n_outs, int64_t K, const 
 // Split-K (ks > 1, grid.z = ks): slice z of the 128-groups writes its partial product to outs[i].y +
 // z * part_stride; splitk_sum_launch then adds the slices in order (deterministic, no atomics).
 Launch gemm_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                   int sms, int ks = 1, int64_t part_stride = 0);
+                   int levels, int sms, int ks = 1, int64_t part_stride = 0);
 // K slices for the GEMM of these outputs: > 1 when the grid would leave SMs idle over a long K.
 int gemm_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int sms);
 // y [n] = sum over k < ks of part[k * stride + j], in k order.

@@ -11,6 +11,14 @@
 //                       the weights (they stay canonical: device memory = pack bytes).
 //   xds float2 [M, K/64] {d of the chunk's 128-group, sum of the chunk's 64 q} (the matvec uses unsigned
 //                       codes 0..3 and subtracts the sum: sum((c - 1) q) = sum(c q) - sum(q)).
+// q16 (levels = 2, the default; BONSAI_CUDA_ACT=q8 selects the one-digit form above): each element is TWO
+// balanced int8 digits under the group's one scale s = amax / 127, base 254 as the CPU backend's
+// (src/backend/cpu/kernels.h): v = x / s, q0 = rint(v), q1 = rint((v - q0) * 254), |q0|, |q1| <= 127,
+// x ~= s (q0 + q1 / 254), error <= s / 508 (int8: s / 2). The kernels form Q = 254 q0 + q1 exactly in
+// int32 (integer dots: 254 I0 + I1), so with the unit u = s / 254:
+//   xq  int8 [M, 2, K]  digit plane l of row m at xq + (2 m + l) K, each plane in the transposed layout
+//   xds float2 [M, K/64] {u = d / 254, S = 254 sum(q0) + sum(q1) over the chunk's 64 elements}
+// (int8: u = d, S = sum(q0)); every kernel computes u * (sum(c Q) - S) per chunk / group.
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"
@@ -37,6 +45,7 @@ struct SiteArgs {
   int64_t ld, rows, K, n, tile;
   int32_t pre, inverse, seg, log2n;
   float eps, norm;
+  int32_t levels, pad;  // int8 digits per element in xq: 1 (q8) or 2 (q16)
 };
 
 constexpr int kSiteThreads = 1024;  // one element per thread for a 1024 tile: short dependency chains at decode
@@ -138,29 +147,36 @@ __global__ __launch_bounds__(kSiteThreads) void site_kernel(const SiteArgs a) {
   if (!a.xq) return;
   __syncthreads();
 
-  // 4. int8 quantisation per 128-group: one warp per group, lane l holds elements 4l..4l+3.
+  // 4. Quantisation per 128-group (one or two int8 digits, header): one warp per group, lane l holds
+  // elements 4l..4l+3.
   const int warp = tid >> 5, lane = tid & 31;
-  int8_t* xq = a.xq + r * a.K + t0;
+  int8_t* xq = a.xq + r * a.levels * a.K + t0;  // digit plane 0 of row r; plane 1 follows at + K
   float2* xds = a.xds + r * (a.K >> 6) + (t0 >> 6);
   for (int gq = warp; gq < len / 128; gq += kSiteThreads / 32) {
-    const float4 v = *reinterpret_cast<const float4*>(&sh[gq * 128 + 4 * lane]);
-    const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    const float4 v4 = *reinterpret_cast<const float4*>(&sh[gq * 128 + 4 * lane]);
+    const float amax = warp_max(fmaxf(fmaxf(fabsf(v4.x), fabsf(v4.y)), fmaxf(fabsf(v4.z), fabsf(v4.w))));
     const float d = amax / 127.f;
     const float inv = amax > 0.f ? 127.f / amax : 0.f;
-    const int q0 = max(-127, min(127, __float2int_rn(v.x * inv)));
-    const int q1 = max(-127, min(127, __float2int_rn(v.y * inv)));
-    const int q2 = max(-127, min(127, __float2int_rn(v.z * inv)));
-    const int q3 = max(-127, min(127, __float2int_rn(v.w * inv)));
+    const float vs[4] = {v4.x * inv, v4.y * inv, v4.z * inv, v4.w * inv};
     // element e = 4l + t: word l/4, b = l%4, j = t -> position 16(l/4) + 4t + l%4
     int8_t* base = xq + gq * 128 + 16 * (lane >> 2) + (lane & 3);
-    base[0] = int8_t(q0);
-    base[4] = int8_t(q1);
-    base[8] = int8_t(q2);
-    base[12] = int8_t(q3);
-    int s = q0 + q1 + q2 + q3;
+    int s = 0;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const float q0f = rintf(vs[t]);  // round to nearest even, as the CPU quantiser
+      const int q0 = max(-127, min(127, int(q0f)));
+      base[4 * t] = int8_t(q0);
+      if (a.levels == 2) {  // the residual |v - q0| <= 1/2 times 254 fits a digit with no clamp
+        const int q1 = max(-127, min(127, __float2int_rn((vs[t] - q0f) * 254.f)));
+        base[4 * t + a.K] = int8_t(q1);
+        s += 254 * q0 + q1;
+      } else {
+        s += q0;
+      }
+    }
 #pragma unroll
     for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);  // stays inside 16-lane halves
-    if ((lane & 15) == 0) xds[gq * 2 + (lane >> 4)] = make_float2(d, float(s));
+    if ((lane & 15) == 0) xds[gq * 2 + (lane >> 4)] = make_float2(a.levels == 2 ? d / 254.f : d, float(s));
   }
 }
 
@@ -195,6 +211,7 @@ Launch site_launch(const SiteDesc& d) {
   a.log2n = ilog2(d.n);
   a.eps = d.eps;
   a.norm = float(1.0 / __builtin_sqrt(double(d.n)));
+  a.levels = d.levels == 2 ? 2 : 1;
   const dim3 grid(unsigned((d.K + a.tile - 1) / a.tile), unsigned(d.rows));
   return make_launch(reinterpret_cast<const void*>(&site_kernel), grid, dim3(kSiteThreads),
                      uint32_t(a.tile * sizeof(float)), a);
@@ -243,8 +260,9 @@ struct MvStage {
   float s[R];
 };
 
-// R rows per warp step (a row group), D steps in flight per lane.
-template <int MT, int R, int D, bool SITE = false>
+// R rows per warp step (a row group), D steps in flight per lane, LV int8 digits per activation element
+// (1: q8, 2: q16; the weight bytes are masked once and meet both digit planes: chunk_dot2).
+template <int MT, int R, int D, int LV = 1, bool SITE = false>
 __global__ __launch_bounds__(kMvWarps * 32, 2) void matvec_kernel(const TernaryArgs a) {
   extern __shared__ __align__(16) unsigned char mv_smem[];  // SITE: xq [K] int8 | xds [K/64] float2
   const int lane = threadIdx.x & 31;
@@ -315,18 +333,28 @@ __global__ __launch_bounds__(kMvWarps * 32, 2) void matvec_kernel(const TernaryA
   int cc = 0;
   // MT == 1: the activation chunk of the NEXT step is loaded while this step computes (double buffer,
   // D even so the buffer index is static); ncu showed 38 % of the stalls on these L1 loads otherwise.
-  int4 xb[2][4];
-  float2 db[2];
+  // q16: one buffer, loaded at the step (two planes double-buffered spill at the 128-register cap).
+  constexpr int NB = LV == 1 ? 2 : 1;
+  int4 xb[NB][LV][4];  // [buffer][digit plane][16 B piece of the chunk]
+  float2 db[NB];
   auto load_x = [&](int buf, int step_in_group) {
     const int64_t c = lane + 32 * step_in_group;
     if (c < C) {
-      const int4* xp = reinterpret_cast<const int4*>(xqp) + c * 4;
 #pragma unroll
-      for (int k = 0; k < 4; ++k) xb[buf][k] = xp[k];
+      for (int l = 0; l < LV; ++l) {
+        const int4* xp = reinterpret_cast<const int4*>(xqp + l * a.K) + c * 4;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) xb[buf][l][k] = xp[k];
+      }
       db[buf] = xdsp[c];
     }
   };
-  if constexpr (MT == 1) {
+  // sum(code * Q) over one chunk: Q = q (LV = 1) or 254 q0 + q1 (LV = 2).
+  auto dot = [&](const uint4 w, const int4 (&x)[LV][4]) {
+    if constexpr (LV == 2) return chunk_dot2(w, x[0], x[1]);
+    else return chunk_dot(w, x[0][0], x[0][1], x[0][2], x[0][3]);
+  };
+  if constexpr (MT == 1 && NB == 2) {
     if (steps > 0) load_x(0, 0);
   }
   for (int64_t base = 0; base < steps; base += D) {
@@ -335,24 +363,31 @@ __global__ __launch_bounds__(kMvWarps * 32, 2) void matvec_kernel(const TernaryA
       if (base + s < steps) {  // uniform across the warp
         const int64_t c = lane + 32 * cc;
         if constexpr (MT == 1) {
-          if (base + s + 1 < steps) load_x((s + 1) & 1, cc + 1 == L ? 0 : cc + 1);
+          if constexpr (NB == 2) {
+            if (base + s + 1 < steps) load_x((s + 1) & 1, cc + 1 == L ? 0 : cc + 1);
+          } else {
+            load_x(0, cc);
+          }
+          const int b = NB == 2 ? (s & 1) : 0;  // static after unrolling
           if (c < C) {
-            const float2 ds = db[s & 1];
+            const float2 ds = db[b];
 #pragma unroll
-            for (int r = 0; r < R; ++r)
-              acc[r][0] += ring[s].s[r] * ds.x *
-                           (float(chunk_dot(ring[s].w[r], xb[s & 1][0], xb[s & 1][1], xb[s & 1][2], xb[s & 1][3])) - ds.y);
+            for (int r = 0; r < R; ++r) acc[r][0] += ring[s].s[r] * ds.x * (float(dot(ring[s].w[r], xb[b])) - ds.y);
           }
         } else if (c < C) {
 #pragma unroll
           for (int m = 0; m < MT; ++m) {
             if (m0 + m < a.M) {
-              const int4* xp = reinterpret_cast<const int4*>(a.xq + (m0 + m) * a.K) + c * 4;
-              const int4 x0 = xp[0], x1 = xp[1], x2 = xp[2], x3 = xp[3];
+              int4 xm[LV][4];
+#pragma unroll
+              for (int l = 0; l < LV; ++l) {
+                const int4* xp = reinterpret_cast<const int4*>(a.xq + ((m0 + m) * LV + l) * a.K) + c * 4;
+#pragma unroll
+                for (int k = 0; k < 4; ++k) xm[l][k] = xp[k];
+              }
               const float2 ds = a.xds[(m0 + m) * C + c];
 #pragma unroll
-              for (int r = 0; r < R; ++r)
-                acc[r][m] += ring[s].s[r] * ds.x * (float(chunk_dot(ring[s].w[r], x0, x1, x2, x3)) - ds.y);
+              for (int r = 0; r < R; ++r) acc[r][m] += ring[s].s[r] * ds.x * (float(dot(ring[s].w[r], xm)) - ds.y);
             }
           }
         }
@@ -378,6 +413,20 @@ __global__ __launch_bounds__(kMvWarps * 32, 2) void matvec_kernel(const TernaryA
 
 __device__ __forceinline__ int find_output(const TernaryArgs& a) { return output_of(a, int64_t(blockIdx.x)); }
 
+// The matvec instance for R rows per step and MT tokens per pass (depths as measured: R = 2 with 4-6
+// steps in flight, R = 4 with 2-3).
+template <int L>
+const void* matvec_kernel_for(int R, int mt) {
+  if (R == 2 || (L == 2 && mt > 1)) {  // q16 with several tokens: R = 2 (matvec_launch)
+    if (mt == 1) return reinterpret_cast<const void*>(&matvec_kernel<1, 2, 4, L>);
+    if (mt == 2) return reinterpret_cast<const void*>(&matvec_kernel<2, 2, 6, L>);
+    return reinterpret_cast<const void*>(&matvec_kernel<4, 2, 6, L>);
+  }
+  if (mt == 1) return reinterpret_cast<const void*>(&matvec_kernel<1, 4, 2, L>);
+  if (mt == 2) return reinterpret_cast<const void*>(&matvec_kernel<2, 4, 3, L>);
+  return reinterpret_cast<const void*>(&matvec_kernel<4, 4, 3, L>);
+}
+
 }  // namespace
 
 bool matvec_site_supported(int64_t K, int64_t n, int32_t pre, int64_t seg) {
@@ -387,8 +436,10 @@ bool matvec_site_supported(int64_t K, int64_t n, int32_t pre, int64_t seg) {
 }
 
 Launch matvec_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                     int sms, int rows, const SiteDesc* site) {
-  const int R = rows == 4 ? 4 : 2;
+                     int levels, int sms, int rows, const SiteDesc* site) {
+  const int mt = M <= 1 ? 1 : M <= 2 ? 2 : 4;  // tokens per pass
+  // q16 with several tokens: 2 rows per step (4 rows spill at the 128-register cap).
+  const int R = rows == 4 && (levels == 1 || mt == 1) ? 4 : 2;
   TernaryArgs a{};
   a.xq = xq;
   a.xds = xds;
@@ -405,25 +456,16 @@ Launch matvec_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t
   const int64_t max_warps = int64_t(sms) * 2 * kMvWarps;
   a.per_warp = (a.total + max_warps - 1) / max_warps;
   const int64_t warps = (a.total + a.per_warp - 1) / a.per_warp;
-  const void* f;
-  int mt;
-  if (R == 2) {
-    if (M <= 1) f = reinterpret_cast<const void*>(&matvec_kernel<1, 2, 4>), mt = 1;
-    else if (M <= 2) f = reinterpret_cast<const void*>(&matvec_kernel<2, 2, 6>), mt = 2;
-    else f = reinterpret_cast<const void*>(&matvec_kernel<4, 2, 6>), mt = 4;
-  } else {
-    if (M <= 1) f = reinterpret_cast<const void*>(&matvec_kernel<1, 4, 2>), mt = 1;
-    else if (M <= 2) f = reinterpret_cast<const void*>(&matvec_kernel<2, 4, 3>), mt = 2;
-    else f = reinterpret_cast<const void*>(&matvec_kernel<4, 4, 3>), mt = 4;
-  }
+  const void* f = levels == 2 ? matvec_kernel_for<2>(R, mt) : matvec_kernel_for<1>(R, mt);
   const dim3 grid(unsigned((warps + kMvWarps - 1) / kMvWarps), unsigned((M + mt - 1) / mt));
-  if (site && M == 1) {  // the site is this kernel's prologue: it reads site->src, writes no fp32 outputs
+  // The site as this kernel's prologue (reads site->src, writes no fp32 outputs); one digit only (q8).
+  if (site && M == 1 && levels == 1) {
     int log2n = 0;
     while ((int64_t(1) << log2n) < site->n) ++log2n;
     a.site = {site->src, site->src2, site->gain, site->signs, site->pre, log2n, site->seg, site->eps,
               float(1.0 / __builtin_sqrt(double(site->n))), 1, 0};
-    f = R == 2 ? reinterpret_cast<const void*>(&matvec_kernel<1, 2, 4, true>)
-               : reinterpret_cast<const void*>(&matvec_kernel<1, 4, 2, true>);
+    f = R == 2 ? reinterpret_cast<const void*>(&matvec_kernel<1, 2, 4, 1, true>)
+               : reinterpret_cast<const void*>(&matvec_kernel<1, 4, 2, 1, true>);
     return make_launch(f, grid, dim3(kMvWarps * 32), uint32_t(K + K / 64 * 8), a);
   }
   return make_launch(f, grid, dim3(kMvWarps * 32), 0, a);
@@ -434,8 +476,10 @@ Launch matvec_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t
 // M <= 32. K advances one 128-group per stage (4 mma k-steps of 32), 2 (64 tokens) or 4 (32 tokens)
 // stages in flight via cp.async. A fragments are decoded
 // from the canonical words to signed int8 (code - 1) in registers; x is the transposed xq (the same
-// permutation of k inside each 16 on both sides leaves the dot product unchanged). Per group the int32
-// accumulators are scaled by d_w[row] * d_x[token] into fp32.
+// permutation of k inside each 16 on both sides leaves the dot product unchanged). q16: the group's
+// mmas run on digit plane 0, the int32 accumulators are multiplied by 254, then the plane-1 mmas add into
+// them (same decoded A fragments). Per group the int32 accumulators are scaled by d_w[row] * u_x[token]
+// into fp32 (u = the activation unit, d or d / 254).
 
 namespace {
 
@@ -443,11 +487,11 @@ constexpr int kGemmRows = 128;
 constexpr int kAStride = 12;    // words per weight row in shared memory (8 used): conflict-free A reads
 constexpr int kXStride = 144;   // bytes per token row in shared memory (128 used): conflict-free B reads
 
-template <int TOKS>
+template <int TOKS, int L>
 struct GemmStage {
-  uint32_t A[kGemmRows * kAStride];
-  int8_t X[TOKS * kXStride];
-  float2 xds[TOKS * 2];
+  uint32_t A[kGemmRows * kAStride];  // [rows][kAStride] canonical words of one 128-group (8 used per row)
+  int8_t X[L][TOKS * kXStride];      // [digit plane][token][kXStride] transposed xq of the group (128 used)
+  float2 xds[TOKS * 2];              // [token][chunk] {unit, digit sum} (only the unit is read)
 };
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
@@ -477,12 +521,12 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], uint32_t a0, uint32_t a1, ui
 
 // TOKS tokens per tile (64, or 32 for batched decode where M <= 32: no MMA work on padding), STAGES
 // 128-groups in flight (cp.async multistage: the loads of group kg + STAGES - 1 are issued while group kg
-// is computed).
-template <int WARPS, int TOKS, int STAGES>
+// is computed), L int8 digits per activation element (1: q8, 2: q16, ternary.cu's header).
+template <int WARPS, int TOKS, int STAGES, int L>
 __global__ __launch_bounds__(WARPS * 32, 16 / WARPS) void gemm_kernel(const TernaryArgs a) {
   constexpr int NT = WARPS * 32, ROWS = WARPS * 16, NTILES = TOKS / 8;
   extern __shared__ __align__(16) unsigned char gemm_smem[];
-  GemmStage<TOKS>* st = reinterpret_cast<GemmStage<TOKS>*>(gemm_smem);  // [STAGES] (dynamic: > 48 KB)
+  GemmStage<TOKS, L>* st = reinterpret_cast<GemmStage<TOKS, L>*>(gemm_smem);  // [STAGES] (dynamic: > 48 KB)
   const int o = find_output(a);
   const uint32_t* words = a.o[o].words;
   const __half* scales = reinterpret_cast<const __half*>(a.o[o].scales);
@@ -506,11 +550,11 @@ __global__ __launch_bounds__(WARPS * 32, 16 / WARPS) void gemm_kernel(const Tern
   };
   auto issue_x = [&](int64_t kg, int s) {
 #pragma unroll
-    for (int id = tid; id < TOKS * 8; id += NT) {
-      const int tk = id >> 3, part = id & 7;
+    for (int id = tid; id < L * TOKS * 8; id += NT) {
+      const int l = id / (TOKS * 8), tk = (id >> 3) % TOKS, part = id & 7;
       const int64_t tok = tok0 + tk;
-      const int8_t* src = a.xq + (tok < M ? tok : M - 1) * K + (k0 + kg) * 128 + part * 16;
-      cp_async16(&st[s].X[tk * kXStride + part * 16], src, tok < M ? 16 : 0);
+      const int8_t* src = a.xq + ((tok < M ? tok : M - 1) * L + l) * K + (k0 + kg) * 128 + part * 16;
+      cp_async16(&st[s].X[l][tk * kXStride + part * 16], src, tok < M ? 16 : 0);
     }
 #pragma unroll
     for (int id = tid; id < TOKS * 2; id += NT) {
@@ -549,24 +593,41 @@ __global__ __launch_bounds__(WARPS * 32, 16 / WARPS) void gemm_kernel(const Tern
       issue_x(kg + STAGES - 1, sn);
     }
     cp_async_commit();
-    const GemmStage<TOKS>& S = st[s];
+    const GemmStage<TOKS, L>& S = st[s];
     int cacc[NTILES][4];
 #pragma unroll
     for (int nt = 0; nt < NTILES; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) cacc[nt][i] = 0;
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
+    // The group's A fragments: decoded once per k-step (4 registers) and used for every digit plane.
+    uint32_t af[4][4];
+    auto decode_a = [&](int ks) {
       const uint32_t* Ar = &S.A[(warp * 16 + g) * kAStride + 2 * ks];
       const uint32_t* Ar8 = Ar + 8 * kAStride;
-      const uint32_t a0 = decode4(Ar[0] >> (2 * q)), a2 = decode4(Ar[1] >> (2 * q));
-      const uint32_t a1 = decode4(Ar8[0] >> (2 * q)), a3 = decode4(Ar8[1] >> (2 * q));
+      af[ks][0] = decode4(Ar[0] >> (2 * q));
+      af[ks][1] = decode4(Ar8[0] >> (2 * q));
+      af[ks][2] = decode4(Ar[1] >> (2 * q));
+      af[ks][3] = decode4(Ar8[1] >> (2 * q));
+    };
 #pragma unroll
-      for (int nt = 0; nt < NTILES; ++nt) {
-        const int8_t* xb = &S.X[(nt * 8 + g) * kXStride + ks * 32 + 4 * q];
-        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(xb);
-        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(xb + 16);
-        mma_s8(cacc[nt], a0, a1, a2, a3, b0, b1);
+    for (int l = 0; l < L; ++l) {
+      // q16: the int32 accumulators of digit 0 times 254, then digit 1 added: 254 I0 + I1 exactly
+      // (|254 I0 + I1| <= 128 * 127 * 255 < 2^22).
+      if (l == 1)
+#pragma unroll
+        for (int nt = 0; nt < NTILES; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) cacc[nt][i] *= 254;
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        if (l == 0) decode_a(ks);  // plane 1 reuses the fragments of plane 0
+#pragma unroll
+        for (int nt = 0; nt < NTILES; ++nt) {
+          const int8_t* xb = &S.X[l][(nt * 8 + g) * kXStride + ks * 32 + 4 * q];
+          const uint32_t b0 = *reinterpret_cast<const uint32_t*>(xb);
+          const uint32_t b1 = *reinterpret_cast<const uint32_t*>(xb + 16);
+          mma_s8(cacc[nt], af[ks][0], af[ks][1], af[ks][2], af[ks][3], b0, b1);
+        }
       }
     }
     const float dw = __half2float(srg[kg]), dw8 = __half2float(srg8[kg]);
@@ -596,20 +657,30 @@ __global__ __launch_bounds__(WARPS * 32, 16 / WARPS) void gemm_kernel(const Tern
 // overhead (A decode, per-group scaling, fragment loads), not by load latency.
 constexpr int kGemmStages64 = 2, kGemmStages32 = 4;
 
+template <int L>
 const void* gemm_kernel_for(int warps, bool small) {
-  return small ? (warps == 4 ? reinterpret_cast<const void*>(&gemm_kernel<4, 32, kGemmStages32>)
-                             : reinterpret_cast<const void*>(&gemm_kernel<8, 32, kGemmStages32>))
-               : (warps == 4 ? reinterpret_cast<const void*>(&gemm_kernel<4, 64, kGemmStages64>)
-                             : reinterpret_cast<const void*>(&gemm_kernel<8, 64, kGemmStages64>));
+  return small ? (warps == 4 ? reinterpret_cast<const void*>(&gemm_kernel<4, 32, kGemmStages32, L>)
+                             : reinterpret_cast<const void*>(&gemm_kernel<8, 32, kGemmStages32, L>))
+               : (warps == 4 ? reinterpret_cast<const void*>(&gemm_kernel<4, 64, kGemmStages64, L>)
+                             : reinterpret_cast<const void*>(&gemm_kernel<8, 64, kGemmStages64, L>));
+}
+const void* gemm_kernel_for(int levels, int warps, bool small) {
+  return levels == 2 ? gemm_kernel_for<2>(warps, small) : gemm_kernel_for<1>(warps, small);
+}
+// Dynamic shared memory of one GEMM block: its ring of stages.
+uint32_t gemm_smem_bytes(int levels, bool small) {
+  if (levels == 2) return uint32_t(small ? sizeof(GemmStage<32, 2>) * kGemmStages32 : sizeof(GemmStage<64, 2>) * kGemmStages64);
+  return uint32_t(small ? sizeof(GemmStage<32, 1>) * kGemmStages32 : sizeof(GemmStage<64, 1>) * kGemmStages64);
 }
 
 }  // namespace
 
 void init_gemm_attributes() {
-  for (int w : {4, 8})
-    for (bool small : {false, true})
-      cudaFuncSetAttribute(gemm_kernel_for(w, small), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(small ? sizeof(GemmStage<32>) * kGemmStages32 : sizeof(GemmStage<64>) * kGemmStages64));
+  for (int l : {1, 2})
+    for (int w : {4, 8})
+      for (bool small : {false, true})
+        cudaFuncSetAttribute(gemm_kernel_for(l, w, small), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             int(gemm_smem_bytes(l, small)));
 }
 
 namespace {
@@ -646,7 +717,7 @@ int gemm_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int sm
 }
 
 Launch gemm_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                   int sms, int ks, int64_t part_stride) {
+                   int levels, int sms, int ks, int64_t part_stride) {
   TernaryArgs a{};
   a.xq = xq;
   a.xds = xds;
@@ -666,9 +737,8 @@ Launch gemm_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* 
     b0 += (outs[i].N + rows - 1) / rows;
   }
   const dim3 grid{unsigned(b0), unsigned(ty), unsigned(ks)};
-  const void* f = gemm_kernel_for(warps, small);
-  const uint32_t smem = small ? uint32_t(sizeof(GemmStage<32>) * kGemmStages32) : uint32_t(sizeof(GemmStage<64>) * kGemmStages64);
-  return make_launch(f, grid, dim3(unsigned(32 * warps)), smem, a);
+  const int lv = levels == 2 ? 2 : 1;
+  return make_launch(gemm_kernel_for(lv, warps, small), grid, dim3(unsigned(32 * warps)), gemm_smem_bytes(lv, small), a);
 }
 
 // ================================ exact-activation product ========================================

@@ -30,4 +30,27 @@ __device__ __forceinline__ int chunk_dot(const uint4 w, const int4 x0, const int
   return a0 + (a1 >> 2) + (a2 >> 4) + (a3 >> 6);
 }
 
+// q16 activations (two int8 digits per element, base 254; ternary.cu's header): 254 * sum(code * q0) +
+// sum(code * q1) over the chunk's 64 weights. The masked weight bytes are formed ONCE and meet both digit
+// planes (4 LOP3 + 8 dp4a per 16 weights). Each a_j * 254 + b_j is still a multiple of 4^j, so the
+// shifts stay exact; |result| <= 64 * 3 * 127 * 255 < 2^23.
+__device__ __forceinline__ int chunk_dot2(const uint4 w, const int4 (&p0)[4], const int4 (&p1)[4]) {
+  int a0 = 0, a1 = 0, a2 = 0, a3 = 0, b0 = 0, b1 = 0, b2 = 0, b3 = 0;
+  const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t m0 = ws[k] & 0x03030303u, m1 = ws[k] & 0x0C0C0C0Cu, m2 = ws[k] & 0x30303030u,
+                   m3 = ws[k] & 0xC0C0C0C0u;
+    a0 = dp4a_us(m0, p0[k].x, a0);
+    a1 = dp4a_us(m1, p0[k].y, a1);
+    a2 = dp4a_us(m2, p0[k].z, a2);
+    a3 = dp4a_us(m3, p0[k].w, a3);
+    b0 = dp4a_us(m0, p1[k].x, b0);
+    b1 = dp4a_us(m1, p1[k].y, b1);
+    b2 = dp4a_us(m2, p1[k].z, b2);
+    b3 = dp4a_us(m3, p1[k].w, b3);
+  }
+  return (a0 * 254 + b0) + ((a1 * 254 + b1) >> 2) + ((a2 * 254 + b2) >> 4) + ((a3 * 254 + b3) >> 6);
+}
+
 }  // namespace bonsai::cuda
