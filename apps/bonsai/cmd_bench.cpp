@@ -245,11 +245,22 @@ void bench(const BenchArgs& a) {
       }
     }
     const MeanSd ms = mean_sd(tps), mg = mean_sd(gbs);
+    // A shared machine's memory bandwidth drifts by 20-30% over minutes (this VM: best-of-10 probes of
+    // 32-43 GB/s within one hour), so the CPU read limit is probed again right after the test and the
+    // test is held against the mean of the two probes around it; both are reported, and the share of
+    // the better one (the stricter figure) too.
+    const double read_after = gpu ? read_gbs : cpu::probe_read_bandwidth_gbs(probe_threads);
+    const double read_ref = 0.5 * (read_gbs + read_after), read_best = std::max(read_gbs, read_after);
     results.push_back({{"test", "tg" + std::to_string(a.n)}, {"tok_s", ms.mean}, {"tok_s_sd", ms.sd},
-                       {"bytes_per_token", bytes_per_token}, {"gb_s", mg.mean}, {"pct_read_bandwidth", 100.0 * mg.mean / read_gbs}});
+                       {"bytes_per_token", bytes_per_token}, {"gb_s", mg.mean},
+                       {"read_gb_s_before", read_gbs}, {"read_gb_s_after", read_after},
+                       {"pct_read_bandwidth", 100.0 * mg.mean / read_ref},
+                       {"pct_read_bandwidth_best_probe", 100.0 * mg.mean / read_best}});
     if (!a.json)
-      std::printf("tg%-6lld %10.2f +- %7.2f tok/s | %.3f GB per token, %6.2f GB/s = %5.1f%% of the read bandwidth\n",
-                  (long long)a.n, ms.mean, ms.sd, double(bytes_per_token) / 1e9, mg.mean, 100.0 * mg.mean / read_gbs);
+      std::printf("tg%-6lld %10.2f +- %7.2f tok/s | %.3f GB per token, %6.2f GB/s = %5.1f%% of the read bandwidth "
+                  "(%.2f GB/s probed before, %.2f after; %.1f%% of the better)\n",
+                  (long long)a.n, ms.mean, ms.sd, double(bytes_per_token) / 1e9, mg.mean, 100.0 * mg.mean / read_ref,
+                  read_gbs, read_after, 100.0 * mg.mean / read_best);
   }
   j["results"] = results;
   if (a.json) std::printf("%s\n", j.dump(2).c_str());

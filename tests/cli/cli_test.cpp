@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -203,4 +204,46 @@ TEST(CliGate, HuggingFaceFixture) {
               static_cast<long long>(j["overall"]["agree"].get<int64_t>()),
               static_cast<long long>(j["overall"]["counted"].get<int64_t>()), j["overall"]["max_delta"].get<double>(),
               j["overall"]["mean_kl"].get<double>());
+}
+
+TEST(CliBench, ReportsPpTgAndBatchAgainstTheProbedLimits) {
+  const Result r = bonsai_cli("bench -m " + q(tiny_packs().pq2) + " -p 20 -n 4 -r 2 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  const double read = j["probe"]["read_gb_s"].get<double>(), peak = j["probe"]["int8_dot_peak_gops"].get<double>();
+  EXPECT_GT(read, 0.1);
+  EXPECT_GT(peak, 0.1);
+  const Model& m = tiny_model("pq2");
+  EXPECT_EQ(j["weight_bytes_per_token"].get<uint64_t>(), m.decode_weight_bytes());
+  ASSERT_EQ(j["results"].size(), 2u);
+  const auto& pp = j["results"][0];
+  EXPECT_EQ(pp["test"], "pp20");
+  const double macs = j["macs_per_token"].get<double>();
+  EXPECT_GT(macs, 0.0);
+  EXPECT_NEAR(pp["gops"].get<double>(), pp["tok_s"].get<double>() * 2 * macs / 1e9, 1e-6 * pp["gops"].get<double>());
+  EXPECT_NEAR(pp["pct_int8_peak"].get<double>(), 100.0 * pp["gops"].get<double>() / peak, 1e-9 * 100);
+  const auto& tg = j["results"][1];
+  EXPECT_EQ(tg["test"], "tg4");
+  EXPECT_GT(tg["tok_s"].get<double>(), 0.0);
+  // Bytes per token: the weights once plus the state the steps read (KV grows with the position).
+  EXPECT_GT(tg["bytes_per_token"].get<uint64_t>(), m.decode_weight_bytes());
+  // The share is of the mean of the probes before and after the test; the stricter share of the better one.
+  const double before = tg["read_gb_s_before"].get<double>(), after = tg["read_gb_s_after"].get<double>();
+  EXPECT_DOUBLE_EQ(before, read);
+  EXPECT_GT(after, 0.1);
+  const double gbs = tg["gb_s"].get<double>();
+  EXPECT_NEAR(tg["pct_read_bandwidth"].get<double>(), 100.0 * gbs / (0.5 * (before + after)), 1e-9 * 100);
+  EXPECT_NEAR(tg["pct_read_bandwidth_best_probe"].get<double>(), 100.0 * gbs / std::max(before, after), 1e-9 * 100);
+
+  const Result b = bonsai_cli("bench -m " + q(tiny_packs().pq2) + " -p 0 -n 3 -r 1 --batch 1,3 --json");
+  ASSERT_EQ(b.code, 0) << b.out;
+  const auto jb = nlohmann::json::parse(b.out.substr(b.out.find('{')));
+  ASSERT_EQ(jb["results"].size(), 2u);
+  EXPECT_EQ(jb["results"][0]["batch"], 1);
+  EXPECT_EQ(jb["results"][1]["batch"], 3);
+  EXPECT_GT(jb["results"][1]["tok_s"].get<double>(), 0.0);
+
+  const Result bad = bonsai_cli("bench -m " + q(tiny_packs().pq2) + " -n 0 --batch 2");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_THAT(bad.out, HasSubstr("-n must be >= 1"));
 }
