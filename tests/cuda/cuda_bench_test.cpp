@@ -89,7 +89,7 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
       {"gate+up M64", 5120, {17408, 17408}, 64}, {"down M64", 17408, {5120}, 64}, {"gate+up M256", 5120, {17408, 17408}, 256},
       {"down M256", 17408, {5120}, 256},    {"gate+up M4", 5120, {17408, 17408}, 4}, {"down M4", 17408, {5120}, 4},
       {"gate+up M32", 5120, {17408, 17408}, 32}, {"down M32", 17408, {5120}, 32}, {"qkv+z M32", 5120, {10240, 6144}, 32},
-      {"gate+up M8", 5120, {17408, 17408}, 8},
+      {"gate+up M8", 5120, {17408, 17408}, 8}, {"gate+up M2", 5120, {17408, 17408}, 2},
   };
   report("bench_kernels.txt", "shape            M    K      N(s)                 MB/launch   us      GB/s   %probe  TOP/s");
   const char* only = std::getenv("BONSAI_BENCH_SHAPE");
@@ -101,15 +101,19 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
     bool pdl;
     int levels;
   };
-  const Variant variants[] = {{"q16", 3, false, 2}, {"q16 pdl", 3, true, 2}, {"q8 pdl", 3, true, 1}, {"q8 v4", 4, false, 1}};
+  const Variant variants[] = {{"q16", 3, false, 2}, {"q16 pdl", 3, true, 2}, {"q8 pdl", 3, true, 1},
+                              {"q8 v4", 4, false, 1}, {"q16 pdl nowave", 3, true, 2}};
   const CudaBackend::Options base = be.options();
   for (const Shape& sh : shapes)
   for (const Variant& v : variants) {
     if (only && std::string(sh.name) != only) continue;
     if (sh.M > 1 && v.matvec == 4) continue;  // M > 1: one kernel (v3 or the GEMM), timed once per pdl mode
+    const bool nowave = std::string(v.tag).find("nowave") != std::string::npos;  // the round-3 split-K rule
+    if (nowave && sh.M <= 2) continue;
     CudaBackend::Options bo = base;
     bo.matvec = v.matvec;
     bo.act_levels = v.levels;
+    bo.gemm_wave_split = !nowave;
     be.set_options(bo);
     uint64_t bytes = 0;
     for (int64_t N : sh.N) bytes += uint64_t(N * sh.K / 4 + N * sh.K / 128 * 2);

@@ -66,6 +66,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device) {
   o.pdl = flag("BONSAI_CUDA_PDL", o.pdl);
   o.fuse = flag("BONSAI_CUDA_FUSE", o.fuse);
   o.fuse_site = flag("BONSAI_CUDA_FUSE_SITE", o.fuse_site);
+  o.gemm_wave_split = flag("BONSAI_CUDA_WAVE_SPLIT", o.gemm_wave_split);
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC"); e && *e) o.matvec = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC_EARLY"); e && *e) o.matvec_early = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_ACT"); e && *e) {
@@ -157,7 +158,7 @@ struct CudaBackend::Impl {
   std::vector<GraphEntry> graphs;
 
   // ---- launching ----------------------------------------------------------------------------------
-  // The int8 ternary kernel for M tokens: bulk-copy matvec (M = 1), register-ring matvec (M <= 4), GEMM.
+  // The int8 ternary kernel for M tokens: bulk-copy matvec (M = 1, q8), register-ring matvec (M <= 4 / 2), GEMM.
   // The int8 ternary product as launches (the split-K GEMM adds its ordered sum of the slices).
   // int8 digits per activation element in xq (Options::act_levels).
   int levels() const { return opt.act_levels == 1 ? 1 : 2; }
@@ -169,8 +170,11 @@ struct CudaBackend::Impl {
     if (site) return out.push_back(cuda::matvec_launch(t, n, K, xq, xds, M, lv, sms, opt.matvec_rows, site));
     if (opt.matvec >= 4 && lv == 1 && cuda::matvec_bulk_supported(K, M))
       return out.push_back(cuda::matvec_bulk_launch(t, n, K, xq, xds, sms, opt.matvec_bulk_rows, opt.matvec_early));
-    if (M <= 4 || !opt.tensor_cores) return out.push_back(cuda::matvec_launch(t, n, K, xq, xds, M, lv, sms, opt.matvec_rows));
-    const int ks = cuda::gemm_ksplit(t, n, K, M, sms);
+    // The dp4a matvec up to 4 tokens (q8) / 2 (q16: its M = 4 pass, 2 rows per step, measured slower than
+    // the 32-token GEMM tile: gate+up 117 vs ~98 us, docs/cuda-kernels.md round 4).
+    const int64_t mv_max = lv == 2 ? 2 : 4;
+    if (M <= mv_max || !opt.tensor_cores) return out.push_back(cuda::matvec_launch(t, n, K, xq, xds, M, lv, sms, opt.matvec_rows));
+    const int ks = cuda::gemm_ksplit(t, n, K, M, sms, opt.gemm_wave_split);
     if (ks == 1) return out.push_back(cuda::gemm_launch(t, n, K, xq, xds, M, lv, sms));
     // Partials [ks][M * sum N]: output i's slice z at part + z * stride + M * (N_0 + .. + N_{i-1}).
     int64_t ntot = 0;

@@ -6,7 +6,7 @@
 //
 // Numerics (stated and tested in tests/cuda): the ternary products quantise the activation per 128-group
 // to two balanced int8 digits under one scale (q16: d = max|x|/127, x ~= d (q0 + q1/254), error <= d/508;
-// the CPU backend's default form) and accumulate exactly in int32 (254 I0 + I1; dp4a for M <= 4, int8 mma
+// the CPU backend's default form) and accumulate exactly in int32 (254 I0 + I1; dp4a for M <= 2 (q8: 4), int8 mma
 // tensor cores above); Options::act_levels = 1 (q8) keeps one digit. Everything else is fp32 (RoPE angles
 // in fp64); GDN state fp32.
 //
@@ -39,7 +39,7 @@ class CudaBackend final : public Backend {
     bool graphs = true;        // decode steps as CUDA graphs
     bool pdl = true;           // programmatic dependent launch between kernels
     bool fuse = true;          // peephole fusion of deferred ops
-    bool tensor_cores = true;  // int8 mma GEMM for M > 4 (else the dp4a kernel, 4 tokens per pass)
+    bool tensor_cores = true;  // int8 mma GEMM for M > 2 (q8: 4) (else the dp4a kernel, 4 tokens per pass)
     bool profile = false;      // time every eager launch with events (serialises; for profile_report)
     int matvec_rows = 4;       // weight rows per matvec warp step: 4 or 2 (see ternary.cu)
     int matvec = 3;            // M = 1 kernel: 3 = register ring (ternary.cu), 4 = bulk-copy stream (matvec_bulk.cu,
@@ -53,6 +53,8 @@ class CudaBackend final : public Backend {
                                // by a site kernel (needs fuse; BONSAI_CUDA_FUSE_SITE=1): 676 instead of 933 kernels
                                // per 27b decode step but slower (124 vs 150 tok/s, docs/cuda-kernels.md)
     bool exact = false;        // ternary products on the fp32 activation, no int8 step (BONSAI_CUDA_EXACT=1); slow
+    bool gemm_wave_split = true;  // split K also when the GEMM grid just overflows the resident block slots
+                                  // (BONSAI_CUDA_WAVE_SPLIT=0: only when it leaves SMs idle; round 4)
     int act_levels = 2;        // int8 digits per activation element in the ternary products: 2 = q16 (default:
                                // passes the fixture gate), 1 = q8 (faster, fails it); BONSAI_CUDA_ACT=q16|q8.
                                // q8 only: the bulk matvec (matvec = 4) and fuse_site (v3 / the site kernel run

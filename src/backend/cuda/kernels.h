@@ -90,8 +90,9 @@ Launch exact_linear_launch(const TernaryDev* outs, int n_outs, int64_t K, const 
 // z * part_stride; splitk_sum_launch then adds the slices in order (deterministic, no atomics).
 Launch gemm_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                    int levels, int sms, int ks = 1, int64_t part_stride = 0);
-// K slices for the GEMM of these outputs: > 1 when the grid would leave SMs idle over a long K.
-int gemm_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int sms);
+// K slices for the GEMM of these outputs: > 1 when the grid would leave SMs idle over a long K. waves:
+// also when the grid just overflows the resident block slots (a second, nearly empty round of blocks).
+int gemm_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int sms, bool waves = true);
 // y [n] = sum over k < ks of part[k * stride + j], in k order.
 Launch splitk_sum_launch(const float* part, int64_t stride, int ks, int64_t n, float* y);
 

@@ -415,16 +415,20 @@ __device__ __forceinline__ int find_output(const TernaryArgs& a) { return output
 
 // The matvec instance for R rows per step and MT tokens per pass (depths as measured: R = 2 with 4-6
 // steps in flight, R = 4 with 2-3).
+// q16 with several tokens has R = 2 only (matvec_launch: 4 rows spill).
 template <int L>
 const void* matvec_kernel_for(int R, int mt) {
-  if (R == 2 || (L == 2 && mt > 1)) {  // q16 with several tokens: R = 2 (matvec_launch)
+  if (R == 2) {
     if (mt == 1) return reinterpret_cast<const void*>(&matvec_kernel<1, 2, 4, L>);
     if (mt == 2) return reinterpret_cast<const void*>(&matvec_kernel<2, 2, 6, L>);
     return reinterpret_cast<const void*>(&matvec_kernel<4, 2, 6, L>);
   }
   if (mt == 1) return reinterpret_cast<const void*>(&matvec_kernel<1, 4, 2, L>);
-  if (mt == 2) return reinterpret_cast<const void*>(&matvec_kernel<2, 4, 3, L>);
-  return reinterpret_cast<const void*>(&matvec_kernel<4, 4, 3, L>);
+  if constexpr (L == 1) {
+    if (mt == 2) return reinterpret_cast<const void*>(&matvec_kernel<2, 4, 3, L>);
+    return reinterpret_cast<const void*>(&matvec_kernel<4, 4, 3, L>);
+  }
+  return nullptr;
 }
 
 }  // namespace
@@ -704,16 +708,29 @@ GemmShape gemm_shape(const TernaryDev* outs, int n_outs, int64_t M, int sms) {
 }
 }  // namespace
 
-int gemm_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int sms) {
+int gemm_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int sms, bool waves) {
   // Few output rows and a long K (the FFN down projection: 5,120 rows, K = 17,408): the grid fills a
   // fraction of the resident block slots (8-warp blocks: 2 per SM, 4-warp: 4), each block walking up to
   // 136 groups. Split K to fill the slots, each slice >= 16 groups.
   const GemmShape g = gemm_shape(outs, n_outs, M, sms);
   const int64_t G = K / 128, slots = int64_t(sms) * (g.warps == 4 ? 4 : 2);
-  if (2 * g.blocks > slots || G < 32) return 1;
-  int64_t ks = slots / g.blocks;
-  ks = std::min<int64_t>({ks, 8, G / 16});
-  return int(std::max<int64_t>(ks, 1));
+  if (G < 32) return 1;
+  if (!waves) {
+    if (2 * g.blocks > slots) return 1;
+    const int64_t ks = std::min<int64_t>({slots / g.blocks, 8, G / 16});
+    return int(std::max<int64_t>(ks, 1));
+  }
+  // Wave-aware: the time is ~ rounds of resident blocks, ceil(blocks * ks / slots), each 1/ks of a full-K
+  // block. A grid just over the slots (gate+up at M <= 64: 272 blocks on 264 slots) runs a second round
+  // for 8 blocks; two K slices make it 3 rounds of half-blocks (1.5 instead of 2). A split is taken when it
+  // saves >= 15 % (it adds the ordered sum of the slices).
+  int64_t best = 1;
+  double best_t = double((g.blocks + slots - 1) / slots);
+  for (int64_t ks = 2; ks <= std::min<int64_t>(8, G / 16); ++ks) {
+    const double t = double((g.blocks * ks + slots - 1) / slots) / double(ks);
+    if (t < 0.85 * best_t) best = ks, best_t = t;
+  }
+  return int(best);
 }
 
 Launch gemm_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
