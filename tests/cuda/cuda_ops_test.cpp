@@ -163,19 +163,20 @@ TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
   // be: defaults (q16; M <= 2: the register-ring matvec v3, above: the GEMM); be2: q16, v3 for every M
   // (no tensor cores); be3 / be4: q8, the bulk-copy matvec (M = 1, K % 1024 == 0) forced to at most 2 / 1
   // rows per warp, else v3 / GEMM; be5: q8 defaults; be6: q16 with the bulk matvec asked for (falls back
-  // to v3).
+  // to v3); be7: q16, the matvec with 2 rows per step (M <= 2 only).
   CudaBackend::Options no_tc;
   no_tc.tensor_cores = false;
   no_tc.graphs = false;
   no_tc.matvec = 3;
   CudaBackend be2(no_tc);
-  CudaBackend::Options r2, r1, q8, v4q16;
+  CudaBackend::Options r2, r1, q8, v4q16, rows2;
+  rows2.matvec_rows = 2;
   r2.matvec = r1.matvec = 4;
   r2.matvec_bulk_rows = 2;
   r1.matvec_bulk_rows = 1;
   r2.act_levels = r1.act_levels = q8.act_levels = 1;
   v4q16.matvec = 4;
-  CudaBackend be3(r2), be4(r1), be5(q8), be6(v4q16);
+  CudaBackend be3(r2), be4(r1), be5(q8), be6(v4q16), be7(rows2);
   struct Case {
     int64_t M, K;
     std::vector<int64_t> N;
@@ -196,7 +197,8 @@ TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
     std::vector<TernaryMatrix*> ws;
     for (int64_t N : c.N) ws.push_back(&random_matrix(N, c.K, seed++, 0.02));
     const auto x = randn(size_t(c.M * c.K), seed++);
-    for (CudaBackend* b : {&be, &be2, &be3, &be4, &be5, &be6}) {
+    for (CudaBackend* b : {&be, &be2, &be3, &be4, &be5, &be6, &be7}) {
+      if (b == &be7 && c.M > 2) continue;
       if ((b == &be3 || b == &be4 || b == &be6) && !cuda::matvec_bulk_supported(c.K, c.M)) continue;
       if (b != &be && c.N[0] >= 34000) continue;
       const int levels = b->options().act_levels;
@@ -221,6 +223,7 @@ TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
                                   : b == &be4 ? " q8 bulk R1"
                                   : b == &be5 ? " q8 default"
                                   : b == &be6 ? " q16 bulk->v3"
+                                  : b == &be7 ? " q16 2 rows"
                                               : " q16 default");
         EXPECT_LE(rel_err(got, exact), 1e-4) << what;
         // vs the unquantised fp64 product: |error| <= 1e-4 (q16) / 1% (q8) of sum_e |w_e x_e| per output

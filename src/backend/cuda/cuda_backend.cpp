@@ -52,7 +52,7 @@ int cuda_device_count() {
   return n;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int device) {
+std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activations) {
   CudaBackend::Options o;
   o.device = device;
   auto flag = [](const char* name, bool def) {
@@ -67,6 +67,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device) {
   o.fuse = flag("BONSAI_CUDA_FUSE", o.fuse);
   o.fuse_site = flag("BONSAI_CUDA_FUSE_SITE", o.fuse_site);
   o.gemm_wave_split = flag("BONSAI_CUDA_WAVE_SPLIT", o.gemm_wave_split);
+  if (const char* e = std::getenv("BONSAI_CUDA_MATVEC_ROWS"); e && *e) o.matvec_rows = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC"); e && *e) o.matvec = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC_EARLY"); e && *e) o.matvec_early = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_ACT"); e && *e) {
@@ -74,6 +75,15 @@ std::unique_ptr<Backend> make_cuda_backend(int device) {
     if (v == "q8") o.act_levels = 1;
     else if (v == "q16") o.act_levels = 2;
     else fail("BONSAI_CUDA_ACT={}: expected q8 or q16 (fp32 activations: BONSAI_CUDA_EXACT=1)", v);
+  }
+  // --act overrides the environment.
+  if (activations == "q8" || activations == "q16") {
+    o.act_levels = activations == "q8" ? 1 : 2;
+    o.exact = false;
+  } else if (activations == "exact") {
+    o.exact = true;
+  } else if (!activations.empty()) {
+    fail("--act '{}' is not an activation precision of the cuda backend: q8, q16 or exact", activations);
   }
   return std::make_unique<CudaBackend>(o);
 }

@@ -41,7 +41,7 @@ class CudaBackend final : public Backend {
     bool fuse = true;          // peephole fusion of deferred ops
     bool tensor_cores = true;  // int8 mma GEMM for M > 2 (q8: 4) (else the dp4a kernel, 4 tokens per pass)
     bool profile = false;      // time every eager launch with events (serialises; for profile_report)
-    int matvec_rows = 4;       // weight rows per matvec warp step: 4 or 2 (see ternary.cu)
+    int matvec_rows = 4;       // weight rows per matvec warp step: 4 or 2 (see ternary.cu; BONSAI_CUDA_MATVEC_ROWS)
     int matvec = 3;            // M = 1 kernel: 3 = register ring (ternary.cu), 4 = bulk-copy stream (matvec_bulk.cu,
                                // K % 1024 == 0; faster alone, slower inside the model: docs/cuda-kernels.md);
                                // BONSAI_CUDA_MATVEC=4 selects it
@@ -174,6 +174,8 @@ int cuda_device_count();
 
 // The factory the CLI uses for --backend cuda. Environment: BONSAI_CUDA_EXACT=1 (Options::exact),
 // BONSAI_CUDA_FUSE_NORM=0, BONSAI_CUDA_GRAPHS=0, BONSAI_CUDA_PDL=0, BONSAI_CUDA_FUSE=0 (A/B switches).
-std::unique_ptr<Backend> make_cuda_backend(int device = 0);
+// `activations` (the CLI's --act: "q8", "q16", "exact", or "" for the environment / default) overrides
+// BONSAI_CUDA_ACT and BONSAI_CUDA_EXACT.
+std::unique_ptr<Backend> make_cuda_backend(int device = 0, const std::string& activations = "");
 
 }  // namespace bonsai
