@@ -17,6 +17,7 @@ struct ChatCliArgs {
   SamplerOptions sampling;
   int64_t ctx = 0;
   int threads = 0;
+  std::string act;  // --act: activation precision of the ternary products ("": the backend default)
   std::string backend = "cpu";
   bool json = false;
   bool ignore_eos = false;

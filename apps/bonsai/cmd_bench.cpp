@@ -43,6 +43,7 @@ struct BenchArgs {
   int64_t n = 128;
   int reps = 5;
   int threads = 0;
+  std::string act;  // --act: activation precision of the ternary products ("": the backend default)
   std::string backend = "cpu";
   std::string batch;  // --batch: comma-separated batch sizes; empty: the single-sequence tg
   bool json = false;
@@ -105,6 +106,7 @@ void bench(const BenchArgs& a) {
   if (!a.probe_only) {
     BackendOptions bo;
     bo.threads = a.threads;
+    bo.activations = a.act;
     backend = make_backend(a.backend, bo);
   }
   if (gpu) {
@@ -276,6 +278,9 @@ void register_bench(CLI::App& app) {
   cmd->add_option("-n,--n-gen", a->n, "Tokens to generate (0: none)")->capture_default_str();
   cmd->add_option("-r,--repetitions", a->reps, "Repetitions of each test (after one warm-up)")->capture_default_str();
   cmd->add_option("--threads", a->threads, "CPU threads (0: all)")->capture_default_str();
+  cmd->add_option("--act", a->act,
+                  "Activation precision of the ternary products: cpu f32|q8|q16|q24 (default q16), cuda q8|q16|exact "
+                  "(default q16); q8 is the fastest and fails the fixture gate (README, Parity)");
   cmd->add_option("--backend", a->backend, "ref, cpu or cuda")->capture_default_str();
   cmd->add_option("--batch", a->batch,
                   "Generation with B concurrent sequences in one forward per step, comma-separated sizes (e.g. "

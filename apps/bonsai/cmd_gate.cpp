@@ -30,6 +30,7 @@ struct GateArgs {
   std::string backend = "cpu";
   std::string chunk = "auto";
   int threads = 0;
+  std::string act;  // --act: activation precision of the ternary products ("": the backend default)
   bool json = false;
 };
 
@@ -57,6 +58,7 @@ void gate(const GateArgs& a) {
   const Model model = load_model(a.model, lo);
   BackendOptions bo;
   bo.threads = a.threads;
+  bo.activations = a.act;
   std::unique_ptr<Backend> backend = make_backend(a.backend, bo);
   Decoder decoder(model, *backend);
   const auto t0 = std::chrono::steady_clock::now();
@@ -111,6 +113,9 @@ void register_gate(CLI::App& app) {
   cmd->add_option("--chunk", a->chunk, "Prefill chunks: auto (64, 16, then one ragged chunk), 1 (walk), 16, 64")
       ->capture_default_str();
   cmd->add_option("--threads", a->threads, "CPU threads (0: all)")->capture_default_str();
+  cmd->add_option("--act", a->act,
+                  "Activation precision of the ternary products: cpu f32|q8|q16|q24 (default q16), cuda q8|q16|exact "
+                  "(default q16); q8 is the fastest and fails the fixture gate (README, Parity)");
   cmd->add_flag("--json", a->json, "Print JSON");
   cmd->callback([a] { gate(*a); });
 }

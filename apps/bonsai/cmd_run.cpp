@@ -38,6 +38,7 @@ struct RunArgs {
   SamplerOptions sampling;
   int64_t ctx = 0;
   int threads = 0;
+  std::string act;  // --act: activation precision of the ternary products ("": the backend default)
   std::string backend = "cpu";
   bool json = false;
   bool ignore_eos = false;
@@ -90,6 +91,7 @@ void run(const RunArgs& a) {
     c.sampling = a.sampling;
     c.ctx = a.ctx;
     c.threads = a.threads;
+    c.act = a.act;
     c.backend = a.backend;
     c.json = a.json;
     c.ignore_eos = a.ignore_eos;
@@ -113,6 +115,7 @@ void run(const RunArgs& a) {
   const Model model = load_model(pack, lo);
   BackendOptions bo;
   bo.threads = a.threads;
+  bo.activations = a.act;
   std::unique_ptr<Backend> backend = make_backend(a.backend, bo);
   Decoder decoder(model, *backend);
   SessionOptions so;
@@ -196,6 +199,9 @@ void register_run(CLI::App& app) {
   cmd->add_option("--seed", a->sampling.seed, "Sampling seed")->capture_default_str();
   cmd->add_option("--ctx", a->ctx, "KV capacity in tokens (0: min(context length, 4096))")->capture_default_str();
   cmd->add_option("--threads", a->threads, "CPU threads (0: all)")->capture_default_str();
+  cmd->add_option("--act", a->act,
+                  "Activation precision of the ternary products: cpu f32|q8|q16|q24 (default q16), cuda q8|q16|exact "
+                  "(default q16); q8 is the fastest and fails the fixture gate (README, Parity)");
   cmd->add_option("--backend", a->backend, "ref (fp64 reference, slow), cpu or cuda")->capture_default_str();
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Do not stop on the pack's stop ids (benchmarking)");
   cmd->add_flag("--json", a->json, "Print JSON");

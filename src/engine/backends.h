@@ -12,6 +12,11 @@ namespace bonsai {
 struct BackendOptions {
   int threads = 0;  // cpu: threads of the op pool (<= 0: all hardware threads)
   int device = 0;   // cuda: device index
+  // --act: the activation precision of the ternary products. "" = the backend's default (cpu: q16 on the
+  // SIMD kernels; cuda: q16). cpu: f32 | q8 | q16 | q24 (process-wide: cpu::set_ternary_activation);
+  // cuda: q8 | q16 | exact. q8 is the fast form with the looser stated bound (it fails the fixture gate:
+  // ~95% argmax agreement, README "Parity"); ref ignores it (always fp64).
+  std::string activations;
 };
 
 // Throws bonsai::Error listing the known names for an unknown one.

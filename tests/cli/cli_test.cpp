@@ -206,6 +206,29 @@ TEST(CliGate, HuggingFaceFixture) {
               j["overall"]["mean_kl"].get<double>());
 }
 
+TEST(CliGate, ActivationPrecisionIsAnOptionAndQ8FailsTheHuggingFaceGate) {
+  const std::string fixture = std::string(BONSAI_TEST_DATA) + "/fixtures/tiny_seed7.safetensors";
+  if (!std::filesystem::exists(fixture)) GTEST_SKIP() << fixture << " is not there";
+  const std::string base = "gate -m " + q(tiny_packs().pq2) + " --fixture " + q(fixture) + " --json";
+  // q24 (three digits): at the fp32 floor, inside the decoder issue's 1e-3.
+  const Result q24 = bonsai_cli(base + " --act q24 --max-delta 1e-3");
+  ASSERT_EQ(q24.code, 0) << q24.out;
+  // q8 (one digit): the fast form with the looser stated bound; it flips argmaxes, so the gate fails (exit 3).
+  const Result q8 = bonsai_cli(base + " --act q8");
+  ASSERT_EQ(q8.code, 3) << q8.out;
+  const auto j = nlohmann::json::parse(q8.out);
+  const int64_t agree = j["overall"]["agree"].get<int64_t>(), counted = j["overall"]["counted"].get<int64_t>();
+  EXPECT_LT(agree, counted);
+  EXPECT_GT(double(agree), 0.9 * double(counted));
+  EXPECT_GT(j["overall"]["max_delta"].get<double>(), 0.05);
+  std::printf("    bonsai gate --act q8 (cpu) vs HF fixture: %lld/%lld, max|dlogit| %.3g, mean KL %.3g\n",
+              static_cast<long long>(agree), static_cast<long long>(counted), j["overall"]["max_delta"].get<double>(),
+              j["overall"]["mean_kl"].get<double>());
+  const Result bad = bonsai_cli("run -m " + q(tiny_packs().pq2) + " --tokens 1,2 -n 1 --act q12");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_THAT(bad.out, HasSubstr("--act 'q12' is not an activation precision of the cpu backend: f32, q8, q16 or q24"));
+}
+
 TEST(CliBench, ReportsPpTgAndBatchAgainstTheProbedLimits) {
   const Result r = bonsai_cli("bench -m " + q(tiny_packs().pq2) + " -p 20 -n 4 -r 2 --json");
   ASSERT_EQ(r.code, 0) << r.out;
@@ -235,9 +258,10 @@ TEST(CliBench, ReportsPpTgAndBatchAgainstTheProbedLimits) {
   EXPECT_NEAR(tg["pct_read_bandwidth"].get<double>(), 100.0 * gbs / (0.5 * (before + after)), 1e-9 * 100);
   EXPECT_NEAR(tg["pct_read_bandwidth_best_probe"].get<double>(), 100.0 * gbs / std::max(before, after), 1e-9 * 100);
 
-  const Result b = bonsai_cli("bench -m " + q(tiny_packs().pq2) + " -p 0 -n 3 -r 1 --batch 1,3 --json");
+  const Result b = bonsai_cli("bench -m " + q(tiny_packs().pq2) + " -p 0 -n 3 -r 1 --batch 1,3 --act q24 --json");
   ASSERT_EQ(b.code, 0) << b.out;
   const auto jb = nlohmann::json::parse(b.out.substr(b.out.find('{')));
+  EXPECT_EQ(jb["cpu_activation"], "q24");
   ASSERT_EQ(jb["results"].size(), 2u);
   EXPECT_EQ(jb["results"][0]["batch"], 1);
   EXPECT_EQ(jb["results"][1]["batch"], 3);
