@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -85,6 +86,11 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
   } else if (!activations.empty()) {
     fail("--act '{}' is not an activation precision of the cuda backend: q8, q16 or exact", activations);
   }
+  // The two one-digit experiments say so when q16 replaces them (they are not wrong, just not used).
+  if (o.act_levels == 2 && !o.exact && (o.matvec >= 4 || o.fuse_site))
+    std::fprintf(stderr, "bonsai: %s reads one activation digit (q8 only); under q16 the v3 matvec and the site "
+                 "kernel run instead (--act q8 or BONSAI_CUDA_ACT=q8 to use it)\n",
+                 o.matvec >= 4 ? "BONSAI_CUDA_MATVEC=4" : "BONSAI_CUDA_FUSE_SITE=1");
   return std::make_unique<CudaBackend>(o);
 }
 
