@@ -38,6 +38,10 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
+  // The prefill chunk (rows per forward) this backend runs best: the Decoder's default max_chunk and the
+  // Session's default largest chunk. The CPU's GEMM gains nothing past 64 rows; a GPU's tensor-core GEMM
+  // reuses each weight tile over more tokens.
+  virtual int64_t prefill_chunk() const { return 64; }
 
   // ---- lifetime -----------------------------------------------------------------------------------
   // Once per model, before any op on its weights. Throws bonsai::Error for a model it cannot run.

@@ -39,9 +39,7 @@ BatchGenerator::BatchGenerator(Decoder& decoder, BatchOptions opt) : dec_(decode
   if (opt_.capacity < 0) fail("batch: KV capacity must be >= 0, got {}", opt_.capacity);
   if (ctx > 0 && opt_.capacity > ctx)
     fail("batch: KV capacity of {} positions exceeds the model's context length of {}", opt_.capacity, ctx);
-  for (int64_t ch : opt_.chunks)
-    if (ch < 1 || ch > dec_.max_chunk())
-      fail("batch: prefill chunk of {} tokens: chunks must be in [1, {}]", ch, dec_.max_chunk());
+  opt_.chunks = resolve_chunks(std::move(opt_.chunks), dec_.max_chunk(), "batch: ");
   const size_t B = size_t(opt_.max_batch);
   states_.resize(B);
   ids_.resize(B);

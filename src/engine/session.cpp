@@ -27,6 +27,16 @@ std::vector<int64_t> plan_prefill(int64_t n, std::span<const int64_t> chunks) {
   return steps;
 }
 
+std::vector<int64_t> resolve_chunks(std::vector<int64_t> chunks, int64_t max_chunk, const char* who) {
+  for (int64_t& ch : chunks) {
+    if (ch == SessionOptions::kMaxChunk) ch = max_chunk;
+    if (ch < 1 || ch > max_chunk) fail("{}prefill chunk of {} tokens: chunks must be in [1, {}]", who, ch, max_chunk);
+  }
+  std::sort(chunks.begin(), chunks.end(), std::greater<>());
+  chunks.erase(std::unique(chunks.begin(), chunks.end()), chunks.end());
+  return chunks;
+}
+
 Session::Session(Decoder& decoder, SessionOptions opt) : dec_(&decoder), opt_(std::move(opt)) {
   const ModelConfig& c = dec_->model().config;
   const int64_t ctx = c.context_length > 0 ? c.context_length : kDefaultCapacity;
@@ -34,10 +44,7 @@ Session::Session(Decoder& decoder, SessionOptions opt) : dec_(&decoder), opt_(st
   if (cap < 0) fail("KV capacity (--ctx) must be positive, got {}", cap);
   if (cap == 0) cap = std::min(ctx, kDefaultCapacity);
   if (cap > ctx) fail("KV capacity (--ctx) of {} positions exceeds the model's context length of {}", cap, ctx);
-  std::sort(opt_.chunks.begin(), opt_.chunks.end(), std::greater<>());
-  for (int64_t ch : opt_.chunks)
-    if (ch < 1 || ch > dec_->max_chunk())
-      fail("prefill chunk of {} tokens: chunks must be in [1, {}]", ch, dec_->max_chunk());
+  opt_.chunks = resolve_chunks(std::move(opt_.chunks), dec_->max_chunk(), "");
   state_ = dec_->new_state(cap);
   logits_.resize(size_t(dec_->vocab()));
   history_.reserve(size_t(cap));

@@ -3,8 +3,9 @@
 // appends tokens without re-running the history. Several sessions can share one Decoder (one model, one
 // backend), stepped one after the other or together in one forward (BatchGenerator, engine/batch.h).
 //
-// Prefill planner: a prompt of n tokens is fed as the largest chunk (64, then 16) that fits, repeatedly, and
-// a rest shorter than every chunk as ONE ragged chunk: 125 tokens = 64 + 16 + 16 + 16 + 13, 512 = 8 x 64.
+// Prefill planner: a prompt of n tokens is fed as the largest chunk (the decoder's max_chunk, then 16) that
+// fits, repeatedly, and a rest shorter than every chunk as ONE ragged chunk: with chunks {64, 16}, 125 tokens
+// = 64 + 16 + 16 + 16 + 13 and 512 = 8 x 64.
 // The last chunk's last row yields the next-token logits (LogitsMode::Last). Why not the Apple host's plan
 // (the spec's "64 + 16 + 16 + 16 + 13 walked", the last token a step of its own): its compiled graphs took
 // fixed query lengths, ours take any M, and a walked token costs ~1.4x a chunked one on the CPU (pp512
@@ -22,8 +23,11 @@ struct SessionOptions {
   // KV positions the session can hold (prompt + generated). 0: min(context_length, kDefaultCapacity).
   // Must not exceed the model's context length.
   int64_t capacity = 0;
-  // Prefill chunk sizes, largest first, each <= the decoder's max_chunk. Empty: walk every token.
-  std::vector<int64_t> chunks{64, 16};
+  // Prefill chunk sizes, each <= the decoder's max_chunk (sorted largest first). Empty: walk every token.
+  // kMaxChunk stands for the decoder's max_chunk() (by default the backend's prefill chunk: 64 on the
+  // CPU, 256 on CUDA).
+  static constexpr int64_t kMaxChunk = -1;
+  std::vector<int64_t> chunks{kMaxChunk, 16};
 };
 
 // The next step when `left` tokens remain: the first (= largest) chunk c of `chunks` (largest first) with
@@ -31,6 +35,9 @@ struct SessionOptions {
 int64_t next_prefill_step(int64_t left, std::span<const int64_t> chunks);
 // Every step size (summing to n) in which n tokens are fed.
 std::vector<int64_t> plan_prefill(int64_t n, std::span<const int64_t> chunks);
+// `chunks` with SessionOptions::kMaxChunk replaced by max_chunk, sorted largest first, duplicates removed;
+// throws bonsai::Error (prefixed by `who`) for a chunk outside [1, max_chunk].
+std::vector<int64_t> resolve_chunks(std::vector<int64_t> chunks, int64_t max_chunk, const char* who);
 
 class Session {
  public:

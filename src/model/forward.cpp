@@ -83,13 +83,13 @@ void Decoder::check_model() const {
 }
 
 Decoder::Decoder(const Model& model, Backend& backend, int64_t max_chunk)
-    : m_(model), be_(backend), max_chunk_(max_chunk) {
-  if (max_chunk < 1) fail("decoder: max_chunk must be >= 1, got {}", max_chunk);
+    : m_(model), be_(backend), max_chunk_(max_chunk == 0 ? backend.prefill_chunk() : max_chunk) {
+  if (max_chunk_ < 1) fail("decoder: max_chunk must be >= 1 (or 0: the backend's prefill chunk), got {}", max_chunk);
   check_model();
   be_.prepare(m_);
 
   const ModelConfig& c = m_.config;
-  const size_t M = size_t(max_chunk);
+  const size_t M = size_t(max_chunk_);
   const size_t E = size_t(c.hidden), H = size_t(c.n_heads), Hkv = size_t(c.n_kv_heads), Dh = size_t(c.head_dim);
   const size_t C = size_t(c.gdn_conv_channels()), KD = size_t(c.gdn_key_dim()), VD = size_t(c.gdn_value_dim());
   const size_t Nv = size_t(c.gdn_v_heads), FF = size_t(max_ffn(c));

@@ -54,13 +54,11 @@ enum class LogitsMode {
 
 class Decoder {
  public:
-  static constexpr int64_t kDefaultMaxChunk = 64;
-
   // Checks that the model is one this forward runs (site readers agree on K / folded / input_perm,
   // signs exist for every folded width, head_dim == value_dim, ...), calls backend.prepare(model) and
-  // allocates the activation workspace for chunks of up to max_chunk tokens. Throws bonsai::Error.
-  // The model and the backend must outlive the decoder.
-  Decoder(const Model& model, Backend& backend, int64_t max_chunk = kDefaultMaxChunk);
+  // allocates the activation workspace for chunks of up to max_chunk tokens (0: backend.prefill_chunk()).
+  // Throws bonsai::Error. The model and the backend must outlive the decoder.
+  Decoder(const Model& model, Backend& backend, int64_t max_chunk = 0);
 
   const Model& model() const { return m_; }
   Backend& backend() const { return be_; }

@@ -42,6 +42,23 @@ TEST(PrefillPlanner, LargestChunkThatFitsThenOneRaggedChunk) {
   EXPECT_TRUE(plan_prefill(0, c).empty());
 }
 
+TEST(PrefillPlanner, DefaultChunksFollowTheDecodersMaxChunk) {
+  constexpr int64_t kMax = SessionOptions::kMaxChunk;
+  EXPECT_EQ(resolve_chunks({kMax, 16}, 256, ""), std::vector<int64_t>({256, 16}));
+  EXPECT_EQ(resolve_chunks({16, kMax}, 16, ""), std::vector<int64_t>({16}));  // sorted, duplicates removed
+  EXPECT_EQ(resolve_chunks({}, 64, ""), std::vector<int64_t>{});                // walk
+  EXPECT_THAT(error_of([] { resolve_chunks({kMax, 128}, 64, "batch: "); }),
+              HasSubstr("batch: prefill chunk of 128 tokens: chunks must be in [1, 64]"));
+  EXPECT_THAT(error_of([] { resolve_chunks({0}, 64, ""); }), HasSubstr("prefill chunk of 0 tokens"));
+  // The decoder's default max_chunk is the backend's prefill chunk (the CPU's: 64).
+  CpuBackend cb;
+  EXPECT_EQ(cb.prefill_chunk(), 64);
+  Decoder dec(tiny_model("pq2"), cb);
+  EXPECT_EQ(dec.max_chunk(), 64);
+  EXPECT_EQ(Decoder(tiny_model("pq2"), cb, 16).max_chunk(), 16);
+  EXPECT_THAT(error_of([&] { Decoder bad(tiny_model("pq2"), cb, -3); }), HasSubstr("max_chunk must be >= 1"));
+}
+
 TEST(Session, AppendingASecondTurnEqualsPrefillingTheConcatenation) {
   CpuBackend cb;
   Decoder dec(tiny_model("pq2"), cb);
