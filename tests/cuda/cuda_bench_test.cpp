@@ -94,26 +94,27 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
   report("bench_kernels.txt", "shape            M    K      N(s)                 MB/launch   us      GB/s   %probe  TOP/s");
   const char* only = std::getenv("BONSAI_BENCH_SHAPE");
   // Variants: q16 (the default, two digits) and q8 activations, timed back to back without and with
-  // programmatic dependent launch; at M = 1 also the q8-only bulk-copy matvec v4.
+  // programmatic dependent launch; at M = 1 also the q8-only bulk-copy matvec v4; at M > 2 the GEMM v1
+  // (mma.sync) and v2 (wgmma). (The round-4 "nowave" variant is gone: BONSAI_CUDA_WAVE_SPLIT=0 still works.)
   struct Variant {
     const char* tag;
     int matvec;
     bool pdl;
     int levels;
+    int gemm;  // M > 2: 1 = mma.sync GEMM (round 4), 2 = wgmma GEMM v2 (round 5)
   };
-  const Variant variants[] = {{"q16", 3, false, 2}, {"q16 pdl", 3, true, 2}, {"q8 pdl", 3, true, 1},
-                              {"q8 v4", 4, false, 1}, {"q16 pdl nowave", 3, true, 2}};
+  const Variant variants[] = {{"q16", 3, false, 2, 1},   {"q16 pdl", 3, true, 2, 1},   {"q16 v2 pdl", 3, true, 2, 2},
+                              {"q8 pdl", 3, true, 1, 1}, {"q8 v2 pdl", 3, true, 1, 2}, {"q8 v4", 4, false, 1, 1}};
   const CudaBackend::Options base = be.options();
   for (const Shape& sh : shapes)
   for (const Variant& v : variants) {
     if (only && std::string(sh.name) != only) continue;
     if (sh.M > 1 && v.matvec == 4) continue;  // M > 1: one kernel (v3 or the GEMM), timed once per pdl mode
-    const bool nowave = std::string(v.tag).find("nowave") != std::string::npos;  // the round-3 split-K rule
-    if (nowave && sh.M <= 2) continue;
+    if (v.gemm == 2 && sh.M <= 2) continue;   // the matvec either way
     CudaBackend::Options bo = base;
     bo.matvec = v.matvec;
     bo.act_levels = v.levels;
-    bo.gemm_wave_split = !nowave;
+    bo.gemm = v.gemm;
     be.set_options(bo);
     uint64_t bytes = 0;
     for (int64_t N : sh.N) bytes += uint64_t(N * sh.K / 4 + N * sh.K / 128 * 2);

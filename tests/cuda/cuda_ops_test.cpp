@@ -163,7 +163,7 @@ TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
   // be: defaults (q16; M <= 2: the register-ring matvec v3, above: the GEMM); be2: q16, v3 for every M
   // (no tensor cores); be3 / be4: q8, the bulk-copy matvec (M = 1, K % 1024 == 0) forced to at most 2 / 1
   // rows per warp, else v3 / GEMM; be5: q8 defaults; be6: q16 with the bulk matvec asked for (falls back
-  // to v3); be7: q16, the matvec with 2 rows per step (M <= 2 only).
+  // to v3); be7: q16, the matvec with 2 rows per step (M <= 2 only); be8: q16, GEMM v2 (wgmma).
   CudaBackend::Options no_tc;
   no_tc.tensor_cores = false;
   no_tc.graphs = false;
@@ -176,7 +176,9 @@ TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
   r1.matvec_bulk_rows = 1;
   r2.act_levels = r1.act_levels = q8.act_levels = 1;
   v4q16.matvec = 4;
-  CudaBackend be3(r2), be4(r1), be5(q8), be6(v4q16), be7(rows2);
+  CudaBackend::Options v2;  // q16 with the wgmma GEMM v2 (BONSAI_CUDA_GEMM=2; `be` runs the default GEMM)
+  v2.gemm = 2;
+  CudaBackend be3(r2), be4(r1), be5(q8), be6(v4q16), be7(rows2), be8(v2);
   struct Case {
     int64_t M, K;
     std::vector<int64_t> N;
@@ -191,13 +193,18 @@ TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
                {32, 8192, {300}}, {70, 4096, {130, 7}},
                // the wave-aware split: 266 blocks of 128 rows just over 2 x 132 resident slots (H200) -> 2
                // K slices (default backend only: the host reference is slow at this size)
-               {8, 4096, {34000}}};
+               {8, 4096, {34000}},
+               // GEMM v2 tiles (32 / 64 / 128 tokens, two halves each): ragged M as the prefill planner sends
+               // it, several token tiles, ragged row blocks, paired outputs, split-K with several tiles
+               {13, 5120, {300, 7}}, {37, 1152, {129, 65, 3}}, {100, 640, {200}}, {130, 1152, {257, 75}},
+               {259, 384, {130}}, {130, 4096, {200, 40}}};
   uint32_t seed = 100;
   for (const Case& c : cases) {
     std::vector<TernaryMatrix*> ws;
     for (int64_t N : c.N) ws.push_back(&random_matrix(N, c.K, seed++, 0.02));
     const auto x = randn(size_t(c.M * c.K), seed++);
-    for (CudaBackend* b : {&be, &be2, &be3, &be4, &be5, &be6, &be7}) {
+    for (CudaBackend* b : {&be, &be2, &be3, &be4, &be5, &be6, &be7, &be8}) {
+      if (b == &be8 && c.M <= 2) continue;  // the matvec either way
       if (b == &be7 && c.M > 2) continue;
       if ((b == &be3 || b == &be4 || b == &be6) && !cuda::matvec_bulk_supported(c.K, c.M)) continue;
       if (b != &be && c.N[0] >= 34000) continue;
@@ -224,6 +231,7 @@ TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
                                   : b == &be5 ? " q8 default"
                                   : b == &be6 ? " q16 bulk->v3"
                                   : b == &be7 ? " q16 2 rows"
+                                  : b == &be8 ? " q16 gemm v2"
                                               : " q16 default");
         EXPECT_LE(rel_err(got, exact), 1e-4) << what;
         // vs the unquantised fp64 product: |error| <= 1e-4 (q16) / 1% (q8) of sum_e |w_e x_e| per output

@@ -14,6 +14,6 @@ for lib in $(ldd build-cuda/tests/test_cuda build-cuda/tests/test_engine build-c
     *) cp -L "$lib" .devbin/ ;;
   esac
 done
-cp tests/cuda/device_run.sh tests/cuda/device_gate_bench.sh tests/cuda/device_ncu.sh .devbin/
+cp tests/cuda/device_run.sh tests/cuda/device_gate_bench.sh tests/cuda/device_ncu.sh tests/cuda/device_gemm2.sh .devbin/
 du -sh .devbin
 ls .devbin

@@ -68,6 +68,8 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
   o.fuse = flag("BONSAI_CUDA_FUSE", o.fuse);
   o.fuse_site = flag("BONSAI_CUDA_FUSE_SITE", o.fuse_site);
   o.gemm_wave_split = flag("BONSAI_CUDA_WAVE_SPLIT", o.gemm_wave_split);
+  if (const char* e = std::getenv("BONSAI_CUDA_GEMM"); e && *e) o.gemm = std::atoi(e);
+  o.gemm2_swap = flag("BONSAI_CUDA_GEMM2_SWAP", o.gemm2_swap);
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC_ROWS"); e && *e) o.matvec_rows = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC"); e && *e) o.matvec = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC_EARLY"); e && *e) o.matvec_early = std::atoi(e);
@@ -190,8 +192,14 @@ struct CudaBackend::Impl {
     // the 32-token GEMM tile: gate+up 117 vs ~98 us, docs/cuda-kernels.md round 4).
     const int64_t mv_max = lv == 2 ? 2 : 4;
     if (M <= mv_max || !opt.tensor_cores) return out.push_back(cuda::matvec_launch(t, n, K, xq, xds, M, lv, sms, opt.matvec_rows));
-    const int ks = cuda::gemm_ksplit(t, n, K, M, sms, opt.gemm_wave_split);
-    if (ks == 1) return out.push_back(cuda::gemm_launch(t, n, K, xq, xds, M, lv, sms));
+    // v2 (wgmma) on sm_90; v1 (mma.sync) elsewhere or when asked for (Options::gemm).
+    const bool v2 = opt.gemm == 2 && cuda::gemm2_supported(prop.major, prop.minor);
+    const int ks = v2 ? cuda::gemm2_ksplit(t, n, K, M, lv, sms) : cuda::gemm_ksplit(t, n, K, M, sms, opt.gemm_wave_split);
+    auto gemm = [&](const cuda::TernaryDev* o, int kslices, int64_t stride) {
+      return v2 ? cuda::gemm2_launch(o, n, K, xq, xds, M, lv, kslices, stride, opt.gemm2_swap)
+                : cuda::gemm_launch(o, n, K, xq, xds, M, lv, sms, kslices, stride);
+    };
+    if (ks == 1) return out.push_back(gemm(t, 1, 0));
     // Partials [ks][M * sum N]: output i's slice z at part + z * stride + M * (N_0 + .. + N_{i-1}).
     int64_t ntot = 0;
     for (int i = 0; i < n; ++i) ntot += t[i].N;
@@ -204,7 +212,7 @@ struct CudaBackend::Impl {
       tp[i].y = part + off;
       off += M * t[i].N;
     }
-    out.push_back(cuda::gemm_launch(tp, n, K, xq, xds, M, lv, sms, ks, stride));
+    out.push_back(gemm(tp, ks, stride));
     for (int i = 0; i < n; ++i) out.push_back(cuda::splitk_sum_launch(tp[i].y, stride, ks, M * t[i].N, t[i].y));
   }
   void launch_now(const cuda::Launch& l) {
@@ -1274,7 +1282,7 @@ std::string CudaBackend::profile_report() {
     }
     // "_ZN6bonsai4cuda<anon ns>11site_kernelENS1_8SiteArgsE": keep the function's own name
     std::string n = name;
-    for (const char* k : {"site_kernel", "matvec_kernel", "gemm_kernel", "norm_kernel", "head_norm_kernel", "rope_kernel",
+    for (const char* k : {"site_kernel", "matvec_kernel", "gemm2_kernel", "gemm_kernel", "norm_kernel", "head_norm_kernel", "rope_kernel",
                           "ew_kernel", "copy_kernel", "embed_kernel", "dense_kernel", "conv_kernel", "gates_kernel",
                           "argmax_kernel", "attention_kernel", "delta_kernel"})
       if (n.find(k) != std::string::npos) {

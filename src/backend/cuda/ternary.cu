@@ -844,6 +844,7 @@ void init_kernel_attributes() {
                        int(kMaxHadamardBlock * sizeof(float)));
   init_matvec_bulk_attributes();
   init_gemm_attributes();
+  init_gemm2_attributes();
 }
 
 }  // namespace bonsai::cuda

@@ -1,0 +1,394 @@
+// Ternary GEMM v2 (BONSAI_CUDA_GEMM=2): Hopper warpgroup MMA (wgmma, sm_90a) for prefill chunks and batched
+// decode. Same inputs and semantics as gemm_kernel (ternary.cu): canonical weight words + fp16 group scales,
+// the activation as 1 (q8) or 2 (q16) int8 digit planes in the within-16 transposed order, y [M, N] fp32
+// = sum over 128-groups of d_w[row, g] * u_x[token, g] * (254 I0 + I1) (q16) or d_w u_x I0 (q8), the
+// integer dots exact in int32 and the per-group scaling in fp32.
+//
+// Why a second kernel: gemm_kernel (mma.sync m16n8k32) spends ~11 instructions per mma on per-warp A
+// decoding, fragment loads and scaling (ncu, docs/cuda-kernels.md round 4). Here
+//   - the block's 128 weight rows of a group are decoded ONCE from 2-bit codes to int8 into shared memory
+//     (each thread decodes the 16 bytes it copied itself), in the core-matrix order wgmma reads;
+//   - each of the 2 warpgroups (64 rows) multiplies them with the group's activation planes, straight from
+//     shared memory, by one wgmma m64nNk32 per k-step and plane (N = half the token tile);
+//   - the token tile is taken in two halves with their own accumulators, so the fp32 scaling of one half
+//     runs while the tensor cores work on the other (wgmma is asynchronous), and the next group's decode
+//     runs under the second half's wgmmas;
+//   - q16: the two planes get separate int32 accumulators (no wait between them), combined as 254 I0 + I1
+//     at the scaling (exact: |254 I0 + I1| <= 128 * 32385 < 2^22).
+// Loads: cp.async ring of S stages per 128-group: raw words (4 KB), the digit planes of TOK tokens and their
+// units; one __syncthreads per group.
+#include <algorithm>
+
+#include "backend/cuda/common.cuh"
+
+namespace bonsai::cuda {
+
+namespace {
+
+struct Gemm2Out {
+  const uint32_t* words;   // [N, K/16] canonical words
+  const uint16_t* scales;  // [N, K/128] fp16
+  float* y;                // [M, N] (split-K: the slice's partial, + blockIdx.z * part_stride)
+  int64_t N;
+  int64_t b0;  // first block (grid.x) of this output
+};
+struct Gemm2Args {
+  Gemm2Out o[kMaxOuts];
+  const int8_t* xq;    // [M, L, K] digit planes
+  const float2* xds;   // [M, K/64] {unit, digit sum}; only the unit is read
+  int64_t K, M, part_stride;
+  int32_t n_outs, ks;  // outputs; K slices (grid.z)
+  int32_t lbo, sbo;    // wgmma descriptor byte offsets: core matrices adjacent in K / in rows (tokens)
+};
+
+constexpr int kRows = 128;        // weight rows per block: 2 warpgroups x 64
+constexpr int kThreads = 256;
+constexpr int kRawStride = 12;    // words per row of a raw stage (8 used): conflict-free 16 B reads
+constexpr int kCore = 128;        // bytes of one core matrix (8 rows x 16 B)
+constexpr int kGroupRow = 1024;   // bytes of 8 rows x one 128-group (8 core matrices along K)
+
+// One 128-group in flight. X and the decoded weights are in wgmma's no-swizzle K-major order: core matrix
+// (rows 8i..8i+7, k bytes 16c..16c+15) at 1024 i + 128 c, row r of it at + 16 (r % 8); so the descriptor's
+// K-direction offset (LBO) is 128 and its row-direction offset (SBO) 1024.
+template <int TOK, int L>
+struct Stage2 {
+  int8_t X[L][TOK * 128];             // [plane][token / 8][k chunk (8)][token % 8][16 B]
+  uint32_t raw[kRows * kRawStride];   // [row][kRawStride] canonical words of the group (8 used)
+  float unit[TOK];                    // [token] activation unit u of the group (0 past M)
+};
+
+__device__ __forceinline__ void cp16(void* smem, const void* gmem, int src_bytes) {
+  const unsigned s = unsigned(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp4(void* smem, const void* gmem, int src_bytes) {
+  const unsigned s = unsigned(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
+}
+[[maybe_unused]] __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// 4 codes (one per byte, low 2 bits) -> 4 signed int8 code - 1, no carries between bytes (as gemm_kernel).
+__device__ __forceinline__ uint32_t dec4(uint32_t w) { return ((w & 0x03030303u) + 0x7F7F7F7Fu) ^ 0x80808080u; }
+
+// Exact int -> float for |c| < 2^22 by the mantissa of 1.5 * 2^23 (two full-rate ops; I2F is quarter rate).
+__device__ __forceinline__ float i2f22(int c) { return __int_as_float(c + 0x4B400000) - 12582912.f; }
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define BONSAI_WGMMA 1
+#endif
+
+#ifdef BONSAI_WGMMA
+// wgmma m64nNk32 s32 += s8 x s8, both operands from shared memory (K-major), for N = 16 / 32 / 64 (N / 2
+// accumulator registers per thread). acc = 0: D = A B (the group's first k-step), else D += A B.
+__device__ __forceinline__ void wgmma_s8(int (&d)[8], uint64_t da, uint64_t db, int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.s32.s8.s8 {%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7])
+      : "l"(da), "l"(db), "r"(acc));
+}
+__device__ __forceinline__ void wgmma_s8(int (&d)[16], uint64_t da, uint64_t db, int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.s32.s8.s8 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15])
+      : "l"(da), "l"(db), "r"(acc));
+}
+__device__ __forceinline__ void wgmma_s8(int (&d)[32], uint64_t da, uint64_t db, int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+      : "l"(da), "l"(db), "r"(acc));
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Generic-proxy writes (cp.async, st.shared) made visible to wgmma's reads (the async proxy).
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+#endif
+
+// Keeps the compiler from moving accumulator reads across a wgmma wait (or writes across an issue).
+template <int R>
+__device__ __forceinline__ void pin(int (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+
+[[maybe_unused]] __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32);  // no swizzle
+}
+
+// TOK tokens per block (32, 64 or 128; two halves of TOK / 2), L digit planes, S stages (>= 3: the loads of
+// group kg + 1 were issued one iteration before they are decoded), MINB blocks per SM (register budget).
+template <int TOK, int L, int S, int MINB>
+__global__ __launch_bounds__(kThreads, MINB) void gemm2_kernel(const Gemm2Args a) {
+  static_assert(S >= 3 && (TOK == 32 || TOK == 64 || TOK == 128));
+  constexpr int NH = TOK / 2;  // tokens per half = the wgmma's N
+  constexpr int R = NH / 2;    // int32 accumulator registers per thread per half and plane (64 x NH / 128)
+  extern __shared__ __align__(128) unsigned char g2_smem[];
+  int8_t* dec = reinterpret_cast<int8_t*>(g2_smem);  // [2][kRows * 128] decoded weights of groups kg, kg + 1
+  auto* st = reinterpret_cast<Stage2<TOK, L>*>(g2_smem + 2 * kRows * 128);  // [S]
+
+  int o = 0;
+#pragma unroll
+  for (int i = 1; i < kMaxOuts; ++i)
+    if (i < a.n_outs && int64_t(blockIdx.x) >= a.o[i].b0) o = i;
+  const uint32_t* words = a.o[o].words;
+  const __half* scales = reinterpret_cast<const __half*>(a.o[o].scales);
+  const int64_t N = a.o[o].N, K = a.K, M = a.M, KW = K / 16, G = K / 128, C = K / 64;
+  const int64_t kz = blockIdx.z, k0 = G * kz / a.ks, NG = G * (kz + 1) / a.ks - k0;
+  float* y = a.o[o].y + kz * a.part_stride;
+  const int64_t row0 = (int64_t(blockIdx.x) - a.o[o].b0) * kRows;
+  const int64_t tok0 = int64_t(blockIdx.y) * TOK;
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, q = lane & 3;
+
+  // This thread's 16 B of every group's weights: row wr = 8 (tid / 16) + tid % 8, words 4 wh..4 wh + 3;
+  // it decodes them itself (its own cp.async wait suffices) into core matrices (wr / 8, 4 wh + i): the 8
+  // threads of a phase write 128 contiguous bytes. Warpgroup w copies and decodes its own 64 rows.
+  const int wr = (tid >> 4) * 8 + (tid & 7), wh = (tid >> 3) & 1;
+  const int64_t wrow = row0 + wr;
+  const uint32_t* wsrc = words + (wrow < N ? wrow : N - 1) * KW + k0 * 8 + wh * 4;
+  const int wbytes = wrow < N ? 16 : 0;
+  const int dec_off = (tid >> 4) * kGroupRow + wh * 4 * kCore + (tid & 7) * 16;
+
+  auto issue_w = [&](int64_t kg, int s) { cp16(&st[s].raw[wr * kRawStride + wh * 4], wsrc + kg * 8, wbytes); };
+  auto issue_x = [&](int64_t kg, int s) {
+    // id -> (plane, token group, k chunk c, token % 8): 8 consecutive threads fill one core matrix.
+#pragma unroll
+    for (int id = tid; id < L * TOK * 8; id += kThreads) {
+      const int t8 = id & 7, c = (id >> 3) & 7, tg = (id >> 6) % (TOK / 8), l = (id >> 6) / (TOK / 8);
+      const int64_t tok = tok0 + tg * 8 + t8;
+      const int8_t* src = a.xq + ((tok < M ? tok : M - 1) * L + l) * K + (k0 + kg) * 128 + c * 16;
+      cp16(&st[s].X[l][tg * kGroupRow + c * kCore + t8 * 16], src, tok < M ? 16 : 0);
+    }
+    for (int t = tid; t < TOK; t += kThreads) {
+      const int64_t tok = tok0 + t;
+      cp4(&st[s].unit[t], &a.xds[(tok < M ? tok : M - 1) * C + (k0 + kg) * 2].x, tok < M ? 4 : 0);
+    }
+  };
+  // Word j of a row holds element 16 j + 4 b + i at bits 8 b + 2 i; the transposed activation holds it at
+  // position 16 j + 4 i + b, so dec4(w >> 2 i) is the 4 bytes at positions 16 j + 4 i .. + 3.
+  auto decode = [&](int s, int b) {
+    const uint4 w4 = *reinterpret_cast<const uint4*>(&st[s].raw[wr * kRawStride + wh * 4]);
+    int8_t* d = dec + b * kRows * 128 + dec_off;
+    const uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      *reinterpret_cast<uint4*>(d + i * kCore) = make_uint4(dec4(w[i]), dec4(w[i] >> 2), dec4(w[i] >> 4), dec4(w[i] >> 6));
+  };
+
+  // Rows of this thread's accumulators (wgmma D layout: warp w of the warpgroup rows 16 w + g and + 8;
+  // register 4 j + i of a half: column 8 j + 2 q + (i & 1), row + 8 when i >= 2).
+  const int64_t rlo = row0 + wg * 64 + warp * 16 + g, rhi = rlo + 8;
+  const __half* slo = scales + (rlo < N ? rlo : N - 1) * G + k0;
+  const __half* shi = scales + (rhi < N ? rhi : N - 1) * G + k0;
+
+  int acc[2][L][R];  // [half][plane][register]
+  float f[2][R];     // [half][register] fp32 sums over groups
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      f[h][i] = 0.f;
+#pragma unroll
+      for (int l = 0; l < L; ++l) acc[h][l][i] = 0;
+    }
+
+  // f += d_w u_x (254 I0 + I1) for one half.
+  auto scale_half = [&](const int (&ac)[L][R], float (&fh)[R], const float* unit, float2 dw) {
+#pragma unroll
+    for (int j = 0; j < NH / 8; ++j) {
+      const float2 u = *reinterpret_cast<const float2*>(unit + 8 * j + 2 * q);
+      const float sc[4] = {dw.x * u.x, dw.x * u.y, dw.y * u.x, dw.y * u.y};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        int c = ac[0][4 * j + i];
+        if constexpr (L == 2) c = c * 254 + ac[1][4 * j + i];
+        fh[4 * j + i] = fmaf(sc[i], i2f22(c), fh[4 * j + i]);
+      }
+    }
+  };
+
+#ifdef BONSAI_WGMMA
+  const uint32_t dec_s = unsigned(__cvta_generic_to_shared(dec)) + wg * 8 * kGroupRow;
+  const uint32_t st_s = unsigned(__cvta_generic_to_shared(st));
+  const uint32_t lbo = uint32_t(a.lbo), sbo = uint32_t(a.sbo);
+  // One half's 4 k-steps x L planes of wgmma on group buffers (decoded b, stage s); one commit group.
+  auto mma_half = [&](int (&ac)[L][R], int b, int s, int h) {
+#pragma unroll
+    for (int l = 0; l < L; ++l) pin(ac[l]);
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      const uint64_t da = smem_desc(dec_s + b * kRows * 128 + ks * 2 * kCore, lbo, sbo);
+#pragma unroll
+      for (int l = 0; l < L; ++l) {
+        const uint32_t xb = st_s + uint32_t(s * sizeof(Stage2<TOK, L>)) + l * TOK * 128 + h * (NH / 8) * kGroupRow;
+        wgmma_s8(ac[l], da, smem_desc(xb + ks * 2 * kCore, lbo, sbo), ks);
+      }
+    }
+    wg_commit();
+  };
+  auto done = [&](int (&ac)[L][R]) {
+#pragma unroll
+    for (int l = 0; l < L; ++l) pin(ac[l]);
+  };
+
+  pdl_trigger();
+  for (int j = 0; j < S - 1; ++j)  // weights first: they do not depend on earlier kernels
+    if (j < NG) issue_w(j, j);
+  pdl_wait();
+  for (int j = 0; j < S - 1; ++j) {
+    if (j < NG) issue_x(j, j);
+    cp_commit();  // commit group j = the loads of group j (the first also holds the early weights)
+  }
+  cp_wait<S - 2>();
+  if (NG > 0) decode(0, 0);
+  fence_async_smem();
+  __syncthreads();
+
+  // Per group: first half's wgmmas; the previous group's second half scaled under them; second half's
+  // wgmmas; first half scaled and the next group decoded under those. No wgmma is in flight across the
+  // loop's back edge: ptxas (13.0) serialises every wgmma (C7514) when one is, so the second half is
+  // waited for at the end of the iteration and scaled at the start of the next.
+  auto dw_of = [&](int64_t kg) { return make_float2(__half2float(slo[kg]), __half2float(shi[kg])); };
+  float2 dw = NG > 0 ? dw_of(0) : make_float2(0.f, 0.f), dw_prev = dw;
+  for (int64_t kg = 0; kg < NG; ++kg) {
+    const int s = int(kg % S), b = int(kg & 1);
+    const float2 dw_next = kg + 1 < NG ? dw_of(kg + 1) : dw;  // loaded a group early
+    mma_half(acc[0], b, s, 0);
+    if (kg > 0) scale_half(acc[1], f[1], st[(kg - 1) % S].unit + NH, dw_prev);
+    mma_half(acc[1], b, s, 1);
+    wg_wait<1>();
+    done(acc[0]);
+    scale_half(acc[0], f[0], st[s].unit, dw);
+    // The next group's weights: buffer b ^ 1 was last read by this warpgroup's wgmmas of group kg - 1,
+    // complete since the previous iteration's end.
+    if (kg + 1 < NG) {
+      cp_wait<S - 3>();  // commit groups 0 .. kg + S - 2 exist; group kg + 1 has landed
+      decode(int((kg + 1) % S), b ^ 1);
+    }
+    fence_async_smem();
+    __syncthreads();  // group kg + 1 (planes, units, decoded weights) visible; group kg - 1's stage free
+    if (kg + S - 1 < NG) {
+      const int sn = int((kg + S - 1) % S);
+      issue_w(kg + S - 1, sn);
+      issue_x(kg + S - 1, sn);
+    }
+    cp_commit();
+    wg_wait<0>();
+    done(acc[1]);
+    dw_prev = dw;
+    dw = dw_next;
+  }
+  if (NG > 0) scale_half(acc[1], f[1], st[(NG - 1) % S].unit + NH, dw_prev);
+#else
+  (void)NG, (void)slo, (void)shi;
+  pdl_trigger();
+  pdl_wait();
+  __trap();  // built without sm_90a: gemm2_supported() keeps the backend off this kernel
+#endif
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const int64_t row = i & 2 ? rhi : rlo;
+      const int64_t tok = tok0 + h * NH + 8 * (i >> 2) + 2 * q + (i & 1);
+      if (row < N && tok < M) y[tok * N + row] = f[h][i];
+    }
+}
+
+constexpr int kStages = 4;
+
+template <int TOK, int L>
+constexpr int gemm2_min_blocks() {
+  return TOK == 32 ? 2 : 1;  // TOK = 32: 48 accumulator registers, 89 KB of shared memory -> 2 per SM
+}
+template <int TOK, int L>
+const void* gemm2_kernel_of() {
+  return reinterpret_cast<const void*>(&gemm2_kernel<TOK, L, kStages, gemm2_min_blocks<TOK, L>()>);
+}
+template <int TOK, int L>
+constexpr uint32_t gemm2_smem() {
+  return uint32_t(2 * kRows * 128 + kStages * sizeof(Stage2<TOK, L>));
+}
+
+struct Gemm2Pick {
+  const void* func;
+  uint32_t smem;
+  int tok, per_sm;
+};
+Gemm2Pick gemm2_pick(int levels, int64_t M) {
+  const int tok = M <= 32 ? 32 : M <= 64 ? 64 : 128;
+#define G2(T, L) Gemm2Pick{gemm2_kernel_of<T, L>(), gemm2_smem<T, L>(), T, gemm2_min_blocks<T, L>()}
+  if (levels == 2) return tok == 32 ? G2(32, 2) : tok == 64 ? G2(64, 2) : G2(128, 2);
+  return tok == 32 ? G2(32, 1) : tok == 64 ? G2(64, 1) : G2(128, 1);
+#undef G2
+}
+
+int64_t gemm2_blocks(const TernaryDev* outs, int n_outs, int64_t M, int tok) {
+  int64_t b = 0;
+  for (int i = 0; i < n_outs; ++i) b += (outs[i].N + kRows - 1) / kRows;
+  return b * ((M + tok - 1) / tok);
+}
+
+}  // namespace
+
+// The kernel is built for sm_90a (CMAKE_CUDA_ARCHITECTURES 90a, the default); elsewhere its body traps.
+bool gemm2_supported(int cc_major, int cc_minor) { return cc_major == 9 && cc_minor == 0; }
+
+void init_gemm2_attributes() {
+  for (int lv : {1, 2})
+    for (int64_t m : {32, 64, 128}) {
+      const Gemm2Pick p = gemm2_pick(lv, m);
+      cudaFuncSetAttribute(p.func, cudaFuncAttributeMaxDynamicSharedMemorySize, int(p.smem));
+    }
+}
+
+int gemm2_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms) {
+  // As gemm_ksplit's wave-aware rule: time ~ rounds of resident blocks, ceil(blocks * ks / slots) / ks; a
+  // split is taken when it saves >= 15 % (it adds the ordered sum of the slices); slices of >= 16 groups.
+  const Gemm2Pick p = gemm2_pick(levels, M);
+  const int64_t G = K / 128, blocks = gemm2_blocks(outs, n_outs, M, p.tok), slots = int64_t(sms) * p.per_sm;
+  if (G < 32) return 1;
+  int64_t best = 1;
+  double best_t = double((blocks + slots - 1) / slots);
+  for (int64_t ks = 2; ks <= std::min<int64_t>(8, G / 16); ++ks) {
+    const double t = double((blocks * ks + slots - 1) / slots) / double(ks);
+    if (t < 0.85 * best_t) best = ks, best_t = t;
+  }
+  return int(best);
+}
+
+Launch gemm2_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
+                    int levels, int ks, int64_t part_stride, bool swap_offsets) {
+  Gemm2Args a{};
+  a.xq = xq;
+  a.xds = xds;
+  a.K = K;
+  a.M = M;
+  a.part_stride = part_stride;
+  a.n_outs = n_outs;
+  a.ks = ks;
+  a.lbo = swap_offsets ? kGroupRow : kCore;  // swap: a diagnostic for the descriptor convention (BONSAI_CUDA_GEMM2_SWAP)
+  a.sbo = swap_offsets ? kCore : kGroupRow;
+  int64_t b0 = 0;
+  for (int i = 0; i < n_outs; ++i) {
+    a.o[i] = {outs[i].words, outs[i].scales, outs[i].y, outs[i].N, b0};
+    b0 += (outs[i].N + kRows - 1) / kRows;
+  }
+  const Gemm2Pick p = gemm2_pick(levels == 2 ? 2 : 1, M);
+  const dim3 grid{unsigned(b0), unsigned((M + p.tok - 1) / p.tok), unsigned(ks)};
+  return make_launch(p.func, grid, dim3(kThreads), p.smem, a);
+}
+
+}  // namespace bonsai::cuda

@@ -1,0 +1,61 @@
+#!/bin/bash
+# One device run for the GEMM v2 (wgmma) work: CUDA tests with the default (v2), the fixture gate with v2
+# and v1, the kernel table, `bonsai bench` on the 27b preset with BONSAI_CUDA_GEMM=1 and 2, and (SAN=1) one
+# compute-sanitizer pass over the ternary ops test. Binaries as for device_run.sh (built here, staged by
+# tests/cuda/stage_devbin.sh, carried in .devbin/). Env: SKIP_TESTS, SKIP_KERNELS, SKIP_27B, SAN, GEMMS
+# (default "2 1"), TEST_FILTER. $OUT: test_cuda.log, gate.txt, bench.txt, bench_kernels.txt, san.txt.
+set -u
+export LD_LIBRARY_PATH=$PWD/.devbin
+B=$PWD/.devbin
+OUT=${OUT:-/tmp/out}
+L=/tmp/logs
+FIX=$PWD/tests/data/fixtures/tiny_seed7.safetensors
+mkdir -p "$OUT" "$L"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader
+$B/bonsai --help > /dev/null 2>&1 || { echo "bonsai does not start"; ldd $B/bonsai; exit 1; }
+if [ "${SKIP_27B:-0}" != 1 ]; then
+  ( $B/bonsai make-pack --preset 27b -o /tmp/p27 > "$L/makepack.log" 2>&1 ) &
+  MP=$!
+fi
+$B/bonsai make-pack --preset tiny --format gguf-pq2_0 -o /tmp/tiny > /dev/null 2>&1
+$B/bonsai make-pack --preset tiny --seed 7 --format gguf-pq2_0 -o /tmp/tiny7 > /dev/null 2>&1
+for v in ${GEMMS:-2 1}; do
+  BONSAI_CUDA_GEMM=$v timeout 120 $B/bonsai gate -m /tmp/tiny7/tiny-pq2_0.gguf --fixture "$FIX" --backend cuda --json \
+    > "$L/gate_$v.json" 2> "$L/gate_$v.err"
+  echo "gate gemm $v rc=$? $(tr -d '\n' < "$L/gate_$v.json" | grep -oE '"overall"[^}]*}' | head -c 300)" | tee -a "$OUT/gate.txt"
+done
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  BONSAI_TINY_PACK=/tmp/tiny/tiny-pq2_0.gguf BONSAI_TINY7_PACK=/tmp/tiny7/tiny-pq2_0.gguf BONSAI_GATE_FIXTURE="$FIX" \
+    timeout 300 $B/test_cuda --gtest_filter="${TEST_FILTER:--CudaBench.*}" > "$OUT/test_cuda.log" 2>&1
+  rc=$?
+  echo "test_cuda rc=$rc"
+  grep -E "^\[  FAILED|^\[  PASSED|^\[tiny|^\[gate|Failure|Expected|Which is|rel_err|<=" "$OUT/test_cuda.log" | head -40
+  if [ $rc != 0 ]; then  # the descriptor convention diagnostic: does v2 pass the gate with the offsets swapped?
+    BONSAI_CUDA_GEMM2_SWAP=1 timeout 120 $B/bonsai gate -m /tmp/tiny7/tiny-pq2_0.gguf --fixture "$FIX" --backend cuda \
+      --json > "$L/gate_swap.json" 2>&1
+    echo "gate gemm 2 swapped offsets rc=$? $(tr -d '\n' < "$L/gate_swap.json" | grep -oE '"overall"[^}]*}' | head -c 300)" | tee -a "$OUT/gate.txt"
+  fi
+  timeout 200 $B/test_engine --gtest_filter='*BatchDecode*cuda*' > "$L/test_engine.log" 2>&1
+  echo "test_engine (BatchDecode cuda) rc=$?"; grep -E "^\[  FAILED|^\[  PASSED" "$L/test_engine.log"
+fi
+if [ "${SKIP_KERNELS:-0}" != 1 ]; then
+  BONSAI_CUDA_BENCH=1 BONSAI_BENCH_OUT=$OUT timeout 240 $B/test_cuda --gtest_filter='CudaBench.ProbeAndTernaryKernels' \
+    > "$L/bench_kernels.log" 2>&1
+  echo "kernels rc=$?"
+  grep -E "probe|M(4|8|32|64|256) " "$OUT/bench_kernels.txt"
+fi
+if [ "${SKIP_27B:-0}" != 1 ]; then
+  wait $MP
+  for v in ${GEMMS:-2 1}; do
+    for args in "-p 512,2048 -n 32 -r 2" "-p 0 -n 32 -r 2 --batch 8,32"; do
+      echo "== BONSAI_CUDA_GEMM=$v bonsai bench --backend cuda -m /tmp/p27/27b-pq2_0.gguf $args" >> "$OUT/bench.txt"
+      BONSAI_CUDA_GEMM=$v timeout 200 $B/bonsai bench --backend cuda -m /tmp/p27/27b-pq2_0.gguf $args >> "$OUT/bench.txt" 2>&1
+      echo "rc=$?" >> "$OUT/bench.txt"
+    done
+  done
+  grep -E "==|pp|tg|B=|batch|rc=" "$OUT/bench.txt"
+fi
+if [ "${SAN:-0}" = 1 ] && command -v compute-sanitizer > /dev/null; then
+  timeout ${SAN_S:-120} compute-sanitizer --tool memcheck $B/test_cuda --gtest_filter='CudaOps.TernaryLinear*' > "$OUT/san.txt" 2>&1
+  echo "sanitizer rc=$?"; grep -E "ERROR SUMMARY|Invalid|PASSED|FAILED" "$OUT/san.txt" | head -10
+fi
