@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/cpu/kernels.h"
+#include "util/large_buffer.h"
 
 #if defined(__x86_64__)
 // GCC 12's AVX-512 headers warn (_mm256_undefined_*) when inlined into target-attribute functions.
@@ -168,17 +169,24 @@ double probe_read_bandwidth_gbs(int threads) {
   threads = resolve_threads(threads);
   const size_t bytes = size_t(512) << 20;
   const size_t slice = bytes / size_t(threads) / 4096 * 4096;
-  std::unique_ptr<uint8_t, decltype(&std::free)> buf(static_cast<uint8_t*>(std::aligned_alloc(4096, bytes)), &std::free);
-  if (!buf) return 0.0;
+  // In 2 MiB pages (LargeVector: MADV_HUGEPAGE), as the model's weights are mapped: with THP in "madvise"
+  // mode a plain aligned_alloc buffer sits in 4 KiB pages, whose TLB walks held this probe at 21-30 GB/s
+  // on this VM while the decode streamed its huge-page-mapped weights at 29-33 GB/s.
+  LargeVector<uint8_t> buf;
+  try {
+    buf.resize(bytes);
+  } catch (const std::bad_alloc&) {
+    return 0.0;
+  }
   // First-touch each slice from the thread that reads it (NUMA placement), with non-zero bytes.
-  run_parallel(threads, [&](int t) { std::memset(buf.get() + size_t(t) * slice, 0x5a + t, slice); });
+  run_parallel(threads, [&](int t) { std::memset(buf.data() + size_t(t) * slice, 0x5a + t, slice); });
   const auto read = pick_read();
   std::atomic<uint64_t> sink{0};
   double best = 0.0;
   // Best of 10 passes (~20 ms each on two cores): on a machine shared with other work, some passes get
   // all the cores.
   for (int pass = 0; pass < 10; ++pass) {
-    const double s = run_parallel(threads, [&](int t) { sink.fetch_xor(read(buf.get() + size_t(t) * slice, slice)); });
+    const double s = run_parallel(threads, [&](int t) { sink.fetch_xor(read(buf.data() + size_t(t) * slice, slice)); });
     best = std::max(best, double(slice) * threads / s / 1e9);
   }
   return best;
