@@ -93,28 +93,37 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
   };
   report("bench_kernels.txt", "shape            M    K      N(s)                 MB/launch   us      GB/s   %probe  TOP/s");
   const char* only = std::getenv("BONSAI_BENCH_SHAPE");
+  const char* min_m = std::getenv("BONSAI_BENCH_MIN_M");  // only shapes with at least this many tokens
   // Variants: q16 (the default, two digits) and q8 activations, timed back to back without and with
   // programmatic dependent launch; at M = 1 also the q8-only bulk-copy matvec v4; at M > 2 the GEMM v1
-  // (mma.sync) and v2 (wgmma). (The round-4 "nowave" variant is gone: BONSAI_CUDA_WAVE_SPLIT=0 still works.)
+  // (mma.sync) and v2 (wgmma; 2 or 1 warpgroups per block; swizzled or not). (The round-4 "nowave" and non-pdl q16 variants
+  // are gone: BONSAI_CUDA_WAVE_SPLIT=0 / BONSAI_CUDA_PDL=0 still work.)
   struct Variant {
     const char* tag;
     int matvec;
     bool pdl;
     int levels;
     int gemm;  // M > 2: 1 = mma.sync GEMM (round 4), 2 = wgmma GEMM v2 (round 5)
+    int wgs;   // v2: warpgroups per block
+    bool swz;  // v2: 128-byte swizzled operand tiles
   };
-  const Variant variants[] = {{"q16", 3, false, 2, 1},   {"q16 pdl", 3, true, 2, 1},   {"q16 v2 pdl", 3, true, 2, 2},
-                              {"q8 pdl", 3, true, 1, 1}, {"q8 v2 pdl", 3, true, 1, 2}, {"q8 v4", 4, false, 1, 1}};
+  const Variant variants[] = {{"q16 pdl", 3, true, 2, 1, 2, true},          {"q16 v2 pdl", 3, true, 2, 2, 2, true},
+                              {"q16 v2w1 pdl", 3, true, 2, 2, 1, true},     {"q16 v2 noswz pdl", 3, true, 2, 2, 2, false},
+                              {"q8 pdl", 3, true, 1, 1, 2, true},           {"q8 v2 pdl", 3, true, 1, 2, 2, true},
+                              {"q8 v4", 4, false, 1, 1, 2, true}};
   const CudaBackend::Options base = be.options();
   for (const Shape& sh : shapes)
   for (const Variant& v : variants) {
     if (only && std::string(sh.name) != only) continue;
+    if (min_m && sh.M < std::atoll(min_m)) continue;
     if (sh.M > 1 && v.matvec == 4) continue;  // M > 1: one kernel (v3 or the GEMM), timed once per pdl mode
     if (v.gemm == 2 && sh.M <= 2) continue;   // the matvec either way
     CudaBackend::Options bo = base;
     bo.matvec = v.matvec;
     bo.act_levels = v.levels;
     bo.gemm = v.gemm;
+    bo.gemm2_wgs = v.wgs;
+    bo.gemm2_swizzle = v.swz;
     be.set_options(bo);
     uint64_t bytes = 0;
     for (int64_t N : sh.N) bytes += uint64_t(N * sh.K / 4 + N * sh.K / 128 * 2);

@@ -163,7 +163,8 @@ TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
   // be: defaults (q16; M <= 2: the register-ring matvec v3, above: the GEMM); be2: q16, v3 for every M
   // (no tensor cores); be3 / be4: q8, the bulk-copy matvec (M = 1, K % 1024 == 0) forced to at most 2 / 1
   // rows per warp, else v3 / GEMM; be5: q8 defaults; be6: q16 with the bulk matvec asked for (falls back
-  // to v3); be7: q16, the matvec with 2 rows per step (M <= 2 only); be8: q16, GEMM v2 (wgmma).
+  // to v3); be7: q16, the matvec with 2 rows per step (M <= 2 only); be8 / be9: q16, GEMM v2 (wgmma)
+  // with 1 / 2 warpgroups per block.
   CudaBackend::Options no_tc;
   no_tc.tensor_cores = false;
   no_tc.graphs = false;
@@ -176,9 +177,12 @@ TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
   r1.matvec_bulk_rows = 1;
   r2.act_levels = r1.act_levels = q8.act_levels = 1;
   v4q16.matvec = 4;
-  CudaBackend::Options v2;  // q16 with the wgmma GEMM v2 (BONSAI_CUDA_GEMM=2; `be` runs the default GEMM)
-  v2.gemm = 2;
-  CudaBackend be3(r2), be4(r1), be5(q8), be6(v4q16), be7(rows2), be8(v2);
+  CudaBackend::Options v2, v2w2;  // q16 with the wgmma GEMM v2 forced, 1 / 2 warpgroups per block (`be`: the
+                                  // default, v2 or v1 per product)
+  v2.gemm = v2w2.gemm = 2;
+  v2.gemm2_wgs = 1;
+  v2w2.gemm2_wgs = 2;
+  CudaBackend be3(r2), be4(r1), be5(q8), be6(v4q16), be7(rows2), be8(v2), be9(v2w2);
   struct Case {
     int64_t M, K;
     std::vector<int64_t> N;
@@ -203,8 +207,8 @@ TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
     std::vector<TernaryMatrix*> ws;
     for (int64_t N : c.N) ws.push_back(&random_matrix(N, c.K, seed++, 0.02));
     const auto x = randn(size_t(c.M * c.K), seed++);
-    for (CudaBackend* b : {&be, &be2, &be3, &be4, &be5, &be6, &be7, &be8}) {
-      if (b == &be8 && c.M <= 2) continue;  // the matvec either way
+    for (CudaBackend* b : {&be, &be2, &be3, &be4, &be5, &be6, &be7, &be8, &be9}) {
+      if ((b == &be8 || b == &be9) && c.M <= 2) continue;  // the matvec either way
       if (b == &be7 && c.M > 2) continue;
       if ((b == &be3 || b == &be4 || b == &be6) && !cuda::matvec_bulk_supported(c.K, c.M)) continue;
       if (b != &be && c.N[0] >= 34000) continue;
@@ -231,7 +235,8 @@ TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
                                   : b == &be5 ? " q8 default"
                                   : b == &be6 ? " q16 bulk->v3"
                                   : b == &be7 ? " q16 2 rows"
-                                  : b == &be8 ? " q16 gemm v2"
+                                  : b == &be8 ? " q16 gemm v2 w1"
+                                  : b == &be9 ? " q16 gemm v2 w2"
                                               : " q16 default");
         EXPECT_LE(rel_err(got, exact), 1e-4) << what;
         // vs the unquantised fp64 product: |error| <= 1e-4 (q16) / 1% (q8) of sum_e |w_e x_e| per output

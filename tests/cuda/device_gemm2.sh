@@ -3,7 +3,8 @@
 # and v1, the kernel table, `bonsai bench` on the 27b preset with BONSAI_CUDA_GEMM=1 and 2, and (SAN=1) one
 # compute-sanitizer pass over the ternary ops test. Binaries as for device_run.sh (built here, staged by
 # tests/cuda/stage_devbin.sh, carried in .devbin/). Env: SKIP_TESTS, SKIP_KERNELS, SKIP_27B, SAN, GEMMS
-# (default "2 1"), TEST_FILTER. $OUT: test_cuda.log, gate.txt, bench.txt, bench_kernels.txt, san.txt.
+# (BONSAI_CUDA_GEMM:BONSAI_CUDA_GEMM2_WGS pairs, default "2:2 1:2"), TEST_FILTER. $OUT: test_cuda.log,
+# gate.txt, bench.txt, bench_kernels.txt, san.txt.
 set -u
 export LD_LIBRARY_PATH=$PWD/.devbin
 B=$PWD/.devbin
@@ -19,10 +20,12 @@ if [ "${SKIP_27B:-0}" != 1 ]; then
 fi
 $B/bonsai make-pack --preset tiny --format gguf-pq2_0 -o /tmp/tiny > /dev/null 2>&1
 $B/bonsai make-pack --preset tiny --seed 7 --format gguf-pq2_0 -o /tmp/tiny7 > /dev/null 2>&1
-for v in ${GEMMS:-2 1}; do
-  BONSAI_CUDA_GEMM=$v timeout 120 $B/bonsai gate -m /tmp/tiny7/tiny-pq2_0.gguf --fixture "$FIX" --backend cuda --json \
-    > "$L/gate_$v.json" 2> "$L/gate_$v.err"
-  echo "gate gemm $v rc=$? $(tr -d '\n' < "$L/gate_$v.json" | grep -oE '"overall"[^}]*}' | head -c 300)" | tee -a "$OUT/gate.txt"
+GEMMS=${GEMMS:-2:2 1:2}
+for c in $GEMMS; do
+  v=${c%:*}; w=${c#*:}
+  BONSAI_CUDA_GEMM=$v BONSAI_CUDA_GEMM2_WGS=$w timeout 120 $B/bonsai gate -m /tmp/tiny7/tiny-pq2_0.gguf --fixture "$FIX" --backend cuda --json \
+    > "$L/gate_$v$w.json" 2> "$L/gate_$v$w.err"
+  echo "gate gemm $c rc=$? $(tr -d '\n' < "$L/gate_$v$w.json" | grep -oE '"overall"[^}]*}' | head -c 300)" | tee -a "$OUT/gate.txt"
 done
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   BONSAI_TINY_PACK=/tmp/tiny/tiny-pq2_0.gguf BONSAI_TINY7_PACK=/tmp/tiny7/tiny-pq2_0.gguf BONSAI_GATE_FIXTURE="$FIX" \
@@ -39,17 +42,18 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   echo "test_engine (BatchDecode cuda) rc=$?"; grep -E "^\[  FAILED|^\[  PASSED" "$L/test_engine.log"
 fi
 if [ "${SKIP_KERNELS:-0}" != 1 ]; then
-  BONSAI_CUDA_BENCH=1 BONSAI_BENCH_OUT=$OUT timeout 240 $B/test_cuda --gtest_filter='CudaBench.ProbeAndTernaryKernels' \
+  BONSAI_CUDA_BENCH=1 BONSAI_BENCH_OUT=$OUT BONSAI_BENCH_MIN_M=${BENCH_MIN_M:-1} timeout 240 $B/test_cuda --gtest_filter='CudaBench.ProbeAndTernaryKernels' \
     > "$L/bench_kernels.log" 2>&1
   echo "kernels rc=$?"
   grep -E "probe|M(4|8|32|64|256) " "$OUT/bench_kernels.txt"
 fi
 if [ "${SKIP_27B:-0}" != 1 ]; then
   wait $MP
-  for v in ${GEMMS:-2 1}; do
+  for c in $GEMMS; do
+    v=${c%:*}; w=${c#*:}
     for args in "-p 512,2048 -n 32 -r 2" "-p 0 -n 32 -r 2 --batch 8,32"; do
-      echo "== BONSAI_CUDA_GEMM=$v bonsai bench --backend cuda -m /tmp/p27/27b-pq2_0.gguf $args" >> "$OUT/bench.txt"
-      BONSAI_CUDA_GEMM=$v timeout 200 $B/bonsai bench --backend cuda -m /tmp/p27/27b-pq2_0.gguf $args >> "$OUT/bench.txt" 2>&1
+      echo "== BONSAI_CUDA_GEMM=$v BONSAI_CUDA_GEMM2_WGS=$w bonsai bench --backend cuda -m /tmp/p27/27b-pq2_0.gguf $args" >> "$OUT/bench.txt"
+      BONSAI_CUDA_GEMM=$v BONSAI_CUDA_GEMM2_WGS=$w timeout 200 $B/bonsai bench --backend cuda -m /tmp/p27/27b-pq2_0.gguf $args >> "$OUT/bench.txt" 2>&1
       echo "rc=$?" >> "$OUT/bench.txt"
     done
   done

@@ -69,7 +69,8 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
   o.fuse_site = flag("BONSAI_CUDA_FUSE_SITE", o.fuse_site);
   o.gemm_wave_split = flag("BONSAI_CUDA_WAVE_SPLIT", o.gemm_wave_split);
   if (const char* e = std::getenv("BONSAI_CUDA_GEMM"); e && *e) o.gemm = std::atoi(e);
-  o.gemm2_swap = flag("BONSAI_CUDA_GEMM2_SWAP", o.gemm2_swap);
+  o.gemm2_swizzle = flag("BONSAI_CUDA_GEMM2_SWIZZLE", o.gemm2_swizzle);
+  if (const char* e = std::getenv("BONSAI_CUDA_GEMM2_WGS"); e && *e) o.gemm2_wgs = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC_ROWS"); e && *e) o.matvec_rows = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC"); e && *e) o.matvec = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC_EARLY"); e && *e) o.matvec_early = std::atoi(e);
@@ -192,11 +193,18 @@ struct CudaBackend::Impl {
     // the 32-token GEMM tile: gate+up 117 vs ~98 us, docs/cuda-kernels.md round 4).
     const int64_t mv_max = lv == 2 ? 2 : 4;
     if (M <= mv_max || !opt.tensor_cores) return out.push_back(cuda::matvec_launch(t, n, K, xq, xds, M, lv, sms, opt.matvec_rows));
-    // v2 (wgmma) on sm_90; v1 (mma.sync) elsewhere or when asked for (Options::gemm).
-    const bool v2 = opt.gemm == 2 && cuda::gemm2_supported(prop.major, prop.minor);
-    const int ks = v2 ? cuda::gemm2_ksplit(t, n, K, M, lv, sms) : cuda::gemm_ksplit(t, n, K, M, sms, opt.gemm_wave_split);
+    // v2 (wgmma) on sm_90, v1 (mma.sync) elsewhere; Options::gemm 1 / 2 force one, 0 (auto) takes v2 above 64
+    // tokens and for products of at most 16,384 output rows, v1 for the wide ones (gate+up: 34,816 rows) at
+    // M <= 64, where v2 measured slower (H200 round 5: gate+up M32 102.5 vs 89.2 us, M64 165 vs 148; down
+    // M32 45.5 vs 52.3, qkv+z M32 42.7 vs 53.5, gate+up M256 422 vs 461, down M256 204 vs 283).
+    int64_t rows = 0;
+    for (int i = 0; i < n; ++i) rows += t[i].N;
+    const bool v2 = cuda::gemm2_supported(prop.major, prop.minor) &&
+                    (opt.gemm == 2 || (opt.gemm == 0 && (M > 64 || rows <= 16384)));
+    const int wgs = opt.gemm2_wgs == 2 ? 2 : 1;
+    const int ks = v2 ? cuda::gemm2_ksplit(t, n, K, M, lv, sms, wgs) : cuda::gemm_ksplit(t, n, K, M, sms, opt.gemm_wave_split);
     auto gemm = [&](const cuda::TernaryDev* o, int kslices, int64_t stride) {
-      return v2 ? cuda::gemm2_launch(o, n, K, xq, xds, M, lv, kslices, stride, opt.gemm2_swap)
+      return v2 ? cuda::gemm2_launch(o, n, K, xq, xds, M, lv, wgs, kslices, stride, opt.gemm2_swizzle)
                 : cuda::gemm_launch(o, n, K, xq, xds, M, lv, sms, kslices, stride);
     };
     if (ks == 1) return out.push_back(gemm(t, 1, 0));

@@ -55,9 +55,12 @@ class CudaBackend final : public Backend {
     bool exact = false;        // ternary products on the fp32 activation, no int8 step (BONSAI_CUDA_EXACT=1); slow
     bool gemm_wave_split = true;  // split K also when the GEMM grid just overflows the resident block slots
                                   // (BONSAI_CUDA_WAVE_SPLIT=0: only when it leaves SMs idle; round 4)
-    int gemm = 1;              // tensor-core GEMM for M > 2: 2 = wgmma v2 (gemm_wgmma.cu; sm_90 only, else 1),
-                               // 1 = mma.sync (ternary.cu, rounds 2-4; faster so far: docs round 5); BONSAI_CUDA_GEMM=1|2
-    bool gemm2_swap = false;   // diagnostic: v2 with its descriptor byte offsets swapped (BONSAI_CUDA_GEMM2_SWAP=1)
+    int gemm = 0;              // tensor-core GEMM for M > 2: 2 = wgmma v2 (gemm_wgmma.cu; sm_90 only, else 1),
+                               // 1 = mma.sync (ternary.cu, rounds 2-4), 0 = per product, as measured faster
+                               // (ternary_launches; docs/cuda-kernels.md round 5); BONSAI_CUDA_GEMM=0|1|2
+    int gemm2_wgs = 2;         // v2 warpgroups per block: 1 (64 rows, 3-4 blocks per SM) or 2 (128 rows, 1-2 per SM,
+                               // 128-token tiles for M > 64); BONSAI_CUDA_GEMM2_WGS
+    bool gemm2_swizzle = true; // v2 operand tiles 128-byte swizzled (BONSAI_CUDA_GEMM2_SWIZZLE=0: no swizzle, slower)
     int act_levels = 2;        // int8 digits per activation element in the ternary products: 2 = q16 (default:
                                // passes the fixture gate), 1 = q8 (faster, fails it); BONSAI_CUDA_ACT=q16|q8.
                                // q8 only: the bulk matvec (matvec = 4) and fuse_site (v3 / the site kernel run

@@ -6,17 +6,20 @@
 //
 // Why a second kernel: gemm_kernel (mma.sync m16n8k32) spends ~11 instructions per mma on per-warp A
 // decoding, fragment loads and scaling (ncu, docs/cuda-kernels.md round 4). Here
-//   - the block's 128 weight rows of a group are decoded ONCE from 2-bit codes to int8 into shared memory
-//     (each thread decodes the 16 bytes it copied itself), in the core-matrix order wgmma reads;
-//   - each of the 2 warpgroups (64 rows) multiplies them with the group's activation planes, straight from
-//     shared memory, by one wgmma m64nNk32 per k-step and plane (N = half the token tile);
-//   - the token tile is taken in two halves with their own accumulators, so the fp32 scaling of one half
-//     runs while the tensor cores work on the other (wgmma is asynchronous), and the next group's decode
-//     runs under the second half's wgmmas;
+//   - the block's weight rows of a group (64 per warpgroup, 2 warpgroups by default) are decoded ONCE from
+//     2-bit codes to int8 into shared memory (each thread decodes the 16 bytes it copied itself), in the
+//     128-byte-swizzled K-major tile layout wgmma reads (Stage2 below);
+//   - each warpgroup multiplies its 64 rows with the group's activation planes, straight from shared
+//     memory, by one wgmma m64nNk32 per k-step and plane (N = half the token tile);
+//   - the token tile is taken in two halves with their own accumulators: the first half is scaled while
+//     the second half's wgmmas run, the next group is decoded under them too, and the second half is
+//     scaled under the next group's first half;
 //   - q16: the two planes get separate int32 accumulators (no wait between them), combined as 254 I0 + I1
 //     at the scaling (exact: |254 I0 + I1| <= 128 * 32385 < 2^22).
-// Loads: cp.async ring of S stages per 128-group: raw words (4 KB), the digit planes of TOK tokens and their
-// units; one __syncthreads per group.
+// Loads: cp.async ring of S stages per 128-group: raw words (4 KB per 128 rows), the digit planes of TOK
+// tokens and their units; one __syncthreads per group. Measured (H200, round 5): faster than v1 above 64
+// tokens and for products of <= 16,384 rows, slower for gate+up (34,816 rows) at M <= 64; the backend's
+// default (Options::gemm = 0) picks per product.
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"
@@ -38,24 +41,31 @@ struct Gemm2Args {
   const float2* xds;   // [M, K/64] {unit, digit sum}; only the unit is read
   int64_t K, M, part_stride;
   int32_t n_outs, ks;  // outputs; K slices (grid.z)
-  int32_t lbo, sbo;    // wgmma descriptor byte offsets: core matrices adjacent in K / in rows (tokens)
+  int32_t swz, pad;    // 1: operand tiles in the 128-byte swizzled layout (default), 0: no swizzle (below)
 };
 
-constexpr int kRows = 128;        // weight rows per block: 2 warpgroups x 64
-constexpr int kThreads = 256;
 constexpr int kRawStride = 12;    // words per row of a raw stage (8 used): conflict-free 16 B reads
 constexpr int kCore = 128;        // bytes of one core matrix (8 rows x 16 B)
 constexpr int kGroupRow = 1024;   // bytes of 8 rows x one 128-group (8 core matrices along K)
 
-// One 128-group in flight. X and the decoded weights are in wgmma's no-swizzle K-major order: core matrix
-// (rows 8i..8i+7, k bytes 16c..16c+15) at 1024 i + 128 c, row r of it at + 16 (r % 8); so the descriptor's
-// K-direction offset (LBO) is 128 and its row-direction offset (SBO) 1024.
-template <int TOK, int L>
+// One 128-group in flight. X and the decoded weights are K-major wgmma operand tiles, 8-row atoms of 1024 B
+// (atom i = rows 8i..8i+7 at 1024 i), in one of two layouts of the 16 B chunk c (k bytes 16c..16c+15) of
+// row r = 8i + j:
+//   swizzled (swz = 1, default): at 1024 i + 128 j + 16 (c ^ j) (128-byte swizzle: each row one 128 B line,
+//     its chunks XOR-permuted by the row, so any 8 rows' chunk c lie in 8 different bank quads);
+//   no swizzle (swz = 0, BONSAI_CUDA_GEMM2_SWIZZLE=0): core matrices (8 rows x 16 B) at 1024 i + 128 c, row
+//     j at + 16 j (descriptor LBO = 128 along K, SBO = 1024 along rows). Correct but slower (round 5:
+//     gate+up M256 559 vs 422 us, down M256 269 vs 204): likely bank conflicts in wgmma's operand reads.
+// Both are written conflict-free (8 consecutive threads fill 8 rows of one chunk column).
+template <int TOK, int L, int ROWS>
 struct Stage2 {
-  int8_t X[L][TOK * 128];             // [plane][token / 8][k chunk (8)][token % 8][16 B]
-  uint32_t raw[kRows * kRawStride];   // [row][kRawStride] canonical words of the group (8 used)
-  float unit[TOK];                    // [token] activation unit u of the group (0 past M)
-};
+  int8_t X[L][TOK * 128];             // [plane][TOK / 8 atoms][1024 B]: digit plane l of the group's tokens
+  uint32_t raw[ROWS * kRawStride];    // [row][kRawStride] canonical words of the group (8 used)
+};                                    // (a multiple of 1024 B: every X stays atom-aligned)
+__device__ __forceinline__ int tile_off(int row, int c, int swz) {
+  const int j = row & 7;
+  return (row >> 3) * kGroupRow + (swz ? j * 128 + ((c ^ j) << 4) : c * kCore + j * 16);
+}
 
 __device__ __forceinline__ void cp16(void* smem, const void* gmem, int src_bytes) {
   const unsigned s = unsigned(__cvta_generic_to_shared(smem));
@@ -122,20 +132,31 @@ __device__ __forceinline__ void pin(int (&d)[R]) {
   for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
 
-[[maybe_unused]] __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32);  // no swizzle
+// K-major operand descriptor at k-step ks (32 bytes) of a tile starting at addr (1024-aligned): swizzled:
+// start + 32 ks inside the 128 B rows (the hardware applies the XOR to the address bits), SBO = 1024, LBO
+// unused (1), mode 1 = 128 B swizzle; no swizzle: start + 256 ks (two core matrices), LBO 128, SBO 1024.
+[[maybe_unused]] __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, int ks, int swz) {
+  const uint32_t start = addr + (swz ? 32u : 256u) * uint32_t(ks);
+  const uint64_t lbo = swz ? 1u : (kCore >> 4), sbo = kGroupRow >> 4;
+  return uint64_t((start & 0x3FFFFu) >> 4) | (lbo << 16) | (sbo << 32) | (uint64_t(swz ? 1 : 0) << 62);
 }
 
 // TOK tokens per block (32, 64 or 128; two halves of TOK / 2), L digit planes, S stages (>= 3: the loads of
-// group kg + 1 were issued one iteration before they are decoded), MINB blocks per SM (register budget).
-template <int TOK, int L, int S, int MINB>
-__global__ __launch_bounds__(kThreads, MINB) void gemm2_kernel(const Gemm2Args a) {
-  static_assert(S >= 3 && (TOK == 32 || TOK == 64 || TOK == 128));
+// group kg + 1 were issued one iteration before they are decoded), MINB blocks per SM (register budget),
+// WGS warpgroups (64 weight rows each) per block.
+template <int TOK, int L, int S, int MINB, int WGS>
+__global__ __launch_bounds__(WGS * 128, MINB) void gemm2_kernel(const Gemm2Args a) {
+  static_assert(S >= 3 && (TOK == 32 || TOK == 64 || TOK == 128) && (WGS == 1 || WGS == 2));
+  constexpr int kRows = 64 * WGS, kThreads = 128 * WGS;
+  static_assert(sizeof(Stage2<TOK, L, kRows>) % 1024 == 0);
   constexpr int NH = TOK / 2;  // tokens per half = the wgmma's N
   constexpr int R = NH / 2;    // int32 accumulator registers per thread per half and plane (64 x NH / 128)
   extern __shared__ __align__(128) unsigned char g2_smem[];
-  int8_t* dec = reinterpret_cast<int8_t*>(g2_smem);  // [2][kRows * 128] decoded weights of groups kg, kg + 1
-  auto* st = reinterpret_cast<Stage2<TOK, L>*>(g2_smem + 2 * kRows * 128);  // [S]
+  // Swizzle atoms need 1024 B alignment: the base is rounded up (the launch adds 1 KB).
+  unsigned char* base = g2_smem + ((1024 - (unsigned(__cvta_generic_to_shared(g2_smem)) & 1023)) & 1023);
+  int8_t* dec = reinterpret_cast<int8_t*>(base);  // [2][kRows * 128] decoded weights of groups kg, kg + 1 (tiles)
+  auto* st = reinterpret_cast<Stage2<TOK, L, kRows>*>(base + 2 * kRows * 128);  // [S]
+  float* units = reinterpret_cast<float*>(st + S);  // [S][TOK] activation unit u per token (0 past M)
 
   int o = 0;
 #pragma unroll
@@ -157,7 +178,10 @@ __global__ __launch_bounds__(kThreads, MINB) void gemm2_kernel(const Gemm2Args a
   const int64_t wrow = row0 + wr;
   const uint32_t* wsrc = words + (wrow < N ? wrow : N - 1) * KW + k0 * 8 + wh * 4;
   const int wbytes = wrow < N ? 16 : 0;
-  const int dec_off = (tid >> 4) * kGroupRow + wh * 4 * kCore + (tid & 7) * 16;
+  const int swz = a.swz;
+  int dec_off[4];  // this thread's 4 chunks (row wr, chunk 4 wh + i) in the decoded tile
+#pragma unroll
+  for (int i = 0; i < 4; ++i) dec_off[i] = tile_off(wr, 4 * wh + i, swz);
 
   auto issue_w = [&](int64_t kg, int s) { cp16(&st[s].raw[wr * kRawStride + wh * 4], wsrc + kg * 8, wbytes); };
   auto issue_x = [&](int64_t kg, int s) {
@@ -167,22 +191,22 @@ __global__ __launch_bounds__(kThreads, MINB) void gemm2_kernel(const Gemm2Args a
       const int t8 = id & 7, c = (id >> 3) & 7, tg = (id >> 6) % (TOK / 8), l = (id >> 6) / (TOK / 8);
       const int64_t tok = tok0 + tg * 8 + t8;
       const int8_t* src = a.xq + ((tok < M ? tok : M - 1) * L + l) * K + (k0 + kg) * 128 + c * 16;
-      cp16(&st[s].X[l][tg * kGroupRow + c * kCore + t8 * 16], src, tok < M ? 16 : 0);
+      cp16(&st[s].X[l][tile_off(tg * 8 + t8, c, swz)], src, tok < M ? 16 : 0);
     }
     for (int t = tid; t < TOK; t += kThreads) {
       const int64_t tok = tok0 + t;
-      cp4(&st[s].unit[t], &a.xds[(tok < M ? tok : M - 1) * C + (k0 + kg) * 2].x, tok < M ? 4 : 0);
+      cp4(&units[s * TOK + t], &a.xds[(tok < M ? tok : M - 1) * C + (k0 + kg) * 2].x, tok < M ? 4 : 0);
     }
   };
   // Word j of a row holds element 16 j + 4 b + i at bits 8 b + 2 i; the transposed activation holds it at
   // position 16 j + 4 i + b, so dec4(w >> 2 i) is the 4 bytes at positions 16 j + 4 i .. + 3.
   auto decode = [&](int s, int b) {
     const uint4 w4 = *reinterpret_cast<const uint4*>(&st[s].raw[wr * kRawStride + wh * 4]);
-    int8_t* d = dec + b * kRows * 128 + dec_off;
+    int8_t* d = dec + b * kRows * 128;
     const uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      *reinterpret_cast<uint4*>(d + i * kCore) = make_uint4(dec4(w[i]), dec4(w[i] >> 2), dec4(w[i] >> 4), dec4(w[i] >> 6));
+      *reinterpret_cast<uint4*>(d + dec_off[i]) = make_uint4(dec4(w[i]), dec4(w[i] >> 2), dec4(w[i] >> 4), dec4(w[i] >> 6));
   };
 
   // Rows of this thread's accumulators (wgmma D layout: warp w of the warpgroup rows 16 w + g and + 8;
@@ -220,7 +244,6 @@ __global__ __launch_bounds__(kThreads, MINB) void gemm2_kernel(const Gemm2Args a
 #ifdef BONSAI_WGMMA
   const uint32_t dec_s = unsigned(__cvta_generic_to_shared(dec)) + wg * 8 * kGroupRow;
   const uint32_t st_s = unsigned(__cvta_generic_to_shared(st));
-  const uint32_t lbo = uint32_t(a.lbo), sbo = uint32_t(a.sbo);
   // One half's 4 k-steps x L planes of wgmma on group buffers (decoded b, stage s); one commit group.
   auto mma_half = [&](int (&ac)[L][R], int b, int s, int h) {
 #pragma unroll
@@ -228,11 +251,11 @@ __global__ __launch_bounds__(kThreads, MINB) void gemm2_kernel(const Gemm2Args a
     wg_fence();
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
-      const uint64_t da = smem_desc(dec_s + b * kRows * 128 + ks * 2 * kCore, lbo, sbo);
+      const uint64_t da = smem_desc(dec_s + b * kRows * 128, ks, swz);
 #pragma unroll
       for (int l = 0; l < L; ++l) {
-        const uint32_t xb = st_s + uint32_t(s * sizeof(Stage2<TOK, L>)) + l * TOK * 128 + h * (NH / 8) * kGroupRow;
-        wgmma_s8(ac[l], da, smem_desc(xb + ks * 2 * kCore, lbo, sbo), ks);
+        const uint32_t xb = st_s + uint32_t(s * sizeof(Stage2<TOK, L, kRows>)) + l * TOK * 128 + h * (NH / 8) * kGroupRow;
+        wgmma_s8(ac[l], da, smem_desc(xb, ks, swz), ks);
       }
     }
     wg_commit();
@@ -265,11 +288,11 @@ __global__ __launch_bounds__(kThreads, MINB) void gemm2_kernel(const Gemm2Args a
     const int s = int(kg % S), b = int(kg & 1);
     const float2 dw_next = kg + 1 < NG ? dw_of(kg + 1) : dw;  // loaded a group early
     mma_half(acc[0], b, s, 0);
-    if (kg > 0) scale_half(acc[1], f[1], st[(kg - 1) % S].unit + NH, dw_prev);
+    if (kg > 0) scale_half(acc[1], f[1], units + ((kg - 1) % S) * TOK + NH, dw_prev);
     mma_half(acc[1], b, s, 1);
     wg_wait<1>();
     done(acc[0]);
-    scale_half(acc[0], f[0], st[s].unit, dw);
+    scale_half(acc[0], f[0], units + s * TOK, dw);
     // The next group's weights: buffer b ^ 1 was last read by this warpgroup's wgmmas of group kg - 1,
     // complete since the previous iteration's end.
     if (kg + 1 < NG) {
@@ -289,7 +312,7 @@ __global__ __launch_bounds__(kThreads, MINB) void gemm2_kernel(const Gemm2Args a
     dw_prev = dw;
     dw = dw_next;
   }
-  if (NG > 0) scale_half(acc[1], f[1], st[(NG - 1) % S].unit + NH, dw_prev);
+  if (NG > 0) scale_half(acc[1], f[1], units + ((NG - 1) % S) * TOK + NH, dw_prev);
 #else
   (void)NG, (void)slo, (void)shi;
   pdl_trigger();
@@ -307,38 +330,34 @@ __global__ __launch_bounds__(kThreads, MINB) void gemm2_kernel(const Gemm2Args a
     }
 }
 
-constexpr int kStages = 4;
-
-template <int TOK, int L>
-constexpr int gemm2_min_blocks() {
-  return TOK == 32 ? 2 : 1;  // TOK = 32: 48 accumulator registers, 89 KB of shared memory -> 2 per SM
-}
-template <int TOK, int L>
-const void* gemm2_kernel_of() {
-  return reinterpret_cast<const void*>(&gemm2_kernel<TOK, L, kStages, gemm2_min_blocks<TOK, L>()>);
-}
-template <int TOK, int L>
-constexpr uint32_t gemm2_smem() {
-  return uint32_t(2 * kRows * 128 + kStages * sizeof(Stage2<TOK, L>));
-}
-
+// Configurations (ptxas, nvcc 13.0, q16): 2 warpgroups: TOK 128 237 registers / 190 KB shared -> 1 block
+// per SM, TOK 64 149 / 124 KB -> 1, TOK 32 101 / 89 KB -> 2; 1 warpgroup (64 rows; M > 64 in 64-token
+// tiles): TOK 64 S 3 -> 3 blocks per SM (74 KB), TOK 32 S 3 -> 4 (50 KB). Independent blocks on an SM hide
+// each other's per-group latency chain (wait, scale, decode, barrier), which bound the 2-warpgroup form.
 struct Gemm2Pick {
   const void* func;
   uint32_t smem;
-  int tok, per_sm;
+  int tok, rows, per_sm;
 };
-Gemm2Pick gemm2_pick(int levels, int64_t M) {
-  const int tok = M <= 32 ? 32 : M <= 64 ? 64 : 128;
-#define G2(T, L) Gemm2Pick{gemm2_kernel_of<T, L>(), gemm2_smem<T, L>(), T, gemm2_min_blocks<T, L>()}
-  if (levels == 2) return tok == 32 ? G2(32, 2) : tok == 64 ? G2(64, 2) : G2(128, 2);
-  return tok == 32 ? G2(32, 1) : tok == 64 ? G2(64, 1) : G2(128, 1);
-#undef G2
+template <int TOK, int L, int S, int MINB, int WGS>
+Gemm2Pick gemm2_cfg() {
+  return {reinterpret_cast<const void*>(&gemm2_kernel<TOK, L, S, MINB, WGS>),
+          uint32_t(1024 + 2 * 64 * WGS * 128 + S * (sizeof(Stage2<TOK, L, 64 * WGS>) + TOK * sizeof(float))), TOK,
+          64 * WGS, MINB};
+}
+template <int L>
+Gemm2Pick gemm2_pick_l(int64_t M, int wgs) {
+  if (wgs == 2) return M <= 32 ? gemm2_cfg<32, L, 4, 2, 2>() : M <= 64 ? gemm2_cfg<64, L, 4, 1, 2>() : gemm2_cfg<128, L, 4, 1, 2>();
+  return M <= 32 ? gemm2_cfg<32, L, 3, 4, 1>() : gemm2_cfg<64, L, 3, 3, 1>();
+}
+Gemm2Pick gemm2_pick(int levels, int64_t M, int wgs) {
+  return levels == 2 ? gemm2_pick_l<2>(M, wgs) : gemm2_pick_l<1>(M, wgs);
 }
 
-int64_t gemm2_blocks(const TernaryDev* outs, int n_outs, int64_t M, int tok) {
+int64_t gemm2_blocks(const TernaryDev* outs, int n_outs, int64_t M, const Gemm2Pick& p) {
   int64_t b = 0;
-  for (int i = 0; i < n_outs; ++i) b += (outs[i].N + kRows - 1) / kRows;
-  return b * ((M + tok - 1) / tok);
+  for (int i = 0; i < n_outs; ++i) b += (outs[i].N + p.rows - 1) / p.rows;
+  return b * ((M + p.tok - 1) / p.tok);
 }
 
 }  // namespace
@@ -348,17 +367,18 @@ bool gemm2_supported(int cc_major, int cc_minor) { return cc_major == 9 && cc_mi
 
 void init_gemm2_attributes() {
   for (int lv : {1, 2})
-    for (int64_t m : {32, 64, 128}) {
-      const Gemm2Pick p = gemm2_pick(lv, m);
-      cudaFuncSetAttribute(p.func, cudaFuncAttributeMaxDynamicSharedMemorySize, int(p.smem));
-    }
+    for (int wgs : {1, 2})
+      for (int64_t m : {32, 64, 128}) {
+        const Gemm2Pick p = gemm2_pick(lv, m, wgs);
+        cudaFuncSetAttribute(p.func, cudaFuncAttributeMaxDynamicSharedMemorySize, int(p.smem));
+      }
 }
 
-int gemm2_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms) {
+int gemm2_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms, int wgs) {
   // As gemm_ksplit's wave-aware rule: time ~ rounds of resident blocks, ceil(blocks * ks / slots) / ks; a
   // split is taken when it saves >= 15 % (it adds the ordered sum of the slices); slices of >= 16 groups.
-  const Gemm2Pick p = gemm2_pick(levels, M);
-  const int64_t G = K / 128, blocks = gemm2_blocks(outs, n_outs, M, p.tok), slots = int64_t(sms) * p.per_sm;
+  const Gemm2Pick p = gemm2_pick(levels == 2 ? 2 : 1, M, wgs);
+  const int64_t G = K / 128, blocks = gemm2_blocks(outs, n_outs, M, p), slots = int64_t(sms) * p.per_sm;
   if (G < 32) return 1;
   int64_t best = 1;
   double best_t = double((blocks + slots - 1) / slots);
@@ -370,7 +390,7 @@ int gemm2_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int l
 }
 
 Launch gemm2_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                    int levels, int ks, int64_t part_stride, bool swap_offsets) {
+                    int levels, int wgs, int ks, int64_t part_stride, bool swizzle) {
   Gemm2Args a{};
   a.xq = xq;
   a.xds = xds;
@@ -379,16 +399,15 @@ Launch gemm2_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t*
   a.part_stride = part_stride;
   a.n_outs = n_outs;
   a.ks = ks;
-  a.lbo = swap_offsets ? kGroupRow : kCore;  // swap: a diagnostic for the descriptor convention (BONSAI_CUDA_GEMM2_SWAP)
-  a.sbo = swap_offsets ? kCore : kGroupRow;
+  a.swz = swizzle ? 1 : 0;
+  const Gemm2Pick p = gemm2_pick(levels == 2 ? 2 : 1, M, wgs);
   int64_t b0 = 0;
   for (int i = 0; i < n_outs; ++i) {
     a.o[i] = {outs[i].words, outs[i].scales, outs[i].y, outs[i].N, b0};
-    b0 += (outs[i].N + kRows - 1) / kRows;
+    b0 += (outs[i].N + p.rows - 1) / p.rows;
   }
-  const Gemm2Pick p = gemm2_pick(levels == 2 ? 2 : 1, M);
   const dim3 grid{unsigned(b0), unsigned((M + p.tok - 1) / p.tok), unsigned(ks)};
-  return make_launch(p.func, grid, dim3(kThreads), p.smem, a);
+  return make_launch(p.func, grid, dim3(unsigned(2 * p.rows)), p.smem, a);
 }
 
 }  // namespace bonsai::cuda

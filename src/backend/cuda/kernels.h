@@ -90,16 +90,16 @@ Launch exact_linear_launch(const TernaryDev* outs, int n_outs, int64_t K, const 
 // z * part_stride; splitk_sum_launch then adds the slices in order (deterministic, no atomics).
 Launch gemm_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                    int levels, int sms, int ks = 1, int64_t part_stride = 0);
-// GEMM v2 (gemm_wgmma.cu, BONSAI_CUDA_GEMM=2): Hopper wgmma m64nNk32 s8 from shared memory; blocks of 128
-// weight rows (2 warpgroups) x 32 / 64 / 128 tokens (M <= 32 / <= 64 / above), the group's weights decoded
-// once per block into shared memory. Same outputs, pairing and split-K contract as gemm_launch (grid.z =
-// ks slices, partials at y + z * part_stride). sm_90 only (gemm2_supported). swap_offsets: a diagnostic
-// that swaps the descriptor's two byte offsets (wrong results unless the convention is the other one).
+// GEMM v2 (gemm_wgmma.cu, BONSAI_CUDA_GEMM=2): Hopper wgmma m64nNk32 s8 from shared memory; blocks of
+// wgs warpgroups (64 weight rows each) x 32 / 64 / 128 tokens (M <= 32 / <= 64 / above; wgs = 1: at most 64),
+// the group's weights decoded once per block into shared memory. Same outputs, pairing and split-K contract
+// as gemm_launch (grid.z = ks slices, partials at y + z * part_stride). sm_90 only (gemm2_supported).
+// swizzle: operand tiles in the 128-byte swizzled layout (else the no-swizzle core-matrix layout, ~6x slower).
 bool gemm2_supported(int cc_major, int cc_minor);
 void init_gemm2_attributes();  // called by init_kernel_attributes
-int gemm2_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms);
+int gemm2_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms, int wgs);
 Launch gemm2_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                    int levels, int ks = 1, int64_t part_stride = 0, bool swap_offsets = false);
+                    int levels, int wgs, int ks = 1, int64_t part_stride = 0, bool swizzle = true);
 // K slices for the GEMM of these outputs: > 1 when the grid would leave SMs idle over a long K. waves:
 // also when the grid just overflows the resident block slots (a second, nearly empty round of blocks).
 int gemm_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int sms, bool waves = true);
