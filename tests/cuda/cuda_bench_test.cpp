@@ -90,6 +90,7 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
       {"down M256", 17408, {5120}, 256},    {"gate+up M4", 5120, {17408, 17408}, 4}, {"down M4", 17408, {5120}, 4},
       {"gate+up M32", 5120, {17408, 17408}, 32}, {"down M32", 17408, {5120}, 32}, {"qkv+z M32", 5120, {10240, 6144}, 32},
       {"gate+up M8", 5120, {17408, 17408}, 8}, {"gate+up M2", 5120, {17408, 17408}, 2},
+      {"qkv+z M64", 5120, {10240, 6144}, 64}, {"qkv+z M256", 5120, {10240, 6144}, 256},
   };
   report("bench_kernels.txt", "shape            M    K      N(s)                 MB/launch   us      GB/s   %probe  TOP/s");
   const char* only = std::getenv("BONSAI_BENCH_SHAPE");
