@@ -1,9 +1,10 @@
 #!/bin/bash
-# One device run for the GEMM v2 (wgmma) work: CUDA tests with the default (v2), the fixture gate with v2
-# and v1, the kernel table, `bonsai bench` on the 27b preset with BONSAI_CUDA_GEMM=1 and 2, and (SAN=1) one
+# One device run for the GEMM v2 (wgmma) work: CUDA tests with the built default (round 5: v2 or v1 per
+# product; the ops test also forces v2), the fixture gate and `bonsai bench` on the 27b preset per GEMMS
+# entry, the kernel table (BENCH_MIN_M: only shapes with that many tokens), and (SAN=1, SAN_S seconds) one
 # compute-sanitizer pass over the ternary ops test. Binaries as for device_run.sh (built here, staged by
 # tests/cuda/stage_devbin.sh, carried in .devbin/). Env: SKIP_TESTS, SKIP_KERNELS, SKIP_27B, SAN, GEMMS
-# (BONSAI_CUDA_GEMM:BONSAI_CUDA_GEMM2_WGS pairs, default "2:2 1:2"), TEST_FILTER. $OUT: test_cuda.log,
+# (BONSAI_CUDA_GEMM:BONSAI_CUDA_GEMM2_WGS pairs, default "2:2 1:2"; add "0:2" for the per-product default), TEST_FILTER. $OUT: test_cuda.log,
 # gate.txt, bench.txt, bench_kernels.txt, san.txt.
 set -u
 export LD_LIBRARY_PATH=$PWD/.devbin
