@@ -22,7 +22,9 @@
 // default (Options::gemm = 0) picks per product.
 #include <algorithm>
 
+#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/ternary_dot.cuh"
 
 namespace bonsai::cuda {
 
@@ -67,22 +69,6 @@ __device__ __forceinline__ int tile_off(int row, int c, int swz) {
   return (row >> 3) * kGroupRow + (swz ? j * 128 + ((c ^ j) << 4) : c * kCore + j * 16);
 }
 
-__device__ __forceinline__ void cp16(void* smem, const void* gmem, int src_bytes) {
-  const unsigned s = unsigned(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp4(void* smem, const void* gmem, int src_bytes) {
-  const unsigned s = unsigned(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
-}
-[[maybe_unused]] __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-// 4 codes (one per byte, low 2 bits) -> 4 signed int8 code - 1, no carries between bytes (as gemm_kernel).
-__device__ __forceinline__ uint32_t dec4(uint32_t w) { return ((w & 0x03030303u) + 0x7F7F7F7Fu) ^ 0x80808080u; }
 
 // Exact int -> float for |c| < 2^22 by the mantissa of 1.5 * 2^23 (two full-rate ops; I2F is quarter rate).
 __device__ __forceinline__ float i2f22(int c) { return __int_as_float(c + 0x4B400000) - 12582912.f; }
@@ -183,7 +169,7 @@ __global__ __launch_bounds__(WGS * 128, MINB) void gemm2_kernel(const Gemm2Args 
 #pragma unroll
   for (int i = 0; i < 4; ++i) dec_off[i] = tile_off(wr, 4 * wh + i, swz);
 
-  auto issue_w = [&](int64_t kg, int s) { cp16(&st[s].raw[wr * kRawStride + wh * 4], wsrc + kg * 8, wbytes); };
+  auto issue_w = [&](int64_t kg, int s) { cp_async16(&st[s].raw[wr * kRawStride + wh * 4], wsrc + kg * 8, wbytes); };
   auto issue_x = [&](int64_t kg, int s) {
     // id -> (plane, token group, k chunk c, token % 8): 8 consecutive threads fill one core matrix.
 #pragma unroll
@@ -191,22 +177,22 @@ __global__ __launch_bounds__(WGS * 128, MINB) void gemm2_kernel(const Gemm2Args 
       const int t8 = id & 7, c = (id >> 3) & 7, tg = (id >> 6) % (TOK / 8), l = (id >> 6) / (TOK / 8);
       const int64_t tok = tok0 + tg * 8 + t8;
       const int8_t* src = a.xq + ((tok < M ? tok : M - 1) * L + l) * K + (k0 + kg) * 128 + c * 16;
-      cp16(&st[s].X[l][tile_off(tg * 8 + t8, c, swz)], src, tok < M ? 16 : 0);
+      cp_async16(&st[s].X[l][tile_off(tg * 8 + t8, c, swz)], src, tok < M ? 16 : 0);
     }
     for (int t = tid; t < TOK; t += kThreads) {
       const int64_t tok = tok0 + t;
-      cp4(&units[s * TOK + t], &a.xds[(tok < M ? tok : M - 1) * C + (k0 + kg) * 2].x, tok < M ? 4 : 0);
+      cp_async4(&units[s * TOK + t], &a.xds[(tok < M ? tok : M - 1) * C + (k0 + kg) * 2].x, tok < M ? 4 : 0);
     }
   };
   // Word j of a row holds element 16 j + 4 b + i at bits 8 b + 2 i; the transposed activation holds it at
-  // position 16 j + 4 i + b, so dec4(w >> 2 i) is the 4 bytes at positions 16 j + 4 i .. + 3.
+  // position 16 j + 4 i + b, so decode4(w >> 2 i) is the 4 bytes at positions 16 j + 4 i .. + 3.
   auto decode = [&](int s, int b) {
     const uint4 w4 = *reinterpret_cast<const uint4*>(&st[s].raw[wr * kRawStride + wh * 4]);
     int8_t* d = dec + b * kRows * 128;
     const uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      *reinterpret_cast<uint4*>(d + dec_off[i]) = make_uint4(dec4(w[i]), dec4(w[i] >> 2), dec4(w[i] >> 4), dec4(w[i] >> 6));
+      *reinterpret_cast<uint4*>(d + dec_off[i]) = make_uint4(decode4(w[i]), decode4(w[i] >> 2), decode4(w[i] >> 4), decode4(w[i] >> 6));
   };
 
   // Rows of this thread's accumulators (wgmma D layout: warp w of the warpgroup rows 16 w + g and + 8;
@@ -271,9 +257,9 @@ __global__ __launch_bounds__(WGS * 128, MINB) void gemm2_kernel(const Gemm2Args 
   pdl_wait();
   for (int j = 0; j < S - 1; ++j) {
     if (j < NG) issue_x(j, j);
-    cp_commit();  // commit group j = the loads of group j (the first also holds the early weights)
+    cp_async_commit();  // commit group j = the loads of group j (the first also holds the early weights)
   }
-  cp_wait<S - 2>();
+  cp_async_wait<S - 2>();
   if (NG > 0) decode(0, 0);
   fence_async_smem();
   __syncthreads();
@@ -296,7 +282,7 @@ __global__ __launch_bounds__(WGS * 128, MINB) void gemm2_kernel(const Gemm2Args 
     // The next group's weights: buffer b ^ 1 was last read by this warpgroup's wgmmas of group kg - 1,
     // complete since the previous iteration's end.
     if (kg + 1 < NG) {
-      cp_wait<S - 3>();  // commit groups 0 .. kg + S - 2 exist; group kg + 1 has landed
+      cp_async_wait<S - 3>();  // commit groups 0 .. kg + S - 2 exist; group kg + 1 has landed
       decode(int((kg + 1) % S), b ^ 1);
     }
     fence_async_smem();
@@ -306,7 +292,7 @@ __global__ __launch_bounds__(WGS * 128, MINB) void gemm2_kernel(const Gemm2Args 
       issue_w(kg + S - 1, sn);
       issue_x(kg + S - 1, sn);
     }
-    cp_commit();
+    cp_async_commit();
     wg_wait<0>();
     done(acc[1]);
     dw_prev = dw;

@@ -21,6 +21,7 @@
 // (int8: u = d, S = sum(q0)); every kernel computes u * (sum(c Q) - S) per chunk / group.
 #include <algorithm>
 
+#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/ternary_dot.cuh"
 #include "backend/cuda/warp_site.cuh"
@@ -497,23 +498,6 @@ struct GemmStage {
   int8_t X[L][TOKS * kXStride];      // [digit plane][token][kXStride] transposed xq of the group (128 used)
   float2 xds[TOKS * 2];              // [token][chunk] {unit, digit sum} (only the unit is read)
 };
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
-  const unsigned s = unsigned(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async8(void* smem, const void* gmem, int src_bytes) {
-  const unsigned s = unsigned(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-// 4 codes (one per byte, low 2 bits) -> 4 signed int8 code - 1, without carries between bytes.
-__device__ __forceinline__ uint32_t decode4(uint32_t w) { return ((w & 0x03030303u) + 0x7F7F7F7Fu) ^ 0x80808080u; }
 
 __device__ __forceinline__ void mma_s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                        uint32_t b1) {

@@ -7,6 +7,10 @@
 
 namespace bonsai::cuda {
 
+// 4 codes (one per byte, low 2 bits) -> 4 signed int8 code - 1, without carries between bytes (the GEMMs'
+// weight fragments / tiles).
+__device__ __forceinline__ uint32_t decode4(uint32_t w) { return ((w & 0x03030303u) + 0x7F7F7F7Fu) ^ 0x80808080u; }
+
 // d = a (4 unsigned bytes) . b (4 signed bytes) + c
 __device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
   int d;
