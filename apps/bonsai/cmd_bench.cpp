@@ -113,6 +113,7 @@ void bench(const BenchArgs& a) {
     bo.activations = a.act;
     backend = make_backend(a.backend, bo);
   }
+  std::string act_name;  // the activation precision of the ternary products, as --act spells it
   if (gpu) {
 #ifdef BONSAI_HAVE_CUDA
     // The device's own streaming-read bandwidth over a buffer far larger than L2 (no int8 peak probe there:
@@ -122,13 +123,17 @@ void bench(const BenchArgs& a) {
     std::fprintf(stderr, "probing %s...\n", cuda->device_name().c_str());
     read_gbs = cuda->probe_read_gbs(8ull << 30, 10);
     j["device"] = cuda->device_name();
+    const CudaBackend::Options co = cuda->options();
+    act_name = co.exact ? "exact" : co.act_levels == 1 ? "q8" : "q16";
+    j["cuda_activation"] = act_name;  // --act / BONSAI_CUDA_ACT / BONSAI_CUDA_EXACT
 #endif
   } else {
     std::fprintf(stderr, "probing this machine (%s kernels)...\n", cpu::kernels_name());
     read_gbs = cpu::probe_read_bandwidth_gbs(probe_threads);
     int8_gops = cpu::probe_int8_dot_peak_gops(probe_threads);
     j["cpu_kernels"] = cpu::kernels_name();
-    j["cpu_activation"] = cpu::activation_name(cpu::ternary_activation());  // BONSAI_CPU_ACT
+    act_name = cpu::activation_name(cpu::ternary_activation());
+    j["cpu_activation"] = act_name;  // --act / BONSAI_CPU_ACT
   }
   j["probe"] = {{"read_gb_s", read_gbs}, {"int8_dot_peak_gops", int8_gops}};
   if (a.probe_only) {
@@ -185,10 +190,10 @@ void bench(const BenchArgs& a) {
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
 
   if (!a.json)
-    std::printf("%s | %s | %s backend, %d threads, %s kernels%s%s | read %.2f GB/s, int8 peak %.1f Gops/s (probed)\n",
+    std::printf("%s | %s | %s backend, %d threads, %s kernels, activations %s | read %.2f GB/s, int8 peak %.1f Gops/s "
+                "(probed)\n",
                 a.model.c_str(), model.source_format.c_str(), backend->name(), threads, gpu ? "cuda" : cpu::kernels_name(),
-                gpu ? "" : ", activations ", gpu ? "" : cpu::activation_name(cpu::ternary_activation()), read_gbs,
-                int8_gops);
+                act_name.c_str(), read_gbs, int8_gops);
   for (int64_t p : pps) {
     std::vector<double> tps;
     for (int r = 0; r < a.reps + 1; ++r) {  // the first repetition warms up and is not counted
