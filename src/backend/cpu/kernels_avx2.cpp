@@ -6,6 +6,7 @@
 // Every function carries the target attribute itself (not per-file -mavx2), so inline functions of the
 // standard headers stay baseline code in this translation unit (no ODR trap).
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/pq2_rows.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -15,7 +16,6 @@
 #include <cstring>
 
 #include "format/ternary_codec.h"
-#include "util/half.h"
 
 #define TGT __attribute__((target("avx2,fma,popcnt,bmi,bmi2")))
 #define TGT_INLINE TGT inline __attribute__((always_inline))
@@ -45,16 +45,6 @@ TGT_INLINE __m256 fp16x8_to_f32(const uint16_t* h) {
   const __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(mag), _mm256_castsi256_ps(_mm256_set1_epi32(0x77800000)));
   return _mm256_or_ps(f, _mm256_castsi256_ps(sign));
 }
-
-// Weights are PQ2_0 blocks (kernels.h): row n at blocks + n * rb, rb = (K/128) * 34; group g's block at
-// + 34 g: fp16 d, then the 32 code bytes (unaligned).
-inline int64_t row_bytes(int64_t K) { return K / 128 * kPq2Bytes; }
-inline uint32_t load_u32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-inline float block_d(const uint8_t* blk) { return fp16_to_f32(pq2_block_scale(blk)); }
 
 TGT float dot_avx2(const float* a, const float* b, int64_t n) {
   __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;

@@ -39,8 +39,8 @@
 #include <cstring>
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/pq2_rows.h"
 #include "format/ternary_codec.h"
-#include "util/half.h"
 
 #if BONSAI_AVX512_VNNI
 #define BONSAI_AVX512_TARGET \
@@ -56,15 +56,8 @@ namespace {
 
 // ---- weight layout helpers ----------------------------------------------------------------------------
 // Weights are PQ2_0 blocks (kernels.h): row n at blocks + n * rb, rb = (K/128) * 34; group g's block at
-// + 34 g: fp16 d, then the 32 code bytes (unaligned). A chunk c (groups 2c, 2c+1) is the 68 bytes at + 68 c.
-
-inline int64_t row_bytes(int64_t K) { return K / 128 * kPq2Bytes; }
-inline uint32_t load_u32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-inline float block_d(const uint8_t* blk) { return fp16_to_f32(pq2_block_scale(blk)); }
+// + 34 g: fp16 d, then the 32 code bytes (unaligned); row_bytes / load_u32 / block_d: pq2_rows.h.
+// A chunk c (groups 2c, 2c+1) is the 68 bytes at + 68 c.
 
 // The 64 code bytes of a chunk (two blocks): two 32-byte loads around the second block's d.
 TGT_INLINE __m512i chunk_codes(const uint8_t* chunk) {

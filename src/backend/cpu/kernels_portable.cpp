@@ -7,8 +7,8 @@
 #include <cstring>
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/pq2_rows.h"
 #include "format/ternary_codec.h"
-#include "util/half.h"
 
 namespace bonsai::cpu {
 namespace {
@@ -102,9 +102,6 @@ inline float group_dot(const uint8_t* b, const float* xg) {
   return hsum((a0 + a1) + (a2 + a3));
 }
 
-// Bytes of one row of PQ2_0 blocks [K/128, 34].
-inline int64_t row_bytes(int64_t K) { return K / 128 * kPq2Bytes; }
-
 void ternary_rows_x1_portable(const uint8_t* blocks, int64_t K, int64_t n0, int64_t n1, const float* x, float* y) {
   const int64_t G = K / 128, rb = row_bytes(K);
   for (int64_t n = n0; n < n1; ++n) {
@@ -112,7 +109,7 @@ void ternary_rows_x1_portable(const uint8_t* blocks, int64_t K, int64_t n0, int6
     float total = 0.0f;
     for (int64_t g = 0; g < G; ++g) {
       const uint8_t* blk = row + g * kPq2Bytes;
-      total += group_dot(pq2_block_codes(blk), x + 128 * g) * fp16_to_f32(pq2_block_scale(blk));
+      total += group_dot(pq2_block_codes(blk), x + 128 * g) * block_d(blk);
     }
     y[n - n0] = total;
   }
@@ -148,7 +145,7 @@ void rows_tile_xm(const uint8_t* blocks, int64_t K, int64_t nb, const float* x, 
         const uint8_t* blk = blocks + (nb + r) * row_bytes(K) + g * kPq2Bytes;
         const uint8_t* b = pq2_block_codes(blk);
         for (int i = 0; i < 32; ++i) store4(&wt[r][4 * i], kCodeLut.v[b[i]]);
-        d[r] = fp16_to_f32(pq2_block_scale(blk));
+        d[r] = block_d(blk);
       }
       for (int64_t m = 0; m < mc; ++m) {
         float s[R];
@@ -228,7 +225,7 @@ float q8_row_dot(const uint8_t* row, int64_t K, const int8_t* q, const float* qs
     const uint8_t* blk = row + g * kPq2Bytes;
     int32_t i = 0;
     for (int l = 0; l < levels; ++l) i = i * 254 + (q8_group_dot(pq2_block_codes(blk), q + l * K + off, P) - qsum[l * G + g]);
-    total = std::fma(float(i), fp16_to_f32(pq2_block_scale(blk)) * qs[g] * unit, total);
+    total = std::fma(float(i), block_d(blk) * qs[g] * unit, total);
   }
   return total;
 }

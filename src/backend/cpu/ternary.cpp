@@ -7,9 +7,9 @@
 #include "backend/cpu/act_q8.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/ops.h"
+#include "backend/cpu/pq2_rows.h"
 #include "backend/cpu/thread_pool.h"
 #include "util/error.h"
-#include "util/half.h"
 
 namespace bonsai::cpu {
 namespace {
@@ -44,13 +44,13 @@ void run_rows(const uint8_t* blocks, int64_t N, float* y, int64_t K, const float
 // A row map (o.runs) splits the range at run boundaries: each piece is a contiguous stored range.
 void rows(const TernaryOut& o, int64_t K, const float* x, const ActQ8* xq, int64_t M, int64_t lo, int64_t hi) {
   if (o.n_runs == 0) return run_rows(o.blocks, o.N, o.y, K, x, xq, M, lo, hi);
-  const uint64_t row_bytes = uint64_t(K / 128) * kPq2Bytes;
+  const uint64_t rb = uint64_t(row_bytes(K));
   for (int64_t i = 0; i < o.n_runs && lo < hi; ++i) {
     const RowRun& r = o.runs[i];
     if (lo >= r.row + r.count) continue;
     const int64_t b = std::min(hi, r.row + r.count);
     // The run's stored rows start at r.src; its outputs at canonical row r.row.
-    run_rows(o.blocks + uint64_t(r.src) * row_bytes, o.N, o.y + r.row, K, x, xq, M, lo - r.row, b - r.row);
+    run_rows(o.blocks + uint64_t(r.src) * rb, o.N, o.y + r.row, K, x, xq, M, lo - r.row, b - r.row);
     lo = b;
   }
 }
@@ -90,10 +90,10 @@ void ternary_matmul_multi(const TernaryOut* outs, int n_outs, int64_t K, const f
 
 void ternary_dequant_row(const uint8_t* blocks, int64_t K, int64_t row, float* out) {
   check_k(K);
-  const uint8_t* r = blocks + uint64_t(row) * uint64_t(K / 128) * kPq2Bytes;
+  const uint8_t* r = blocks + uint64_t(row) * uint64_t(row_bytes(K));
   for (int64_t g = 0; g < K / 128; ++g) {
     const uint8_t* blk = r + g * kPq2Bytes;
-    const float d = fp16_to_f32(pq2_block_scale(blk));
+    const float d = block_d(blk);
     for (int e = 0; e < 128; ++e) out[g * 128 + e] = float(pq2_block_code(blk, e) - 1) * d;
   }
 }
