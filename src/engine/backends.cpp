@@ -19,16 +19,10 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOpti
   if (name == "ref") return std::make_unique<RefBackend>();
   if (name == "cpu") {
     if (!opt.activations.empty()) {
-      static const std::pair<const char*, cpu::TernaryActivation> kActs[] = {
-          {"f32", cpu::TernaryActivation::f32}, {"q8", cpu::TernaryActivation::q8},
-          {"q16", cpu::TernaryActivation::q16}, {"q24", cpu::TernaryActivation::q24}};
-      bool found = false;
-      for (const auto& [word, act] : kActs)
-        if (opt.activations == word) {
-          cpu::set_ternary_activation(act);
-          found = true;
-        }
-      if (!found) fail("--act '{}' is not an activation precision of the cpu backend: f32, q8, q16 or q24", opt.activations);
+      cpu::TernaryActivation act;
+      if (!cpu::parse_ternary_activation(opt.activations.c_str(), act))
+        fail("--act '{}' is not an activation precision of the cpu backend: f32, q8, q16 or q24", opt.activations);
+      cpu::set_ternary_activation(act);
     }
     CpuBackend::Options o;
     o.threads = opt.threads;

@@ -81,10 +81,7 @@ TernaryActivation initial_activation() {
   // integer kernels are slower than its fp32 ones, so the portable variant stays on f32.
   if (!env || !*env)
     return std::strcmp(kernels().name, "portable") ? TernaryActivation::q16 : TernaryActivation::f32;
-  if (!std::strcmp(env, "f32")) return TernaryActivation::f32;
-  if (!std::strcmp(env, "q8")) return TernaryActivation::q8;
-  if (!std::strcmp(env, "q16")) return TernaryActivation::q16;
-  if (!std::strcmp(env, "q24")) return TernaryActivation::q24;
+  if (TernaryActivation a; parse_ternary_activation(env, a)) return a;
   std::fprintf(stderr, "bonsai: BONSAI_CPU_ACT=%s is not f32|q8|q16|q24; using f32\n", env);
   return TernaryActivation::f32;
 }

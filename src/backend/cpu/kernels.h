@@ -24,6 +24,7 @@
 //   Which one ternary_matmul uses is ternary_activation() below.
 #pragma once
 #include <cstdint>
+#include <string_view>
 
 namespace bonsai::cpu {
 
@@ -105,6 +106,15 @@ inline int activation_levels(TernaryActivation a) { return int(a); }  // 0 for f
 inline const char* activation_name(TernaryActivation a) {  // "f32", "q8", "q16", "q24" (BONSAI_CPU_ACT's words)
   constexpr const char* kNames[] = {"f32", "q8", "q16", "q24"};
   return kNames[int(a)];
+}
+// The precision `word` names ("f32", "q8", "q16", "q24": BONSAI_CPU_ACT's and --act's words); false if none.
+inline bool parse_ternary_activation(const char* word, TernaryActivation& out) {
+  for (TernaryActivation a : {TernaryActivation::f32, TernaryActivation::q8, TernaryActivation::q16, TernaryActivation::q24})
+    if (std::string_view(word) == activation_name(a)) {
+      out = a;
+      return true;
+    }
+  return false;
 }
 TernaryActivation ternary_activation();
 void set_ternary_activation(TernaryActivation a);  // call while no op is running
