@@ -162,7 +162,8 @@ void bench(const BenchArgs& a) {
   lo.threads = a.threads;
   const Model model = load_model(pack, lo);
   const double load_s = seconds_since(t0);
-  // The workspace holds max(64, the largest batch) rows (a batched step is one forward of B rows).
+  // The workspace holds max(the backend's prefill chunk, the largest batch) rows (a batched step is one
+  // forward of B rows).
   Decoder decoder(model, *backend, std::max(backend->prefill_chunk(), max_b));
   int64_t need = a.n + 2;
   for (int64_t p : pps) need = std::max(need, p + 1);
