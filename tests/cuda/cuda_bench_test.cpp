@@ -95,6 +95,7 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
   report("bench_kernels.txt", "shape            M    K      N(s)                 MB/launch   us      GB/s   %probe  TOP/s");
   const char* only = std::getenv("BONSAI_BENCH_SHAPE");
   const char* min_m = std::getenv("BONSAI_BENCH_MIN_M");  // only shapes with at least this many tokens
+  const char* max_m = std::getenv("BONSAI_BENCH_MAX_M");  // only shapes with at most this many tokens
   // Variants: q16 (the default, two digits) and q8 activations, timed back to back without and with
   // programmatic dependent launch; at M = 1 also the q8-only bulk-copy matvec v4; at M > 2 the GEMM v1
   // (mma.sync) and v2 (wgmma; 2 or 1 warpgroups per block; swizzled or not). (The round-4 "nowave" and non-pdl q16 variants
@@ -107,8 +108,10 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
     int gemm;  // M > 2: 1 = mma.sync GEMM (round 4), 2 = wgmma GEMM v2 (round 5)
     int wgs;   // v2: warpgroups per block
     bool swz;  // v2: 128-byte swizzled operand tiles
+    bool fixed = false;  // M <= 2: the matvec's round-5 grid (fixed row groups per warp; round 6: balanced)
   };
-  const Variant variants[] = {{"q16 pdl", 3, true, 2, 1, 2, true},          {"q16 v2 pdl", 3, true, 2, 2, 2, true},
+  const Variant variants[] = {{"q16 pdl", 3, true, 2, 1, 2, true},          {"q16 fixed pdl", 3, true, 2, 1, 2, true, true},
+                              {"q16 v2 pdl", 3, true, 2, 2, 2, true},
                               {"q16 v2w1 pdl", 3, true, 2, 2, 1, true},     {"q16 v2 noswz pdl", 3, true, 2, 2, 2, false},
                               {"q8 pdl", 3, true, 1, 1, 2, true},           {"q8 v2 pdl", 3, true, 1, 2, 2, true},
                               {"q8 v4", 4, false, 1, 1, 2, true}};
@@ -117,6 +120,8 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
   for (const Variant& v : variants) {
     if (only && std::string(sh.name) != only) continue;
     if (min_m && sh.M < std::atoll(min_m)) continue;
+    if (max_m && sh.M > std::atoll(max_m)) continue;
+    if (v.fixed && sh.M > 2) continue;  // the GEMM either way
     if (sh.M > 1 && v.matvec == 4) continue;  // M > 1: one kernel (v3 or the GEMM), timed once per pdl mode
     if (v.gemm == 2 && sh.M <= 2) continue;   // the matvec either way
     CudaBackend::Options bo = base;
@@ -125,6 +130,7 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
     bo.gemm = v.gemm;
     bo.gemm2_wgs = v.wgs;
     bo.gemm2_swizzle = v.swz;
+    bo.matvec_balance = !v.fixed;
     be.set_options(bo);
     uint64_t bytes = 0;
     for (int64_t N : sh.N) bytes += uint64_t(N * sh.K / 4 + N * sh.K / 128 * 2);

@@ -122,7 +122,7 @@ TEST(CudaModel, TinyPackMatchesReference) {
     const char* name;
     CudaBackend::Options o;
   };
-  std::vector<Config> configs(10);
+  std::vector<Config> configs(12);
   configs[0].name = "default";  // q16
   configs[1].name = "no-graphs";
   configs[1].o.graphs = false;
@@ -144,6 +144,10 @@ TEST(CudaModel, TinyPackMatchesReference) {
   configs[8].o.act_levels = 1;
   configs[9].name = "q8";
   configs[9].o.act_levels = 1;
+  configs[10].name = "no-prefetch";  // the decode step's L2 prefetch of the next matvec's weights off
+  configs[10].o.l2_prefetch = false;
+  configs[11].name = "fixed-ranges";  // the matvec's round-5 grid (fixed row groups per warp)
+  configs[11].o.matvec_balance = false;
   std::vector<ModelRun> runs;
   for (const Config& cfg : configs) {
     CudaBackend be(cfg.o);
@@ -160,6 +164,9 @@ TEST(CudaModel, TinyPackMatchesReference) {
   // graphs change how kernels are launched, never what they compute
   EXPECT_EQ(runs[0].logits, runs[1].logits);
   EXPECT_EQ(runs[1].logits, runs[4].logits);
+  // a prefetch is a hint, and a matvec row's sum does not depend on which warp computes it
+  EXPECT_EQ(runs[0].logits, runs[10].logits);
+  EXPECT_EQ(runs[0].logits, runs[11].logits);
 }
 
 // Token walk vs chunked prefill on CUDA (matvec + recurrent delta rule vs GEMM + the same kernel over a

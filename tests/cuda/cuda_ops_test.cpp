@@ -164,7 +164,7 @@ TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
   // (no tensor cores); be3 / be4: q8, the bulk-copy matvec (M = 1, K % 1024 == 0) forced to at most 2 / 1
   // rows per warp, else v3 / GEMM; be5: q8 defaults; be6: q16 with the bulk matvec asked for (falls back
   // to v3); be7: q16, the matvec with 2 rows per step (M <= 2 only); be8 / be9: q16, GEMM v2 (wgmma)
-  // with 1 / 2 warpgroups per block.
+  // with 1 / 2 warpgroups per block; be10: be2 with the round-5 matvec grid (fixed row groups per warp).
   CudaBackend::Options no_tc;
   no_tc.tensor_cores = false;
   no_tc.graphs = false;
@@ -183,6 +183,9 @@ TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
   v2.gemm2_wgs = 1;
   v2w2.gemm2_wgs = 2;
   CudaBackend be3(r2), be4(r1), be5(q8), be6(v4q16), be7(rows2), be8(v2), be9(v2w2);
+  CudaBackend::Options fixed = no_tc;  // be10: q16, v3 for every M, fixed row groups per warp (round 5 grid)
+  fixed.matvec_balance = false;
+  CudaBackend be10(fixed);
   struct Case {
     int64_t M, K;
     std::vector<int64_t> N;
@@ -207,7 +210,7 @@ TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
     std::vector<TernaryMatrix*> ws;
     for (int64_t N : c.N) ws.push_back(&random_matrix(N, c.K, seed++, 0.02));
     const auto x = randn(size_t(c.M * c.K), seed++);
-    for (CudaBackend* b : {&be, &be2, &be3, &be4, &be5, &be6, &be7, &be8, &be9}) {
+    for (CudaBackend* b : {&be, &be2, &be3, &be4, &be5, &be6, &be7, &be8, &be9, &be10}) {
       if ((b == &be8 || b == &be9) && c.M <= 2) continue;  // the matvec either way
       if (b == &be7 && c.M > 2) continue;
       if ((b == &be3 || b == &be4 || b == &be6) && !cuda::matvec_bulk_supported(c.K, c.M)) continue;
@@ -237,6 +240,7 @@ TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
                                   : b == &be7 ? " q16 2 rows"
                                   : b == &be8 ? " q16 gemm v2 w1"
                                   : b == &be9 ? " q16 gemm v2 w2"
+                                  : b == &be10 ? " q16 v3 fixed ranges"
                                               : " q16 default");
         EXPECT_LE(rel_err(got, exact), 1e-4) << what;
         // vs the unquantised fp64 product: |error| <= 1e-4 (q16) / 1% (q8) of sum_e |w_e x_e| per output
@@ -542,6 +546,40 @@ TEST(CudaOps, DeviceArgmax) {
   check("nan + inf");
   std::fill(x.begin(), x.end(), std::numeric_limits<float>::quiet_NaN());
   check("all nan");
+}
+
+// The decode-step L2 prefetch is a patch of a recorded matvec launch's arguments (host only, no device):
+// it applies to M = 1 matvecs only, is idempotent (a replayed step compares equal to the cached graph
+// node), refuses more bytes than the cap, and leaves a refused launch unchanged.
+TEST(CudaOps, MatvecPrefetchPatchesOnlyM1Matvecs) {
+  const auto* words = reinterpret_cast<const uint32_t*>(uintptr_t(1) << 20);
+  const auto* scales = reinterpret_cast<const uint16_t*>(uintptr_t(1) << 24);
+  auto* y = reinterpret_cast<float*>(uintptr_t(1) << 28);
+  const cuda::TernaryDev cur{words, scales, y, 4096};
+  const cuda::TernaryDev next[2] = {{words, scales, y, 1000}, {words, scales, y, 24}};
+  const int64_t K = 5120;
+  const uint64_t next_bytes = uint64_t(1024 * K / 4 + 1024 * K / 64);  // words + scales of both outputs
+  for (int levels : {1, 2}) {
+    const cuda::Launch m1 = cuda::matvec_launch(&cur, 1, K, nullptr, nullptr, 1, levels, 132, 4);
+    cuda::Launch l = m1;
+    EXPECT_FALSE(cuda::matvec_set_prefetch(l, next, 2, K, next_bytes - 1));  // over the cap
+    EXPECT_TRUE(l.same_args(m1));
+    EXPECT_TRUE(cuda::matvec_set_prefetch(l, next, 2, K, next_bytes));
+    EXPECT_TRUE(l.same_shape(m1));
+    EXPECT_FALSE(l.same_args(m1));
+    cuda::Launch again = l;
+    EXPECT_TRUE(cuda::matvec_set_prefetch(again, next, 2, K, next_bytes));
+    EXPECT_TRUE(again.same_args(l));
+    // M = 2: a matvec with two tokens per pass, not a decode step's M = 1 launch
+    const cuda::Launch m2 = cuda::matvec_launch(&cur, 1, K, nullptr, nullptr, 2, levels, 132, 4);
+    l = m2;
+    EXPECT_FALSE(cuda::matvec_set_prefetch(l, next, 2, K, next_bytes));
+    EXPECT_TRUE(l.same_args(m2));
+  }
+  // the balanced grid: one block per resident slot (2 per SM), fewer when there are fewer row groups
+  EXPECT_EQ(cuda::matvec_launch(&cur, 1, K, nullptr, nullptr, 1, 2, 132, 4).grid.x, 264u);
+  const cuda::TernaryDev small{words, scales, y, 37};  // 10 groups of 4 rows
+  EXPECT_EQ(cuda::matvec_launch(&small, 1, K, nullptr, nullptr, 1, 2, 132, 4).grid.x, 10u);
 }
 
 TEST(CudaOps, ShapeMisuseThrows) {

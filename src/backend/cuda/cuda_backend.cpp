@@ -68,6 +68,8 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
   o.fuse = flag("BONSAI_CUDA_FUSE", o.fuse);
   o.fuse_site = flag("BONSAI_CUDA_FUSE_SITE", o.fuse_site);
   o.gemm_wave_split = flag("BONSAI_CUDA_WAVE_SPLIT", o.gemm_wave_split);
+  o.matvec_balance = flag("BONSAI_CUDA_MATVEC_BALANCE", o.matvec_balance);
+  o.l2_prefetch = flag("BONSAI_CUDA_PREFETCH", o.l2_prefetch);
   if (const char* e = std::getenv("BONSAI_CUDA_GEMM"); e && *e) o.gemm = std::atoi(e);
   o.gemm2_swizzle = flag("BONSAI_CUDA_GEMM2_SWIZZLE", o.gemm2_swizzle);
   if (const char* e = std::getenv("BONSAI_CUDA_GEMM2_WGS"); e && *e) o.gemm2_wgs = std::atoi(e);
@@ -174,6 +176,9 @@ struct CudaBackend::Impl {
   cuda::SiteDesc site_desc;
   bool recording = false;
   std::vector<cuda::Launch> rec;
+  // Index in rec of the step's last M = 1 matvec (-1: none yet): the next one patches it to prefetch its
+  // weights into L2 (Options::l2_prefetch).
+  int64_t last_matvec = -1;
   std::vector<GraphEntry> graphs;
 
   // ---- launching ----------------------------------------------------------------------------------
@@ -186,13 +191,15 @@ struct CudaBackend::Impl {
   void ternary_launches(const cuda::TernaryDev* t, int n, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                         const cuda::SiteDesc* site, std::vector<cuda::Launch>& out) {
     const int sms = prop.multiProcessorCount, lv = levels();
-    if (site) return out.push_back(cuda::matvec_launch(t, n, K, xq, xds, M, lv, sms, opt.matvec_rows, site));
+    if (site)
+      return out.push_back(cuda::matvec_launch(t, n, K, xq, xds, M, lv, sms, opt.matvec_rows, site, opt.matvec_balance));
     if (opt.matvec >= 4 && lv == 1 && cuda::matvec_bulk_supported(K, M))
       return out.push_back(cuda::matvec_bulk_launch(t, n, K, xq, xds, sms, opt.matvec_bulk_rows, opt.matvec_early));
     // The dp4a matvec up to 4 tokens (q8) / 2 (q16: its M = 4 pass, 2 rows per step, measured slower than
     // the 32-token GEMM tile: gate+up 117 vs ~98 us, docs/cuda-kernels.md round 4).
     const int64_t mv_max = lv == 2 ? 2 : 4;
-    if (M <= mv_max || !opt.tensor_cores) return out.push_back(cuda::matvec_launch(t, n, K, xq, xds, M, lv, sms, opt.matvec_rows));
+    if (M <= mv_max || !opt.tensor_cores)
+      return out.push_back(cuda::matvec_launch(t, n, K, xq, xds, M, lv, sms, opt.matvec_rows, nullptr, opt.matvec_balance));
     // v2 (wgmma) on sm_90, v1 (mma.sync) elsewhere; Options::gemm 1 / 2 force one, 0 (auto) takes v2 above 64
     // tokens and for products of at most 16,384 output rows, v1 for the wide ones (gate+up: 34,816 rows) at
     // M <= 64, where v2 measured slower (H200 round 5: gate+up M32 102.5 vs 89.2 us, M64 165 vs 148; down
@@ -330,6 +337,7 @@ struct CudaBackend::Impl {
     flush_pending();
     recording = true;
     rec.clear();
+    last_matvec = -1;
   }
   void end_step() {
     if (!recording) return;
@@ -891,6 +899,13 @@ void CudaBackend::linear(const LinearOut* outs, int n_outs, int64_t K, const flo
     else {
       I.launches.clear();
       I.ternary_launches(t, n, K, xq, xds, M, fused ? &site : nullptr, I.launches);
+      // Decode step: the previous matvec prefetches these weights into L2 when it is done (at most 3/4 of
+      // L2, so the prefetched lines are not evicted by the prefetch itself).
+      if (I.recording && M == 1 && I.opt.l2_prefetch) {
+        if (I.last_matvec >= 0)
+          cuda::matvec_set_prefetch(I.rec[size_t(I.last_matvec)], t, n, K, uint64_t(I.prop.l2CacheSize) * 3 / 4);
+        I.last_matvec = I.launches.size() == 1 ? int64_t(I.rec.size()) : -1;  // the index the launch gets
+      }
       for (const cuda::Launch& l : I.launches) I.emit(l);
     }
   }

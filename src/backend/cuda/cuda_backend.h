@@ -61,6 +61,10 @@ class CudaBackend final : public Backend {
     int gemm2_wgs = 2;         // v2 warpgroups per block: 1 (64 rows, 3-4 blocks per SM) or 2 (128 rows, 1-2 per SM,
                                // 128-token tiles for M > 64); BONSAI_CUDA_GEMM2_WGS
     bool gemm2_swizzle = true; // v2 operand tiles 128-byte swizzled (BONSAI_CUDA_GEMM2_SWIZZLE=0: no swizzle, slower)
+    bool matvec_balance = true;  // M <= 2 matvec: row groups split evenly over one block per resident slot
+                                 // (BONSAI_CUDA_MATVEC_BALANCE=0: fixed groups per warp, rounds 2-5)
+    bool l2_prefetch = true;     // in a recorded decode step each M = 1 matvec prefetches the next one's weights
+                                 // into L2 when it is done (BONSAI_CUDA_PREFETCH=0: off); docs/cuda-kernels.md round 6
     int act_levels = 2;        // int8 digits per activation element in the ternary products: 2 = q16 (default:
                                // passes the fixture gate), 1 = q8 (faster, fails it); BONSAI_CUDA_ACT=q16|q8.
                                // q8 only: the bulk matvec (matvec = 4) and fuse_site (v3 / the site kernel run

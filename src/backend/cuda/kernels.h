@@ -68,8 +68,14 @@ struct TernaryDev {
 // prologue (warp_site.cuh, one digit) instead of by a site kernel: reads site->src (src2, gain, signs),
 // writes neither site->dst nor site->pre_out nor the global xq. Supported when matvec_site_supported();
 // ignored under q16 (the backend never defers a site then).
+// balanced: one block per resident slot (2 per SM), the row groups split evenly over the blocks (else fixed
+// row groups per warp: some SMs get twice the rows of others; BONSAI_CUDA_MATVEC_BALANCE=0).
 Launch matvec_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                     int levels, int sms, int rows = 2, const SiteDesc* site = nullptr);
+                     int levels, int sms, int rows = 2, const SiteDesc* site = nullptr, bool balanced = true);
+// Makes the M = 1 matvec launch l prefetch the weights of `next` (n_next outputs of width K: the matvec that
+// follows it in a decode step) into L2 once each warp is done with its own rows. False (l unchanged) when
+// l is not an M = 1 matvec or the weights exceed max_bytes (more than L2 holds next to the running work).
+bool matvec_set_prefetch(Launch& l, const TernaryDev* next, int n_next, int64_t K, uint64_t max_bytes);
 bool matvec_site_supported(int64_t K, int64_t n, int32_t pre, int64_t seg);
 // Bulk-copy matvec (matvec_bulk.cu): q8 only (levels = 1; the backend uses v3 under q16), M = 1, tiles of rows streamed by one producer thread per block with
 // cp.async.bulk into a 4-stage shared-memory ring. Supported when K % 1024 == 0; rows: at most 1, 2, 4

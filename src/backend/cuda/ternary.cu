@@ -20,6 +20,8 @@
 //   xds float2 [M, K/64] {u = d / 254, S = 254 sum(q0) + sum(q1) over the chunk's 64 elements}
 // (int8: u = d, S = sum(q0)); every kernel computes u * (sum(c Q) - S) per chunk / group.
 #include <algorithm>
+#include <cstring>
+#include <iterator>
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/common.cuh"
@@ -234,12 +236,16 @@ struct TOut {
   int64_t N;
   int64_t g0;  // first row pair (matvec) or first block (GEMM) of this output
 };
+// Byte ranges the M = 1 matvec prefetches into L2 once its own rows are done (matvec_set_prefetch).
+constexpr int kMaxPrefetch = 2 * kMaxOuts;  // words and scales of each output
 struct TernaryArgs {
   TOut o[kMaxOuts];
   const int8_t* xq;
   const float2* xds;
+  const unsigned char* pf_p[kMaxPrefetch];  // [pf_bytes[i]] each, device memory (weights of the next matvec)
+  int64_t pf_bytes[kMaxPrefetch];           // 0: unused slot
   int64_t K, M;
-  int64_t total, per_warp;  // matvec: row pairs in all, row pairs per warp
+  int64_t total, per_warp;  // matvec: row groups in all, row groups per warp (0: balanced over the blocks)
   int64_t part_stride;      // GEMM split-K: floats between the partial outputs of consecutive K slices
   int32_t n_outs, ks;       // GEMM split-K: K slices (blockIdx.z); 1 = no split
   WarpSite site;            // matvec, M = 1: when active, every block computes xq / xds itself (warp_site.cuh)
@@ -270,8 +276,16 @@ __global__ __launch_bounds__(kMvWarps * 32, 2) void matvec_kernel(const TernaryA
   const int64_t warp = int64_t(blockIdx.x) * kMvWarps + (threadIdx.x >> 5);
   const int64_t C = a.K >> 6, G = a.K >> 7;
   const int L = int((C + 31) >> 5);  // steps per row group
-  const int64_t g_begin = warp * a.per_warp;
-  const int64_t g_end = min(a.total, g_begin + a.per_warp);
+  int64_t g_begin, g_end;
+  if (a.per_warp > 0) {  // fixed ranges (BONSAI_CUDA_MATVEC_BALANCE=0)
+    g_begin = warp * a.per_warp;
+    g_end = min(a.total, g_begin + a.per_warp);
+  } else {  // the groups split evenly over the blocks (one per resident slot), then over the block's warps
+    const int64_t nb = gridDim.x, b0 = a.total * blockIdx.x / nb, n = a.total * (blockIdx.x + 1) / nb - b0;
+    const int w = threadIdx.x >> 5;
+    g_begin = b0 + n * w / kMvWarps;
+    g_end = b0 + n * (w + 1) / kMvWarps;
+  }
   const int64_t steps = g_end > g_begin ? (g_end - g_begin) * L : 0;
   const int64_t m0 = int64_t(blockIdx.y) * MT;
 
@@ -410,6 +424,16 @@ __global__ __launch_bounds__(kMvWarps * 32, 2) void matvec_kernel(const TernaryA
       }
     }
   }
+  // This warp's loads are all issued and consumed: prefetch its share of the next matvec's weights into
+  // L2, so the DRAM streams them while the latency-bound small kernels in between run (it idles there).
+  const int64_t nw = int64_t(gridDim.x) * kMvWarps;
+#pragma unroll 1
+  for (int i = 0; i < kMaxPrefetch; ++i) {
+    const int64_t lines = (a.pf_bytes[i] + 127) >> 7;
+    const int64_t l1 = lines * (warp + 1) / nw;
+    for (int64_t l = lines * warp / nw + lane; l < l1; l += 32)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(a.pf_p[i] + (l << 7)));
+  }
 }
 
 __device__ __forceinline__ int find_output(const TernaryArgs& a) { return output_of(a, int64_t(blockIdx.x)); }
@@ -441,7 +465,7 @@ bool matvec_site_supported(int64_t K, int64_t n, int32_t pre, int64_t seg) {
 }
 
 Launch matvec_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                     int levels, int sms, int rows, const SiteDesc* site) {
+                     int levels, int sms, int rows, const SiteDesc* site, bool balanced) {
   const int mt = M <= 1 ? 1 : M <= 2 ? 2 : 4;  // tokens per pass
   // q16 with several tokens: 2 rows per step (4 rows spill at the 128-register cap).
   const int R = rows == 4 && (levels == 1 || mt == 1) ? 4 : 2;
@@ -457,12 +481,22 @@ Launch matvec_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t
     g0 += (outs[i].N + R - 1) / R;
   }
   a.total = g0;
-  // Balanced contiguous ranges: at most 2 blocks of 8 warps per SM resident (the register budget).
-  const int64_t max_warps = int64_t(sms) * 2 * kMvWarps;
-  a.per_warp = (a.total + max_warps - 1) / max_warps;
-  const int64_t warps = (a.total + a.per_warp - 1) / a.per_warp;
+  // At most 2 blocks of 8 warps per SM resident (the register budget).
+  const int64_t slots = int64_t(sms) * 2, max_warps = slots * kMvWarps;
+  int64_t blocks;
+  if (balanced) {
+    // One block per resident slot, the row groups split evenly over the blocks: every SM gets the same
+    // rows +- 1 group. (Fixed per-warp ranges put 2 blocks on some SMs and 1 on others: ffn_down, 1,280
+    // groups of 4 rows, ran 160 blocks, so 28 SMs carried 16 groups and the rest 8.)
+    a.per_warp = 0;
+    blocks = std::min(slots, a.total);
+  } else {
+    a.per_warp = (a.total + max_warps - 1) / max_warps;
+    const int64_t warps = (a.total + a.per_warp - 1) / a.per_warp;
+    blocks = (warps + kMvWarps - 1) / kMvWarps;
+  }
   const void* f = levels == 2 ? matvec_kernel_for<2>(R, mt) : matvec_kernel_for<1>(R, mt);
-  const dim3 grid(unsigned((warps + kMvWarps - 1) / kMvWarps), unsigned((M + mt - 1) / mt));
+  const dim3 grid(unsigned(std::max<int64_t>(blocks, 1)), unsigned((M + mt - 1) / mt));
   // The site as this kernel's prologue (reads site->src, writes no fp32 outputs); one digit only (q8).
   if (site && M == 1 && levels == 1) {
     int log2n = 0;
@@ -474,6 +508,35 @@ Launch matvec_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t
     return make_launch(f, grid, dim3(kMvWarps * 32), uint32_t(K + K / 64 * 8), a);
   }
   return make_launch(f, grid, dim3(kMvWarps * 32), 0, a);
+}
+
+bool matvec_set_prefetch(Launch& l, const TernaryDev* next, int n_next, int64_t K, uint64_t max_bytes) {
+  // Only the M = 1 matvec instances prefetch (their grid has one token row).
+  const void* const mt1[] = {reinterpret_cast<const void*>(&matvec_kernel<1, 2, 4, 1>),
+                             reinterpret_cast<const void*>(&matvec_kernel<1, 4, 2, 1>),
+                             reinterpret_cast<const void*>(&matvec_kernel<1, 2, 4, 2>),
+                             reinterpret_cast<const void*>(&matvec_kernel<1, 4, 2, 2>),
+                             reinterpret_cast<const void*>(&matvec_kernel<1, 2, 4, 1, true>),
+                             reinterpret_cast<const void*>(&matvec_kernel<1, 4, 2, 1, true>)};
+  if (l.size != sizeof(TernaryArgs) || std::find(std::begin(mt1), std::end(mt1), l.func) == std::end(mt1)) return false;
+  if (n_next < 1 || n_next > kMaxOuts) return false;
+  uint64_t total = 0;
+  for (int i = 0; i < n_next; ++i) total += uint64_t(next[i].N) * uint64_t(K) / 4 + uint64_t(next[i].N) * uint64_t(K) / 64;
+  if (total > max_bytes) return false;  // would evict its own first lines before they are read
+  TernaryArgs a;
+  std::memcpy(&a, l.args, sizeof a);
+  for (int i = 0; i < kMaxPrefetch; ++i) {
+    a.pf_p[i] = nullptr;
+    a.pf_bytes[i] = 0;
+  }
+  for (int i = 0; i < n_next; ++i) {
+    a.pf_p[2 * i] = reinterpret_cast<const unsigned char*>(next[i].words);  // u32 [N, K/16]
+    a.pf_bytes[2 * i] = next[i].N * K / 4;
+    a.pf_p[2 * i + 1] = reinterpret_cast<const unsigned char*>(next[i].scales);  // fp16 [N, K/128]
+    a.pf_bytes[2 * i + 1] = next[i].N * K / 64;
+  }
+  std::memcpy(l.args, &a, sizeof a);
+  return true;
 }
 
 // ================================ int8 tensor-core GEMM ===========================================

@@ -1,0 +1,47 @@
+#!/bin/bash
+# Round 6 device run (decode at batch 1): tests, the fixture gate (q16), the M = 1 kernel table (balanced vs
+# fixed matvec grid) and `bonsai bench` tg128 on the 27b preset for each A/B switch of the round.
+# Binaries built here (BUILD=build-cuda-helper tests/cuda/stage_devbin.sh), carried in .devbin/.
+# Env: SKIP_TESTS=1, SKIP_KERNELS=1, SKIP_PP=1, CONFIGS (the tg A/B list, "name:ENV=V,ENV=V" words),
+# DEPTH (default 0; e.g. 0,8192). $OUT: test_cuda.log, gate.txt, bench_kernels.txt, bench.txt.
+set -u
+export LD_LIBRARY_PATH=$PWD/.devbin
+B=$PWD/.devbin
+OUT=${OUT:-/tmp/out}
+L=/tmp/logs
+FIX=$PWD/tests/data/fixtures/tiny_seed7.safetensors
+P27=/tmp/p27/27b-pq2_0.gguf
+mkdir -p "$OUT" "$L"
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv,noheader
+$B/bonsai --help > /dev/null 2>&1 || { echo "bonsai does not start"; ldd $B/bonsai; exit 1; }
+( $B/bonsai make-pack --preset 27b -o /tmp/p27 > "$L/makepack.log" 2>&1 ) &
+MP=$!
+$B/bonsai make-pack --preset tiny --format gguf-pq2_0 -o /tmp/tiny > /dev/null 2>&1
+$B/bonsai make-pack --preset tiny --seed 7 --format gguf-pq2_0 -o /tmp/tiny7 > /dev/null 2>&1
+timeout 120 $B/bonsai gate -m /tmp/tiny7/tiny-pq2_0.gguf --fixture "$FIX" --backend cuda --json > "$L/gate.json" 2> "$L/gate.err"
+echo "gate q16 rc=$? $(tr -d '\n' < "$L/gate.json" | grep -oE '"overall"[^}]*}' | head -c 400)" | tee -a "$OUT/gate.txt"
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  BONSAI_TINY_PACK=/tmp/tiny/tiny-pq2_0.gguf BONSAI_TINY7_PACK=/tmp/tiny7/tiny-pq2_0.gguf BONSAI_GATE_FIXTURE="$FIX" \
+    timeout 300 $B/test_cuda --gtest_filter="${TEST_FILTER:--CudaBench.*}" > "$OUT/test_cuda.log" 2>&1
+  echo "test_cuda rc=$?"
+  grep -E "^\[  FAILED|^\[  PASSED|^\[tiny|Failure|Expected|Which is" "$OUT/test_cuda.log" | head -40
+fi
+if [ "${SKIP_KERNELS:-0}" != 1 ]; then
+  BONSAI_CUDA_BENCH=1 BONSAI_BENCH_OUT=$OUT BONSAI_BENCH_MAX_M=1 timeout 200 $B/test_cuda \
+    --gtest_filter='CudaBench.ProbeAndTernaryKernels' > "$L/bench_kernels.log" 2>&1
+  echo "kernels rc=$?"
+  grep -E "probe|q16" "$OUT/bench_kernels.txt"
+fi
+wait $MP
+for cfg in ${CONFIGS:-default:X=1}; do
+  name=${cfg%%:*}; env=${cfg#*:}
+  echo "== $name ($env): bonsai bench --backend cuda -m $P27 -p 0 -n 128 -r 2 -d ${DEPTH:-0}" >> "$OUT/bench.txt"
+  env ${env//,/ } timeout 200 $B/bonsai bench --backend cuda -m $P27 -p 0 -n 128 -r 2 -d ${DEPTH:-0} >> "$OUT/bench.txt" 2>&1
+  echo "rc=$?" >> "$OUT/bench.txt"
+done
+if [ "${SKIP_PP:-0}" != 1 ]; then
+  echo "== default: bonsai bench --backend cuda -m $P27 -p 512,2048 -n 0 -r 2" >> "$OUT/bench.txt"
+  timeout 200 $B/bonsai bench --backend cuda -m $P27 -p 512,2048 -n 0 -r 2 >> "$OUT/bench.txt" 2>&1
+  echo "rc=$?" >> "$OUT/bench.txt"
+fi
+grep -E "==|pp|tg|rc=|probe" "$OUT/bench.txt"
