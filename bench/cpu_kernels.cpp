@@ -6,6 +6,8 @@
 //   gemm64/<act>/<variant>/K<K>_N<N>/t<threads>    prefill chunk, M = 64
 //   read/K<K>_N<N>/t<threads>                      the same bytes read and discarded, same pool and chunks
 //   incache/<act>/<variant>/...                   the kernel alone on an L2-resident matrix (compute ceiling)
+//   matvec_tiled/, gemm64_tiled/, incache_tiled/  the same on the tiled layout (backend/cpu/tiles.h), where
+//                                                 the variant has tiled kernels (integer activations only)
 //   fwht/<variant>/...  quantize_q8/L<digits>/<variant>/...  dot/<variant>/...
 // act: q8 / q16 / q24 (activation as 1 / 2 / 3 int8 digits per element, VNNI where present) or f32
 // (fp32 activations, exact).
@@ -40,6 +42,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cpu/probe.h"
 #include "backend/cpu/thread_pool.h"
+#include "backend/cpu/tiles.h"
 #include "format/ternary_codec.h"
 #include "util/half.h"
 
@@ -68,6 +71,14 @@ struct Matrix {
   std::vector<uint32_t> words;   // [N, K/16]   split form, filled first, freed by encode()
   std::vector<uint16_t> scales;  // [N, K/128]
   std::vector<uint8_t> blocks;   // [N, K/128, 34] PQ2_0 blocks (the canonical layout the kernels read)
+  std::vector<uint8_t> tiled;    // the same in the CPU's tiled layout (backend/cpu/tiles.h), built on demand
+  const uint8_t* tiles = nullptr;  // 64-aligned start inside `tiled`
+  void tile(int64_t N, int64_t K) {
+    if (tiles) return;
+    tiled.resize(cpu::tiled_bytes(N, K) + 64);
+    tiles = reinterpret_cast<const uint8_t*>((reinterpret_cast<uintptr_t>(tiled.data()) + 63) & ~uintptr_t(63));
+    cpu::build_tiles(blocks.data(), nullptr, 0, N, K, const_cast<uint8_t*>(tiles));
+  }
   void encode(int64_t N, int64_t K) {
     blocks.resize(size_t(N * K / 128 * bonsai::kPq2Bytes));
     bonsai::canonical_to_pq2(words.data(), scales.data(), uint64_t(N), uint64_t(K), blocks.data());
@@ -134,11 +145,13 @@ void setup(benchmark::State& state, const char* variant, int threads) {
 }
 
 void bm_ternary(benchmark::State& state, const char* variant, cpu::TernaryActivation act, Shape s, int64_t M,
-                int threads) {
+                int threads, bool tiled = false) {
   setup(state, variant, threads);
   if (state.error_occurred()) return;
   cpu::set_ternary_activation(act);
   Copies& w = weights(s);
+  if (tiled)
+    for (Matrix& m : w.m) m.tile(s.N, s.K);
   const auto x = activation(M * s.K, 1);
   std::vector<float> y(size_t(M * s.N));
   size_t i = 0;
@@ -146,7 +159,9 @@ void bm_ternary(benchmark::State& state, const char* variant, cpu::TernaryActiva
   const auto t0 = std::chrono::steady_clock::now();
   for (auto _ : state) {
     const Matrix& m = w.m[i++ % w.m.size()];
-    cpu::ternary_matmul(m.blocks.data(), s.N, s.K, x.data(), M, y.data());
+    bonsai::TernaryOut o{m.blocks.data(), s.N, y.data()};
+    if (tiled) o.tiles = m.tiles;
+    cpu::ternary_matmul_multi(&o, 1, s.K, x.data(), M);
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }
@@ -217,7 +232,7 @@ void bm_read(benchmark::State& state, Shape s, int threads) {
 // Compute ceiling: the kernel alone (one thread, no op layer) on a matrix that stays in L2 (K=5120,
 // N=128: 170 KB), activation pre-quantised. GB/s here is weight bytes per CPU second: what the kernel could
 // stream if memory were free; compare with the DRAM numbers to see which side limits.
-void bm_incache(benchmark::State& state, const char* variant, int levels, int64_t M) {
+void bm_incache(benchmark::State& state, const char* variant, int levels, int64_t M, bool tiled = false) {
   const cpu::Kernels* k = cpu::find_kernels(variant);
   if (!k) {
     state.SkipWithError("this CPU cannot run this variant");
@@ -234,8 +249,20 @@ void bm_incache(benchmark::State& state, const char* variant, int levels, int64_
   for (int64_t r = 0; r < M; ++r)
     k->quantize_q8(x.data() + r * s.K, s.K, int(L), q.data() + r * L * s.K, qs.data() + r * G, qsum.data() + r * L * G);
   std::vector<float> y(size_t(M * s.N));
+  if (tiled) {
+    if (!k->ternary_tiles_q8_x1 || levels == 0) {
+      state.SkipWithError("no tiled kernel for this variant / precision");
+      return;
+    }
+    m.tile(s.N, s.K);
+  }
   for (auto _ : state) {
-    if (levels > 0 && M == 1)
+    if (tiled && M == 1)
+      k->ternary_tiles_q8_x1(m.tiles, s.K, s.N, 0, cpu::tile_count(s.N), q.data(), qs.data(), qsum.data(), levels, y.data());
+    else if (tiled)
+      k->ternary_tiles_q8_xm(m.tiles, s.K, s.N, 0, cpu::tile_count(s.N), q.data(), qs.data(), qsum.data(), levels, M,
+                             y.data(), s.N);
+    else if (levels > 0 && M == 1)
       k->ternary_rows_q8_x1(m.blocks.data(), s.K, 0, s.N, q.data(), qs.data(), qsum.data(), levels,
                             y.data());
     else if (levels > 0)
@@ -320,6 +347,18 @@ void register_all() {
                                        [=](benchmark::State& st) { bm_ternary(st, v, act, s, 1, t); })
               ->UseRealTime()
               ->Unit(benchmark::kMillisecond);
+          const bool has_tiles = cpu::find_kernels(v) && cpu::find_kernels(v)->ternary_tiles_q8_x1;
+          if (has_tiles && act != cpu::TernaryActivation::f32) {
+            benchmark::RegisterBenchmark(("matvec_tiled/" + a + "/" + v + "/" + shape_name(s) + "/t" + std::to_string(t)).c_str(),
+                                         [=](benchmark::State& st) { bm_ternary(st, v, act, s, 1, t, true); })
+                ->UseRealTime()
+                ->Unit(benchmark::kMillisecond);
+            if (s.N < 100000)
+              benchmark::RegisterBenchmark(("gemm64_tiled/" + a + "/" + v + "/" + shape_name(s) + "/t" + std::to_string(t)).c_str(),
+                                           [=](benchmark::State& st) { bm_ternary(st, v, act, s, 64, t, true); })
+                  ->UseRealTime()
+                  ->Unit(benchmark::kMillisecond);
+          }
           // The GEMM is compute-bound: skip the slow portable variant and the head (prefill needs the
           // head for the last token only) except on the smallest shape.
           const bool head = s.N > 100000;
@@ -339,6 +378,11 @@ void register_all() {
             (std::string("incache/") + names[levels] + "/" + v + "/M" + std::to_string(M) + "_K5120_N128").c_str(),
             [=](benchmark::State& st) { bm_incache(st, v, levels, M); })
             ->Unit(benchmark::kMicrosecond);
+        if (levels > 0 && cpu::find_kernels(v) && cpu::find_kernels(v)->ternary_tiles_q8_x1)
+          benchmark::RegisterBenchmark(
+              (std::string("incache_tiled/") + names[levels] + "/" + v + "/M" + std::to_string(M) + "_K5120_N128").c_str(),
+              [=](benchmark::State& st) { bm_incache(st, v, levels, M, true); })
+              ->Unit(benchmark::kMicrosecond);
       }
   for (const char* v : kVariants) {
     for (int64_t K : {5120, 17408})

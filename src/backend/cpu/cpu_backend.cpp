@@ -1,5 +1,9 @@
 #include "backend/cpu/cpu_backend.h"
 
+#include <cstdlib>
+#include <string_view>
+
+#include "backend/cpu/kernels.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/thread_pool.h"
 #include "util/error.h"
@@ -14,7 +18,18 @@ CpuBackend::CpuBackend(const Options& o) : opt_(o) {
 
 int CpuBackend::threads() const { return cpu::num_threads(); }
 
-void CpuBackend::prepare(const Model&) {}  // canonical layout as is (see the header)
+namespace {
+bool tiles_enabled_by_env() {
+  const char* e = std::getenv("BONSAI_CPU_TILES");
+  return !(e && std::string_view(e) == "0");
+}
+}  // namespace
+
+void CpuBackend::prepare(const Model& m) {
+  // Only when the active variant can use them: a variant switched to later (tests) finds tiles it
+  // cannot read ignored (the op layer checks the variant), never misread.
+  if (opt_.tile_weights && tiles_enabled_by_env() && cpu::kernels().ternary_tiles_q8_x1) tiles_.build(m);
+}
 
 void CpuBackend::embed_rows(const TernaryMatrix& table, const int32_t* host_ids, int64_t M, float* out) {
   for (int64_t m = 0; m < M; ++m)
@@ -35,7 +50,7 @@ void CpuBackend::linear(const LinearOut* outs, int n_outs, int64_t K, const floa
   for (int i = 0; i < n_outs; ++i) {
     const TernaryMatrix& w = *outs[i].w;
     if (w.cols != K) fail("linear: {} has K = {}, the input has {}", w.name, w.cols, K);
-    t[i] = {w.blocks, w.rows, outs[i].y, w.row_runs.data(), int64_t(w.row_runs.size())};
+    t[i] = {w.blocks, w.rows, outs[i].y, w.row_runs.data(), int64_t(w.row_runs.size()), tiles_.find(w)};
   }
   cpu::ternary_matmul_multi(t, n_outs, K, x, M);
 }

@@ -1,6 +1,7 @@
 // CpuBackend: the Backend interface over the CPU op library (backend/cpu/ops.h): fp32, threaded over
-// the global pool of backend/cpu/thread_pool.h. Weights are used in the canonical layout (no repack
-// yet: prepare() is where a SIMD variant will re-tile the ternary words).
+// the global pool of backend/cpu/thread_pool.h. prepare() re-tiles the ternary linears for the integer
+// kernels when the active kernel variant has tiled kernels (backend/cpu/tiles.h, weight_tiles.h; off with
+// Options::tile_weights = false or BONSAI_CPU_TILES=0); every other path reads the canonical blocks.
 //
 // Evaluation choices: attention M == 1 -> attention_decode, else attention_prefill; the delta rule is
 // token by token (gdn_recurrent) for any T by default: measured faster than the chunked form on CPU
@@ -8,6 +9,7 @@
 // (chunk 64), for parity tests of the two paths on this backend.
 #pragma once
 #include "backend/cpu/site.h"
+#include "backend/cpu/weight_tiles.h"
 #include "backend/host_backend.h"
 
 namespace bonsai {
@@ -17,6 +19,7 @@ class CpuBackend final : public HostBackend {
   struct Options {
     int threads = 0;           // <= 0: hardware_concurrency (resizes the process-wide CPU pool)
     bool gdn_chunked = false;  // prefill chunks through gdn_chunked instead of gdn_recurrent
+    bool tile_weights = true;  // prepare() builds the tiled copies (BONSAI_CPU_TILES=0 also turns it off)
   };
   static constexpr int64_t kGdnChunk = 64;
 
@@ -25,6 +28,7 @@ class CpuBackend final : public HostBackend {
   const char* name() const override { return "cpu"; }
   int threads() const;
   void prepare(const Model& m) override;
+  const cpu::WeightTiles& weight_tiles() const { return tiles_; }  // what prepare() tiled, its bytes and time
 
   void embed_rows(const TernaryMatrix& table, const int32_t* host_ids, int64_t M, float* out) override;
   void hadamard_forward(float* x, int64_t rows, int64_t K, const int8_t* signs, int64_t block) override;
@@ -62,6 +66,7 @@ class CpuBackend final : public HostBackend {
 
  private:
   Options opt_;
+  cpu::WeightTiles tiles_;
 };
 
 }  // namespace bonsai

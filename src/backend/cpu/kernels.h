@@ -82,6 +82,17 @@ struct Kernels {
   // y as ternary_rows_xm.
   void (*ternary_rows_q8_xm)(const uint8_t* blocks, int64_t K, int64_t n0, int64_t n1, const int8_t* q,
                              const float* qscale, const int32_t* qsum, int levels, int64_t M, float* y, int64_t ldy);
+
+  // The same two on the tiled layout (backend/cpu/tiles.h) of W [N, K], tiles t0 <= t < t1 (rows 16t ..
+  // min(16t + 16, N) - 1); y points at output row 0: the x1 form writes y[n], the xm form Y[m][n] at
+  // y + m * ldy + n. Arithmetic per output identical to ternary_rows_q8_xm (the same exact integer group
+  // dots, the same fp32 ops in the same order), so the tiled and canonical GEMMs agree bit for bit.
+  // nullptr in a variant without tiled kernels (the op layer then uses the canonical ones).
+  void (*ternary_tiles_q8_x1)(const uint8_t* tiles, int64_t K, int64_t N, int64_t t0, int64_t t1, const int8_t* q,
+                              const float* qscale, const int32_t* qsum, int levels, float* y) = nullptr;
+  void (*ternary_tiles_q8_xm)(const uint8_t* tiles, int64_t K, int64_t N, int64_t t0, int64_t t1, const int8_t* q,
+                              const float* qscale, const int32_t* qsum, int levels, int64_t M, float* y,
+                              int64_t ldy) = nullptr;
 };
 
 const Kernels& kernels();            // the active variant (chosen at first use; see above)

@@ -40,6 +40,7 @@
 
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/pq2_rows.h"
+#include "backend/cpu/tiles.h"
 #include "format/ternary_codec.h"
 
 #if BONSAI_AVX512_VNNI
@@ -475,7 +476,8 @@ TGT_INLINE __m512i bcast32(const int8_t* p) {
 // L digits: q points at row 0's chunk of digit 0 (digit l at + l * K, rows qrs apart), qsum at row 0's
 // group of digit 0 (digit l at + l * G, rows srs apart), qs at row 0's group (rows G apart).
 // facc[mb] (16 rows) += the scaled exact group dot.
-template <int MB, int L>
+// P: the activation's plane stride in this chunk (64; 32 in an odd tail chunk of one group, kernels.h).
+template <int MB, int L, int P = 64>
 TGT_INLINE void gemm16_half(const __m512i (*pl)[4], int h, const int8_t* q, int64_t K, int64_t qrs, const float* qs,
                             const int32_t* qsum, int64_t G, int64_t srs, __m512 d, __m512* facc) {
   __m512i tot[MB];
@@ -492,12 +494,12 @@ TGT_INLINE void gemm16_half(const __m512i (*pl)[4], int h, const int8_t* q, int6
         const int8_t* qq = q + mb * qrs + l * K + 4 * k;
 #if BONSAI_AVX512_VNNI
         acc[mb][0] = _mm512_dpbusd_epi32(acc[mb][0], p0, bcast32(qq));
-        acc[mb][1] = _mm512_dpbusd_epi32(acc[mb][1], p2, bcast32(qq + 128));
-        acc[mb][0] = _mm512_dpbusd_epi32(acc[mb][0], p1, bcast32(qq + 64));
-        acc[mb][1] = _mm512_dpbusd_epi32(acc[mb][1], p3, bcast32(qq + 192));
+        acc[mb][1] = _mm512_dpbusd_epi32(acc[mb][1], p2, bcast32(qq + 2 * P));
+        acc[mb][0] = _mm512_dpbusd_epi32(acc[mb][0], p1, bcast32(qq + P));
+        acc[mb][1] = _mm512_dpbusd_epi32(acc[mb][1], p3, bcast32(qq + 3 * P));
 #else
-        acc[mb][0] = dot4_planes(acc[mb][0], p0, p1, p2, p3, bcast32(qq), bcast32(qq + 64), bcast32(qq + 128),
-                                 bcast32(qq + 192));  // no long chain here: one vpaddd per 4 planes
+        acc[mb][0] = dot4_planes(acc[mb][0], p0, p1, p2, p3, bcast32(qq), bcast32(qq + P), bcast32(qq + 2 * P),
+                                 bcast32(qq + 3 * P));  // no long chain here: one vpaddd per 4 planes
 #endif
       }
     }
@@ -509,6 +511,42 @@ TGT_INLINE void gemm16_half(const __m512i (*pl)[4], int h, const int8_t* q, int6
   for (int mb = 0; mb < MB; ++mb)
     facc[mb] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot[mb]), _mm512_mul_ps(d, _mm512_set1_ps(qs[mb * G] * digit_unit(L))),
                                facc[mb]);
+}
+
+// The four code planes of 16 transposed code dwords (a[k] lane r = row r's dword k), k < kn.
+TGT_INLINE void decode_planes(const __m512i* a, int kn, __m512i (*pl)[4]) {
+  const __m512i m3 = _mm512_set1_epi8(3);
+  for (int k = 0; k < kn; ++k) {
+    pl[k][0] = _mm512_and_si512(a[k], m3);
+    pl[k][1] = _mm512_and_si512(_mm512_srli_epi16(a[k], 2), m3);
+    pl[k][2] = _mm512_and_si512(_mm512_srli_epi16(a[k], 4), m3);
+    pl[k][3] = _mm512_and_si512(_mm512_srli_epi16(a[k], 6), m3);
+  }
+}
+
+// Activation rows m0 .. m0 + mc - 1 (L digits) against the decoded planes of chunk c of 16 rows: group 2c
+// with the rows' d in dA and, when `groups` == 2, group 2c + 1 with dB; facc[m - m0] (16 rows) += the
+// scaled group dots. P: 64, or 32 for an odd tail chunk (one group).
+template <int L, int P>
+TGT_INLINE void gemm16_chunk(const __m512i (*pl)[4], int groups, __m512 dA, __m512 dB, const int8_t* q, int64_t K,
+                             int64_t G, int64_t c, const float* qs, const int32_t* qsum, int64_t m0, int64_t mc,
+                             __m512* facc) {
+  const int64_t qrs = L * K, srs = L * G;
+  int64_t m = 0;
+  for (; m + 4 <= mc; m += 4) {
+    const int64_t mm = m0 + m;
+    const int8_t* qm = q + mm * qrs + 256 * c;
+    gemm16_half<4, L, P>(pl, 0, qm, K, qrs, qs + mm * G + 2 * c, qsum + mm * srs + 2 * c, G, srs, dA, facc + m);
+    if (groups == 2)
+      gemm16_half<4, L, P>(pl, 1, qm, K, qrs, qs + mm * G + 2 * c + 1, qsum + mm * srs + 2 * c + 1, G, srs, dB, facc + m);
+  }
+  for (; m < mc; ++m) {
+    const int64_t mm = m0 + m;
+    const int8_t* qm = q + mm * qrs + 256 * c;
+    gemm16_half<1, L, P>(pl, 0, qm, K, qrs, qs + mm * G + 2 * c, qsum + mm * srs + 2 * c, G, srs, dA, facc + m);
+    if (groups == 2)
+      gemm16_half<1, L, P>(pl, 1, qm, K, qrs, qs + mm * G + 2 * c + 1, qsum + mm * srs + 2 * c + 1, G, srs, dB, facc + m);
+  }
 }
 
 // Rows w0 .. w0 + nr - 1 (nr <= 16, rb bytes apart), all M activation rows (L digits); y[m * ldy + r]. A row
@@ -523,7 +561,6 @@ TGT void q8_rows16_xm(const uint8_t* w0, int64_t rb, int64_t K, const int8_t* q,
   alignas(64) __m512 facc[kMT];   // [m] 16 rows
   const __m512i row_idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                              _mm512_set1_epi32(int(rb)));  // byte offsets of the 16 rows
-  const __m512i m3 = _mm512_set1_epi8(3);
   for (int64_t m0 = 0; m0 < M; m0 += kMT) {
     const int64_t mc = std::min<int64_t>(kMT, M - m0);
     for (int64_t m = 0; m < mc; ++m) facc[m] = _mm512_setzero_ps();
@@ -532,28 +569,11 @@ TGT void q8_rows16_xm(const uint8_t* w0, int64_t rb, int64_t K, const int8_t* q,
       const uint8_t* wc = w0 + 2 * kPq2Bytes * c;
       for (int r = 0; r < 16; ++r) a[r] = r < nr ? chunk_codes(wc + r * rb) : _mm512_setzero_si512();
       transpose16x16(a);
-      for (int k = 0; k < 16; ++k) {
-        pl[k][0] = _mm512_and_si512(a[k], m3);
-        pl[k][1] = _mm512_and_si512(_mm512_srli_epi16(a[k], 2), m3);
-        pl[k][2] = _mm512_and_si512(_mm512_srli_epi16(a[k], 4), m3);
-        pl[k][3] = _mm512_and_si512(_mm512_srli_epi16(a[k], 6), m3);
-      }
+      decode_planes(a, 16, pl);
       // d of groups 2c and 2c+1 for the 16 rows: one gather per group.
       const __m512 dA = gather_d(wc, row_idx, __mmask16((1u << nr) - 1));
       const __m512 dB = gather_d(wc + kPq2Bytes, row_idx, __mmask16((1u << nr) - 1));
-      int64_t m = 0;
-      for (; m + 4 <= mc; m += 4) {
-        const int64_t mm = m0 + m;
-        const int8_t* qm = q + mm * qrs + 256 * c;
-        gemm16_half<4, L>(pl, 0, qm, K, qrs, qs + mm * G + 2 * c, qsum + mm * srs + 2 * c, G, srs, dA, facc + m);
-        gemm16_half<4, L>(pl, 1, qm, K, qrs, qs + mm * G + 2 * c + 1, qsum + mm * srs + 2 * c + 1, G, srs, dB, facc + m);
-      }
-      for (; m < mc; ++m) {
-        const int64_t mm = m0 + m;
-        const int8_t* qm = q + mm * qrs + 256 * c;
-        gemm16_half<1, L>(pl, 0, qm, K, qrs, qs + mm * G + 2 * c, qsum + mm * srs + 2 * c, G, srs, dA, facc + m);
-        gemm16_half<1, L>(pl, 1, qm, K, qrs, qs + mm * G + 2 * c + 1, qsum + mm * srs + 2 * c + 1, G, srs, dB, facc + m);
-      }
+      gemm16_chunk<L, 64>(pl, 2, dA, dB, q, K, G, c, qs, qsum, m0, mc, facc);
     }
     for (int64_t m = 0; m < mc; ++m) {
       const int64_t mm = m0 + m;
@@ -586,6 +606,8 @@ TGT void ternary_rows_q8_xm_avx512(const uint8_t* blocks, int64_t K, int64_t n0,
     else q8_rows16_xm<3>(w, rb, K, q, qscale, qsum, M, y + (n - n0), ldy, nr);
   }
 }
+
+#include "backend/cpu/kernels_avx512_tiles.h"
 
 // ---- fp32 GEMM, 16 rows per lane set ------------------------------------------------------------------
 // The fp32-activation GEMM in the same broadcast form: the codes of one chunk of 16 rows are transposed,

@@ -9,7 +9,8 @@ namespace bonsai::cpu::detail {
 const Kernels* avx512bw_kernels() {
   static const Kernels k{"avx512bw",             fwht_block_avx512,       ternary_rows_x1_avx512,
                          ternary_rows_xm_avx512, dot_avx512,              quantize_q8_avx512,
-                         ternary_rows_q8_x1_avx512, ternary_rows_q8_xm_avx512};
+                         ternary_rows_q8_x1_avx512, ternary_rows_q8_xm_avx512,
+                         ternary_tiles_q8_x1_avx512, ternary_tiles_q8_xm_avx512};
   return &k;
 }
 }  // namespace bonsai::cpu::detail

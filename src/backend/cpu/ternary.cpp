@@ -9,6 +9,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cpu/pq2_rows.h"
 #include "backend/cpu/thread_pool.h"
+#include "backend/cpu/tiles.h"
 #include "util/error.h"
 
 namespace bonsai::cpu {
@@ -55,6 +56,34 @@ void rows(const TernaryOut& o, int64_t K, const float* x, const ActQ8* xq, int64
   }
 }
 
+// Tiles per pool chunk: ~256K multiply-adds of work (an even count at M = 1, where the matvec walks two runs
+// of tiles in lockstep).
+int64_t tile_grain(int64_t K, int64_t M) {
+  const int64_t g = std::max<int64_t>(1, (int64_t(1) << 18) / std::max<int64_t>(1, kTileRows * K * M));
+  return M == 1 ? (g + 1) / 2 * 2 : g;
+}
+
+// All weight sets through the tiled integer kernels: one parallel_for over the concatenated tiles.
+void tiled_matmul_multi(const TernaryOut* outs, int n_outs, int64_t K, const ActQ8& xq, int64_t M) {
+  const Kernels& kr = kernels();
+  int64_t total = 0;
+  for (int i = 0; i < n_outs; ++i) total += tile_count(outs[i].N);
+  parallel_for(0, total, tile_grain(K, M), [&](int64_t lo, int64_t hi) {
+    int64_t base = 0;
+    for (int i = 0; i < n_outs && lo < hi; ++i) {
+      const TernaryOut& o = outs[i];
+      const int64_t end = base + tile_count(o.N);
+      if (lo < end) {
+        const int64_t a = lo - base, b = std::min(hi, end) - base;
+        if (M == 1) kr.ternary_tiles_q8_x1(o.tiles, K, o.N, a, b, xq.q, xq.scale, xq.sum, xq.levels, o.y);
+        else kr.ternary_tiles_q8_xm(o.tiles, K, o.N, a, b, xq.q, xq.scale, xq.sum, xq.levels, M, o.y, o.N);
+        lo = base + b;
+      }
+      base = end;
+    }
+  });
+}
+
 }  // namespace
 
 void ternary_matmul(const uint8_t* blocks, int64_t N, int64_t K, const float* x, int64_t M, float* y) {
@@ -70,6 +99,9 @@ void ternary_matmul_multi(const TernaryOut* outs, int n_outs, int64_t K, const f
   if (const int levels = activation_levels(ternary_activation()); levels > 0 && M > 0) {
     xq_site = quantize_activation(x, M, K, levels);
     xq = &xq_site;
+    bool all_tiled = kernels().ternary_tiles_q8_x1 != nullptr;
+    for (int i = 0; i < n_outs; ++i) all_tiled = all_tiled && outs[i].tiles;
+    if (all_tiled) return tiled_matmul_multi(outs, n_outs, K, *xq, M);
   }
   int64_t total = 0;
   for (int i = 0; i < n_outs; ++i) total += outs[i].N;

@@ -19,6 +19,10 @@ struct TernaryOut {
   float* y;
   const RowRun* runs = nullptr;
   int64_t n_runs = 0;
+  // Optional, CPU only: the same matrix in the CPU's tiled layout (backend/cpu/tiles.h; canonical row
+  // order, the row map already applied). The CPU's integer kernels read it when their variant has tiled
+  // kernels; every other path reads `blocks`.
+  const uint8_t* tiles = nullptr;
 };
 
 }  // namespace bonsai

@@ -1,0 +1,70 @@
+#include "backend/cpu/weight_tiles.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <vector>
+
+#include "backend/cpu/tiles.h"
+#include "util/progress.h"
+
+namespace bonsai::cpu {
+namespace {
+
+// Drops this process's mapping of the whole pages inside [p, p + n) of a read-only file mapping.
+void release_view_pages(const uint8_t* p, uint64_t n) {
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
+  const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + n) & ~(page - 1);
+  if (b > a) ::madvise(reinterpret_cast<void*>(a), size_t(b - a), MADV_DONTNEED);  // best effort
+}
+
+std::vector<const TernaryMatrix*> linears(const Model& m) {
+  std::vector<const TernaryMatrix*> out;
+  for (const LayerWeights& l : m.layers) {
+    if (l.full_attention) out.insert(out.end(), {&l.attn.q, &l.attn.k, &l.attn.v, &l.attn.o});
+    else out.insert(out.end(), {&l.gdn.qkv, &l.gdn.z, &l.gdn.out});
+    out.insert(out.end(), {&l.gate, &l.up, &l.down});
+  }
+  out.push_back(&m.head);
+  return out;
+}
+
+}  // namespace
+
+void WeightTiles::build(const Model& m) {
+  const auto t0 = std::chrono::steady_clock::now();
+  by_matrix_.clear();
+  bytes_ = 0;
+  const std::vector<const TernaryMatrix*> ws = linears(m);
+  uint64_t total = 0;
+  for (const TernaryMatrix* w : ws) total += w->bytes();
+  Progress progress("tiling weights for the CPU kernels", total, stderr_is_tty() && total > (uint64_t(1) << 30));
+  for (const TernaryMatrix* w : ws) {
+    if (!w->blocks || w->rows == 0 || w->cols % 128 != 0) continue;
+    Entry e{w->blocks, w->rows, w->cols, w->storage, LargeVector<uint8_t>(tiled_bytes(w->rows, w->cols) + 64), nullptr};
+    uint8_t* aligned = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(e.buf.data()) + 63) & ~uintptr_t(63));
+    build_tiles(w->blocks, w->row_runs.data(), int64_t(w->row_runs.size()), w->rows, w->cols, aligned);
+    e.tiles = aligned;
+    bytes_ += tiled_bytes(w->rows, w->cols);
+    if (!w->owned) {  // a view into the mapped pack: its pages are no longer needed resident
+      uint64_t stored = 0;
+      for (const RowRun& r : w->row_runs) stored = std::max<uint64_t>(stored, uint64_t(r.src + r.count));
+      release_view_pages(w->blocks, std::max<uint64_t>(stored, uint64_t(w->rows)) * w->row_bytes());
+    }
+    by_matrix_.emplace(w, std::move(e));
+    progress.advance(w->bytes());
+  }
+  progress.finish();
+  seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+const uint8_t* WeightTiles::find(const TernaryMatrix& w) const {
+  const auto it = by_matrix_.find(&w);
+  if (it == by_matrix_.end()) return nullptr;
+  const Entry& e = it->second;
+  return e.blocks == w.blocks && e.rows == w.rows && e.cols == w.cols ? e.tiles : nullptr;
+}
+
+}  // namespace bonsai::cpu
