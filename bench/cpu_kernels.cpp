@@ -43,6 +43,7 @@
 #include "backend/cpu/probe.h"
 #include "backend/cpu/thread_pool.h"
 #include "backend/cpu/tiles.h"
+#include "util/large_buffer.h"
 #include "format/ternary_codec.h"
 #include "util/half.h"
 
@@ -70,8 +71,10 @@ double weight_bytes(const Shape& s) { return double(s.N) * double(s.K) * (2.0 / 
 struct Matrix {
   std::vector<uint32_t> words;   // [N, K/16]   split form, filled first, freed by encode()
   std::vector<uint16_t> scales;  // [N, K/128]
-  std::vector<uint8_t> blocks;   // [N, K/128, 34] PQ2_0 blocks (the canonical layout the kernels read)
-  std::vector<uint8_t> tiled;    // the same in the CPU's tiled layout (backend/cpu/tiles.h), built on demand
+  // In 2 MiB pages (LargeVector), as the runtime holds them (the mapped pack, the tiles): in 4 KiB pages a
+  // 2-thread stream loses ~30% to TLB walks on this class of VM.
+  bonsai::LargeVector<uint8_t> blocks;   // [N, K/128, 34] PQ2_0 blocks (the canonical layout the kernels read)
+  bonsai::LargeVector<uint8_t> tiled;    // the same in the CPU's tiled layout (backend/cpu/tiles.h), built on demand
   const uint8_t* tiles = nullptr;  // 64-aligned start inside `tiled`
   void tile(int64_t N, int64_t K) {
     if (tiles) return;

@@ -164,7 +164,10 @@ void bench(const BenchArgs& a) {
   const double load_s = seconds_since(t0);
   // The workspace holds max(the backend's prefill chunk, the largest batch) rows (a batched step is one
   // forward of B rows).
+  // The Decoder's constructor runs backend.prepare(model): the CPU's weight tiling, the CUDA upload.
+  const auto t_prepare = std::chrono::steady_clock::now();
   Decoder decoder(model, *backend, std::max(backend->prefill_chunk(), max_b));
+  const double prepare_s = seconds_since(t_prepare);
   int64_t need = a.n + 2;
   for (int64_t p : pps) need = std::max(need, p + 1);
   for (int64_t d : depths) need = std::max(need, d + a.n + 2);
@@ -186,10 +189,17 @@ void bench(const BenchArgs& a) {
   j["backend"] = backend->name();
   j["threads"] = threads;
   j["load_seconds"] = load_s;
+  j["prepare_seconds"] = prepare_s;
+  if (cpu_be) j["cpu_tiled_weight_bytes"] = cpu_be->weight_tiles().bytes();
   j["weight_bytes_per_token"] = model.decode_weight_bytes();
   j["macs_per_token"] = macs;
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
 
+  if (!a.json && cpu_be && cpu_be->weight_tiles().bytes() > 0)
+    std::printf("load %.2f s; backend prepare %.2f s (%.3f GB of weights tiled for the %s kernels)\n", load_s, prepare_s,
+                double(cpu_be->weight_tiles().bytes()) / 1e9, cpu::kernels_name());
+  else if (!a.json)
+    std::printf("load %.2f s; backend prepare %.2f s\n", load_s, prepare_s);
   if (!a.json)
     std::printf("%s | %s | %s backend, %d threads, %s kernels, activations %s | read %.2f GB/s, int8 peak %.1f Gops/s "
                 "(probed)\n",

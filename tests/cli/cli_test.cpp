@@ -11,6 +11,8 @@
 #include <string>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/kernels.h"
+#include "backend/cpu/tiles.h"
 #include "engine/generate.h"
 #include "../engine/cpu_bounds.h"
 #include "../engine/ref_fixture.h"
@@ -257,6 +259,16 @@ TEST(CliBench, ReportsPpTgAndBatchAgainstTheProbedLimits) {
   const double gbs = tg["gb_s"].get<double>();
   EXPECT_NEAR(tg["pct_read_bandwidth"].get<double>(), 100.0 * gbs / std::max(before, after), 1e-9 * 100);
   EXPECT_EQ(tg["depth"], 0);
+  // The backend's prepare: the CPU tiles every ternary linear (and the head) when its kernels can read tiles.
+  EXPECT_GE(j["prepare_seconds"].get<double>(), 0.0);
+  uint64_t tiled = 0;
+  for (const LayerWeights& l : m.layers) {
+    for (const TernaryMatrix* w : {&l.attn.q, &l.attn.k, &l.attn.v, &l.attn.o, &l.gdn.qkv, &l.gdn.z, &l.gdn.out, &l.gate,
+                                   &l.up, &l.down})
+      if (w->rows > 0) tiled += cpu::tiled_bytes(w->rows, w->cols);
+  }
+  tiled += cpu::tiled_bytes(m.head.rows, m.head.cols);
+  EXPECT_EQ(j["cpu_tiled_weight_bytes"].get<uint64_t>(), cpu::kernels().ternary_tiles_q8_x1 ? tiled : 0u);
 
   const Result b = bonsai_cli("bench -m " + q(tiny_packs().pq2) + " -p 0 -n 3 -r 1 --batch 1,3 --act q24 --json");
   ASSERT_EQ(b.code, 0) << b.out;

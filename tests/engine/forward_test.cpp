@@ -19,6 +19,8 @@
 #include <cstring>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/kernels.h"
+#include "backend/cpu/tiles.h"
 #include "backend/ref/ref_backend.h"
 #include "engine/session.h"
 #include "cpu_bounds.h"
@@ -83,6 +85,37 @@ TEST(Forward, CpuMatchesRef) {
     }
   }
   std::printf("    states (KV, conv, recurrent) cpu vs ref: max rel err %.3g\n", worst);
+}
+
+// The CPU's tiled weights (built by prepare when the kernels can read them) against the canonical blocks:
+// the same integer group dots, fp32 sums in another order at M = 1 (each op agrees to ~1e-7 relative), so
+// the bound is the integer-activation path's own (cpu_bounds.h): a 1e-7 change of an activation can move
+// a digit's rounding, which the tiny model then carries (measured 1.2e-3, KL 8e-9 at q16).
+TEST(Forward, CpuTiledWeightsMatchCanonical) {
+  const Model& m = tiny_model("pq2");
+  CpuBackend tiled;
+  CpuBackend::Options o;
+  o.tile_weights = false;
+  CpuBackend canon(o);
+  Decoder a(m, tiled), b(m, canon);
+  EXPECT_EQ(canon.weight_tiles().count(), 0u);
+  if (!cpu::kernels().ternary_tiles_q8_x1) GTEST_SKIP() << cpu::kernels_name() << " kernels read no tiles";
+  // Every linear of every layer (4 attention or 3 GDN, plus gate, up, down) and the head.
+  size_t linears = 1;
+  uint64_t bytes = cpu::tiled_bytes(m.head.rows, m.head.cols);
+  for (const LayerWeights& l : m.layers) {
+    linears += (l.full_attention ? 4 : 3) + 3;
+    for (const TernaryMatrix* w : {&l.attn.q, &l.attn.k, &l.attn.v, &l.attn.o, &l.gdn.qkv, &l.gdn.z, &l.gdn.out, &l.gate,
+                                   &l.up, &l.down})
+      if (w->rows > 0) bytes += cpu::tiled_bytes(w->rows, w->cols);
+  }
+  EXPECT_EQ(tiled.weight_tiles().count(), linears);
+  EXPECT_EQ(tiled.weight_tiles().bytes(), bytes);
+  const auto tokens = test_tokens(40, a.vocab(), 14);
+  std::vector<int64_t> steps{32};
+  for (int i = 0; i < 8; ++i) steps.push_back(1);
+  expect_close(compare("tiled vs canonical CPU weights, 32 + 8 walked", run_steps(b, tokens, steps),
+                       run_steps(a, tokens, steps), a.vocab()));
 }
 
 TEST(Forward, AllFormatsGiveIdenticalLogits) {
