@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <vector>
 
 #include "backend/cpu/tiles.h"
@@ -18,6 +19,18 @@ void release_view_pages(const uint8_t* p, uint64_t n) {
   const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
   const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + n) & ~(page - 1);
   if (b > a) ::madvise(reinterpret_cast<void*>(a), size_t(b - a), MADV_DONTNEED);  // best effort
+}
+
+// MemAvailable of /proc/meminfo in bytes; 0 when unknown.
+uint64_t mem_available_bytes() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[256];
+  unsigned long long kb = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+  std::fclose(f);
+  return uint64_t(kb) * 1024;
 }
 
 std::vector<const TernaryMatrix*> linears(const Model& m) {
@@ -38,11 +51,26 @@ void WeightTiles::build(const Model& m) {
   by_matrix_.clear();
   bytes_ = 0;
   const std::vector<const TernaryMatrix*> ws = linears(m);
-  uint64_t total = 0;
-  for (const TernaryMatrix* w : ws) total += w->bytes();
+  uint64_t total = 0, owned = 0;
+  for (const TernaryMatrix* w : ws) {
+    total += w->bytes();
+    if (w->owned) owned += w->bytes();
+  }
+  // A view's pages are released as its tiles are built (net ~0), but an owned canonical buffer stays: its
+  // tiles are extra memory. Skip those (they keep the canonical kernels) when they would not fit with a
+  // 1 GiB margin, rather than push the machine into the OOM killer.
+  const uint64_t avail = mem_available_bytes();
+  const bool tile_owned = owned == 0 || avail == 0 || owned + (uint64_t(1) << 30) <= avail;
+  if (!tile_owned) {
+    std::fprintf(stderr,
+                 "note: not tiling %.2f GB of transcoded weights for the CPU kernels (%.2f GB available): they run "
+                 "on the canonical kernels, slower\n",
+                 double(owned) / 1e9, double(avail) / 1e9);
+    total -= owned;
+  }
   Progress progress("tiling weights for the CPU kernels", total, stderr_is_tty() && total > (uint64_t(1) << 30));
   for (const TernaryMatrix* w : ws) {
-    if (!w->blocks || w->rows == 0 || w->cols % 128 != 0) continue;
+    if (!w->blocks || w->rows == 0 || w->cols % 128 != 0 || (w->owned && !tile_owned)) continue;
     Entry e{w->blocks, w->rows, w->cols, w->storage, LargeVector<uint8_t>(tiled_bytes(w->rows, w->cols) + 64), nullptr};
     uint8_t* aligned = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(e.buf.data()) + 63) & ~uintptr_t(63));
     build_tiles(w->blocks, w->row_runs.data(), int64_t(w->row_runs.size()), w->rows, w->cols, aligned);

@@ -5,7 +5,8 @@
 // view, the mapped pages of each matrix are released (MADV_DONTNEED on a read-only file mapping: the page
 // cache keeps the data, a later read of the canonical form faults it back in) as soon as its tiles are
 // built, so the process holds ~1x the weights, not 2x. Owned canonical buffers (PTQ1_0 and MLX packs,
-// transcoded at load) belong to the Model and stay: there the process holds both.
+// transcoded at load) belong to the Model and stay: there the process holds both, so they are tiled only when
+// MemAvailable covers their tiles plus 1 GiB (otherwise a note on stderr, and the canonical kernels).
 #pragma once
 #include <cstdint>
 #include <memory>
