@@ -347,7 +347,10 @@ TEST(CudaOps, AttentionDecodeAndPrefill) {
     int64_t M, p0, Hq, Hkv, D;
   } cases[] = {{1, 0, 12, 2, 256},  {1, 1, 12, 2, 256},  {1, 37, 24, 4, 256}, {1, 300, 12, 2, 256},
                {5, 0, 12, 2, 256},  {5, 40, 6, 6, 64},   {70, 3, 12, 2, 256}, {1, 5000, 24, 4, 256},
-               {33, 600, 8, 1, 96}};
+               {33, 600, 8, 1, 96},
+               // decode with 24 splits (between the prefill cap of 16 and the decode cap of 32); a prefill
+               // chunk at a long context (16 splits, the prefill cap)
+               {1, 1500, 24, 4, 256}, {40, 5000, 12, 2, 128}};
   for (const Case& c : cases) {
     const int64_t T = c.p0 + c.M;
     const auto q = randn(size_t(c.M * c.Hq * c.D), 1), k = randn(size_t(T * c.Hkv * c.D), 2),

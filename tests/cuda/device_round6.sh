@@ -2,8 +2,10 @@
 # Round 6 device run (decode at batch 1): tests, the fixture gate (q16), the M = 1 kernel table (balanced vs
 # fixed matvec grid) and `bonsai bench` tg128 on the 27b preset for each A/B switch of the round.
 # Binaries built here (BUILD=build-cuda-helper tests/cuda/stage_devbin.sh), carried in .devbin/.
-# Env: SKIP_TESTS=1, SKIP_KERNELS=1, SKIP_PP=1, CONFIGS (the tg A/B list, "name:ENV=V,ENV=V" words),
-# DEPTH (default 0; e.g. 0,8192). $OUT: test_cuda.log, gate.txt, bench_kernels.txt, bench.txt.
+# Env: SKIP_TESTS=1, SKIP_KERNELS=1, SKIP_PP=1, SKIP_BATCH=1 (default 1), CONFIGS (the tg A/B list,
+# "name:ENV=V,ENV=V" words; a name starting with r5 runs .devbin/bonsai_r5, the round-5 binary staged as a
+# same-run baseline), DEPTH (default 0; e.g. 0,8192), PROMPTS (the -p list of the tg runs, default 0).
+# $OUT: test_cuda.log, gate.txt, bench_kernels.txt, bench.txt.
 set -u
 export LD_LIBRARY_PATH=$PWD/.devbin
 B=$PWD/.devbin
@@ -35,13 +37,19 @@ fi
 wait $MP
 for cfg in ${CONFIGS:-default:X=1}; do
   name=${cfg%%:*}; env=${cfg#*:}
-  echo "== $name ($env): bonsai bench --backend cuda -m $P27 -p 0 -n 128 -r 2 -d ${DEPTH:-0}" >> "$OUT/bench.txt"
-  env ${env//,/ } timeout 200 $B/bonsai bench --backend cuda -m $P27 -p 0 -n 128 -r 2 -d ${DEPTH:-0} >> "$OUT/bench.txt" 2>&1
+  bin=$B/bonsai; case $name in r5*) bin=$B/bonsai_r5 ;; esac
+  echo "== $name ($env, $(basename $bin)): bonsai bench --backend cuda -m $P27 -p ${PROMPTS:-0} -n 128 -r 2 -d ${DEPTH:-0}" >> "$OUT/bench.txt"
+  env ${env//,/ } timeout 300 $bin bench --backend cuda -m $P27 -p ${PROMPTS:-0} -n 128 -r 2 -d ${DEPTH:-0} >> "$OUT/bench.txt" 2>&1
   echo "rc=$?" >> "$OUT/bench.txt"
+  if [ "${SKIP_BATCH:-1}" != 1 ]; then
+    echo "== $name ($env, $(basename $bin)): bonsai bench --backend cuda -m $P27 -p 0 -n 32 -r 2 --batch 8,32" >> "$OUT/bench.txt"
+    env ${env//,/ } timeout 200 $bin bench --backend cuda -m $P27 -p 0 -n 32 -r 2 --batch 8,32 >> "$OUT/bench.txt" 2>&1
+    echo "rc=$?" >> "$OUT/bench.txt"
+  fi
 done
 if [ "${SKIP_PP:-0}" != 1 ]; then
   echo "== default: bonsai bench --backend cuda -m $P27 -p 512,2048 -n 0 -r 2" >> "$OUT/bench.txt"
   timeout 200 $B/bonsai bench --backend cuda -m $P27 -p 512,2048 -n 0 -r 2 >> "$OUT/bench.txt" 2>&1
   echo "rc=$?" >> "$OUT/bench.txt"
 fi
-grep -E "==|pp|tg|rc=|probe" "$OUT/bench.txt"
+grep -E "==|pp|tg|B=|batch|rc=|probe" "$OUT/bench.txt"

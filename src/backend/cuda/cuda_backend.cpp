@@ -32,7 +32,8 @@ void cuda_check(cudaError_t e, const char* what, const char* file, int line) {
 }
 #define CUDA_CHECK(expr) cuda_check((expr), #expr, __FILE__, __LINE__)
 
-constexpr int kDecodeSplits = int(cuda::kAttnMaxSplits);  // most attention splits per query row
+constexpr int kDecodeSplits = int(cuda::kAttnMaxSplits);  // most attention splits per query row (decode)
+constexpr int kPrefillSplits = 16;                         // most splits per query row of a prefill chunk
 constexpr size_t kPinnedMax = 64u << 20;
 
 uint64_t mix(uint64_t h, uint64_t v) {
@@ -92,10 +93,10 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
     fail("--act '{}' is not an activation precision of the cuda backend: q8, q16 or exact", activations);
   }
   // The two one-digit experiments say so when q16 replaces them (they are not wrong, just not used).
-  if (o.act_levels == 2 && !o.exact && (o.matvec >= 4 || o.fuse_site))
+  if (o.act_levels == 2 && !o.exact && (o.matvec == 4 || o.fuse_site))
     std::fprintf(stderr, "bonsai: %s reads one activation digit (q8 only); under q16 the v3 matvec and the site "
                  "kernel run instead (--act q8 or BONSAI_CUDA_ACT=q8 to use it)\n",
-                 o.matvec >= 4 ? "BONSAI_CUDA_MATVEC=4" : "BONSAI_CUDA_FUSE_SITE=1");
+                 o.matvec == 4 ? "BONSAI_CUDA_MATVEC=4" : "BONSAI_CUDA_FUSE_SITE=1");
   return std::make_unique<CudaBackend>(o);
 }
 
@@ -193,7 +194,7 @@ struct CudaBackend::Impl {
     const int sms = prop.multiProcessorCount, lv = levels();
     if (site)
       return out.push_back(cuda::matvec_launch(t, n, K, xq, xds, M, lv, sms, opt.matvec_rows, site, opt.matvec_balance));
-    if (opt.matvec >= 4 && lv == 1 && cuda::matvec_bulk_supported(K, M))
+    if (opt.matvec == 4 && lv == 1 && cuda::matvec_bulk_supported(K, M))
       return out.push_back(cuda::matvec_bulk_launch(t, n, K, xq, xds, sms, opt.matvec_bulk_rows, opt.matvec_early));
     // The dp4a matvec up to 4 tokens (q8) / 2 (q16: its M = 4 pass, 2 rows per step, measured slower than
     // the 32-token GEMM tile: gate+up 117 vs ~98 us, docs/cuda-kernels.md round 4).
@@ -1026,11 +1027,12 @@ void CudaBackend::attention(const float* q, const float* k_cache, const float* v
   ++I.seq;
   check_attention_shape(Hq, Hkv, D);
   I.flush_pending();
-  // Splits grow with the context, one per 64 positions (decode) / 256 (prefill) up to 16. At M = 1 this
-  // changes the grid only every 64 tokens up to 1024: the decode graph is rebuilt then (cached by shape),
-  // and the shortest contexts skip the cross-block merge entirely.
+  // Splits grow with the context, one per 64 positions (decode) / 256 (prefill) up to 32 (decode: 32 x Hkv
+  // blocks of 8 warps fill the SMs at long contexts) / 16 (prefill: the M rows give the blocks). At M = 1
+  // this changes the grid only every 64 tokens up to 2048: the decode graph is rebuilt then (cached by
+  // shape), and the shortest contexts skip the cross-block merge entirely.
   const int64_t per = M == 1 ? 64 : 256;
-  const int S = int(std::clamp<int64_t>((p0 + M + per - 1) / per, 1, kDecodeSplits));
+  const int S = int(std::clamp<int64_t>((p0 + M + per - 1) / per, 1, M == 1 ? kDecodeSplits : kPrefillSplits));
   cuda::AttnDesc d{};
   d.q = q;
   d.k = k_cache;

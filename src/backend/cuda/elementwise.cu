@@ -24,6 +24,11 @@ struct NormArgs {
 __global__ __launch_bounds__(kNormThreads) void norm_kernel(const NormArgs a) {
   __shared__ float red[32];
   pdl_trigger();
+  // The gain is a model constant: this thread's first float4 of it is read before waiting on the producer
+  // (its DRAM round trip overlaps the wait; it was evicted since the last token).
+  const bool vec = (a.n & 3) == 0;
+  const float4 g0 = vec && a.gain && threadIdx.x < a.n / 4 ? reinterpret_cast<const float4*>(a.gain)[threadIdx.x]
+                                                          : make_float4(1.f, 1.f, 1.f, 1.f);
   pdl_wait();
   const int64_t r = blockIdx.x;
   const float* x = a.x + r * a.n;
@@ -31,7 +36,7 @@ __global__ __launch_bounds__(kNormThreads) void norm_kernel(const NormArgs a) {
   float* h = a.h ? a.h + r * a.n : nullptr;
   const float* src = h ? h : x;  // each thread re-reads only what it wrote itself
   float ss = 0.f;
-  if ((a.n & 3) == 0) {  // float4 path
+  if (vec) {  // float4 path
     const int64_t n4 = a.n / 4;
     for (int64_t i = threadIdx.x; i < n4; i += blockDim.x) {
       float4 v = reinterpret_cast<const float4*>(x)[i];
@@ -46,7 +51,9 @@ __global__ __launch_bounds__(kNormThreads) void norm_kernel(const NormArgs a) {
     const float rr = rsqrtf(ss / float(a.n) + a.eps);
     for (int64_t i = threadIdx.x; i < n4; i += blockDim.x) {
       const float4 v = reinterpret_cast<const float4*>(src)[i];
-      const float4 g = a.gain ? reinterpret_cast<const float4*>(a.gain)[i] : make_float4(1.f, 1.f, 1.f, 1.f);
+      const float4 g = i == threadIdx.x ? g0
+                       : a.gain       ? reinterpret_cast<const float4*>(a.gain)[i]
+                                      : make_float4(1.f, 1.f, 1.f, 1.f);
       reinterpret_cast<float4*>(out)[i] = make_float4(v.x * rr * g.x, v.y * rr * g.y, v.z * rr * g.z, v.w * rr * g.w);
     }
     return;
@@ -260,12 +267,19 @@ template <bool BF16>
 __global__ __launch_bounds__(kThreads) void dense_kernel(const DenseArgs a) {
   __shared__ float red[kThreads / 32][kDenseToks];
   pdl_trigger();
-  pdl_wait();
   const int64_t row = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const bool second = row >= a.N0;
   const int64_t n = second ? row - a.N0 : row, N = second ? a.N1 : a.N0;
   const void* w = second ? a.w1 : a.w0;
+  // The weights are constants: prefetch this thread's part of the row into L2 before waiting on the
+  // producer of x, so the DRAM reads overlap the wait (one 128-byte line per prefetch).
+  {
+    const char* wb = static_cast<const char*>(w) + n * a.K * (BF16 ? 2 : 4);
+    for (int64_t off = int64_t(threadIdx.x) * 128; off < a.K * (BF16 ? 2 : 4); off += kThreads * 128)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(wb + off));
+  }
+  pdl_wait();
   float* y = second ? a.y1 : a.y0;
   const int64_t m0 = int64_t(blockIdx.y) * kDenseToks;
   const int mt = int(a.M - m0 < kDenseToks ? a.M - m0 : int64_t(kDenseToks));
@@ -323,8 +337,12 @@ template <class Args>
 __global__ __launch_bounds__(kThreads) void conv_kernel(const Args args) {
   const ConvArgs& a = base_of(args);
   pdl_trigger();
-  pdl_wait();
   const int64_t c = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  // The taps are model constants: read before waiting on the producer (the DRAM round trip overlaps it).
+  float tap[kMaxConvKernel];
+#pragma unroll
+  for (int j = 0; j < kMaxConvKernel; ++j) tap[j] = c < a.C && j < a.Kc ? a.taps[c * a.Kc + j] : 0.f;
+  pdl_wait();
   if (c >= a.C) return;
   int64_t t0 = 0, t1 = a.T;  // tokens of this thread's sequence
   float* state = a.state;
@@ -334,12 +352,9 @@ __global__ __launch_bounds__(kThreads) void conv_kernel(const Args args) {
     state = args.t.a[t0];
   }
   const int P = int(a.Kc - 1);
-  float win[kMaxConvKernel], tap[kMaxConvKernel];
+  float win[kMaxConvKernel];
 #pragma unroll
-  for (int j = 0; j < kMaxConvKernel; ++j) {
-    win[j] = j < P ? state[j * a.C + c] : 0.f;
-    tap[j] = j < a.Kc ? a.taps[c * a.Kc + j] : 0.f;
-  }
+  for (int j = 0; j < kMaxConvKernel; ++j) win[j] = j < P ? state[j * a.C + c] : 0.f;
   for (int64_t t = t0; t < t1; ++t) {
     const float xv = a.x[t * a.C + c];
     float acc = 0.f;

@@ -178,9 +178,10 @@ struct AttnDesc {
                                    // position rows->pos[m] (k, v, p0 unused)
 };
 Launch attention_launch(const AttnDesc& d);
+void init_attention_attributes();  // called by init_kernel_attributes
 constexpr int64_t kAttnMaxGroup = 8;    // Hq / Hkv
 constexpr int64_t kAttnMaxDim = 256;    // D (multiple of 32)
-constexpr int64_t kAttnMaxSplits = 16;
+constexpr int64_t kAttnMaxSplits = 32;  // decode (one query row per sequence); prefill chunks use at most 16
 
 // ---- Gated DeltaNet --------------------------------------------------------------------------------
 Launch gdn_conv_launch(const float* x, float* state, const float* taps, int64_t T, int64_t C, int64_t Kc, float* out);

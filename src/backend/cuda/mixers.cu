@@ -10,7 +10,10 @@ namespace bonsai::cuda {
 
 namespace {
 
-constexpr int kAttnWarps = 4;
+// Warps per block: 8 for a single decode row (round 6: its 32 x Hkv blocks are all the parallelism there
+// is, so each walks its split's positions 8 at a time), 4 for prefill chunks and batched rows (M rows
+// already fill the SMs; 8 warps measured pp2048 2,028 vs 2,091 tok/s there: a longer in-block merge).
+constexpr int kAttnWarpsDecode = 8, kAttnWarpsRows = 4;
 constexpr int kAttnE = int(kAttnMaxDim / 32);  // dims per lane (lane holds dims lane + 32 e)
 constexpr int kAttnG = int(kAttnMaxGroup);
 constexpr int kMaxSplits = int(kAttnMaxSplits);
@@ -29,12 +32,12 @@ struct AttnArgs {
 };
 using AttnRowsArgs = WithRows<AttnArgs>;  // batched decode: per-row caches and positions
 
-template <class Args>
+template <class Args, int kAttnWarps>
 __global__ __launch_bounds__(kAttnWarps * 32) void attention_kernel(const Args args) {
   constexpr bool kRows = is_rows_v<Args>;
   const AttnArgs& a = base_of(args);
   __shared__ float s_ml[kAttnWarps][kAttnG][2];
-  __shared__ float s_acc[kAttnWarps][kAttnG][kAttnMaxDim];
+  extern __shared__ float s_acc[];  // [kAttnWarps][G][D] each warp's partial output (attention_smem)
   __shared__ bool last;
   pdl_trigger();
   pdl_wait();
@@ -110,7 +113,7 @@ __global__ __launch_bounds__(kAttnWarps * 32) void attention_kernel(const Args a
       }
 #pragma unroll
       for (int e = 0; e < kAttnE; ++e)
-        if (e < E) s_acc[warp][hh][lane + 32 * e] = acc[hh][e];
+        if (e < E) s_acc[(warp * G + hh) * D + lane + 32 * e] = acc[hh][e];
     }
   }
   __syncthreads();
@@ -124,7 +127,7 @@ __global__ __launch_bounds__(kAttnWarps * 32) void attention_kernel(const Args a
       for (int w = 0; w < kAttnWarps; ++w) {
         const float f = __expf(s_ml[w][hh][0] - Mx);
         L += s_ml[w][hh][1] * f;
-        A += s_acc[w][hh][d] * f;
+        A += s_acc[(w * G + hh) * D + d] * f;
       }
     }
     const int64_t h = kvh * G + hh;
@@ -175,16 +178,34 @@ __global__ __launch_bounds__(kAttnWarps * 32) void attention_kernel(const Args a
   if (threadIdx.x == 0) a.counters[m * a.Hkv + kvh] = 0;  // ready for the next launch (graph replays)
 }
 
+// Dynamic shared memory of a launch: the warps' partial outputs, W x G x D floats (<= 64 KB).
+uint32_t attention_smem(int W, int64_t G, int64_t D) { return uint32_t(W * G * D * sizeof(float)); }
+
 }  // namespace
+
+void init_attention_attributes() {
+  const void* fs[] = {reinterpret_cast<const void*>(&attention_kernel<AttnArgs, kAttnWarpsDecode>),
+                      reinterpret_cast<const void*>(&attention_kernel<AttnArgs, kAttnWarpsRows>),
+                      reinterpret_cast<const void*>(&attention_kernel<AttnRowsArgs, kAttnWarpsRows>)};
+  for (const void* f : fs)
+    cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         int(attention_smem(kAttnWarpsDecode, kAttnMaxGroup, kAttnMaxDim)));
+}
 
 Launch attention_launch(const AttnDesc& d) {
   AttnArgs a{d.q, d.k, d.v, d.out, d.part_o, d.part_ml, d.counters, d.M, d.p0, d.Hq, d.Hkv, d.D, d.splits, d.scale};
   const dim3 grid(unsigned(d.splits), unsigned(d.Hkv), unsigned(d.M));
+  const int64_t G = d.Hq / d.Hkv;
   if (d.rows) {
     AttnRowsArgs r{a, *d.rows};
-    return make_launch(reinterpret_cast<const void*>(&attention_kernel<AttnRowsArgs>), grid, dim3(kAttnWarps * 32), 0, r);
+    return make_launch(reinterpret_cast<const void*>(&attention_kernel<AttnRowsArgs, kAttnWarpsRows>), grid,
+                       dim3(kAttnWarpsRows * 32), attention_smem(kAttnWarpsRows, G, d.D), r);
   }
-  return make_launch(reinterpret_cast<const void*>(&attention_kernel<AttnArgs>), grid, dim3(kAttnWarps * 32), 0, a);
+  if (d.M == 1)
+    return make_launch(reinterpret_cast<const void*>(&attention_kernel<AttnArgs, kAttnWarpsDecode>), grid,
+                       dim3(kAttnWarpsDecode * 32), attention_smem(kAttnWarpsDecode, G, d.D), a);
+  return make_launch(reinterpret_cast<const void*>(&attention_kernel<AttnArgs, kAttnWarpsRows>), grid,
+                     dim3(kAttnWarpsRows * 32), attention_smem(kAttnWarpsRows, G, d.D), a);
 }
 
 // ================================ Gated DeltaNet delta rule ========================================

@@ -56,11 +56,14 @@ constexpr int kSiteThreads = 1024;  // one element per thread for a 1024 tile: s
 __global__ __launch_bounds__(kSiteThreads) void site_kernel(const SiteArgs a) {
   extern __shared__ float sh[];  // [tile]
   pdl_trigger();
-  pdl_wait();
   const int tid = threadIdx.x;
   const int64_t r = blockIdx.y;
   const int64_t t0 = int64_t(blockIdx.x) * a.tile;
   const int len = int(min(a.tile, a.K - t0));
+  // The sign of this thread's first element is a model constant: read before waiting on the producer,
+  // so its DRAM round trip (evicted since the last token) overlaps the wait instead of following it.
+  const float sign0 = a.signs && tid < len ? float(a.signs[t0 + tid]) : 1.f;
+  pdl_wait();
   const float* src = a.src + r * a.ld;
   const float* src2 = a.src2 ? a.src2 + r * a.ld : nullptr;
 
@@ -108,7 +111,7 @@ __global__ __launch_bounds__(kSiteThreads) void site_kernel(const SiteArgs a) {
     for (int i = tid; i < len; i += kSiteThreads) a.pre_out[r * a.ld + t0 + i] = sh[i];
   }
   if (!a.inverse && a.signs)
-    for (int i = tid; i < len; i += kSiteThreads) sh[i] *= float(a.signs[t0 + i]);
+    for (int i = tid; i < len; i += kSiteThreads) sh[i] *= i == tid ? sign0 : float(a.signs[t0 + i]);
   __syncthreads();
 
   // 2. Unnormalised Sylvester FWHT of every n-block of the tile (butterfly at stride h pairs i, i + h).
@@ -143,7 +146,7 @@ __global__ __launch_bounds__(kSiteThreads) void site_kernel(const SiteArgs a) {
   float* dst = a.dst ? a.dst + r * a.K + t0 : nullptr;  // null: quantise only (x already holds the values)
   for (int i = tid; i < len; i += kSiteThreads) {
     float v = sh[i] * a.norm;
-    if (a.inverse && a.signs) v *= float(a.signs[t0 + i]);
+    if (a.inverse && a.signs) v *= i == tid ? sign0 : float(a.signs[t0 + i]);
     sh[i] = v;
     if (dst) dst[i] = v;
   }
@@ -467,6 +470,7 @@ bool matvec_site_supported(int64_t K, int64_t n, int32_t pre, int64_t seg) {
 Launch matvec_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                      int levels, int sms, int rows, const SiteDesc* site, bool balanced) {
   const int mt = M <= 1 ? 1 : M <= 2 ? 2 : 4;  // tokens per pass
+  const bool fused_site = site && M == 1 && levels == 1;
   // q16 with several tokens: 2 rows per step (4 rows spill at the 128-register cap).
   const int R = rows == 4 && (levels == 1 || mt == 1) ? 4 : 2;
   TernaryArgs a{};
@@ -495,18 +499,18 @@ Launch matvec_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t
     const int64_t warps = (a.total + a.per_warp - 1) / a.per_warp;
     blocks = (warps + kMvWarps - 1) / kMvWarps;
   }
-  const void* f = levels == 2 ? matvec_kernel_for<2>(R, mt) : matvec_kernel_for<1>(R, mt);
   const dim3 grid(unsigned(std::max<int64_t>(blocks, 1)), unsigned((M + mt - 1) / mt));
   // The site as this kernel's prologue (reads site->src, writes no fp32 outputs); one digit only (q8).
-  if (site && M == 1 && levels == 1) {
+  if (fused_site) {
     int log2n = 0;
     while ((int64_t(1) << log2n) < site->n) ++log2n;
     a.site = {site->src, site->src2, site->gain, site->signs, site->pre, log2n, site->seg, site->eps,
               float(1.0 / __builtin_sqrt(double(site->n))), 1, 0};
-    f = R == 2 ? reinterpret_cast<const void*>(&matvec_kernel<1, 2, 4, 1, true>)
-               : reinterpret_cast<const void*>(&matvec_kernel<1, 4, 2, 1, true>);
+    const void* f = R == 2 ? reinterpret_cast<const void*>(&matvec_kernel<1, 2, 4, 1, true>)
+                           : reinterpret_cast<const void*>(&matvec_kernel<1, 4, 2, 1, true>);
     return make_launch(f, grid, dim3(kMvWarps * 32), uint32_t(K + K / 64 * 8), a);
   }
+  const void* f = levels == 2 ? matvec_kernel_for<2>(R, mt) : matvec_kernel_for<1>(R, mt);
   return make_launch(f, grid, dim3(kMvWarps * 32), 0, a);
 }
 
@@ -890,6 +894,7 @@ void init_kernel_attributes() {
   cudaFuncSetAttribute(reinterpret_cast<const void*>(&site_kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
                        int(kMaxHadamardBlock * sizeof(float)));
   init_matvec_bulk_attributes();
+  init_attention_attributes();
   init_gemm_attributes();
   init_gemm2_attributes();
 }
