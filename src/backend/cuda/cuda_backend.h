@@ -21,8 +21,9 @@
 //   becomes one graph, cached by its shape; later steps patch only the nodes whose arguments changed
 //   (positions, token id, KV row); a new shape (the attention split count grows every 64 tokens up to
 //   1024) builds a new graph. Kernels chain with programmatic dependent launch (PDL).
-// Measured on the H200 (27b preset, batch 1): 151 tok/s decode at ctx 24, 142 at ctx 2056; pp2048
-// 1,428 tok/s in 64-token chunks, 2,206 in 256-token chunks. docs/cuda-kernels.md has the breakdown.
+// Measured on the H200 (27b preset, q16, round 6): tg128 130 tok/s at depth 0, 117 at depth 8192; pp512
+// 2,384, pp2048 2,071 tok/s (256-token chunks); batched greedy B = 32 1,456 tok/s. docs/cuda-kernels.md has
+// the breakdown and every version's numbers.
 #pragma once
 #include <cstdint>
 #include <memory>
