@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <new>
 #include <vector>
 
 #include "backend/cpu/tiles.h"
@@ -71,7 +72,15 @@ void WeightTiles::build(const Model& m) {
   Progress progress("tiling weights for the CPU kernels", total, stderr_is_tty() && total > (uint64_t(1) << 30));
   for (const TernaryMatrix* w : ws) {
     if (!w->blocks || w->rows == 0 || w->cols % 128 != 0 || (w->owned && !tile_owned)) continue;
-    Entry e{w->blocks, w->rows, w->cols, w->storage, LargeVector<uint8_t>(tiled_bytes(w->rows, w->cols) + 64), nullptr};
+    LargeVector<uint8_t> buf;
+    try {
+      buf.resize(tiled_bytes(w->rows, w->cols) + 64);
+    } catch (const std::bad_alloc&) {  // out of memory: what is tiled stays, the rest reads the canonical blocks
+      std::fprintf(stderr, "note: out of memory tiling %s for the CPU kernels; it and the rest use the canonical kernels\n",
+                   w->name.c_str());
+      break;
+    }
+    Entry e{w->blocks, w->rows, w->cols, w->storage, std::move(buf), nullptr};
     uint8_t* aligned = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(e.buf.data()) + 63) & ~uintptr_t(63));
     build_tiles(w->blocks, w->row_runs.data(), int64_t(w->row_runs.size()), w->rows, w->cols, aligned);
     e.tiles = aligned;
