@@ -96,6 +96,7 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
   const char* only = std::getenv("BONSAI_BENCH_SHAPE");
   const char* min_m = std::getenv("BONSAI_BENCH_MIN_M");  // only shapes with at least this many tokens
   const char* max_m = std::getenv("BONSAI_BENCH_MAX_M");  // only shapes with at most this many tokens
+  const char* tags = std::getenv("BONSAI_BENCH_TAGS");    // only these variants: "q16 pdl,q16 v3 pdl"
   // Variants: q16 (the default, two digits) and q8 activations, timed back to back without and with
   // programmatic dependent launch; at M = 1 also the q8-only bulk-copy matvec v4; at M > 2 the GEMM v1
   // (mma.sync) and v2 (wgmma; 2 or 1 warpgroups per block; swizzled or not). (The round-4 "nowave" and non-pdl q16 variants
@@ -105,15 +106,17 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
     int matvec;
     bool pdl;
     int levels;
-    int gemm;  // M > 2: 1 = mma.sync GEMM (round 4), 2 = wgmma GEMM v2 (round 5)
+    int gemm;  // M > 2: 1 = mma.sync GEMM (round 4), 2 = wgmma GEMM v2 (round 5), 3 = warp-specialised v3 (round 7)
     int wgs;   // v2: warpgroups per block
     bool swz;  // v2: 128-byte swizzled operand tiles
     bool fixed = false;  // M <= 2: the matvec's round-5 grid (fixed row groups per warp; round 6: balanced)
+    int cvt = 1;         // v3: the scaling's int -> float (1: I2FP, the default; 0: mantissa add)
   };
   const Variant variants[] = {{"q16 pdl", 3, true, 2, 1, 2, true},          {"q16 fixed pdl", 3, true, 2, 1, 2, true, true},
-                              {"q16 v2 pdl", 3, true, 2, 2, 2, true},
+                              {"q16 v2 pdl", 3, true, 2, 2, 2, true},       {"q16 v3 pdl", 3, true, 2, 3, 2, true},
+                              {"q16 v3 mant pdl", 3, true, 2, 3, 2, true, false, 0},
                               {"q16 v2w1 pdl", 3, true, 2, 2, 1, true},     {"q16 v2 noswz pdl", 3, true, 2, 2, 2, false},
-                              {"q8 pdl", 3, true, 1, 1, 2, true},           {"q8 v2 pdl", 3, true, 1, 2, 2, true},
+                              {"q8 pdl", 3, true, 1, 1, 2, true},           {"q8 v2 pdl", 3, true, 1, 2, 2, true},        {"q8 v3 pdl", 3, true, 1, 3, 2, true},
                               {"q8 v4", 4, false, 1, 1, 2, true}};
   const CudaBackend::Options base = be.options();
   for (const Shape& sh : shapes)
@@ -121,15 +124,18 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
     if (only && std::string(sh.name) != only) continue;
     if (min_m && sh.M < std::atoll(min_m)) continue;
     if (max_m && sh.M > std::atoll(max_m)) continue;
+    if (tags && ("," + std::string(tags) + ",").find("," + std::string(v.tag) + ",") == std::string::npos) continue;
     if (v.fixed && sh.M > 2) continue;  // the GEMM either way
     if (sh.M > 1 && v.matvec == 4) continue;  // M > 1: one kernel (v3 or the GEMM), timed once per pdl mode
-    if (v.gemm == 2 && sh.M <= 2) continue;   // the matvec either way
+    if (v.gemm >= 2 && sh.M <= 2) continue;   // the matvec either way
+    if (v.gemm >= 2 && v.levels == 1 && sh.M <= 4) continue;
     CudaBackend::Options bo = base;
     bo.matvec = v.matvec;
     bo.act_levels = v.levels;
     bo.gemm = v.gemm;
     bo.gemm2_wgs = v.wgs;
     bo.gemm2_swizzle = v.swz;
+    bo.gemm3_cvt = v.cvt;
     bo.matvec_balance = !v.fixed;
     be.set_options(bo);
     uint64_t bytes = 0;

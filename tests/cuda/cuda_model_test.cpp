@@ -122,7 +122,7 @@ TEST(CudaModel, TinyPackMatchesReference) {
     const char* name;
     CudaBackend::Options o;
   };
-  std::vector<Config> configs(12);
+  std::vector<Config> configs(13);
   configs[0].name = "default";  // q16
   configs[1].name = "no-graphs";
   configs[1].o.graphs = false;
@@ -148,6 +148,8 @@ TEST(CudaModel, TinyPackMatchesReference) {
   configs[10].o.l2_prefetch = false;
   configs[11].name = "fixed-ranges";  // the matvec's round-5 grid (fixed row groups per warp)
   configs[11].o.matvec_balance = false;
+  configs[12].name = "gemm-v1";  // the mma.sync GEMM (the default is v3 on sm_90, v1 elsewhere)
+  configs[12].o.gemm = 1;
   std::vector<ModelRun> runs;
   for (const Config& cfg : configs) {
     CudaBackend be(cfg.o);

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <tuple>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernels.h"
@@ -157,6 +158,41 @@ TEST(CudaOps, SiteFusedIntoMatvecMatchesTheSiteKernel) {
   }
 }
 
+// GEMM v3's two int -> float conversions of the per-group scaling (Options::gemm3_cvt: the 1.5 x 2^23
+// mantissa add or I2FP) are both exact, so the outputs are EQUAL, at each token tile (32 / 64 / 128), with
+// ragged M and N, paired outputs and split-K (K = 8192 with few rows), q16 and q8.
+TEST(CudaOps, GemmV3ConversionsAgree) {
+  BONSAI_REQUIRE_GPU();
+  for (const int levels : {1, 2}) {
+    CudaBackend::Options o0, o1;
+    o0.gemm = o1.gemm = 3;
+    o0.gemm3_cvt = 0;
+    o1.gemm3_cvt = 1;
+    o0.act_levels = o1.act_levels = levels;
+    CudaBackend b0(o0), b1(o1);
+    uint32_t seed = 900;
+    for (const auto& [M, K, N0, N1] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{29, 1152, 257, 75},
+                                       {61, 640, 130, 3}, {200, 1152, 300, 129}, {40, 8192, 200, 40}}) {
+      TernaryMatrix& w0 = random_matrix(N0, K, seed++, 0.02);
+      TernaryMatrix& w1 = random_matrix(N1, K, seed++, 0.02);
+      const auto x = randn(size_t(M * K), seed++);
+      std::vector<float> y[2];
+      for (CudaBackend* be : {&b0, &b1}) {
+        be->prepare_matrix(w0);
+        be->prepare_matrix(w1);
+        Buffer dx = up(*be, x), y0 = poisoned(*be, size_t(M * N0)), y1 = poisoned(*be, size_t(M * N1));
+        const LinearOut outs[2] = {{&w0, y0.data()}, {&w1, y1.data()}};
+        be->linear(outs, 2, K, dx.data(), M);
+        auto v0 = down(*be, y0), v1 = down(*be, y1);
+        v0.insert(v0.end(), v1.begin(), v1.end());
+        for (float v : v0) ASSERT_TRUE(std::isfinite(v)) << "M " << M << " K " << K;  // poison: every output written
+        y[be == &b1] = v0;
+      }
+      EXPECT_EQ(y[0], y[1]) << "levels " << levels << " M " << M << " K " << K;
+    }
+  }
+}
+
 TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
   BONSAI_REQUIRE_GPU();
   CudaBackend& be = gpu();
@@ -164,7 +200,8 @@ TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
   // (no tensor cores); be3 / be4: q8, the bulk-copy matvec (M = 1, K % 1024 == 0) forced to at most 2 / 1
   // rows per warp, else v3 / GEMM; be5: q8 defaults; be6: q16 with the bulk matvec asked for (falls back
   // to v3); be7: q16, the matvec with 2 rows per step (M <= 2 only); be8 / be9: q16, GEMM v2 (wgmma)
-  // with 1 / 2 warpgroups per block; be10: be2 with the round-5 matvec grid (fixed row groups per warp).
+  // with 1 / 2 warpgroups per block (the default: v3 on sm_90); be10: be2 with the round-5 matvec grid (fixed row groups per warp);
+  // be11: GEMM v1 (mma.sync) forced (the default elsewhere than sm_90); be12: q8 with the default GEMM (v3).
   CudaBackend::Options no_tc;
   no_tc.tensor_cores = false;
   no_tc.graphs = false;
@@ -186,6 +223,11 @@ TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
   CudaBackend::Options fixed = no_tc;  // be10: q16, v3 for every M, fixed row groups per warp (round 5 grid)
   fixed.matvec_balance = false;
   CudaBackend be10(fixed);
+  CudaBackend::Options v1, v3q8;
+  v1.gemm = 1;
+  v3q8.gemm = 3;
+  v3q8.act_levels = 1;
+  CudaBackend be11(v1), be12(v3q8);
   struct Case {
     int64_t M, K;
     std::vector<int64_t> N;
@@ -210,8 +252,9 @@ TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
     std::vector<TernaryMatrix*> ws;
     for (int64_t N : c.N) ws.push_back(&random_matrix(N, c.K, seed++, 0.02));
     const auto x = randn(size_t(c.M * c.K), seed++);
-    for (CudaBackend* b : {&be, &be2, &be3, &be4, &be5, &be6, &be7, &be8, &be9, &be10}) {
-      if ((b == &be8 || b == &be9) && c.M <= 2) continue;  // the matvec either way
+    for (CudaBackend* b : {&be, &be2, &be3, &be4, &be5, &be6, &be7, &be8, &be9, &be10, &be11, &be12}) {
+      if ((b == &be8 || b == &be9 || b == &be11) && c.M <= 2) continue;  // the matvec either way
+      if (b == &be12 && c.M <= 4) continue;
       if (b == &be7 && c.M > 2) continue;
       if ((b == &be3 || b == &be4 || b == &be6) && !cuda::matvec_bulk_supported(c.K, c.M)) continue;
       if (b != &be && c.N[0] >= 34000) continue;
@@ -241,6 +284,8 @@ TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
                                   : b == &be8 ? " q16 gemm v2 w1"
                                   : b == &be9 ? " q16 gemm v2 w2"
                                   : b == &be10 ? " q16 v3 fixed ranges"
+                                  : b == &be11 ? " q16 gemm v1"
+                                  : b == &be12 ? " q8 gemm v3"
                                               : " q16 default");
         EXPECT_LE(rel_err(got, exact), 1e-4) << what;
         // vs the unquantised fp64 product: |error| <= 1e-4 (q16) / 1% (q8) of sum_e |w_e x_e| per output

@@ -74,6 +74,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
   if (const char* e = std::getenv("BONSAI_CUDA_GEMM"); e && *e) o.gemm = std::atoi(e);
   o.gemm2_swizzle = flag("BONSAI_CUDA_GEMM2_SWIZZLE", o.gemm2_swizzle);
   if (const char* e = std::getenv("BONSAI_CUDA_GEMM2_WGS"); e && *e) o.gemm2_wgs = std::atoi(e);
+  if (const char* e = std::getenv("BONSAI_CUDA_GEMM3_CVT"); e && *e) o.gemm3_cvt = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC_ROWS"); e && *e) o.matvec_rows = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC"); e && *e) o.matvec = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC_EARLY"); e && *e) o.matvec_early = std::atoi(e);
@@ -201,19 +202,21 @@ struct CudaBackend::Impl {
     const int64_t mv_max = lv == 2 ? 2 : 4;
     if (M <= mv_max || !opt.tensor_cores)
       return out.push_back(cuda::matvec_launch(t, n, K, xq, xds, M, lv, sms, opt.matvec_rows, nullptr, opt.matvec_balance));
-    // v2 (wgmma) on sm_90, v1 (mma.sync) elsewhere; Options::gemm 1 / 2 force one, 0 (auto) takes v2 above 64
-    // tokens and for products of at most 16,384 output rows, v1 for the wide ones (gate+up: 34,816 rows) at
-    // M <= 64, where v2 measured slower (H200 round 5: gate+up M32 102.5 vs 89.2 us, M64 165 vs 148; down
-    // M32 45.5 vs 52.3, qkv+z M32 42.7 vs 53.5, gate+up M256 422 vs 461, down M256 204 vs 283).
-    int64_t rows = 0;
-    for (int i = 0; i < n; ++i) rows += t[i].N;
-    const bool v2 = cuda::gemm2_supported(prop.major, prop.minor) &&
-                    (opt.gemm == 2 || (opt.gemm == 0 && (M > 64 || rows <= 16384)));
+    // v3 (warp-specialised wgmma) on sm_90, v1 (mma.sync) elsewhere; Options::gemm 1 / 2 / 3 force one. v3
+    // measured faster than v1 and v2 at every shape of the kernel table, M = 4 to 256 (H200 round 7, us, v3 /
+    // v1 / v2: gate+up M4 67.5 / 81.9 / 95.4, M32 77.8 / 88.9 / 102.1, M64 101.0 / 147.6 / 164.5, M256 234.6 /
+    // 460.1 / 421.1; down M256 115.0 / 281.8 / 206.8).
+    const bool hopper = cuda::gemm2_supported(prop.major, prop.minor);
+    const bool v3 = hopper && (opt.gemm == 3 || opt.gemm == 0);
+    const bool v2 = hopper && opt.gemm == 2;
     const int wgs = opt.gemm2_wgs == 2 ? 2 : 1;
-    const int ks = v2 ? cuda::gemm2_ksplit(t, n, K, M, lv, sms, wgs) : cuda::gemm_ksplit(t, n, K, M, sms, opt.gemm_wave_split);
+    const int ks = v3   ? cuda::gemm3_ksplit(t, n, K, M, lv, sms)
+                   : v2 ? cuda::gemm2_ksplit(t, n, K, M, lv, sms, wgs)
+                        : cuda::gemm_ksplit(t, n, K, M, sms, opt.gemm_wave_split);
     auto gemm = [&](const cuda::TernaryDev* o, int kslices, int64_t stride) {
-      return v2 ? cuda::gemm2_launch(o, n, K, xq, xds, M, lv, wgs, kslices, stride, opt.gemm2_swizzle)
-                : cuda::gemm_launch(o, n, K, xq, xds, M, lv, sms, kslices, stride);
+      return v3   ? cuda::gemm3_launch(o, n, K, xq, xds, M, lv, kslices, stride, opt.gemm3_cvt)
+             : v2 ? cuda::gemm2_launch(o, n, K, xq, xds, M, lv, wgs, kslices, stride, opt.gemm2_swizzle)
+                  : cuda::gemm_launch(o, n, K, xq, xds, M, lv, sms, kslices, stride);
     };
     if (ks == 1) return out.push_back(gemm(t, 1, 0));
     // Partials [ks][M * sum N]: output i's slice z at part + z * stride + M * (N_0 + .. + N_{i-1}).
@@ -1307,7 +1310,7 @@ std::string CudaBackend::profile_report() {
     }
     // "_ZN6bonsai4cuda<anon ns>11site_kernelENS1_8SiteArgsE": keep the function's own name
     std::string n = name;
-    for (const char* k : {"site_kernel", "matvec_kernel", "gemm2_kernel", "gemm_kernel", "norm_kernel", "head_norm_kernel", "rope_kernel",
+    for (const char* k : {"site_kernel", "matvec_kernel", "gemm3_kernel", "gemm2_kernel", "gemm_kernel", "norm_kernel", "head_norm_kernel", "rope_kernel",
                           "ew_kernel", "copy_kernel", "embed_kernel", "dense_kernel", "conv_kernel", "gates_kernel",
                           "argmax_kernel", "attention_kernel", "delta_kernel"})
       if (n.find(k) != std::string::npos) {

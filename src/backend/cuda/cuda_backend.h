@@ -56,11 +56,15 @@ class CudaBackend final : public Backend {
     bool exact = false;        // ternary products on the fp32 activation, no int8 step (BONSAI_CUDA_EXACT=1); slow
     bool gemm_wave_split = true;  // split K also when the GEMM grid just overflows the resident block slots
                                   // (BONSAI_CUDA_WAVE_SPLIT=0: only when it leaves SMs idle; round 4)
-    int gemm = 0;              // tensor-core GEMM for M > 2: 2 = wgmma v2 (gemm_wgmma.cu; sm_90 only, else 1),
-                               // 1 = mma.sync (ternary.cu, rounds 2-4), 0 = per product, as measured faster
-                               // (ternary_launches; docs/cuda-kernels.md round 5); BONSAI_CUDA_GEMM=0|1|2
+    int gemm = 0;              // tensor-core GEMM for M > 2: 3 = warp-specialised wgmma v3 (gemm_ws.cu), 2 = wgmma
+                               // v2 (gemm_wgmma.cu), 1 = mma.sync (ternary.cu, rounds 2-4); 0 = v3 on sm_90, v1
+                               // elsewhere (v2 / v3 need sm_90a: 1 is used in their place); docs/cuda-kernels.md
+                               // rounds 5 and 7; BONSAI_CUDA_GEMM=0|1|2|3
     int gemm2_wgs = 2;         // v2 warpgroups per block: 1 (64 rows, 3-4 blocks per SM) or 2 (128 rows, 1-2 per SM,
                                // 128-token tiles for M > 64); BONSAI_CUDA_GEMM2_WGS
+    int gemm3_cvt = 1;         // v3's per-group int -> float: 1 = I2FP.F32.S32 (one instruction), 0 = the 1.5 x 2^23
+                               // mantissa add (two); bit-identical results; 1 measured faster (H200 round 7: gate+up
+                               // M256 234.6 vs 251.0 us, pp2048 2,592 vs 2,532 tok/s); BONSAI_CUDA_GEMM3_CVT
     bool gemm2_swizzle = true; // v2 operand tiles 128-byte swizzled (BONSAI_CUDA_GEMM2_SWIZZLE=0: no swizzle, slower)
     bool matvec_balance = true;  // M <= 2 matvec: row groups split evenly over one block per resident slot
                                  // (BONSAI_CUDA_MATVEC_BALANCE=0: fixed groups per warp, rounds 2-5)

@@ -20,35 +20,16 @@
 // tokens and their units; one __syncthreads per group. Measured (H200, round 5): faster than v1 above 64
 // tokens and for products of <= 16,384 rows, slower for gate+up (34,816 rows) at M <= 64; the backend's
 // default (Options::gemm = 0) picks per product.
-#include <algorithm>
-
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/ternary_dot.cuh"
+#include "backend/cuda/wgmma.cuh"
 
 namespace bonsai::cuda {
 
 namespace {
 
-struct Gemm2Out {
-  const uint32_t* words;   // [N, K/16] canonical words
-  const uint16_t* scales;  // [N, K/128] fp16
-  float* y;                // [M, N] (split-K: the slice's partial, + blockIdx.z * part_stride)
-  int64_t N;
-  int64_t b0;  // first block (grid.x) of this output
-};
-struct Gemm2Args {
-  Gemm2Out o[kMaxOuts];
-  const int8_t* xq;    // [M, L, K] digit planes
-  const float2* xds;   // [M, K/64] {unit, digit sum}; only the unit is read
-  int64_t K, M, part_stride;
-  int32_t n_outs, ks;  // outputs; K slices (grid.z)
-  int32_t swz, pad;    // 1: operand tiles in the 128-byte swizzled layout (default), 0: no swizzle (below)
-};
-
 constexpr int kRawStride = 12;    // words per row of a raw stage (8 used): conflict-free 16 B reads
-constexpr int kCore = 128;        // bytes of one core matrix (8 rows x 16 B)
-constexpr int kGroupRow = 1024;   // bytes of 8 rows x one 128-group (8 core matrices along K)
 
 // One 128-group in flight. X and the decoded weights are K-major wgmma operand tiles, 8-row atoms of 1024 B
 // (atom i = rows 8i..8i+7 at 1024 i), in one of two layouts of the 16 B chunk c (k bytes 16c..16c+15) of
@@ -64,18 +45,6 @@ struct Stage2 {
   int8_t X[L][TOK * 128];             // [plane][TOK / 8 atoms][1024 B]: digit plane l of the group's tokens
   uint32_t raw[ROWS * kRawStride];    // [row][kRawStride] canonical words of the group (8 used)
 };                                    // (a multiple of 1024 B: every X stays atom-aligned)
-__device__ __forceinline__ int tile_off(int row, int c, int swz) {
-  const int j = row & 7;
-  return (row >> 3) * kGroupRow + (swz ? j * 128 + ((c ^ j) << 4) : c * kCore + j * 16);
-}
-
-
-// Exact int -> float for |c| < 2^22 by the mantissa of 1.5 * 2^23 (two full-rate ops; I2F is quarter rate).
-__device__ __forceinline__ float i2f22(int c) { return __int_as_float(c + 0x4B400000) - 12582912.f; }
-
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define BONSAI_WGMMA 1
-#endif
 
 #ifdef BONSAI_WGMMA
 // wgmma m64nNk32 s32 += s8 x s8, both operands from shared memory (K-major), for N = 16 / 32 / 64 (N / 2
@@ -101,31 +70,8 @@ __device__ __forceinline__ void wgmma_s8(int (&d)[32], uint64_t da, uint64_t db,
       : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
       : "l"(da), "l"(db), "r"(acc));
 }
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wg_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-// Generic-proxy writes (cp.async, st.shared) made visible to wgmma's reads (the async proxy).
-__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 #endif
 
-// Keeps the compiler from moving accumulator reads across a wgmma wait (or writes across an issue).
-template <int R>
-__device__ __forceinline__ void pin(int (&d)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
-}
-
-// K-major operand descriptor at k-step ks (32 bytes) of a tile starting at addr (1024-aligned): swizzled:
-// start + 32 ks inside the 128 B rows (the hardware applies the XOR to the address bits), SBO = 1024, LBO
-// unused (1), mode 1 = 128 B swizzle; no swizzle: start + 256 ks (two core matrices), LBO 128, SBO 1024.
-[[maybe_unused]] __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, int ks, int swz) {
-  const uint32_t start = addr + (swz ? 32u : 256u) * uint32_t(ks);
-  const uint64_t lbo = swz ? 1u : (kCore >> 4), sbo = kGroupRow >> 4;
-  return uint64_t((start & 0x3FFFFu) >> 4) | (lbo << 16) | (sbo << 32) | (uint64_t(swz ? 1 : 0) << 62);
-}
 
 // TOK tokens per block (32, 64 or 128; two halves of TOK / 2), L digit planes, S stages (>= 3: the loads of
 // group kg + 1 were issued one iteration before they are decoded), MINB blocks per SM (register budget),
@@ -361,18 +307,9 @@ void init_gemm2_attributes() {
 }
 
 int gemm2_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms, int wgs) {
-  // As gemm_ksplit's wave-aware rule: time ~ rounds of resident blocks, ceil(blocks * ks / slots) / ks; a
-  // split is taken when it saves >= 15 % (it adds the ordered sum of the slices); slices of >= 16 groups.
+  // As gemm_ksplit's wave-aware rule (wave_ksplit, wgmma.cuh) with v2's block slots.
   const Gemm2Pick p = gemm2_pick(levels == 2 ? 2 : 1, M, wgs);
-  const int64_t G = K / 128, blocks = gemm2_blocks(outs, n_outs, M, p), slots = int64_t(sms) * p.per_sm;
-  if (G < 32) return 1;
-  int64_t best = 1;
-  double best_t = double((blocks + slots - 1) / slots);
-  for (int64_t ks = 2; ks <= std::min<int64_t>(8, G / 16); ++ks) {
-    const double t = double((blocks * ks + slots - 1) / slots) / double(ks);
-    if (t < 0.85 * best_t) best = ks, best_t = t;
-  }
-  return int(best);
+  return wave_ksplit(gemm2_blocks(outs, n_outs, M, p), int64_t(sms) * p.per_sm, K / 128);
 }
 
 Launch gemm2_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,

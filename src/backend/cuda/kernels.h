@@ -106,6 +106,15 @@ void init_gemm2_attributes();  // called by init_kernel_attributes
 int gemm2_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms, int wgs);
 Launch gemm2_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                     int levels, int wgs, int ks = 1, int64_t part_stride = 0, bool swizzle = true);
+// GEMM v3 (gemm_ws.cu, BONSAI_CUDA_GEMM=3): warp-specialised wgmma: a producer warpgroup streams the raw
+// words and swizzled activation tiles into an mbarrier ring, two consumer warpgroups (64 rows each, weights
+// decoded into wgmma's register A operand) take turns on the tensor pipe. Blocks of 128 rows x 32 / 64 / 128
+// tokens (M <= 32 / <= 64 / above), one per SM. Same outputs, pairing and split-K contract as gemm2_launch.
+// sm_90 only (gemm2_supported). cvt: the per-group int -> float as I2FP (1) or the mantissa add (0): bit-identical.
+void init_gemm3_attributes();  // called by init_kernel_attributes
+int gemm3_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms);
+Launch gemm3_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
+                    int levels, int ks = 1, int64_t part_stride = 0, int cvt = 1);
 // K slices for the GEMM of these outputs: > 1 when the grid would leave SMs idle over a long K. waves:
 // also when the grid just overflows the resident block slots (a second, nearly empty round of blocks).
 int gemm_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int sms, bool waves = true);

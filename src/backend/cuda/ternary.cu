@@ -897,6 +897,7 @@ void init_kernel_attributes() {
   init_attention_attributes();
   init_gemm_attributes();
   init_gemm2_attributes();
+  init_gemm3_attributes();
 }
 
 }  // namespace bonsai::cuda

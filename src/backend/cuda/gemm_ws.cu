@@ -1,0 +1,360 @@
+// Ternary GEMM v3 (BONSAI_CUDA_GEMM=3): warp-specialised wgmma. Same inputs, outputs and split-K contract as
+// gemm2_kernel (gemm_wgmma.cu, v2): y [M, N] fp32 = sum over 128-groups of d_w[row, g] * u_x[token, g] *
+// (254 I0 + I1) (q16) or d_w u_x I0 (q8), the integer dots exact in int32, the per-group scaling in fp32.
+//
+// Why: v2's two warpgroups meet at a block barrier once per group and each scales its accumulators while
+// its own tensor work has drained, so the tensor pipe idles for the scaling (round 5: ~3,800 cycles per
+// group for ~1,024 of tensor work at 128 tokens). Here, per block of 128 weight rows x TOK tokens:
+//   - warpgroup 0 = producer: cp.async of each group's raw words, both digit planes (128-byte swizzled
+//     K-major tiles) and the token units into a ring of S stages; each thread's copies of a stage complete
+//     on that stage's `full` mbarrier (cp.async.mbarrier.arrive.noinc); it refills a stage once both
+//     consumers have arrived on its `empty` mbarrier. No block barrier after the prologue.
+//   - warpgroups 1, 2 = consumers, 64 rows each x all TOK tokens (wgmma n = TOK, up to 128): the weights go
+//     to wgmma from REGISTERS: each thread decodes its own A fragment (rows g, g + 8 of its warp's 16,
+//     k bytes 4q..4q+3 and 16+4q..) straight from the raw words (no decoded tile in shared memory, half
+//     of v2's wgmma operand reads); B = the activation planes from the swizzled tiles.
+//   - the two consumers take turns to ISSUE (named barriers 1 / 2): consumer 1 issues group kg after
+//     consumer 0 has, consumer 0 issues kg + 1 after consumer 1 has issued kg. Their wgmmas queue on the
+//     tensor pipe in that order, so while one consumer waits for and scales its group, the other's wgmmas
+//     run (without the turn-taking both would issue together, finish together and scale together).
+//   - setmaxnreg: the producer drops to 40 registers, the consumers rise to 232 (2 x 64 int32 + 64 fp32
+//     accumulators at 128 tokens); 40 x 128 + 232 x 256 = 64,512 of the SM's 65,536 (ptxas, nvcc 13.0: no
+//     spills; at 56 / 224 the consumers spilled 20-48 B).
+#include "backend/cuda/async_copy.cuh"
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/ternary_dot.cuh"
+#include "backend/cuda/wgmma.cuh"
+
+namespace bonsai::cuda {
+
+namespace {
+
+constexpr int kWsRows = 128;     // weight rows per block (2 consumer warpgroups x 64)
+constexpr int kWsRawStride = 12;  // words per row of a raw stage (8 used): conflict-free 16 B reads and writes
+constexpr int kWsThreads = 384;   // producer warpgroup + 2 consumer warpgroups
+
+// Shared memory of one block, S stages (offsets from the 1024-aligned base).
+template <int TOK, int L, int S>
+struct WsLayout {
+  static constexpr int x_bytes = L * TOK * 128;                    // [L][TOK / 8 atoms][1024 B] per stage
+  static constexpr int raw_off = S * x_bytes;                      // [S][kWsRows][kWsRawStride] u32
+  static constexpr int units_off = raw_off + S * kWsRows * kWsRawStride * 4;  // [S][TOK] float
+  static constexpr int bar_off = units_off + S * TOK * 4;          // [2][S] u64: full, empty
+  static constexpr int bytes = bar_off + 2 * S * 8;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void mbar_init(uint32_t bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase with this parity has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t ok = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(ok)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!ok);
+}
+// One arrival on bar once all of this thread's earlier cp.async copies have landed (counted in the init).
+__device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void named_arrive(int id, int n) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+
+#ifdef BONSAI_WGMMA
+// wgmma m64nNk32 s32 += s8 x s8, A (64 x 32 weights) from registers, B (N x 32 activation digits) from
+// shared memory (K-major), N = 32 / 64 / 128 (N / 2 accumulators per thread). acc = 0: D = A B.
+// A fragment (as mma.sync m16n8k32): warp w of the warpgroup rows 16 w + g (a[0], a[2]) and + 8 (a[1],
+// a[3]); a[0], a[1] k bytes 4q..4q+3, a[2], a[3] k bytes 16+4q..16+4q+3 (g = lane / 4, q = lane % 4).
+__device__ __forceinline__ void wgmma_rs(int (&d)[16], const uint32_t (&a)[4], uint64_t db, int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.s32.s8.s8 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+__device__ __forceinline__ void wgmma_rs(int (&d)[32], const uint32_t (&a)[4], uint64_t db, int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+__device__ __forceinline__ void wgmma_rs(int (&d)[64], const uint32_t (&a)[4], uint64_t db, int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+#endif
+
+// TOK tokens per block (32, 64 or 128), L digit planes, S ring stages; CVT: the scaling's int -> float as
+// I2FP.F32.S32 (one instruction; 1) or the 1.5 x 2^23 mantissa add (i2f22, two full-rate ones; 0). Both exact:
+// the outputs are bit-identical (|254 I0 + I1| < 2^24).
+template <int TOK, int L, int S, int CVT>
+__global__ __launch_bounds__(kWsThreads, 1) void gemm3_kernel(const Gemm2Args a) {
+  static_assert(TOK == 32 || TOK == 64 || TOK == 128);
+  using Lay = WsLayout<TOK, L, S>;
+  constexpr int R = TOK / 2;  // int32 accumulators per thread and plane (64 x TOK / 128)
+  extern __shared__ __align__(128) unsigned char g3_smem[];
+  // Swizzle atoms need 1024 B alignment: the base is rounded up (the launch adds 1 KB).
+  unsigned char* base = g3_smem + ((1024 - (smem_u32(g3_smem) & 1023)) & 1023);
+  uint32_t* raw = reinterpret_cast<uint32_t*>(base + Lay::raw_off);   // [S][kWsRows][kWsRawStride]
+  float* units = reinterpret_cast<float*>(base + Lay::units_off);     // [S][TOK] (0 past M)
+  const uint32_t x_s = smem_u32(base), bar_s = smem_u32(base + Lay::bar_off);
+  auto full = [&](int s) { return bar_s + 8u * unsigned(s); };
+  auto empty = [&](int s) { return bar_s + 8u * unsigned(S + s); };
+
+  int o = 0;
+#pragma unroll
+  for (int i = 1; i < kMaxOuts; ++i)
+    if (i < a.n_outs && int64_t(blockIdx.x) >= a.o[i].b0) o = i;
+  const int64_t N = a.o[o].N, K = a.K, M = a.M, KW = K / 16, G = K / 128, C = K / 64;
+  const int64_t kz = blockIdx.z, k0 = G * kz / a.ks, NG = G * (kz + 1) / a.ks - k0;
+  const int64_t row0 = (int64_t(blockIdx.x) - a.o[o].b0) * kWsRows;
+  const int64_t tok0 = int64_t(blockIdx.y) * TOK;
+  const int tid = threadIdx.x;
+
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(full(s), 128);  // one cp.async arrival per producer thread
+      mbar_init(empty(s), 256);  // every consumer thread, once its wgmmas and scaling are done with the stage
+    }
+  }
+  __syncthreads();
+  pdl_trigger();
+
+  if (tid < 128) {
+    // ---------------- producer ----------------
+#ifdef BONSAI_WGMMA
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+#endif
+    // Every copy address is set up once here and advanced by one group per iteration: the producer warps
+    // share their schedulers with the consumers, so its per-group instructions come off their issue slots.
+    // Raw words: copies i = 0, 1 of this thread: row wr + 64 i, wr = 8 (tid / 16) + tid % 8, words 4 ((tid / 8)
+    // & 1) .. + 3 (8 consecutive threads fill 8 rows of one 16 B column: conflict-free).
+    const int wr = (tid >> 4) * 8 + (tid & 7), wh = (tid >> 3) & 1;  // copy 1: row wr + 64
+    const int64_t wr0 = row0 + wr < N ? row0 + wr : N - 1, wr1 = row0 + wr + 64 < N ? row0 + wr + 64 : N - 1;
+    const uint32_t* wsrc = a.o[o].words + wr0 * KW + k0 * 8 + wh * 4;
+    const uint32_t woff1 = uint32_t((wr1 - wr0) * KW);  // words from copy 0's source to copy 1's
+    const uint32_t wdst = smem_u32(&raw[wr * kWsRawStride + wh * 4]);
+    const int wb0 = row0 + wr < N ? 16 : 0, wb1 = row0 + wr + 64 < N ? 16 : 0;
+    // Activation planes: this thread copies 16 B chunk cc of token tgb * 8 + t8 + 16 j (j < TOK / 16) of each
+    // plane, i.e. row t8 of 8-token atoms tgb + 2 j (8 consecutive threads fill 8 rows of one chunk column:
+    // conflict-free). Tokens past M are zero-filled (src_bytes 0) from a valid address.
+    constexpr int J = TOK / 16;
+    const int t8 = tid & 7, cc = (tid >> 3) & 7, tgb = tid >> 6;
+    const uint32_t xdst = x_s + uint32_t((tgb * 8 + t8) * 128 + ((cc ^ t8) << 4));  // + s x_bytes + l TOK 128 + 2048 j
+    const int64_t tokb = tok0 + tgb * 8 + t8;
+    const int nvalid = tokb < M ? int((M - tokb + 15) / 16) : 0;  // copies j < nvalid hold real tokens
+    const int8_t* xsrc = a.xq + (tokb < M ? tokb : 0) * L * K + k0 * 128 + cc * 16;
+    const int64_t jstride = 16 * L * K;
+    // Units: token tid (< TOK) of the tile.
+    const int64_t utok = tok0 + (tid < TOK ? tid : 0);
+    const float* usrc = &a.xds[(utok < M ? utok : M - 1) * C + k0 * 2].x;  // + 4 floats (2 chunks) per group
+    const uint32_t udst = smem_u32(units) + 4u * unsigned(tid);
+    auto issue_w = [&](int64_t kg, int s) {
+      const uint32_t d = wdst + uint32_t(s * kWsRows * kWsRawStride * 4);
+      cp_async16_s(d, wsrc + kg * 8, wb0);
+      cp_async16_s(d + 64 * kWsRawStride * 4, wsrc + kg * 8 + woff1, wb1);
+    };
+    auto issue_x = [&](int64_t kg, int s) {
+      const uint32_t dst = xdst + uint32_t(s * Lay::x_bytes);
+      int64_t js = jstride, lk = K;
+      asm volatile("" : "+l"(js), "+l"(lk));  // opaque: the 16 source pointers are not hoisted out of the
+                                              // group loop (32 registers; the producer has 56)
+      const int8_t* src = xsrc + kg * 128;
+#pragma unroll
+      for (int j = 0; j < J; ++j, src += js)
+#pragma unroll
+        for (int l = 0; l < L; ++l)
+          cp_async16_s(dst + uint32_t(l * TOK * 128 + j * 2048), j < nvalid ? src + l * lk : a.xq, j < nvalid ? 16 : 0);
+      if (tid < TOK)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(udst + uint32_t(s * TOK * 4)),
+                     "l"(usrc + kg * 4), "r"(utok < M ? 4 : 0)
+                     : "memory");
+    };
+    for (int j = 0; j < S; ++j)  // weights first: they do not depend on earlier kernels
+      if (j < NG) issue_w(j, j);
+    pdl_wait();
+    for (int64_t kg = 0; kg < NG; ++kg) {
+      const int s = int(kg % S);
+      if (kg >= S) {
+        mbar_wait(empty(s), uint32_t((kg / S + 1) & 1));  // the consumers are done with group kg - S
+        issue_w(kg, s);
+      }
+      issue_x(kg, s);
+      cp_async_arrive(full(s));
+    }
+    cp_async_wait<0>();
+  } else {
+    // ---------------- consumers ----------------
+#ifdef BONSAI_WGMMA
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+#endif
+    pdl_wait();
+    const int c = (tid >> 7) - 1, ct = tid & 127, warp = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
+    const __half* scales = reinterpret_cast<const __half*>(a.o[o].scales);
+    float* y = a.o[o].y + kz * a.part_stride;
+    // Rows of this thread's A fragment and accumulators (wgmma D layout: warp w rows 16 w + g and + 8;
+    // register 4 j + i: column 8 j + 2 q + (i & 1), row + 8 when i >= 2).
+    const int wrow = c * 64 + warp * 16 + g;
+    const int64_t rlo = row0 + wrow, rhi = rlo + 8;
+    const __half* slo = scales + (rlo < N ? rlo : N - 1) * G + k0;
+    const __half* shi = scales + (rhi < N ? rhi : N - 1) * G + k0;
+    auto dw_of = [&](int64_t kg) { return make_float2(__half2float(slo[kg]), __half2float(shi[kg])); };
+
+    int acc[L][R];  // [plane][register]
+    float f[R];     // fp32 sums over groups
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      f[i] = 0.f;
+#pragma unroll
+      for (int l = 0; l < L; ++l) acc[l][i] = 0;
+    }
+#ifdef BONSAI_WGMMA
+    const uint64_t desc0 = smem_desc(x_s, 0, 1);
+    const int my_turn = c == 0 ? 1 : 2, next_turn = c == 0 ? 2 : 1;  // named barrier ids (0 = __syncthreads)
+    for (int64_t kg = 0; kg < NG; ++kg) {
+      const int s = int(kg % S);
+      mbar_wait(full(s), uint32_t((kg / S) & 1));
+      // The producer's cp.async (generic proxy) writes, read by wgmma (async proxy). ptxas makes this a
+      // MEMBAR.ALL.CTA, which waits for the thread's outstanding loads: the group's scales are loaded after
+      // it (loaded a group ahead, before it, they cost a global-load latency per group and 2 registers).
+      fence_async_smem();
+      const float2 dw = dw_of(kg);  // its latency runs under the group's wgmmas
+      // A fragments of the group: word j of a row holds element 16 j + 4 b + i at bits 8 b + 2 i, the
+      // transposed activation holds it at position 16 j + 4 i + b, so decode4(w >> 2 q) of words 2 ks and
+      // 2 ks + 1 are k bytes 4q.. and 16+4q.. of k-step ks.
+      const uint32_t* rw = &raw[(s * kWsRows + wrow) * kWsRawStride];
+      const uint4 lo0 = *reinterpret_cast<const uint4*>(rw), lo1 = *reinterpret_cast<const uint4*>(rw + 4);
+      const uint4 hi0 = *reinterpret_cast<const uint4*>(rw + 8 * kWsRawStride),
+                  hi1 = *reinterpret_cast<const uint4*>(rw + 8 * kWsRawStride + 4);
+      const uint32_t wl[8] = {lo0.x, lo0.y, lo0.z, lo0.w, lo1.x, lo1.y, lo1.z, lo1.w};
+      const uint32_t wh[8] = {hi0.x, hi0.y, hi0.z, hi0.w, hi1.x, hi1.y, hi1.z, hi1.w};
+      uint32_t af[4][4];
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        af[ks][0] = decode4(wl[2 * ks] >> (2 * q));
+        af[ks][1] = decode4(wh[2 * ks] >> (2 * q));
+        af[ks][2] = decode4(wl[2 * ks + 1] >> (2 * q));
+        af[ks][3] = decode4(wh[2 * ks + 1] >> (2 * q));
+      }
+      if (c == 1 || kg > 0) named_sync(my_turn, 256);  // the other consumer has issued its previous group
+#pragma unroll
+      for (int l = 0; l < L; ++l) pin(acc[l]);
+      wg_fence();
+      // B descriptors: the stage's plane-0 tile at k-step 0, + (byte offset >> 4) in the start-address field
+      // (no carry out of its 14 bits: shared addresses < 256 KB), so each wgmma adds a constant.
+      const uint64_t db = desc0 + uint64_t(uint32_t(s * Lay::x_bytes) >> 4);
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+        for (int l = 0; l < L; ++l)
+          wgmma_rs(acc[l], af[ks], db + uint64_t((l * TOK * 128 + 32 * ks) >> 4), ks);
+      wg_commit();
+      if (c == 0 || kg + 1 < NG) named_arrive(next_turn, 256);  // its turn (consumer 1 skips its last)
+      wg_wait<0>();
+#pragma unroll
+      for (int l = 0; l < L; ++l) pin(acc[l]);
+      // f += d_w u_x (254 I0 + I1)
+      const float* un = units + s * TOK;
+#pragma unroll
+      for (int j = 0; j < TOK / 8; ++j) {
+        const float2 u = *reinterpret_cast<const float2*>(un + 8 * j + 2 * q);
+        const float sc[4] = {dw.x * u.x, dw.x * u.y, dw.y * u.x, dw.y * u.y};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          int cc = acc[0][4 * j + i];
+          if constexpr (L == 2) cc = cc * 254 + acc[1][4 * j + i];
+          f[4 * j + i] = fmaf(sc[i], CVT ? float(cc) : i2f22(cc), f[4 * j + i]);
+        }
+      }
+      mbar_arrive(empty(s));  // this thread's reads of stage s (raw words, units; its wgmmas) are done
+    }
+#else
+    (void)slo, (void)shi, (void)acc;
+    __trap();  // built without sm_90a: gemm3_supported() keeps the backend off this kernel
+#endif
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const int64_t row = i & 2 ? rhi : rlo;
+      const int64_t tok = tok0 + 8 * (i >> 2) + 2 * q + (i & 1);
+      if (row < N && tok < M) y[tok * N + row] = f[i];
+    }
+  }
+}
+
+struct Gemm3Pick {
+  const void* func;
+  uint32_t smem;
+  int tok;
+};
+// Stages: as deep as ~200 KB of shared memory allows (the weight stream of small M needs bytes in flight).
+template <int TOK, int L, int S, int CVT>
+Gemm3Pick gemm3_cfg() {
+  return {reinterpret_cast<const void*>(&gemm3_kernel<TOK, L, S, CVT>), uint32_t(1024 + WsLayout<TOK, L, S>::bytes), TOK};
+}
+template <int L, int CVT>
+Gemm3Pick gemm3_pick_l(int64_t M) {
+  return M <= 32 ? gemm3_cfg<32, L, 12, CVT>() : M <= 64 ? gemm3_cfg<64, L, 8, CVT>() : gemm3_cfg<128, L, 5, CVT>();
+}
+Gemm3Pick gemm3_pick(int levels, int64_t M, int cvt) {
+  if (cvt) return levels == 2 ? gemm3_pick_l<2, 1>(M) : gemm3_pick_l<1, 1>(M);
+  return levels == 2 ? gemm3_pick_l<2, 0>(M) : gemm3_pick_l<1, 0>(M);
+}
+
+int64_t gemm3_blocks(const TernaryDev* outs, int n_outs, int64_t M, int tok) {
+  int64_t b = 0;
+  for (int i = 0; i < n_outs; ++i) b += (outs[i].N + kWsRows - 1) / kWsRows;
+  return b * ((M + tok - 1) / tok);
+}
+
+}  // namespace
+
+void init_gemm3_attributes() {
+  for (int lv : {1, 2})
+    for (int cvt : {0, 1})
+    for (int64_t m : {32, 64, 128}) {
+      const Gemm3Pick p = gemm3_pick(lv, m, cvt);
+      cudaFuncSetAttribute(p.func, cudaFuncAttributeMaxDynamicSharedMemorySize, int(p.smem));
+    }
+}
+
+int gemm3_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms) {
+  const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, 0);
+  return wave_ksplit(gemm3_blocks(outs, n_outs, M, p.tok), sms, K / 128);  // one block per SM
+}
+
+Launch gemm3_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
+                    int levels, int ks, int64_t part_stride, int cvt) {
+  Gemm2Args a{};
+  a.xq = xq;
+  a.xds = xds;
+  a.K = K;
+  a.M = M;
+  a.part_stride = part_stride;
+  a.n_outs = n_outs;
+  a.ks = ks;
+  a.swz = 1;
+  const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, cvt);
+  int64_t b0 = 0;
+  for (int i = 0; i < n_outs; ++i) {
+    a.o[i] = {outs[i].words, outs[i].scales, outs[i].y, outs[i].N, b0};
+    b0 += (outs[i].N + kWsRows - 1) / kWsRows;
+  }
+  const dim3 grid{unsigned(b0), unsigned((M + p.tok - 1) / p.tok), unsigned(ks)};
+  return make_launch(p.func, grid, dim3(kWsThreads), p.smem, a);
+}
+
+}  // namespace bonsai::cuda

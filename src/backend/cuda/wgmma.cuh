@@ -1,0 +1,89 @@
+// Pieces shared by the two wgmma GEMMs (gemm_wgmma.cu = v2, gemm_ws.cu = v3; nvcc only): their argument
+// struct, the 128-byte swizzled K-major operand tile, the shared-memory descriptor, the wgmma fences and
+// the exact int -> float conversion of the per-group scaling.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+
+#include "backend/cuda/common.cuh"
+
+namespace bonsai::cuda {
+
+struct Gemm2Out {
+  const uint32_t* words;   // [N, K/16] canonical words
+  const uint16_t* scales;  // [N, K/128] fp16
+  float* y;                // [M, N] (split-K: the slice's partial, + blockIdx.z * part_stride)
+  int64_t N;
+  int64_t b0;  // first block (grid.x) of this output
+};
+struct Gemm2Args {
+  Gemm2Out o[kMaxOuts];
+  const int8_t* xq;    // [M, L, K] digit planes
+  const float2* xds;   // [M, K/64] {unit, digit sum}; only the unit is read
+  int64_t K, M, part_stride;
+  int32_t n_outs, ks;  // outputs; K slices (grid.z)
+  int32_t swz, pad;    // 1: operand tiles in the 128-byte swizzled layout (v2's default; v3 always), 0: no swizzle
+};
+
+constexpr int kCore = 128;       // bytes of one core matrix (8 rows x 16 B)
+constexpr int kGroupRow = 1024;  // bytes of 8 rows x one 128-group (8 core matrices along K)
+
+// Byte offset of 16 B chunk c (k bytes 16c..16c+15 of a 128-group) of row `row` in a K-major operand tile of
+// 8-row atoms (atom i = rows 8i..8i+7 at 1024 i), row j = row % 8 of its atom:
+//   swizzled (swz = 1): at 1024 i + 128 j + 16 (c ^ j) (128-byte swizzle: each row one 128 B line, its chunks
+//     XOR-permuted by the row, so any 8 rows' chunk c lie in 8 different bank quads);
+//   no swizzle (swz = 0): core matrices (8 rows x 16 B) at 1024 i + 128 c, row j at + 16 j.
+__device__ __forceinline__ int tile_off(int row, int c, int swz) {
+  const int j = row & 7;
+  return (row >> 3) * kGroupRow + (swz ? j * 128 + ((c ^ j) << 4) : c * kCore + j * 16);
+}
+
+// Exact int -> float for |c| < 2^22 by the mantissa of 1.5 * 2^23 (two full-rate ops; I2F is quarter rate).
+__device__ __forceinline__ float i2f22(int c) { return __int_as_float(c + 0x4B400000) - 12582912.f; }
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define BONSAI_WGMMA 1
+#endif
+
+#ifdef BONSAI_WGMMA
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Generic-proxy writes (cp.async, st.shared) made visible to wgmma's reads (the async proxy).
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+#endif
+
+// Keeps the compiler from moving accumulator reads across a wgmma wait (or writes across an issue).
+template <int R>
+__device__ __forceinline__ void pin(int (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+
+// K-major operand descriptor at k-step ks (32 bytes) of a tile starting at addr (1024-aligned): swizzled:
+// start + 32 ks inside the 128 B rows (the hardware applies the XOR to the address bits), SBO = 1024, LBO
+// unused (1), mode 1 = 128 B swizzle; no swizzle: start + 256 ks (two core matrices), LBO 128, SBO 1024.
+[[maybe_unused]] __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, int ks, int swz) {
+  const uint32_t start = addr + (swz ? 32u : 256u) * uint32_t(ks);
+  const uint64_t lbo = swz ? 1u : (kCore >> 4), sbo = kGroupRow >> 4;
+  return uint64_t((start & 0x3FFFFu) >> 4) | (lbo << 16) | (sbo << 32) | (uint64_t(swz ? 1 : 0) << 62);
+}
+
+// K slices for a GEMM of `blocks` blocks on `slots` resident block slots over G 128-groups: time ~ rounds of
+// resident blocks, ceil(blocks * ks / slots) / ks; a split is taken when it saves >= 15 % (it adds the
+// ordered sum of the slices); slices of >= 16 groups.
+inline int wave_ksplit(int64_t blocks, int64_t slots, int64_t G) {
+  if (G < 32) return 1;
+  int64_t best = 1;
+  double best_t = double((blocks + slots - 1) / slots);
+  for (int64_t ks = 2; ks <= std::min<int64_t>(8, G / 16); ++ks) {
+    const double t = double((blocks * ks + slots - 1) / slots) / double(ks);
+    if (t < 0.85 * best_t) best = ks, best_t = t;
+  }
+  return int(best);
+}
+
+}  // namespace bonsai::cuda

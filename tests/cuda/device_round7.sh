@@ -1,0 +1,68 @@
+#!/bin/bash
+# Round 7 device run (prefill GEMM): correctness of the GEMM v3 (warp-specialised wgmma) first (ternary ops and
+# tiny-model tests, the fixture gate per GATE_ENVS entry), then the kernel table
+# (v1 / v2 / v3 at M >= 32), `bonsai bench` pp512/pp2048 and batched B = 8/32 for each CONFIGS entry (a name
+# starting with r6 runs .devbin/bonsai_r5, the staged baseline binary of the previous round), and (NCU=1)
+# ncu on gate+up M256 for v2 and v3. Binaries built here (BUILD=build-cuda-helper BASELINE=<previous bonsai>
+# tests/cuda/stage_devbin.sh), carried in .devbin/.
+# Env: GATE_ENVS ("ENV=V,ENV=V" words, one gate each), BENCH_MIN_M, SKIP_TESTS, SKIP_KERNELS, SKIP_27B, NCU, CONFIGS ("name:ENV=V,ENV=V" words), TAGS (kernel variants),
+# TEST_FILTER, NCU_KERNELS ("kernel:variant tag;..."), NCU_SHAPE. $OUT: test_cuda.log, gate.txt, bench_kernels.txt, bench.txt, ncu_*.txt.
+set -u
+export LD_LIBRARY_PATH=$PWD/.devbin
+B=$PWD/.devbin
+OUT=${OUT:-/tmp/out}
+L=/tmp/logs
+FIX=$PWD/tests/data/fixtures/tiny_seed7.safetensors
+P27=/tmp/p27/27b-pq2_0.gguf
+mkdir -p "$OUT" "$L"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader
+$B/bonsai --help > /dev/null 2>&1 || { echo "bonsai does not start"; ldd $B/bonsai; exit 1; }
+if [ "${SKIP_27B:-0}" != 1 ]; then
+  ( $B/bonsai make-pack --preset 27b -o /tmp/p27 > "$L/makepack.log" 2>&1 ) &
+  MP=$!
+fi
+$B/bonsai make-pack --preset tiny --format gguf-pq2_0 -o /tmp/tiny > /dev/null 2>&1
+$B/bonsai make-pack --preset tiny --seed 7 --format gguf-pq2_0 -o /tmp/tiny7 > /dev/null 2>&1
+for env in ${GATE_ENVS:-X=1 BONSAI_CUDA_GEMM=3}; do
+  env ${env//,/ } timeout 40 $B/bonsai gate -m /tmp/tiny7/tiny-pq2_0.gguf --fixture "$FIX" --backend cuda --json \
+    > "$L/gate.json" 2> "$L/gate.err"
+  rc=$?
+  echo "gate $env rc=$rc $(tr -d '\n' < "$L/gate.json" | grep -oE '"overall"[^}]*}' | head -c 300)" | tee -a "$OUT/gate.txt"
+  [ $rc = 124 ] && { echo "gate timed out (a hang): stop"; tail -5 "$L/gate.err"; exit 1; }
+done
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  BONSAI_TINY_PACK=/tmp/tiny/tiny-pq2_0.gguf BONSAI_TINY7_PACK=/tmp/tiny7/tiny-pq2_0.gguf BONSAI_GATE_FIXTURE="$FIX" \
+    timeout 150 $B/test_cuda --gtest_filter="${TEST_FILTER:--CudaBench.*}" > "$OUT/test_cuda.log" 2>&1
+  echo "test_cuda rc=$?"
+  grep -E "^\[  FAILED|^\[  PASSED|^\[tiny|Failure|Expected|Which is" "$OUT/test_cuda.log" | head -30
+fi
+if [ "${SKIP_KERNELS:-0}" != 1 ]; then
+  BONSAI_CUDA_BENCH=1 BONSAI_BENCH_OUT=$OUT BONSAI_BENCH_MIN_M=${BENCH_MIN_M:-32} BONSAI_BENCH_TAGS="${TAGS:-q16 pdl,q16 v2 pdl,q16 v3 pdl}" \
+    timeout 150 $B/test_cuda --gtest_filter='CudaBench.ProbeAndTernaryKernels' > "$L/bench_kernels.log" 2>&1
+  echo "kernels rc=$?"
+  grep -E "probe|M(4|8|32|64|256) " "$OUT/bench_kernels.txt"
+fi
+if [ "${SKIP_27B:-0}" != 1 ]; then
+  wait $MP
+  for cfg in ${CONFIGS:-default:X=1 v3:BONSAI_CUDA_GEMM=3 r6:X=1}; do
+    name=${cfg%%:*}; env=${cfg#*:}
+    bin=$B/bonsai; case $name in r6*) bin=$B/bonsai_r5 ;; esac
+    for args in "-p 512,2048 -n 0 -r 2" "-p 0 -n 32 -r 2 --batch 8,32"; do
+      echo "== $name ($env, $(basename $bin)): bonsai bench --backend cuda -m $P27 $args" >> "$OUT/bench.txt"
+      env ${env//,/ } timeout 150 $bin bench --backend cuda -m $P27 $args >> "$OUT/bench.txt" 2>&1
+      echo "rc=$?" >> "$OUT/bench.txt"
+    done
+  done
+  grep -E "==|pp|B=|batch|rc=" "$OUT/bench.txt"
+fi
+if [ "${NCU:-0}" = 1 ] && command -v ncu > /dev/null; then
+  IFS=';' read -ra KS <<< "${NCU_KERNELS:-gemm2_kernel:q16 v2 pdl;gemm3_kernel:q16 v3 pdl}"
+  for k in "${KS[@]}"; do
+    BONSAI_CUDA_BENCH=1 BONSAI_BENCH_SHAPE="${NCU_SHAPE:-gate+up M256}" BONSAI_BENCH_TAGS="${k#*:}" timeout 90 ncu --clock-control none \
+      -k "regex:${k%%:*}" --launch-skip 4 --launch-count 1 --section SpeedOfLight --section WarpStateStats \
+      --section SchedulerStats --section Occupancy $B/test_cuda --gtest_filter='CudaBench.ProbeAndTernaryKernels' \
+      > "$OUT/ncu_${k%%:*}.txt" 2>&1
+    echo "== ncu ${k%%:*} rc=$?"
+    grep -E "Duration|Registers Per|Issue Slots Busy|No Eligible|Eligible Warps|Active Warps Per|Warp Cycles Per Issued|Executed Ipc A|Memory Throughput|Compute \(SM\)|Stall" "$OUT/ncu_${k%%:*}.txt" | head -24
+  done
+fi
