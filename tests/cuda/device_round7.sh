@@ -2,11 +2,12 @@
 # Round 7 device run (prefill GEMM): correctness of the GEMM v3 (warp-specialised wgmma) first (ternary ops and
 # tiny-model tests, the fixture gate per GATE_ENVS entry), then the kernel table
 # (v1 / v2 / v3 at M >= 32), `bonsai bench` pp512/pp2048 and batched B = 8/32 for each CONFIGS entry (a name
-# starting with r6 runs .devbin/bonsai_r5, the staged baseline binary of the previous round), and (NCU=1)
+# starting with r6 runs .devbin/bonsai_r5, the staged baseline binary of the previous round; prev*:
+# .devbin/bonsai_prev, an earlier build of this round copied there by hand), and (NCU=1)
 # ncu on gate+up M256 for v2 and v3. Binaries built here (BUILD=build-cuda-helper BASELINE=<previous bonsai>
 # tests/cuda/stage_devbin.sh), carried in .devbin/.
 # Env: GATE_ENVS ("ENV=V,ENV=V" words, one gate each), BENCH_MIN_M, SKIP_TESTS, SKIP_KERNELS, SKIP_27B, NCU, CONFIGS ("name:ENV=V,ENV=V" words), TAGS (kernel variants),
-# TEST_FILTER, NCU_KERNELS ("kernel:variant tag;..."), NCU_SHAPE. $OUT: test_cuda.log, gate.txt, bench_kernels.txt, bench.txt, ncu_*.txt.
+# BATCH_ARGS (the batched bench's arguments; empty: none), TEST_FILTER, NCU_KERNELS ("kernel:variant tag;..."), NCU_SHAPE. $OUT: test_cuda.log, gate.txt, bench_kernels.txt, bench.txt, ncu_*.txt.
 set -u
 export LD_LIBRARY_PATH=$PWD/.devbin
 B=$PWD/.devbin
@@ -46,8 +47,8 @@ if [ "${SKIP_27B:-0}" != 1 ]; then
   wait $MP
   for cfg in ${CONFIGS:-default:X=1 v3:BONSAI_CUDA_GEMM=3 r6:X=1}; do
     name=${cfg%%:*}; env=${cfg#*:}
-    bin=$B/bonsai; case $name in r6*) bin=$B/bonsai_r5 ;; esac
-    for args in "-p 512,2048 -n 0 -r 2" "-p 0 -n 32 -r 2 --batch 8,32"; do
+    bin=$B/bonsai; case $name in r6*) bin=$B/bonsai_r5 ;; prev*) bin=$B/bonsai_prev ;; esac
+    for args in "-p 512,2048 -n 0 -r 2" ${BATCH_ARGS-"-p 0 -n 32 -r 2 --batch 8,32"}; do
       echo "== $name ($env, $(basename $bin)): bonsai bench --backend cuda -m $P27 $args" >> "$OUT/bench.txt"
       env ${env//,/ } timeout 150 $bin bench --backend cuda -m $P27 $args >> "$OUT/bench.txt" 2>&1
       echo "rc=$?" >> "$OUT/bench.txt"
