@@ -6,8 +6,8 @@
 //
 // Numerics (stated and tested in tests/cuda): the ternary products quantise the activation per 128-group
 // to two balanced int8 digits under one scale (q16: d = max|x|/127, x ~= d (q0 + q1/254), error <= d/508;
-// the CPU backend's default form) and accumulate exactly in int32 (254 I0 + I1; dp4a for M <= 2 (q8: 4), int8 mma
-// tensor cores above); Options::act_levels = 1 (q8) keeps one digit. Everything else is fp32 (RoPE angles
+// the CPU backend's default form) and accumulate exactly in int32 (254 I0 + I1; dp4a for M <= 2 (q8: 4), int8
+// tensor cores above: wgmma on sm_90, mma.sync elsewhere); Options::act_levels = 1 (q8) keeps one digit. Everything else is fp32 (RoPE angles
 // in fp64); GDN state fp32.
 //
 // Speed machinery, all invisible to the forward:
@@ -21,9 +21,9 @@
 //   becomes one graph, cached by its shape; later steps patch only the nodes whose arguments changed
 //   (positions, token id, KV row); a new shape (the attention split count grows every 64 tokens up to
 //   1024) builds a new graph. Kernels chain with programmatic dependent launch (PDL).
-// Measured on the H200 (27b preset, q16, round 6): tg128 130 tok/s at depth 0, 117 at depth 8192; pp512
-// 2,384, pp2048 2,071 tok/s (256-token chunks); batched greedy B = 32 1,456 tok/s. docs/cuda-kernels.md has
-// the breakdown and every version's numbers.
+// Measured on the H200 (27b preset, q16): tg128 130 tok/s at depth 0, 117 at depth 8192 (round 6); pp512
+// 3,099, pp2048 2,592 tok/s (256-token chunks), batched greedy B = 8 584, B = 32 1,794 tok/s (round 7, the
+// warp-specialised wgmma GEMM). docs/cuda-kernels.md has the breakdown and every version's numbers.
 #pragma once
 #include <cstdint>
 #include <memory>

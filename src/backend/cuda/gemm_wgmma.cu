@@ -18,8 +18,8 @@
 //     at the scaling (exact: |254 I0 + I1| <= 128 * 32385 < 2^22).
 // Loads: cp.async ring of S stages per 128-group: raw words (4 KB per 128 rows), the digit planes of TOK
 // tokens and their units; one __syncthreads per group. Measured (H200, round 5): faster than v1 above 64
-// tokens and for products of <= 16,384 rows, slower for gate+up (34,816 rows) at M <= 64; the backend's
-// default (Options::gemm = 0) picks per product.
+// tokens and for products of <= 16,384 rows; the default from round 5 to round 7, when the warp-specialised
+// v3 (gemm_ws.cu) replaced it (faster at every measured shape); now selected only by BONSAI_CUDA_GEMM=2.
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/ternary_dot.cuh"
