@@ -7,20 +7,13 @@
 # $OUT gets at most 5 files (the device tool returns 8): test_cuda.log, gate.txt, bench.txt,
 # bench_kernels.txt, bench_model.txt; everything else stays in /tmp/logs.
 set -u
-export LD_LIBRARY_PATH=$PWD/.devbin
-B=$PWD/.devbin
-OUT=${OUT:-/tmp/out}
-L=/tmp/logs
-FIX=$PWD/tests/data/fixtures/tiny_seed7.safetensors
-mkdir -p "$OUT" "$L"
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv,noheader
-$B/bonsai --help > /dev/null 2>&1 || { echo "bonsai does not start"; ldd $B/bonsai; exit 1; }
+source "$(dirname "$0")/device_env.sh"
+device_header
 if [ "${SKIP_27B:-0}" != 1 ]; then
   ( $B/bonsai make-pack --preset 27b -o /tmp/p27 > "$L/makepack.log" 2>&1 ) &
   MP=$!
 fi
-$B/bonsai make-pack --preset tiny --format gguf-pq2_0 -o /tmp/tiny > /dev/null 2>&1
-$B/bonsai make-pack --preset tiny --seed 7 --format gguf-pq2_0 -o /tmp/tiny7 > /dev/null 2>&1
+make_tiny_packs
 for mode in ${GATE_MODES:-exact q8 q16}; do
   case $mode in exact) env="BONSAI_CUDA_EXACT=1" ;; *) env="BONSAI_CUDA_ACT=$mode" ;; esac
   env $env timeout 120 $B/bonsai gate -m /tmp/tiny7/tiny-pq2_0.gguf --fixture "$FIX" --backend cuda --json \

@@ -7,20 +7,13 @@
 # (BONSAI_CUDA_GEMM:BONSAI_CUDA_GEMM2_WGS pairs, default "2:2 1:2"; add "0:2" for the per-product default), TEST_FILTER. $OUT: test_cuda.log,
 # gate.txt, bench.txt, bench_kernels.txt, san.txt.
 set -u
-export LD_LIBRARY_PATH=$PWD/.devbin
-B=$PWD/.devbin
-OUT=${OUT:-/tmp/out}
-L=/tmp/logs
-FIX=$PWD/tests/data/fixtures/tiny_seed7.safetensors
-mkdir -p "$OUT" "$L"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader
-$B/bonsai --help > /dev/null 2>&1 || { echo "bonsai does not start"; ldd $B/bonsai; exit 1; }
+source "$(dirname "$0")/device_env.sh"
+device_header
 if [ "${SKIP_27B:-0}" != 1 ]; then
   ( $B/bonsai make-pack --preset 27b -o /tmp/p27 > "$L/makepack.log" 2>&1 ) &
   MP=$!
 fi
-$B/bonsai make-pack --preset tiny --format gguf-pq2_0 -o /tmp/tiny > /dev/null 2>&1
-$B/bonsai make-pack --preset tiny --seed 7 --format gguf-pq2_0 -o /tmp/tiny7 > /dev/null 2>&1
+make_tiny_packs
 GEMMS=${GEMMS:-2:2 1:2}
 for c in $GEMMS; do
   v=${c%:*}; w=${c#*:}

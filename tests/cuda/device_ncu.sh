@@ -4,10 +4,7 @@
 # BONSAI_BENCH_SHAPE). Variants run in the bench's order: q16, q16 pdl, q8 pdl, ... and every variant
 # launches (reps + 2) x copies kernels, so --launch-skip reaches the q8 one. Output: $OUT/ncu_<name>.txt.
 set -u
-export LD_LIBRARY_PATH=$PWD/.devbin
-B=$PWD/.devbin
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+source "$(dirname "$0")/device_env.sh"
 SECTIONS="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy
   --section ComputeWorkloadAnalysis --section LaunchStats --section InstructionStats"
 prof() {  # name shape kernel-regex skip

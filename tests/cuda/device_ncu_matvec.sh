@@ -6,10 +6,7 @@
 # had the since-removed v5 variants after "q16 fixed pdl": down_v5d4 was --launch-skip 1518).
 # Output: $OUT/ncu_<name>.txt.
 set -u
-export LD_LIBRARY_PATH=$PWD/.devbin
-B=$PWD/.devbin
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+source "$(dirname "$0")/device_env.sh"
 SECTIONS="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy
   --section MemoryWorkloadAnalysis --section InstructionStats --section LaunchStats"
 prof() {  # name shape skip

@@ -7,19 +7,11 @@
 # same-run baseline), DEPTH (default 0; e.g. 0,8192), PROMPTS (the -p list of the tg runs, default 0).
 # $OUT: test_cuda.log, gate.txt, bench_kernels.txt, bench.txt.
 set -u
-export LD_LIBRARY_PATH=$PWD/.devbin
-B=$PWD/.devbin
-OUT=${OUT:-/tmp/out}
-L=/tmp/logs
-FIX=$PWD/tests/data/fixtures/tiny_seed7.safetensors
-P27=/tmp/p27/27b-pq2_0.gguf
-mkdir -p "$OUT" "$L"
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv,noheader
-$B/bonsai --help > /dev/null 2>&1 || { echo "bonsai does not start"; ldd $B/bonsai; exit 1; }
+source "$(dirname "$0")/device_env.sh"
+device_header
 ( $B/bonsai make-pack --preset 27b -o /tmp/p27 > "$L/makepack.log" 2>&1 ) &
 MP=$!
-$B/bonsai make-pack --preset tiny --format gguf-pq2_0 -o /tmp/tiny > /dev/null 2>&1
-$B/bonsai make-pack --preset tiny --seed 7 --format gguf-pq2_0 -o /tmp/tiny7 > /dev/null 2>&1
+make_tiny_packs
 timeout 120 $B/bonsai gate -m /tmp/tiny7/tiny-pq2_0.gguf --fixture "$FIX" --backend cuda --json > "$L/gate.json" 2> "$L/gate.err"
 echo "gate q16 rc=$? $(tr -d '\n' < "$L/gate.json" | grep -oE '"overall"[^}]*}' | head -c 400)" | tee -a "$OUT/gate.txt"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then

@@ -9,21 +9,13 @@
 # Env: GATE_ENVS ("ENV=V,ENV=V" words, one gate each), BENCH_MIN_M, SKIP_TESTS, SKIP_KERNELS, SKIP_27B, NCU, CONFIGS ("name:ENV=V,ENV=V" words), TAGS (kernel variants),
 # BATCH_ARGS (the batched bench's arguments; empty: none), TEST_FILTER, NCU_KERNELS ("kernel:variant tag;..."), NCU_SHAPE. $OUT: test_cuda.log, gate.txt, bench_kernels.txt, bench.txt, ncu_*.txt.
 set -u
-export LD_LIBRARY_PATH=$PWD/.devbin
-B=$PWD/.devbin
-OUT=${OUT:-/tmp/out}
-L=/tmp/logs
-FIX=$PWD/tests/data/fixtures/tiny_seed7.safetensors
-P27=/tmp/p27/27b-pq2_0.gguf
-mkdir -p "$OUT" "$L"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader
-$B/bonsai --help > /dev/null 2>&1 || { echo "bonsai does not start"; ldd $B/bonsai; exit 1; }
+source "$(dirname "$0")/device_env.sh"
+device_header
 if [ "${SKIP_27B:-0}" != 1 ]; then
   ( $B/bonsai make-pack --preset 27b -o /tmp/p27 > "$L/makepack.log" 2>&1 ) &
   MP=$!
 fi
-$B/bonsai make-pack --preset tiny --format gguf-pq2_0 -o /tmp/tiny > /dev/null 2>&1
-$B/bonsai make-pack --preset tiny --seed 7 --format gguf-pq2_0 -o /tmp/tiny7 > /dev/null 2>&1
+make_tiny_packs
 for env in ${GATE_ENVS:-X=1 BONSAI_CUDA_GEMM=3}; do
   env ${env//,/ } timeout 40 $B/bonsai gate -m /tmp/tiny7/tiny-pq2_0.gguf --fixture "$FIX" --backend cuda --json \
     > "$L/gate.json" 2> "$L/gate.err"

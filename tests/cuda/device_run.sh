@@ -6,17 +6,13 @@
 #   tests/cuda/stage_devbin.sh
 # Results land in $OUT (test_cuda.log, bench_kernels.txt, bench_model.txt).
 set -u
-export LD_LIBRARY_PATH=$PWD/.devbin
-B=$PWD/.devbin
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv | tee "$OUT/nvidia.txt"
-$B/bonsai --help > /dev/null 2>&1 || { echo "bonsai does not start"; ldd $B/bonsai; exit 1; }
+source "$(dirname "$0")/device_env.sh"
+device_header "$OUT/nvidia.txt"
 if [ "${SKIP_27B:-0}" != 1 ]; then
   ( $B/bonsai make-pack --preset 27b -o /tmp/p27 > "$OUT/makepack.log" 2>&1 ) &
   MP=$!
 fi
-$B/bonsai make-pack --preset tiny --format gguf-pq2_0 -o /tmp/tiny > /dev/null 2>&1
+make_tiny_packs
 BONSAI_TINY_PACK=/tmp/tiny/tiny-pq2_0.gguf timeout 300 $B/test_cuda --gtest_filter="${TEST_FILTER:--CudaBench.*}" \
   > "$OUT/test_cuda.log" 2>&1
 echo "test_cuda rc=$?"

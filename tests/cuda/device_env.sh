@@ -1,0 +1,28 @@
+# Sourced by the tests/cuda/device_*.sh scripts (never run alone): the setup they share. They run on the
+# device from the repository root, their binaries staged in .devbin/ by stage_devbin.sh (which copies this
+# file there too).
+#   B     the staged binaries;  OUT  what comes back ($OUT, else /tmp/out);  L  logs that stay on the device
+#   FIX   the HF fixture of the tiny seed-7 pack;  P27  the 27b-shape pack once make_27b_pack has run
+export LD_LIBRARY_PATH=$PWD/.devbin
+B=$PWD/.devbin
+OUT=${OUT:-/tmp/out}
+L=/tmp/logs
+FIX=$PWD/tests/data/fixtures/tiny_seed7.safetensors
+P27=/tmp/p27/27b-pq2_0.gguf
+mkdir -p "$OUT" "$L"
+
+# The GPU and its clocks (optionally also into file $1), and stop if bonsai cannot start (a missing library).
+device_header() {
+  if [ $# -gt 0 ]; then
+    nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv | tee "$1"
+  else
+    nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv,noheader
+  fi
+  $B/bonsai --help > /dev/null 2>&1 || { echo "bonsai does not start"; ldd $B/bonsai; exit 1; }
+}
+
+# The tiny packs the tests and the gate read: /tmp/tiny (seed 1) and /tmp/tiny7 (seed 7, the fixture's).
+make_tiny_packs() {
+  $B/bonsai make-pack --preset tiny --format gguf-pq2_0 -o /tmp/tiny > /dev/null 2>&1
+  $B/bonsai make-pack --preset tiny --seed 7 --format gguf-pq2_0 -o /tmp/tiny7 > /dev/null 2>&1
+}
