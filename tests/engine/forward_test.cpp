@@ -111,6 +111,14 @@ TEST(Forward, CpuTiledWeightsMatchCanonical) {
   }
   EXPECT_EQ(tiled.weight_tiles().count(), linears);
   EXPECT_EQ(tiled.weight_tiles().bytes(), bytes);
+  // A second Decoder of the same model on this backend keeps the tiles it finds (same buffers).
+  const uint8_t* head_tiles = tiled.weight_tiles().find(m.head);
+  ASSERT_NE(head_tiles, nullptr);
+  EXPECT_EQ(tiled.weight_tiles().builds(), 1);
+  { Decoder again(m, tiled); }
+  EXPECT_EQ(tiled.weight_tiles().builds(), 1);
+  EXPECT_EQ(tiled.weight_tiles().find(m.head), head_tiles);
+  EXPECT_EQ(tiled.weight_tiles().count(), linears);
   const auto tokens = test_tokens(40, a.vocab(), 14);
   std::vector<int64_t> steps{32};
   for (int i = 0; i < 8; ++i) steps.push_back(1);

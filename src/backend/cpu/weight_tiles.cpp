@@ -49,9 +49,14 @@ std::vector<const TernaryMatrix*> linears(const Model& m) {
 
 void WeightTiles::build(const Model& m) {
   const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<const TernaryMatrix*> ws = linears(m);
+  // The same model again (a second Decoder on this backend): its tiles are all here, keep them.
+  bool have_all = !by_matrix_.empty();
+  for (const TernaryMatrix* w : ws) have_all = have_all && (w->rows == 0 || find(*w) != nullptr);
+  if (have_all) return;
+  ++builds_;
   by_matrix_.clear();
   bytes_ = 0;
-  const std::vector<const TernaryMatrix*> ws = linears(m);
   uint64_t total = 0, owned = 0;
   for (const TernaryMatrix* w : ws) {
     total += w->bytes();

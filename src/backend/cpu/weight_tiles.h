@@ -20,13 +20,15 @@ namespace bonsai::cpu {
 class WeightTiles {
  public:
   // Tiles every ternary linear of `m` (the embedding table is read row by row and stays canonical; a tied
-  // head gets its own tiles). Replaces what an earlier build held. Progress on stderr when it is a terminal.
+  // head gets its own tiles). Replaces what an earlier build for another model held; for a model whose tiles
+  // are all here already it does nothing. Progress on stderr when it is a terminal.
   void build(const Model& m);
   // The tiles of w, or nullptr when this holder has none for it (never built, another model, an empty matrix).
   const uint8_t* find(const TernaryMatrix& w) const;
   uint64_t bytes() const { return bytes_; }      // tiled bytes held
   double seconds() const { return seconds_; }    // the last build's wall time
   size_t count() const { return by_matrix_.size(); }
+  int builds() const { return builds_; }         // how many times build() tiled (not counting kept tiles)
 
  private:
   struct Entry {
@@ -39,6 +41,7 @@ class WeightTiles {
   std::unordered_map<const TernaryMatrix*, Entry> by_matrix_;
   uint64_t bytes_ = 0;
   double seconds_ = 0;
+  int builds_ = 0;
 };
 
 }  // namespace bonsai::cpu
