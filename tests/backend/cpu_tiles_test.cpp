@@ -86,7 +86,7 @@ TEST_P(TiledAvx512, AgainstTheCanonicalGemm) {
   const cpu::Kernels& k = cpu::kernels();
   ASSERT_TRUE(k.ternary_tiles_q8_x1 && k.ternary_tiles_q8_xm) << GetParam() << " lost its tiled kernels";
   for (int levels : {1, 2, 3})
-    for (auto [N, K] : {std::pair<int64_t, int64_t>{37, 384}, {37, 256}, {9, 1152}, {40, 5120}, {5, 17408}}) {
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{37, 384}, {37, 128}, {37, 256}, {9, 1152}, {40, 5120}, {5, 17408}}) {
       const auto W = random_ternary(N, K, 100 + uint32_t(K), 0.002);
       const auto t = make_tiles(W.blocks.data(), nullptr, 0, N, K);
       const int64_t G = K / 128, T = cpu::tile_count(N), t0 = T > 1 ? 1 : 0;
