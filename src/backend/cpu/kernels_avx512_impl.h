@@ -5,7 +5,8 @@
 // compiled with -mavx512*: inline functions from the standard headers then stay baseline x86-64 code, so
 // the linker can never pick an AVX-512 copy of one for the whole program (the classic per-file-flags trap).
 //
-// int8 ("q8") matvec, the decode workhorse. Per row and chunk of 256 elements (two groups of 128):
+// int8 ("q8") matvec on the canonical blocks (the decode when no tiles were built; the tiled one, the decode
+// workhorse, is in kernels_avx512_tiles.h). Per row and chunk of 256 elements (two groups of 128):
 //   - the 64 code bytes of the chunk's two PQ2_0 blocks, two 32-byte loads (byte p = elements 4p..4p+3 at bits 2t);
 //   - plane t = (codes >> 2t) & 3: unsigned bytes {0,1,2(,3)}, lined up with the activation's plane t
 //     (the activation is plane-permuted once per site by quantize_q8, see kernels.h);
