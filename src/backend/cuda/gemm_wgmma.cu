@@ -158,19 +158,9 @@ __global__ __launch_bounds__(WGS * 128, MINB) void gemm2_kernel(const Gemm2Args 
       for (int l = 0; l < L; ++l) acc[h][l][i] = 0;
     }
 
-  // f += d_w u_x (254 I0 + I1) for one half.
+  // f += d_w u_x (254 I0 + I1) for one half (R = NH / 2 registers).
   auto scale_half = [&](const int (&ac)[L][R], float (&fh)[R], const float* unit, float2 dw) {
-#pragma unroll
-    for (int j = 0; j < NH / 8; ++j) {
-      const float2 u = *reinterpret_cast<const float2*>(unit + 8 * j + 2 * q);
-      const float sc[4] = {dw.x * u.x, dw.x * u.y, dw.y * u.x, dw.y * u.y};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        int c = ac[0][4 * j + i];
-        if constexpr (L == 2) c = c * 254 + ac[1][4 * j + i];
-        fh[4 * j + i] = fmaf(sc[i], i2f22(c), fh[4 * j + i]);
-      }
-    }
+    scale_group<L, R, false>(ac, fh, unit, dw, q);
   };
 
 #ifdef BONSAI_WGMMA

@@ -267,19 +267,7 @@ __global__ __launch_bounds__(kWsThreads, 1) void gemm3_kernel(const Gemm2Args a)
       wg_wait<0>();
 #pragma unroll
       for (int l = 0; l < L; ++l) pin(acc[l]);
-      // f += d_w u_x (254 I0 + I1)
-      const float* un = units + s * TOK;
-#pragma unroll
-      for (int j = 0; j < TOK / 8; ++j) {
-        const float2 u = *reinterpret_cast<const float2*>(un + 8 * j + 2 * q);
-        const float sc[4] = {dw.x * u.x, dw.x * u.y, dw.y * u.x, dw.y * u.y};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          int cc = acc[0][4 * j + i];
-          if constexpr (L == 2) cc = cc * 254 + acc[1][4 * j + i];
-          f[4 * j + i] = fmaf(sc[i], CVT ? float(cc) : i2f22(cc), f[4 * j + i]);
-        }
-      }
+      scale_group<L, R, CVT>(acc, f, units + s * TOK, dw, q);  // f += d_w u_x (254 I0 + I1)
       mbar_arrive(empty(s));  // this thread's reads of stage s (raw words, units; its wgmmas) are done
     }
 #else

@@ -41,6 +41,24 @@ __device__ __forceinline__ int tile_off(int row, int c, int swz) {
 // Exact int -> float for |c| < 2^22 by the mantissa of 1.5 * 2^23 (two full-rate ops; I2F is quarter rate).
 __device__ __forceinline__ float i2f22(int c) { return __int_as_float(c + 0x4B400000) - 12582912.f; }
 
+// One group's scaling of a wgmma accumulator fragment (R registers: token pairs 8 j + 2 q, + 1 of rows g and
+// g + 8): f += d_w u_x (254 I0 + I1) (q16; d_w u_x I0 for q8), with dw = the two rows' d, unit = the group's
+// token units. I2F: the conversion by the I2F instruction (else i2f22; the same value either way).
+template <int L, int R, bool I2F>
+__device__ __forceinline__ void scale_group(const int (&ac)[L][R], float (&f)[R], const float* unit, float2 dw, int q) {
+#pragma unroll
+  for (int j = 0; j < R / 4; ++j) {
+    const float2 u = *reinterpret_cast<const float2*>(unit + 8 * j + 2 * q);
+    const float sc[4] = {dw.x * u.x, dw.x * u.y, dw.y * u.x, dw.y * u.y};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      int c = ac[0][4 * j + i];
+      if constexpr (L == 2) c = c * 254 + ac[1][4 * j + i];
+      f[4 * j + i] = fmaf(sc[i], I2F ? float(c) : i2f22(c), f[4 * j + i]);
+    }
+  }
+}
+
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define BONSAI_WGMMA 1
 #endif
