@@ -26,3 +26,20 @@ make_tiny_packs() {
   $B/bonsai make-pack --preset tiny --format gguf-pq2_0 -o /tmp/tiny > /dev/null 2>&1
   $B/bonsai make-pack --preset tiny --seed 7 --format gguf-pq2_0 -o /tmp/tiny7 > /dev/null 2>&1
 }
+
+# The 27b-shape pack, written in the background (MP = its pid; empty with SKIP_27B=1, then `wait $MP` waits for
+# nothing), its log into $1 (default $L/makepack.log).
+start_27b_pack() {
+  MP=
+  [ "${SKIP_27B:-0}" = 1 ] && return 0
+  ( $B/bonsai make-pack --preset 27b -o /tmp/p27 > "${1:-$L/makepack.log}" 2>&1 ) &
+  MP=$!
+}
+
+# test_cuda against the tiny packs and the fixture (TEST_FILTER; default: all but the benches) into
+# $OUT/test_cuda.log, at most $1 seconds; prints its exit status.
+run_test_cuda() {
+  BONSAI_TINY_PACK=/tmp/tiny/tiny-pq2_0.gguf BONSAI_TINY7_PACK=/tmp/tiny7/tiny-pq2_0.gguf BONSAI_GATE_FIXTURE="$FIX" \
+    timeout "$1" $B/test_cuda --gtest_filter="${TEST_FILTER:--CudaBench.*}" > "$OUT/test_cuda.log" 2>&1
+  echo "test_cuda rc=$?"
+}

@@ -9,10 +9,7 @@
 set -u
 source "$(dirname "$0")/device_env.sh"
 device_header
-if [ "${SKIP_27B:-0}" != 1 ]; then
-  ( $B/bonsai make-pack --preset 27b -o /tmp/p27 > "$L/makepack.log" 2>&1 ) &
-  MP=$!
-fi
+start_27b_pack
 make_tiny_packs
 for mode in ${GATE_MODES:-exact q8 q16}; do
   case $mode in exact) env="BONSAI_CUDA_EXACT=1" ;; *) env="BONSAI_CUDA_ACT=$mode" ;; esac
@@ -21,9 +18,7 @@ for mode in ${GATE_MODES:-exact q8 q16}; do
   echo "gate $mode rc=$? $(tr -d '\n' < "$L/gate_$mode.json" | grep -oE '"overall"[^}]*}' | head -c 400)" | tee -a "$OUT/gate.txt"
 done
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  BONSAI_TINY_PACK=/tmp/tiny/tiny-pq2_0.gguf BONSAI_TINY7_PACK=/tmp/tiny7/tiny-pq2_0.gguf BONSAI_GATE_FIXTURE="$FIX" \
-    timeout 300 $B/test_cuda --gtest_filter="${TEST_FILTER:--CudaBench.*}" > "$OUT/test_cuda.log" 2>&1
-  echo "test_cuda rc=$?"
+  run_test_cuda 300
   grep -E "^\[  FAILED|^\[  PASSED|^\[tiny|^\[gate|Failure|Expected|Which is|rel_err|<=" "$OUT/test_cuda.log" | head -60
   timeout 200 $B/test_engine --gtest_filter='*BatchDecode*cuda*' > "$L/test_engine.log" 2>&1
   echo "test_engine (BatchDecode cuda) rc=$?"; grep -E "^\[  FAILED|^\[  PASSED" "$L/test_engine.log"

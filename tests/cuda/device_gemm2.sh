@@ -9,10 +9,7 @@
 set -u
 source "$(dirname "$0")/device_env.sh"
 device_header
-if [ "${SKIP_27B:-0}" != 1 ]; then
-  ( $B/bonsai make-pack --preset 27b -o /tmp/p27 > "$L/makepack.log" 2>&1 ) &
-  MP=$!
-fi
+start_27b_pack
 make_tiny_packs
 GEMMS=${GEMMS:-2:2 1:2}
 for c in $GEMMS; do
@@ -22,9 +19,7 @@ for c in $GEMMS; do
   echo "gate gemm $c rc=$? $(tr -d '\n' < "$L/gate_$v$w.json" | grep -oE '"overall"[^}]*}' | head -c 300)" | tee -a "$OUT/gate.txt"
 done
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  BONSAI_TINY_PACK=/tmp/tiny/tiny-pq2_0.gguf BONSAI_TINY7_PACK=/tmp/tiny7/tiny-pq2_0.gguf BONSAI_GATE_FIXTURE="$FIX" \
-    timeout 300 $B/test_cuda --gtest_filter="${TEST_FILTER:--CudaBench.*}" > "$OUT/test_cuda.log" 2>&1
-  echo "test_cuda rc=$?"
+  run_test_cuda 300
   grep -E "^\[  FAILED|^\[  PASSED|^\[tiny|^\[gate|Failure|Expected|Which is|rel_err|<=" "$OUT/test_cuda.log" | head -40
   timeout 200 $B/test_engine --gtest_filter='*BatchDecode*cuda*' > "$L/test_engine.log" 2>&1
   echo "test_engine (BatchDecode cuda) rc=$?"; grep -E "^\[  FAILED|^\[  PASSED" "$L/test_engine.log"

@@ -9,15 +9,12 @@
 set -u
 source "$(dirname "$0")/device_env.sh"
 device_header
-( $B/bonsai make-pack --preset 27b -o /tmp/p27 > "$L/makepack.log" 2>&1 ) &
-MP=$!
+start_27b_pack
 make_tiny_packs
 timeout 120 $B/bonsai gate -m /tmp/tiny7/tiny-pq2_0.gguf --fixture "$FIX" --backend cuda --json > "$L/gate.json" 2> "$L/gate.err"
 echo "gate q16 rc=$? $(tr -d '\n' < "$L/gate.json" | grep -oE '"overall"[^}]*}' | head -c 400)" | tee -a "$OUT/gate.txt"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  BONSAI_TINY_PACK=/tmp/tiny/tiny-pq2_0.gguf BONSAI_TINY7_PACK=/tmp/tiny7/tiny-pq2_0.gguf BONSAI_GATE_FIXTURE="$FIX" \
-    timeout 300 $B/test_cuda --gtest_filter="${TEST_FILTER:--CudaBench.*}" > "$OUT/test_cuda.log" 2>&1
-  echo "test_cuda rc=$?"
+  run_test_cuda 300
   grep -E "^\[  FAILED|^\[  PASSED|^\[tiny|Failure|Expected|Which is" "$OUT/test_cuda.log" | head -40
 fi
 if [ "${SKIP_KERNELS:-0}" != 1 ]; then

@@ -11,10 +11,7 @@
 set -u
 source "$(dirname "$0")/device_env.sh"
 device_header
-if [ "${SKIP_27B:-0}" != 1 ]; then
-  ( $B/bonsai make-pack --preset 27b -o /tmp/p27 > "$L/makepack.log" 2>&1 ) &
-  MP=$!
-fi
+start_27b_pack
 make_tiny_packs
 for env in ${GATE_ENVS:-X=1 BONSAI_CUDA_GEMM=3}; do
   env ${env//,/ } timeout 40 $B/bonsai gate -m /tmp/tiny7/tiny-pq2_0.gguf --fixture "$FIX" --backend cuda --json \
@@ -24,9 +21,7 @@ for env in ${GATE_ENVS:-X=1 BONSAI_CUDA_GEMM=3}; do
   [ $rc = 124 ] && { echo "gate timed out (a hang): stop"; tail -5 "$L/gate.err"; exit 1; }
 done
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  BONSAI_TINY_PACK=/tmp/tiny/tiny-pq2_0.gguf BONSAI_TINY7_PACK=/tmp/tiny7/tiny-pq2_0.gguf BONSAI_GATE_FIXTURE="$FIX" \
-    timeout 150 $B/test_cuda --gtest_filter="${TEST_FILTER:--CudaBench.*}" > "$OUT/test_cuda.log" 2>&1
-  echo "test_cuda rc=$?"
+  run_test_cuda 150
   grep -E "^\[  FAILED|^\[  PASSED|^\[tiny|Failure|Expected|Which is" "$OUT/test_cuda.log" | head -30
 fi
 if [ "${SKIP_KERNELS:-0}" != 1 ]; then

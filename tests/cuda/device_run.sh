@@ -8,10 +8,7 @@
 set -u
 source "$(dirname "$0")/device_env.sh"
 device_header "$OUT/nvidia.txt"
-if [ "${SKIP_27B:-0}" != 1 ]; then
-  ( $B/bonsai make-pack --preset 27b -o /tmp/p27 > "$OUT/makepack.log" 2>&1 ) &
-  MP=$!
-fi
+start_27b_pack "$OUT/makepack.log"
 make_tiny_packs
 BONSAI_TINY_PACK=/tmp/tiny/tiny-pq2_0.gguf timeout 300 $B/test_cuda --gtest_filter="${TEST_FILTER:--CudaBench.*}" \
   > "$OUT/test_cuda.log" 2>&1
