@@ -276,12 +276,6 @@ Gemm2Pick gemm2_pick(int levels, int64_t M, int wgs) {
   return levels == 2 ? gemm2_pick_l<2>(M, wgs) : gemm2_pick_l<1>(M, wgs);
 }
 
-int64_t gemm2_blocks(const TernaryDev* outs, int n_outs, int64_t M, const Gemm2Pick& p) {
-  int64_t b = 0;
-  for (int i = 0; i < n_outs; ++i) b += (outs[i].N + p.rows - 1) / p.rows;
-  return b * ((M + p.tok - 1) / p.tok);
-}
-
 }  // namespace
 
 // The kernel is built for sm_90a (CMAKE_CUDA_ARCHITECTURES 90a, the default); elsewhere its body traps.
@@ -299,27 +293,14 @@ void init_gemm2_attributes() {
 int gemm2_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms, int wgs) {
   // As gemm_ksplit's wave-aware rule (wave_ksplit, wgmma.cuh) with v2's block slots.
   const Gemm2Pick p = gemm2_pick(levels == 2 ? 2 : 1, M, wgs);
-  return wave_ksplit(gemm2_blocks(outs, n_outs, M, p), int64_t(sms) * p.per_sm, K / 128);
+  return wave_ksplit(gemm_blocks(outs, n_outs, M, p.rows, p.tok), int64_t(sms) * p.per_sm, K / 128);
 }
 
 Launch gemm2_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                     int levels, int wgs, int ks, int64_t part_stride, bool swizzle) {
-  Gemm2Args a{};
-  a.xq = xq;
-  a.xds = xds;
-  a.K = K;
-  a.M = M;
-  a.part_stride = part_stride;
-  a.n_outs = n_outs;
-  a.ks = ks;
-  a.swz = swizzle ? 1 : 0;
   const Gemm2Pick p = gemm2_pick(levels == 2 ? 2 : 1, M, wgs);
-  int64_t b0 = 0;
-  for (int i = 0; i < n_outs; ++i) {
-    a.o[i] = {outs[i].words, outs[i].scales, outs[i].y, outs[i].N, b0};
-    b0 += (outs[i].N + p.rows - 1) / p.rows;
-  }
-  const dim3 grid{unsigned(b0), unsigned((M + p.tok - 1) / p.tok), unsigned(ks)};
+  const Gemm2Args a = gemm_args(outs, n_outs, K, xq, xds, M, ks, part_stride, swizzle, p.rows);
+  const dim3 grid{unsigned(gemm_row_blocks(outs, n_outs, p.rows)), unsigned((M + p.tok - 1) / p.tok), unsigned(ks)};
   return make_launch(p.func, grid, dim3(unsigned(2 * p.rows)), p.smem, a);
 }
 

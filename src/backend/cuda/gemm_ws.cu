@@ -302,12 +302,6 @@ Gemm3Pick gemm3_pick(int levels, int64_t M, int cvt) {
   return levels == 2 ? gemm3_pick_l<2, 0>(M) : gemm3_pick_l<1, 0>(M);
 }
 
-int64_t gemm3_blocks(const TernaryDev* outs, int n_outs, int64_t M, int tok) {
-  int64_t b = 0;
-  for (int i = 0; i < n_outs; ++i) b += (outs[i].N + kWsRows - 1) / kWsRows;
-  return b * ((M + tok - 1) / tok);
-}
-
 }  // namespace
 
 void init_gemm3_attributes() {
@@ -321,27 +315,14 @@ void init_gemm3_attributes() {
 
 int gemm3_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms) {
   const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, 0);
-  return wave_ksplit(gemm3_blocks(outs, n_outs, M, p.tok), sms, K / 128);  // one block per SM
+  return wave_ksplit(gemm_blocks(outs, n_outs, M, kWsRows, p.tok), sms, K / 128);  // one block per SM
 }
 
 Launch gemm3_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                     int levels, int ks, int64_t part_stride, int cvt) {
-  Gemm2Args a{};
-  a.xq = xq;
-  a.xds = xds;
-  a.K = K;
-  a.M = M;
-  a.part_stride = part_stride;
-  a.n_outs = n_outs;
-  a.ks = ks;
-  a.swz = 1;
   const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, cvt);
-  int64_t b0 = 0;
-  for (int i = 0; i < n_outs; ++i) {
-    a.o[i] = {outs[i].words, outs[i].scales, outs[i].y, outs[i].N, b0};
-    b0 += (outs[i].N + kWsRows - 1) / kWsRows;
-  }
-  const dim3 grid{unsigned(b0), unsigned((M + p.tok - 1) / p.tok), unsigned(ks)};
+  const Gemm2Args a = gemm_args(outs, n_outs, K, xq, xds, M, ks, part_stride, /*swizzle=*/true, kWsRows);
+  const dim3 grid{unsigned(gemm_row_blocks(outs, n_outs, kWsRows)), unsigned((M + p.tok - 1) / p.tok), unsigned(ks)};
   return make_launch(p.func, grid, dim3(kWsThreads), p.smem, a);
 }
 

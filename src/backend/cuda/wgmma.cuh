@@ -104,4 +104,35 @@ inline int wave_ksplit(int64_t blocks, int64_t slots, int64_t G) {
   return int(best);
 }
 
+// Blocks of a v2 / v3 launch: per weight set, blocks of `rows` weight rows (grid.x, one set after another),
+// times the token tiles of `tok` tokens (grid.y).
+inline int64_t gemm_row_blocks(const TernaryDev* outs, int n_outs, int64_t rows) {
+  int64_t b = 0;
+  for (int i = 0; i < n_outs; ++i) b += (outs[i].N + rows - 1) / rows;
+  return b;
+}
+inline int64_t gemm_blocks(const TernaryDev* outs, int n_outs, int64_t M, int64_t rows, int64_t tok) {
+  return gemm_row_blocks(outs, n_outs, rows) * ((M + tok - 1) / tok);
+}
+
+// The arguments of a v2 / v3 launch whose blocks cover `rows` weight rows each (every set's first block b0).
+inline Gemm2Args gemm_args(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds,
+                           int64_t M, int ks, int64_t part_stride, bool swizzle, int64_t rows) {
+  Gemm2Args a{};
+  a.xq = xq;
+  a.xds = xds;
+  a.K = K;
+  a.M = M;
+  a.part_stride = part_stride;
+  a.n_outs = n_outs;
+  a.ks = ks;
+  a.swz = swizzle ? 1 : 0;
+  int64_t b0 = 0;
+  for (int i = 0; i < n_outs; ++i) {
+    a.o[i] = {outs[i].words, outs[i].scales, outs[i].y, outs[i].N, b0};
+    b0 += (outs[i].N + rows - 1) / rows;
+  }
+  return a;
+}
+
 }  // namespace bonsai::cuda
