@@ -270,12 +270,8 @@ TEST(CliBench, ReportsPpTgAndBatchAgainstTheProbedLimits) {
   // The backend's prepare: the CPU tiles every ternary linear (and the head) when its kernels can read tiles.
   EXPECT_GE(j["prepare_seconds"].get<double>(), 0.0);
   uint64_t tiled = 0;
-  for (const LayerWeights& l : m.layers) {
-    for (const TernaryMatrix* w : {&l.attn.q, &l.attn.k, &l.attn.v, &l.attn.o, &l.gdn.qkv, &l.gdn.z, &l.gdn.out, &l.gate,
-                                   &l.up, &l.down})
-      if (w->rows > 0) tiled += cpu::tiled_bytes(w->rows, w->cols);
-  }
-  tiled += cpu::tiled_bytes(m.head.rows, m.head.cols);
+  for (const TernaryMatrix* w : m.ternary_matrices())
+    if (w != &m.embed) tiled += cpu::tiled_bytes(w->rows, w->cols);
   EXPECT_EQ(j["cpu_tiled_weight_bytes"].get<uint64_t>(), cpu::kernels().ternary_tiles_q8_x1 ? tiled : 0u);
 
   const Result b = bonsai_cli("bench -m " + q(tiny_packs().pq2) + " -p 0 -n 3 -r 1 --batch 1,3 --act q24 --json");

@@ -102,13 +102,10 @@ TEST(Forward, CpuTiledWeightsMatchCanonical) {
   if (!cpu::kernels().ternary_tiles_q8_x1) GTEST_SKIP() << cpu::kernels_name() << " kernels read no tiles";
   // Every linear of every layer (4 attention or 3 GDN, plus gate, up, down) and the head.
   size_t linears = 1;
-  uint64_t bytes = cpu::tiled_bytes(m.head.rows, m.head.cols);
-  for (const LayerWeights& l : m.layers) {
-    linears += (l.full_attention ? 4 : 3) + 3;
-    for (const TernaryMatrix* w : {&l.attn.q, &l.attn.k, &l.attn.v, &l.attn.o, &l.gdn.qkv, &l.gdn.z, &l.gdn.out, &l.gate,
-                                   &l.up, &l.down})
-      if (w->rows > 0) bytes += cpu::tiled_bytes(w->rows, w->cols);
-  }
+  for (const LayerWeights& l : m.layers) linears += (l.full_attention ? 4 : 3) + 3;
+  uint64_t bytes = 0;
+  for (const TernaryMatrix* w : m.ternary_matrices())
+    if (w != &m.embed) bytes += cpu::tiled_bytes(w->rows, w->cols);
   EXPECT_EQ(tiled.weight_tiles().count(), linears);
   EXPECT_EQ(tiled.weight_tiles().bytes(), bytes);
   // A second Decoder of the same model on this backend keeps the tiles it finds (same buffers).

@@ -63,25 +63,37 @@ int64_t tile_grain(int64_t K, int64_t M) {
   return M == 1 ? (g + 1) / 2 * 2 : g;
 }
 
-// All weight sets through the tiled integer kernels: one parallel_for over the concatenated tiles.
-void tiled_matmul_multi(const TernaryOut* outs, int n_outs, int64_t K, const ActQ8& xq, int64_t M) {
-  const Kernels& kr = kernels();
+// One parallel_for over the weight sets' concatenated index spaces (set i spans size(i) indices: its rows, or
+// its tiles), in pool chunks of >= grain: fn(i, a, b) for each piece [a, b) of set i that a chunk covers. So
+// q+k+v (or gate+up) cost one dispatch and balance across threads as one matrix would.
+template <class Size, class Fn>
+void parallel_over_sets(int n_outs, const Size& size, int64_t grain, const Fn& fn) {
   int64_t total = 0;
-  for (int i = 0; i < n_outs; ++i) total += tile_count(outs[i].N);
-  parallel_for(0, total, tile_grain(K, M), [&](int64_t lo, int64_t hi) {
+  for (int i = 0; i < n_outs; ++i) total += size(i);
+  parallel_for(0, total, grain, [&](int64_t lo, int64_t hi) {
     int64_t base = 0;
     for (int i = 0; i < n_outs && lo < hi; ++i) {
-      const TernaryOut& o = outs[i];
-      const int64_t end = base + tile_count(o.N);
+      const int64_t end = base + size(i);
       if (lo < end) {
         const int64_t a = lo - base, b = std::min(hi, end) - base;
-        if (M == 1) kr.ternary_tiles_q8_x1(o.tiles, K, o.N, a, b, xq.q, xq.scale, xq.sum, xq.levels, o.y);
-        else kr.ternary_tiles_q8_xm(o.tiles, K, o.N, a, b, xq.q, xq.scale, xq.sum, xq.levels, M, o.y, o.N);
+        fn(i, a, b);
         lo = base + b;
       }
       base = end;
     }
   });
+}
+
+// All weight sets through the tiled integer kernels, over their concatenated tiles.
+void tiled_matmul_multi(const TernaryOut* outs, int n_outs, int64_t K, const ActQ8& xq, int64_t M) {
+  const Kernels& kr = kernels();
+  parallel_over_sets(
+      n_outs, [&](int i) { return tile_count(outs[i].N); }, tile_grain(K, M),
+      [&](int i, int64_t a, int64_t b) {
+        const TernaryOut& o = outs[i];
+        if (M == 1) kr.ternary_tiles_q8_x1(o.tiles, K, o.N, a, b, xq.q, xq.scale, xq.sum, xq.levels, o.y);
+        else kr.ternary_tiles_q8_xm(o.tiles, K, o.N, a, b, xq.q, xq.scale, xq.sum, xq.levels, M, o.y, o.N);
+      });
 }
 
 }  // namespace
@@ -103,21 +115,9 @@ void ternary_matmul_multi(const TernaryOut* outs, int n_outs, int64_t K, const f
     for (int i = 0; i < n_outs; ++i) all_tiled = all_tiled && outs[i].tiles;
     if (all_tiled) return tiled_matmul_multi(outs, n_outs, K, *xq, M);
   }
-  int64_t total = 0;
-  for (int i = 0; i < n_outs; ++i) total += outs[i].N;
-  parallel_for(0, total, row_grain(K, M), [&](int64_t lo, int64_t hi) {
-    // Map the flat range onto the weight sets it covers.
-    int64_t base = 0;
-    for (int i = 0; i < n_outs && lo < hi; ++i) {
-      const int64_t end = base + outs[i].N;
-      if (lo < end) {
-        const int64_t a = lo - base, b = std::min(hi, end) - base;
-        rows(outs[i], K, x, xq, M, a, b);
-        lo = base + b;
-      }
-      base = end;
-    }
-  });
+  parallel_over_sets(
+      n_outs, [&](int i) { return outs[i].N; }, row_grain(K, M),
+      [&](int i, int64_t a, int64_t b) { rows(outs[i], K, x, xq, M, a, b); });
 }
 
 void ternary_dequant_row(const uint8_t* blocks, int64_t K, int64_t row, float* out) {

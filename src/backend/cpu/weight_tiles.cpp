@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <new>
@@ -34,14 +35,10 @@ uint64_t mem_available_bytes() {
   return uint64_t(kb) * 1024;
 }
 
+// The ternary linears: every ternary matrix but the embedding table (read one row per token).
 std::vector<const TernaryMatrix*> linears(const Model& m) {
-  std::vector<const TernaryMatrix*> out;
-  for (const LayerWeights& l : m.layers) {
-    if (l.full_attention) out.insert(out.end(), {&l.attn.q, &l.attn.k, &l.attn.v, &l.attn.o});
-    else out.insert(out.end(), {&l.gdn.qkv, &l.gdn.z, &l.gdn.out});
-    out.insert(out.end(), {&l.gate, &l.up, &l.down});
-  }
-  out.push_back(&m.head);
+  std::vector<const TernaryMatrix*> out = m.ternary_matrices();
+  out.erase(std::remove(out.begin(), out.end(), &m.embed), out.end());
   return out;
 }
 
