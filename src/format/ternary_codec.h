@@ -14,6 +14,7 @@
 //   ceil(256 * sum(trit_n * 3^(4-n)) / 243), first trit most significant (qh: 4 trits times an extra 3).
 // MLX affine 2-bit: the same words; scales fp16 [N, K/128] and biases = -scales.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -64,5 +65,12 @@ struct RowRun {
   int64_t src = 0;
   int64_t count = 0;
 };
+// The stored row of canonical row r under a row map (runs ascending, covering [0, rows)); n_runs == 0: r.
+inline int64_t stored_row(const RowRun* runs, int64_t n_runs, int64_t r) {
+  if (n_runs == 0) return r;
+  // The last run starting at or before r.
+  const RowRun* it = std::upper_bound(runs, runs + n_runs, r, [](int64_t v, const RowRun& run) { return v < run.row; });
+  return (it - 1)->src + (r - (it - 1)->row);
+}
 
 }  // namespace bonsai

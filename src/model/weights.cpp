@@ -11,11 +11,7 @@
 namespace bonsai {
 
 int64_t TernaryMatrix::stored_row(int64_t r) const {
-  if (row_runs.empty()) return r;
-  // The last run starting at or before r (runs are ascending and cover [0, rows)).
-  auto it = std::upper_bound(row_runs.begin(), row_runs.end(), r, [](int64_t v, const RowRun& run) { return v < run.row; });
-  const RowRun& run = *(it - 1);
-  return run.src + (r - run.row);
+  return bonsai::stored_row(row_runs.data(), int64_t(row_runs.size()), r);
 }
 
 uint8_t* TernaryMatrix::allocate(int64_t n_rows, int64_t n_cols) {

@@ -8,13 +8,6 @@
 namespace bonsai::cpu {
 namespace {
 
-// Stored row of canonical row r under a row map (ascending runs covering [0, N)).
-int64_t stored_row(const RowRun* runs, int64_t n_runs, int64_t r) {
-  for (int64_t i = 0; i < n_runs; ++i)
-    if (r < runs[i].row + runs[i].count) return runs[i].src + (r - runs[i].row);
-  return r;
-}
-
 // One tile: rows 16t .. 16t+15 of the matrix (row pointers, nullptr past N) into `out`.
 void build_tile(const uint8_t* const rows[kTileRows], int64_t K, uint8_t* out) {
   const int64_t G = K / 128;

@@ -21,20 +21,13 @@ void dequant_row(const uint8_t* row, int64_t K, double* out) {
   }
 }
 
-// Stored row of canonical row n under an optional row map.
-int64_t stored_row(const TernaryOut& o, int64_t n) {
-  for (int64_t i = 0; i < o.n_runs; ++i)
-    if (n >= o.runs[i].row && n < o.runs[i].row + o.runs[i].count) return o.runs[i].src + (n - o.runs[i].row);
-  return n;
-}
-
 void matmul(const TernaryOut& o, int64_t K, const float* x, int64_t M) {
   check_k(K);
   const int64_t N = o.N;
   const uint64_t row_bytes = uint64_t(K / 128) * kPq2Bytes;
   std::vector<double> w(static_cast<size_t>(K));
   for (int64_t n = 0; n < N; ++n) {
-    dequant_row(o.blocks + uint64_t(stored_row(o, n)) * row_bytes, K, w.data());
+    dequant_row(o.blocks + uint64_t(stored_row(o.runs, o.n_runs, n)) * row_bytes, K, w.data());
     for (int64_t m = 0; m < M; ++m) {
       // Four interleaved double partial sums (K % 128 == 0): the same fp64 accuracy as one chain, four
       // times the throughput, which keeps whole-model reference runs of a few hundred tokens practical.
