@@ -74,13 +74,9 @@ struct Matrix {
   // In 2 MiB pages (LargeVector), as the runtime holds them (the mapped pack, the tiles): in 4 KiB pages a
   // 2-thread stream loses ~30% to TLB walks on this class of VM.
   bonsai::LargeVector<uint8_t> blocks;   // [N, K/128, 34] PQ2_0 blocks (the canonical layout the kernels read)
-  bonsai::LargeVector<uint8_t> tiled;    // the same in the CPU's tiled layout (backend/cpu/tiles.h), built on demand
-  const uint8_t* tiles = nullptr;  // 64-aligned start inside `tiled`
+  cpu::TiledCopy tiled;           // the same in the CPU's tiled layout (backend/cpu/tiles.h), built on demand
   void tile(int64_t N, int64_t K) {
-    if (tiles) return;
-    tiled.resize(cpu::tiled_bytes(N, K) + 64);
-    tiles = reinterpret_cast<const uint8_t*>((reinterpret_cast<uintptr_t>(tiled.data()) + 63) & ~uintptr_t(63));
-    cpu::build_tiles(blocks.data(), nullptr, 0, N, K, const_cast<uint8_t*>(tiles));
+    if (!tiled.tiles) tiled = cpu::make_tiled_copy(blocks.data(), nullptr, 0, N, K);
   }
   void encode(int64_t N, int64_t K) {
     blocks.resize(size_t(N * K / 128 * bonsai::kPq2Bytes));
@@ -163,7 +159,7 @@ void bm_ternary(benchmark::State& state, const char* variant, cpu::TernaryActiva
   for (auto _ : state) {
     const Matrix& m = w.m[i++ % w.m.size()];
     bonsai::TernaryOut o{m.blocks.data(), s.N, y.data()};
-    if (tiled) o.tiles = m.tiles;
+    if (tiled) o.tiles = m.tiled.tiles;
     cpu::ternary_matmul_multi(&o, 1, s.K, x.data(), M);
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
@@ -261,9 +257,9 @@ void bm_incache(benchmark::State& state, const char* variant, int levels, int64_
   }
   for (auto _ : state) {
     if (tiled && M == 1)
-      k->ternary_tiles_q8_x1(m.tiles, s.K, s.N, 0, cpu::tile_count(s.N), q.data(), qs.data(), qsum.data(), levels, y.data());
+      k->ternary_tiles_q8_x1(m.tiled.tiles, s.K, s.N, 0, cpu::tile_count(s.N), q.data(), qs.data(), qsum.data(), levels, y.data());
     else if (tiled)
-      k->ternary_tiles_q8_xm(m.tiles, s.K, s.N, 0, cpu::tile_count(s.N), q.data(), qs.data(), qsum.data(), levels, M,
+      k->ternary_tiles_q8_xm(m.tiled.tiles, s.K, s.N, 0, cpu::tile_count(s.N), q.data(), qs.data(), qsum.data(), levels, M,
                              y.data(), s.N);
     else if (levels > 0 && M == 1)
       k->ternary_rows_q8_x1(m.blocks.data(), s.K, 0, s.N, q.data(), qs.data(), qsum.data(), levels,

@@ -45,4 +45,13 @@ void build_tiles(const uint8_t* blocks, const RowRun* runs, int64_t n_runs, int6
   });
 }
 
+TiledCopy make_tiled_copy(const uint8_t* blocks, const RowRun* runs, int64_t n_runs, int64_t N, int64_t K) {
+  TiledCopy c;
+  c.buf.resize(tiled_bytes(N, K) + 64);
+  uint8_t* aligned = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(c.buf.data()) + 63) & ~uintptr_t(63));
+  build_tiles(blocks, runs, n_runs, N, K, aligned);
+  c.tiles = aligned;
+  return c;  // moving the vector keeps its heap buffer, so `tiles` stays valid
+}
+
 }  // namespace bonsai::cpu

@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "format/ternary_codec.h"
+#include "util/large_buffer.h"
 
 namespace bonsai::cpu {
 
@@ -38,5 +39,13 @@ inline uint64_t tiled_bytes(int64_t N, int64_t K) { return uint64_t(tile_count(N
 // TernaryOut: n_runs == 0 means row r is stored row r). out: tiled_bytes(N, K) bytes, 64-aligned; every byte
 // is written. Threaded over tiles with the CPU pool.
 void build_tiles(const uint8_t* blocks, const RowRun* runs, int64_t n_runs, int64_t N, int64_t K, uint8_t* out);
+
+// The tiles of one matrix in a buffer of their own (2 MiB pages when large; util/large_buffer.h).
+struct TiledCopy {
+  LargeVector<uint8_t> buf;        // tiled_bytes(N, K) + 64 bytes of alignment slack
+  const uint8_t* tiles = nullptr;  // the 64-aligned tiles inside buf
+};
+// Allocates and builds (build_tiles); throws std::bad_alloc when the memory is not there.
+TiledCopy make_tiled_copy(const uint8_t* blocks, const RowRun* runs, int64_t n_runs, int64_t N, int64_t K);
 
 }  // namespace bonsai::cpu

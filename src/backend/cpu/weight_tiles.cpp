@@ -74,18 +74,15 @@ void WeightTiles::build(const Model& m) {
   Progress progress("tiling weights for the CPU kernels", total, stderr_is_tty() && total > (uint64_t(1) << 30));
   for (const TernaryMatrix* w : ws) {
     if (!w->blocks || w->rows == 0 || w->cols % 128 != 0 || (w->owned && !tile_owned)) continue;
-    LargeVector<uint8_t> buf;
+    TiledCopy copy;
     try {
-      buf.resize(tiled_bytes(w->rows, w->cols) + 64);
+      copy = make_tiled_copy(w->blocks, w->row_runs.data(), int64_t(w->row_runs.size()), w->rows, w->cols);
     } catch (const std::bad_alloc&) {  // out of memory: what is tiled stays, the rest reads the canonical blocks
       std::fprintf(stderr, "note: out of memory tiling %s for the CPU kernels; it and the rest use the canonical kernels\n",
                    w->name.c_str());
       break;
     }
-    Entry e{w->blocks, w->rows, w->cols, w->storage, std::move(buf), nullptr};
-    uint8_t* aligned = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(e.buf.data()) + 63) & ~uintptr_t(63));
-    build_tiles(w->blocks, w->row_runs.data(), int64_t(w->row_runs.size()), w->rows, w->cols, aligned);
-    e.tiles = aligned;
+    Entry e{w->blocks, w->rows, w->cols, w->storage, std::move(copy)};
     bytes_ += tiled_bytes(w->rows, w->cols);
     if (!w->owned) {  // a view into the mapped pack: its pages are no longer needed resident
       uint64_t stored = 0;
@@ -103,7 +100,7 @@ const uint8_t* WeightTiles::find(const TernaryMatrix& w) const {
   const auto it = by_matrix_.find(&w);
   if (it == by_matrix_.end()) return nullptr;
   const Entry& e = it->second;
-  return e.blocks == w.blocks && e.rows == w.rows && e.cols == w.cols ? e.tiles : nullptr;
+  return e.blocks == w.blocks && e.rows == w.rows && e.cols == w.cols ? e.copy.tiles : nullptr;
 }
 
 }  // namespace bonsai::cpu

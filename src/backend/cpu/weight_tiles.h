@@ -13,7 +13,7 @@
 #include <unordered_map>
 
 #include "model/weights.h"
-#include "util/large_buffer.h"
+#include "backend/cpu/tiles.h"
 
 namespace bonsai::cpu {
 
@@ -35,8 +35,7 @@ class WeightTiles {
     const uint8_t* blocks;               // the canonical blocks it was built from (checked by find)
     int64_t rows, cols;
     std::shared_ptr<const void> keep;    // keeps those blocks alive, so their address cannot be reused
-    LargeVector<uint8_t> buf;            // tiled_bytes(rows, cols) + 64 alignment slack
-    const uint8_t* tiles;                // 64-aligned start inside buf
+    TiledCopy copy;                      // the tiles (backend/cpu/tiles.h)
   };
   std::unordered_map<const TernaryMatrix*, Entry> by_matrix_;
   uint64_t bytes_ = 0;
