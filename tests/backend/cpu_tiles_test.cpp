@@ -27,6 +27,7 @@ using namespace bonsai::test;
 
 namespace {
 
+// Not cpu::make_tiled_copy: this buffer starts as 0xA5 so that a byte build_tiles leaves unwritten shows.
 struct TiledBuf {
   std::vector<uint8_t> raw;
   uint8_t* p;
