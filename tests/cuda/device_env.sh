@@ -1,10 +1,10 @@
 # Sourced by the tests/cuda/device_*.sh scripts (never run alone): the setup they share. They run on the
-# device from the repository root, their binaries staged in .devbin/ by stage_devbin.sh (which copies this
-# file there too).
+# device from the repository root, their binaries staged in .devbin/ (or $DEVBIN) by stage_devbin.sh, which
+# copies this file there too: the binaries are the ones beside this file, so two staged builds can travel at once.
 #   B     the staged binaries;  OUT  what comes back ($OUT, else /tmp/out);  L  logs that stay on the device
 #   FIX   the HF fixture of the tiny seed-7 pack;  P27  the 27b-shape pack once make_27b_pack has run
-export LD_LIBRARY_PATH=$PWD/.devbin
-B=$PWD/.devbin
+B=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+export LD_LIBRARY_PATH=$B
 OUT=${OUT:-/tmp/out}
 L=/tmp/logs
 FIX=$PWD/tests/data/fixtures/tiny_seed7.safetensors

@@ -1,23 +1,26 @@
 #!/bin/bash
 # Copies test_cuda, test_engine and bonsai (from $BUILD, default build-cuda) plus the shared libraries the device
-# image lacks into .devbin/ (ignored through .git/info/exclude), for `run` with carry [".devbin"]. BASELINE: below.
+# image lacks into $DEVBIN (default .devbin/; ignored through .git/info/exclude), for `run` with carry [".devbin"]
+# (or [$DEVBIN]; the device scripts use the binaries beside them). BASELINE: below.
 set -eu
 cd "$(dirname "$0")/../.."
-ex=$(git rev-parse --git-common-dir)/info/exclude; grep -qx "/.devbin/" "$ex" || echo "/.devbin/" >> "$ex"
-rm -rf .devbin
-mkdir -p .devbin
+D=${DEVBIN:-.devbin}
+case "$D" in .devbin*) ;; *) echo "DEVBIN must be a top-level .devbin* folder, not $D" >&2; exit 1 ;; esac
+ex=$(git rev-parse --git-common-dir)/info/exclude; grep -qx "/.devbin*/" "$ex" || echo "/.devbin*/" >> "$ex"
+rm -rf "$D"
+mkdir -p "$D"
 BUILD=${BUILD:-build-cuda}
-cp $BUILD/tests/test_cuda $BUILD/tests/test_engine $BUILD/bonsai .devbin/
-strip .devbin/test_cuda .devbin/test_engine .devbin/bonsai
+cp $BUILD/tests/test_cuda $BUILD/tests/test_engine $BUILD/bonsai "$D"/
+strip "$D"/test_cuda "$D"/test_engine "$D"/bonsai
 # BASELINE=<a bonsai binary of an earlier round>: staged as .devbin/bonsai_r5 for same-run comparisons
 # (device_round6.sh: configs named r5*); it must need no library the others do not.
-if [ -n "${BASELINE:-}" ]; then cp "$BASELINE" .devbin/bonsai_r5; strip .devbin/bonsai_r5; fi
+if [ -n "${BASELINE:-}" ]; then cp "$BASELINE" "$D"/bonsai_r5; strip "$D"/bonsai_r5; fi
 for lib in $(ldd $BUILD/tests/test_cuda $BUILD/tests/test_engine $BUILD/bonsai | awk '/=>/ {print $3}' | sort -u); do
   case "$(basename "$lib")" in
     libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*) ;;  # the device's own glibc
-    *) cp -L "$lib" .devbin/ ;;
+    *) cp -L "$lib" "$D"/ ;;
   esac
 done
-cp tests/cuda/device_*.sh .devbin/
-du -sh .devbin
-ls .devbin
+cp tests/cuda/device_*.sh "$D"/
+du -sh "$D"
+ls "$D"
