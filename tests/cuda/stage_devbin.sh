@@ -6,7 +6,7 @@ set -eu
 cd "$(dirname "$0")/../.."
 D=${DEVBIN:-.devbin}
 case "$D" in .devbin*) ;; *) echo "DEVBIN must be a top-level .devbin* folder, not $D" >&2; exit 1 ;; esac
-ex=$(git rev-parse --git-common-dir)/info/exclude; grep -qx "/.devbin*/" "$ex" || echo "/.devbin*/" >> "$ex"
+ex=$(git rev-parse --git-common-dir)/info/exclude; grep -qxF "/.devbin*/" "$ex" || echo "/.devbin*/" >> "$ex"
 rm -rf "$D"
 mkdir -p "$D"
 BUILD=${BUILD:-build-cuda}
