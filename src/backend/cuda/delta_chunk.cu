@@ -1,0 +1,380 @@
+// Chunked (WY / UT-transform) Gated DeltaNet delta rule for a prefill chunk (round 8b).
+//
+// The same function as delta_kernel (mixers.cu) and ref::gdn_chunked (FACTS.md section 6): per chunk of
+// C = kDeltaChunk tokens of V head h, with Gamma the inclusive running sum of the log decays g inside the chunk,
+//   A_rj = beta_r e^{Gamma_r - Gamma_j} k_r.k_j (j < r),  T = (I + A)^-1 (unit lower triangular),
+//   W = T diag(beta e^Gamma) K,  U = T diag(beta) V,  V' = U - W S0,
+//   O = (e^Gamma Q) S0 + P V' with P_rj = e^{Gamma_r - Gamma_j} q_r.k_j (j <= r),
+//   S_C = e^{Gamma_C} S0 + (e^{Gamma_C - Gamma} K)^T V'.
+// Every exponent is <= 0 (g <= 0), so nothing overflows. State S [Dk, Dv] per V head, fp32, row-major.
+//
+// Why two kernels: W, U, P and the decayed Q / K depend only on the chunk's own inputs, not on the state, so
+// kernel 1 (delta_prep_kernel, grid (Nv, chunks)) builds them for every chunk at once; only the three state
+// products (V', O, S_C) are sequential, in kernel 2 (delta_scan_kernel, grid (Nv, Dv/32): columns of S are
+// independent, so each block carries a 32-column slice of one head's state through the chunks). Everything
+// is fp32 FFMA from shared memory (no tensor cores: the fp32 state and the gate's bound, round 8b notes).
+#include <cmath>
+
+#include "backend/cuda/common.cuh"
+
+namespace bonsai::cuda {
+
+namespace {
+
+constexpr int kC = int(kDeltaChunk);  // 64 tokens per chunk
+constexpr int kThreads = 256;
+constexpr int kMaxD = 128;            // Dk, Dv <= 128
+constexpr int kLd = kMaxD + 1;        // prep: [C][<=128] tiles, rows one bank apart (column reads conflict-free)
+constexpr int kLdC = kC + 1;          // prep: [C][C] tiles
+constexpr int kLd4 = kMaxD + 4;       // scan: [C][<=128] tiles read as float4 along a row
+constexpr int kLdP = kC + 4;          // scan: [C][C] tile read as float4
+constexpr int kSW = 32;               // scan: state columns per block
+
+struct DeltaChunkArgs {
+  float* state;          // [Nv, Dk, Dv]
+  float* q;              // [T, Nk, Dk] (un-normalised when l2_q)
+  float* k;              // [T, Nk, Dk]
+  const float* v;        // [T, Nv, Dv]
+  float* g;              // [T, Nv] log decays (written when a != null)
+  float* beta;           // [T, Nv]
+  float* out;            // [T, Nv, Dv]
+  const float* a;        // [T, Nv] non-null: g, beta computed from a, b, A, dt_bias
+  const float* b;
+  const float* A;
+  const float* dt_bias;
+  float* scratch;        // [Nv, NC] blocks of per_block() floats (layout: scratch_off below)
+  int64_t T, Nk, Nv, Dk, Dv, NC;
+  int32_t l2_q, l2_k;
+  float eps_q, eps_k, q_scale;
+  int32_t pad;
+};
+
+// One (head, chunk) block of the scratch: W [C, Dk] | Qd = e^Gamma Q [C, Dk] | Kd = e^{Gamma_C - Gamma} K [C, Dk]
+// | U [C, Dv] | P [C, C] | e^{Gamma_C} (+3 floats of padding: every piece stays 16-byte aligned).
+__host__ __device__ inline int64_t per_block(int64_t Dk, int64_t Dv) { return kC * (3 * Dk + Dv) + kC * kC + 4; }
+
+uint32_t prep_smem() { return uint32_t((2 * kC * kLd + 2 * kC * kLdC + 3 * kC) * sizeof(float)); }
+uint32_t scan_smem() { return uint32_t((kMaxD * kSW + kC * kLd4 + kC * kLdP + kC * kSW) * sizeof(float)); }
+
+__global__ __launch_bounds__(kThreads) void delta_prep_kernel(const DeltaChunkArgs a) {
+  extern __shared__ float sm[];
+  float* Ks = sm;                // [C][kLd] k rows (normalised)
+  float* QV = Ks + kC * kLd;     // [C][kLd] q rows, later v rows
+  float* Am = QV + kC * kLd;     // [C][kLdC] A
+  float* Tm = Am + kC * kLdC;    // [C][kLdC] T = (I + A)^-1
+  float* gam = Tm + kC * kLdC;   // [C] Gamma
+  float* bet = gam + kC;         // [C] beta
+  float* coef = bet + kC;        // [C] beta e^Gamma
+  pdl_trigger();
+  pdl_wait();
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int64_t h = blockIdx.x, c = blockIdx.y;
+  const int64_t kh = h / (a.Nv / a.Nk);
+  const int64_t t0 = c * kC;
+  const int L = int(min(int64_t(kC), a.T - t0));
+  const int Dk = int(a.Dk), Dv = int(a.Dv);
+  float* blk = a.scratch + (h * a.NC + c) * per_block(a.Dk, a.Dv);
+  float* Wg = blk;
+  float* Qg = Wg + kC * Dk;
+  float* Kg = Qg + kC * Dk;
+  float* Ug = Kg + kC * Dk;
+  float* Pg = Ug + kC * Dv;
+  float* eLg = Pg + kC * kC;
+
+  // 1. q, k rows of the chunk (zero rows past the end: beta = 0 and g = 0 there make them inert).
+  for (int idx = tid; idx < kC * Dk; idx += kThreads) {
+    const int r = idx / Dk, i = idx % Dk;
+    float kv = 0.f, qv = 0.f;
+    if (r < L) {
+      kv = a.k[((t0 + r) * a.Nk + kh) * a.Dk + i];
+      qv = a.q[((t0 + r) * a.Nk + kh) * a.Dk + i];
+    }
+    Ks[r * kLd + i] = kv;
+    QV[r * kLd + i] = qv;
+  }
+  if (tid < kC) {
+    float gv = 0.f, bv = 0.f;
+    if (tid < L) {
+      const int64_t gi = (t0 + tid) * a.Nv + h;
+      if (a.a) {
+        const float u = a.a[gi] + a.dt_bias[h];
+        gv = a.A[h] * (u > 20.f ? u : log1pf(expf(u)));
+        bv = 1.f / (1.f + expf(-a.b[gi]));
+        a.g[gi] = gv;
+        a.beta[gi] = bv;
+      } else {
+        gv = a.g[gi];
+        bv = a.beta[gi];
+      }
+    }
+    gam[tid] = gv;
+    bet[tid] = bv;
+  }
+  __syncthreads();
+  // 2. l2-normalise (as delta_kernel: x * rsqrt(sum x^2 + eps)), q scale; warp w owns rows w, w + 8, ...
+  for (int r = warp; r < kC; r += kThreads / 32) {
+    if (a.l2_k) {
+      float ss = 0.f;
+      for (int i = lane; i < Dk; i += 32) ss += Ks[r * kLd + i] * Ks[r * kLd + i];
+      const float f = rsqrtf(warp_sum(ss) + a.eps_k);
+      for (int i = lane; i < Dk; i += 32) Ks[r * kLd + i] *= f;
+    }
+    float f = a.q_scale;
+    if (a.l2_q) {
+      float ss = 0.f;
+      for (int i = lane; i < Dk; i += 32) ss += QV[r * kLd + i] * QV[r * kLd + i];
+      f *= rsqrtf(warp_sum(ss) + a.eps_q);
+    }
+    for (int i = lane; i < Dk; i += 32) QV[r * kLd + i] *= f;
+  }
+  // Gamma: inclusive scan of g over the chunk (warp 0, two tokens per lane).
+  if (warp == 0) {
+    float v0 = gam[lane], v1 = gam[lane + 32];
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float u0 = __shfl_up_sync(0xffffffffu, v0, o), u1 = __shfl_up_sync(0xffffffffu, v1, o);
+      if (lane >= o) {
+        v0 += u0;
+        v1 += u1;
+      }
+    }
+    v1 += __shfl_sync(0xffffffffu, v0, 31);
+    gam[lane] = v0;
+    gam[lane + 32] = v1;
+    coef[lane] = bet[lane] * expf(v0);
+    coef[lane + 32] = bet[lane + 32] * expf(v1);
+    if (lane == 31) *eLg = expf(v1);
+  }
+  __syncthreads();
+
+  // 3. A (into Am) and P (to global) from K K^T and Q K^T: thread tile rows ty + 16 a, columns tx + 16 b.
+  const int tx = tid & 15, ty = tid >> 4;
+  {
+    float kk[4][4] = {}, qk[4][4] = {};
+    for (int i = 0; i < Dk; ++i) {
+      float kr[4], qr[4], kj[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        kr[e] = Ks[(ty + 16 * e) * kLd + i];
+        qr[e] = QV[(ty + 16 * e) * kLd + i];
+        kj[e] = Ks[(tx + 16 * e) * kLd + i];
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+#pragma unroll
+        for (int f = 0; f < 4; ++f) {
+          kk[e][f] += kr[e] * kj[f];
+          qk[e][f] += qr[e] * kj[f];
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+#pragma unroll
+      for (int f = 0; f < 4; ++f) {
+        const int r = ty + 16 * e, j = tx + 16 * f;
+        const float dec = j <= r ? expf(gam[r] - gam[j]) : 0.f;
+        Am[r * kLdC + j] = j < r ? bet[r] * dec * kk[e][f] : 0.f;
+        Pg[r * kC + j] = dec * qk[e][f];
+      }
+  }
+  // Decayed Q (e^Gamma_r q_r) and K (e^{Gamma_C - Gamma_r} k_r) for the scan.
+  for (int idx = tid; idx < kC * Dk; idx += kThreads) {
+    const int r = idx / Dk, i = idx % Dk;
+    Qg[idx] = QV[r * kLd + i] * expf(gam[r]);
+    Kg[idx] = Ks[r * kLd + i] * expf(gam[kC - 1] - gam[r]);
+  }
+  __syncthreads();
+
+  // 4. T = (I + A)^-1 by forward substitution, one row per step: T_rc = [r == c] - sum_{c <= j < r} A_rj T_jc.
+  // Four threads per column c (consecutive lanes), each summing every fourth j.
+  {
+    const int cc = tid >> 2, part = tid & 3;
+    for (int r = 0; r < kC; ++r) {
+      float s = 0.f;
+      if (cc < r)
+        for (int j = cc + part; j < r; j += 4) s += Am[r * kLdC + j] * Tm[j * kLdC + cc];
+      s += __shfl_xor_sync(0xffffffffu, s, 1);
+      s += __shfl_xor_sync(0xffffffffu, s, 2);
+      if (part == 0) Tm[r * kLdC + cc] = cc < r ? -s : (cc == r ? 1.f : 0.f);
+      __syncthreads();
+    }
+  }
+  // 5. v rows into QV (q is done: Qd and P are in global memory).
+  for (int idx = tid; idx < kC * Dv; idx += kThreads) {
+    const int r = idx / Dv, j = idx % Dv;
+    QV[r * kLd + j] = r < L ? a.v[((t0 + r) * a.Nv + h) * a.Dv + j] : 0.f;
+  }
+  __syncthreads();
+  // 6. W = T diag(beta e^Gamma) K, U = T diag(beta) V; thread rows ty + 16 e, columns tx + 16 f.
+  {
+    float w[4][kMaxD / 16] = {}, u[4][kMaxD / 16] = {};
+    for (int cc = 0; cc < kC; ++cc) {
+      float tw[4], tu[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float t = Tm[(ty + 16 * e) * kLdC + cc];
+        tw[e] = t * coef[cc];
+        tu[e] = t * bet[cc];
+      }
+#pragma unroll
+      for (int f = 0; f < kMaxD / 16; ++f) {
+        const float kv = Ks[cc * kLd + tx + 16 * f], vv = QV[cc * kLd + tx + 16 * f];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          w[e][f] += tw[e] * kv;
+          u[e][f] += tu[e] * vv;
+        }
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+#pragma unroll
+      for (int f = 0; f < kMaxD / 16; ++f) {
+        const int r = ty + 16 * e, i = tx + 16 * f;
+        if (i < Dk) Wg[r * Dk + i] = w[e][f];
+        if (i < Dv) Ug[r * Dv + i] = u[e][f];
+      }
+  }
+}
+
+__global__ __launch_bounds__(kThreads) void delta_scan_kernel(const DeltaChunkArgs a) {
+  extern __shared__ __align__(16) float sm[];
+  float* S = sm;                  // [Dk][kSW] the state slice
+  float* buf = S + kMaxD * kSW;   // [C][kLd4] W, then Qd, then Kd
+  float* Ps = buf + kC * kLd4;    // [C][kLdP] P
+  float* Vp = Ps + kC * kLdP;     // [C][kSW] V' = U - W S0
+  pdl_trigger();
+  pdl_wait();
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int64_t h = blockIdx.x, j0 = int64_t(blockIdx.y) * kSW;
+  const int Dk = int(a.Dk), Dv = int(a.Dv), Dk4 = Dk / 4;
+  float* Sg = a.state + h * a.Dk * a.Dv + j0;
+  for (int idx = tid; idx < Dk * kSW; idx += kThreads) S[idx] = Sg[(idx / kSW) * a.Dv + idx % kSW];
+  const int64_t per = per_block(a.Dk, a.Dv);
+  // Tile [C, Dk] (row stride Dk in global) into buf (row stride kLd4), 16 bytes per thread and step.
+  auto load_tile = [&](const float* src) {
+    for (int idx = tid; idx < kC * Dk4; idx += kThreads) {
+      const int r = idx / Dk4, i4 = idx % Dk4;
+      *reinterpret_cast<float4*>(buf + r * kLd4 + 4 * i4) = __ldcg(reinterpret_cast<const float4*>(src) + idx);
+    }
+  };
+  for (int64_t c = 0; c < a.NC; ++c) {
+    const float* blk = a.scratch + (h * a.NC + c) * per;
+    const float* Wg = blk;
+    const float* Qg = Wg + kC * Dk;
+    const float* Kg = Qg + kC * Dk;
+    const float* Ug = Kg + kC * Dk;
+    const float* Pg = Ug + kC * Dv;
+    const float eL = __ldcg(Pg + kC * kC);
+    const int64_t t0 = c * kC;
+    const int L = int(min(int64_t(kC), a.T - t0));
+    load_tile(Wg);
+    __syncthreads();  // W in buf; S (first chunk: loaded above; later: updated at the end of the last chunk)
+    // V' = U - W S0: lane = column, rows warp * 8 + e.
+    {
+      float acc[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] = __ldcg(Ug + (warp * 8 + e) * Dv + j0 + lane);
+      for (int i4 = 0; i4 < Dk4; ++i4) {
+        const float s0 = S[(4 * i4) * kSW + lane], s1 = S[(4 * i4 + 1) * kSW + lane];
+        const float s2 = S[(4 * i4 + 2) * kSW + lane], s3 = S[(4 * i4 + 3) * kSW + lane];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const float4 w = *reinterpret_cast<const float4*>(buf + (warp * 8 + e) * kLd4 + 4 * i4);
+          acc[e] -= w.x * s0 + w.y * s1 + w.z * s2 + w.w * s3;
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) Vp[(warp * 8 + e) * kSW + lane] = acc[e];
+    }
+    __syncthreads();  // buf free, V' complete
+    load_tile(Qg);
+    for (int idx = tid; idx < kC * kC / 4; idx += kThreads) {
+      const int r = idx / (kC / 4), j4 = idx % (kC / 4);
+      *reinterpret_cast<float4*>(Ps + r * kLdP + 4 * j4) = __ldcg(reinterpret_cast<const float4*>(Pg) + idx);
+    }
+    __syncthreads();
+    // O = Qd S0 + P V' (P is zero above the diagonal).
+    {
+      float acc[8] = {};
+      for (int i4 = 0; i4 < Dk4; ++i4) {
+        const float s0 = S[(4 * i4) * kSW + lane], s1 = S[(4 * i4 + 1) * kSW + lane];
+        const float s2 = S[(4 * i4 + 2) * kSW + lane], s3 = S[(4 * i4 + 3) * kSW + lane];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const float4 qd = *reinterpret_cast<const float4*>(buf + (warp * 8 + e) * kLd4 + 4 * i4);
+          acc[e] += qd.x * s0 + qd.y * s1 + qd.z * s2 + qd.w * s3;
+        }
+      }
+      const int jmax = warp * 8 + 8;  // rows of this warp see V' rows < jmax
+      for (int j4 = 0; j4 < jmax / 4; ++j4) {
+        const float v0 = Vp[(4 * j4) * kSW + lane], v1 = Vp[(4 * j4 + 1) * kSW + lane];
+        const float v2 = Vp[(4 * j4 + 2) * kSW + lane], v3 = Vp[(4 * j4 + 3) * kSW + lane];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const float4 p = *reinterpret_cast<const float4*>(Ps + (warp * 8 + e) * kLdP + 4 * j4);
+          acc[e] += p.x * v0 + p.y * v1 + p.z * v2 + p.w * v3;
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const int r = warp * 8 + e;
+        if (r < L) a.out[((t0 + r) * a.Nv + h) * a.Dv + j0 + lane] = acc[e];
+      }
+    }
+    __syncthreads();  // buf free
+    load_tile(Kg);
+    __syncthreads();
+    // S = e^{Gamma_C} S0 + Kd^T V': lane = column, state rows warp * 16 + e.
+    if (warp * 16 < Dk) {
+      float acc[16];
+#pragma unroll
+      for (int e = 0; e < 16; ++e) acc[e] = 0.f;
+      for (int r = 0; r < kC; ++r) {
+        const float vp = Vp[r * kSW + lane];
+#pragma unroll
+        for (int e4 = 0; e4 < 4; ++e4) {
+          const float4 kd = *reinterpret_cast<const float4*>(buf + r * kLd4 + warp * 16 + 4 * e4);
+          acc[4 * e4] += kd.x * vp;
+          acc[4 * e4 + 1] += kd.y * vp;
+          acc[4 * e4 + 2] += kd.z * vp;
+          acc[4 * e4 + 3] += kd.w * vp;
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 16; ++e) {
+        const int i = warp * 16 + e;
+        if (i < Dk) S[i * kSW + lane] = eL * S[i * kSW + lane] + acc[e];
+      }
+    }
+    __syncthreads();  // S updated, buf / Ps / Vp free for the next chunk
+  }
+  for (int idx = tid; idx < Dk * kSW; idx += kThreads) Sg[(idx / kSW) * a.Dv + idx % kSW] = S[idx];
+}
+
+}  // namespace
+
+size_t delta_chunk_scratch_floats(int64_t T, int64_t Nv, int64_t Dk, int64_t Dv) {
+  const int64_t NC = (T + kC - 1) / kC;
+  return size_t(Nv * NC * per_block(Dk, Dv));
+}
+
+void init_delta_chunk_attributes() {
+  cudaFuncSetAttribute(reinterpret_cast<const void*>(&delta_prep_kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       int(prep_smem()));
+  cudaFuncSetAttribute(reinterpret_cast<const void*>(&delta_scan_kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       int(scan_smem()));
+}
+
+void delta_chunk_launches(const DeltaDesc& d, float* scratch, Launch out[2]) {
+  const int64_t NC = (d.T + kC - 1) / kC;
+  DeltaChunkArgs a{d.state, d.q,  d.k,  d.v,  d.g,    d.beta, d.out,  d.a,     d.b,     d.A,       d.dt_bias,
+                   scratch, d.T,  d.Nk, d.Nv, d.Dk,   d.Dv,   NC,     d.l2_q,  d.l2_k,  d.eps_q,   d.eps_k,
+                   d.q_scale, 0};
+  out[0] = make_launch(reinterpret_cast<const void*>(&delta_prep_kernel), dim3(unsigned(d.Nv), unsigned(NC)),
+                       dim3(kThreads), prep_smem(), a);
+  out[1] = make_launch(reinterpret_cast<const void*>(&delta_scan_kernel), dim3(unsigned(d.Nv), unsigned(d.Dv / kSW)),
+                       dim3(kThreads), scan_smem(), a);
+}
+
+}  // namespace bonsai::cuda

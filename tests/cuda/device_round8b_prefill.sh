@@ -1,0 +1,64 @@
+#!/bin/bash
+# Round 8b device run (prefill: the chunked delta rule, delta_chunk.cu). Binaries built here (DEVBIN=.devbin-pf
+# BUILD=build-cuda-pf tests/cuda/stage_devbin.sh), carried in .devbin-pf. In order: the fixture gate per
+# GATE_ENVS entry; test_cuda (TEST_FILTER); compute-sanitizer memcheck on the new kernel's test (SANITIZE=1);
+# the per-kernel profile (BONSAI_CUDA_PROFILE=1, events around every launch) of one prefill of each size in
+# PROF_SIZES for each PROF_CONFIGS entry; then `bonsai bench -p 512,2048 -n 0 -r 2` for each CONFIGS entry, in
+# the order given (repeat an entry to see the spread). A config name starting with base runs the staged
+# BASELINE binary (.devbin-pf/bonsai_r5).
+# Env: GATE_ENVS, TEST_FILTER, SKIP_TESTS, SANITIZE, PROF_SIZES, PROF_CONFIGS, CONFIGS ("name:ENV=V,ENV=V" words).
+# $OUT: gate.txt, test_cuda.log, sanitizer.log, prof_<name>_<size>.txt, bench.txt.
+set -u
+source "$(dirname "$0")/device_env.sh"
+T0=$(date +%s)
+stamp() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
+device_header
+start_27b_pack
+make_tiny_packs
+stamp "tiny packs"
+for env in ${GATE_ENVS:-X=1 BONSAI_CUDA_DELTA=1 BONSAI_CUDA_DELTA=2}; do
+  env ${env//,/ } timeout 60 $B/bonsai gate -m /tmp/tiny7/tiny-pq2_0.gguf --fixture "$FIX" --backend cuda --json \
+    > "$L/gate.json" 2> "$L/gate.err"
+  rc=$?
+  echo "gate $env rc=$rc $(tr -d '\n' < "$L/gate.json" | grep -oE '"overall"[^}]*}' | head -c 300)" | tee -a "$OUT/gate.txt"
+  [ $rc = 124 ] && { echo "gate timed out (a hang): stop"; tail -5 "$L/gate.err"; exit 1; }
+done
+stamp "gates"
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  run_test_cuda 200
+  grep -E "^\[  FAILED|^\[  PASSED|Failure|Expected|Which is|rel_err" "$OUT/test_cuda.log" | head -30
+  stamp "test_cuda"
+fi
+if [ "${SANITIZE:-1}" = 1 ]; then
+  CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+  if [ -n "$CS" ]; then
+    timeout 150 "$CS" --tool memcheck $B/test_cuda --gtest_filter='CudaOps.DeltaRuleChunkedMatchesRecurrent' \
+      > "$OUT/sanitizer.log" 2>&1
+    echo "sanitizer rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitizer.log" | head -5
+  else
+    echo "no compute-sanitizer"
+  fi
+  stamp "sanitizer"
+fi
+wait $MP
+stamp "27b pack"
+for cfg in ${PROF_CONFIGS:-old:BONSAI_CUDA_DELTA=1 new:X=1}; do
+  name=${cfg%%:*}; env=${cfg#*:}
+  for p in ${PROF_SIZES:-512 2048}; do
+    # -r 1: two prefills (the warm-up and one timed); the report covers both
+    env ${env//,/ } BONSAI_CUDA_PROFILE=1 timeout 120 $B/bonsai bench --backend cuda -m $P27 -p $p -n 0 -r 1 \
+      > "$L/prof_bench.txt" 2> "$OUT/prof_${name}_$p.txt"
+    echo "== profile $name ($env) pp$p rc=$?: two prefills"
+    head -14 "$OUT/prof_${name}_$p.txt"
+  done
+done
+stamp "profiles"
+for cfg in ${CONFIGS:-new:X=1 old:BONSAI_CUDA_DELTA=1 new:X=1 old:BONSAI_CUDA_DELTA=1}; do
+  name=${cfg%%:*}; env=${cfg#*:}
+  bin=$B/bonsai; case $name in base*) bin=$B/bonsai_r5 ;; esac
+  echo "== $name ($env, $(basename $bin)): bonsai bench --backend cuda -m $P27 -p 512,2048 -n 0 -r 2" >> "$OUT/bench.txt"
+  env ${env//,/ } timeout 150 $bin bench --backend cuda -m $P27 -p 512,2048 -n 0 -r 2 >> "$OUT/bench.txt" 2>&1
+  echo "rc=$?" >> "$OUT/bench.txt"
+done
+stamp "bench"
+grep -E "==|^pp|rc=" "$OUT/bench.txt"
