@@ -27,7 +27,7 @@ struct BatchGenerator::Seq {
 
   Seq(int64_t id_, std::unique_ptr<Session> s, const GenerateOptions& o, int64_t vocab)
       : id(id_), session(std::move(s)), sampler(o.sampling, vocab), opt(o) {
-    plain_argmax = (sampler.greedy() || o.sampling.top_k == 1) && o.sampling.repeat_penalty == 1.0f;
+    plain_argmax = sampler.plain_argmax();
   }
 };
 

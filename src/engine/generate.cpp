@@ -28,13 +28,19 @@ GenerateResult generate(Session& session, std::span<const int32_t> prompt, const
   seen.reserve(prompt.size() + size_t(opt.max_new_tokens));
   auto is_stop = [&](int32_t t) { return std::find(opt.stop_ids.begin(), opt.stop_ids.end(), t) != opt.stop_ids.end(); };
 
+  // A plain-argmax sampler takes the argmax from the decoder (on a GPU only the token id comes back).
+  const bool argmax = sampler.plain_argmax();
+  auto next_after = [&](std::span<const int32_t> ids) {
+    return argmax ? session.append_argmax(ids) : sampler.sample(session.append(ids), seen);
+  };
+
   auto t0 = std::chrono::steady_clock::now();
-  std::span<const float> logits = session.append(prompt);
   if (opt.max_new_tokens == 0) {
+    (void)session.append(prompt);
     r.stats.prefill_seconds = seconds_since(t0);
     return r;
   }
-  int32_t tok = sampler.sample(logits, seen);
+  int32_t tok = next_after(prompt);
   r.stats.prefill_seconds = seconds_since(t0);
 
   auto t1 = std::chrono::steady_clock::now();
@@ -48,9 +54,8 @@ GenerateResult generate(Session& session, std::span<const int32_t> prompt, const
     }
     if (int64_t(r.tokens.size()) >= opt.max_new_tokens) break;
     r.stats.state_bytes += dec.state_bytes_per_step(session.position());
-    logits = session.append(std::span<const int32_t>(&tok, 1));
+    tok = next_after(std::span<const int32_t>(&tok, 1));
     ++r.stats.decode_steps;
-    tok = sampler.sample(logits, seen);
   }
   r.stats.decode_seconds = r.stats.decode_steps > 0 ? seconds_since(t1) : 0.0;
   r.stats.generated = int64_t(r.tokens.size());

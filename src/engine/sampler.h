@@ -34,6 +34,9 @@ class Sampler {
   Sampler(const SamplerOptions& opt, int64_t vocab);
   const SamplerOptions& options() const { return opt_; }
   bool greedy() const { return opt_.temperature <= 0.0f; }
+  // sample() is then the argmax of the logits as given (greedy or top-k 1, and no penalty) and draws
+  // nothing from the random stream: a caller may ask the decoder for the argmax instead (no logits copy).
+  bool plain_argmax() const { return (greedy() || opt_.top_k == 1) && opt_.repeat_penalty == 1.0f; }
 
   // logits fp32 [vocab]; history: the tokens so far (prompt and generated), for the penalty.
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history = {});

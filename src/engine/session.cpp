@@ -70,18 +70,29 @@ void Session::check_append(std::span<const int32_t> tokens, const char* what, in
          what, n, position(), extra, position() + n + extra, capacity(), ctx);
 }
 
-std::span<const float> Session::append(std::span<const int32_t> tokens) {
+void Session::feed(std::span<const int32_t> tokens, bool argmax_last, int32_t* next) {
   check_append(tokens);
   const int64_t n = int64_t(tokens.size());
   for (int64_t off = 0; off < n;) {  // the planner, step by step (no allocation on the decode path)
     const int64_t m = next_prefill_step(n - off, opt_.chunks);
-    const bool last = off + m == n;
-    dec_->forward(state_, tokens.data() + off, m, last ? LogitsMode::Last : LogitsMode::None,
-                  last ? logits_.data() : nullptr);
+    const int32_t* ids = tokens.data() + off;
+    if (off + m < n) dec_->forward(state_, ids, m, LogitsMode::None, nullptr);
+    else if (argmax_last) *next = dec_->forward_argmax(state_, ids, m);
+    else dec_->forward(state_, ids, m, LogitsMode::Last, logits_.data());
     history_.insert(history_.end(), tokens.begin() + off, tokens.begin() + off + m);
     off += m;
   }
+}
+
+std::span<const float> Session::append(std::span<const int32_t> tokens) {
+  feed(tokens, false, nullptr);
   return logits_;
+}
+
+int32_t Session::append_argmax(std::span<const int32_t> tokens) {
+  int32_t next = 0;
+  feed(tokens, true, &next);
+  return next;
 }
 
 void Session::append_all(std::span<const int32_t> tokens, float* logits) {

@@ -63,6 +63,9 @@ class Session {
   // Appends tokens after the history (prefill planner) and returns the logits after the last of them,
   // fp32 [V], valid until the next call. Checks first (check_append); nothing runs on error.
   std::span<const float> append(std::span<const int32_t> tokens);
+  // append() for greedy decoding: the argmax of the logits after the last token (Decoder::forward_argmax:
+  // on a backend with a device argmax only the token id crosses to the host). Same checks as append.
+  int32_t append_argmax(std::span<const int32_t> tokens);
   // Teacher-forced: appends tokens and writes the logits after every one of them, host fp32 [n, V]
   // (row t = after consuming tokens[0..t]).
   void append_all(std::span<const int32_t> tokens, float* logits);
@@ -71,6 +74,9 @@ class Session {
 
  private:
   friend class BatchGenerator;  // steps several sessions in one forward (engine/batch.h)
+  // The prefill planner's steps over tokens (checked); the last step's head: its logits into logits_, or
+  // (argmax_last) its argmax into *next.
+  void feed(std::span<const int32_t> tokens, bool argmax_last, int32_t* next);
   Decoder* dec_;
   SessionOptions opt_;
   DecoderState state_;

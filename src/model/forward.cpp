@@ -346,18 +346,23 @@ void Decoder::ffn_block(const LayerWeights& L, int64_t M) {
   be_.linear(&out, 1, FF, arot, M);
 }
 
-void Decoder::forward(DecoderState& s, const int32_t* ids, int64_t M, LogitsMode mode, float* logits) {
+Decoder::Rows Decoder::begin_chunk(DecoderState& s, const int32_t* ids, int64_t M) const {
   if (M < 1 || M > max_chunk_) fail("forward: chunk of {} tokens (1..{} supported)", M, max_chunk_);
   if (s.pos + M > s.capacity)
     fail("forward: {} tokens at position {} exceed the sequence capacity of {} positions", M, s.pos, s.capacity);
   if (s.layers.size() != m_.layers.size()) fail("forward: the state was made for another model");
   for (int64_t i = 0; i < M; ++i)
     if (ids[i] < 0 || ids[i] >= vocab()) fail("forward: token id {} is outside the vocabulary [0, {})", ids[i], vocab());
-  if (mode != LogitsMode::None && !logits) fail("forward: no logits buffer");
   Rows rows;
   rows.M = M;
   rows.seq = &s;
   rows.p0 = s.pos;
+  return rows;
+}
+
+void Decoder::forward(DecoderState& s, const int32_t* ids, int64_t M, LogitsMode mode, float* logits) {
+  const Rows rows = begin_chunk(s, ids, M);
+  if (mode != LogitsMode::None && !logits) fail("forward: no logits buffer");
   run(ids, rows, mode, logits);
   s.pos += M;
 }
@@ -394,11 +399,24 @@ void Decoder::step_batch_argmax(DecoderState* const* states, const int32_t* ids,
   const Rows rows = begin_batch(states, ids, B, next);
   run(ids, rows, LogitsMode::All, nullptr);  // logits [B, V] stay in ws_.logits
   for (int64_t b = 0; b < B; ++b) ++states[b]->pos;
+  argmax_of_logits(B, next);
+}
+
+int32_t Decoder::forward_argmax(DecoderState& s, const int32_t* ids, int64_t M) {
+  const Rows rows = begin_chunk(s, ids, M);
+  run(ids, rows, LogitsMode::Last, nullptr);  // the last row's logits [V] stay in ws_.logits
+  s.pos += M;
+  int32_t next = 0;
+  argmax_of_logits(1, &next);
+  return next;
+}
+
+void Decoder::argmax_of_logits(int64_t rows, int32_t* next) {
   const int64_t V = vocab();
-  if (be_.argmax_rows(ws_.logits.data(), B, V, next)) return;
-  if (host_logits_.size() < size_t(max_batch() * V)) host_logits_.resize(size_t(max_batch() * V));
-  be_.copy_to_host(ws_.logits.data(), size_t(B * V), host_logits_.data());
-  for (int64_t b = 0; b < B; ++b) {  // lowest index on ties, NaN never wins, all-NaN -> 0
+  if (be_.argmax_rows(ws_.logits.data(), rows, V, next)) return;
+  if (host_logits_.size() < size_t(rows * V)) host_logits_.resize(size_t(max_batch() * V));
+  be_.copy_to_host(ws_.logits.data(), size_t(rows * V), host_logits_.data());
+  for (int64_t b = 0; b < rows; ++b) {  // lowest index on ties, NaN never wins, all-NaN -> 0
     const float* row = host_logits_.data() + b * V;
     int64_t best = -1;
     for (int64_t i = 0; i < V; ++i)

@@ -77,6 +77,11 @@ class Decoder {
   // s.pos + M <= s.capacity, every id in [0, vocab). `logits` (host fp32) receives [V] for Last,
   // [M, V] for All, nothing for None (may be null then).
   void forward(DecoderState& s, const int32_t* ids, int64_t M, LogitsMode mode, float* logits);
+  // forward(s, ids, M, Last, ...) for greedy decoding: returns the argmax of the last row's logits (lowest
+  // index on ties, NaN never wins; all-NaN gives 0), picked on the backend when it has Backend::argmax_rows
+  // (then only the token id comes back to the host, not the [V] logits), else on the host. Same
+  // preconditions as forward.
+  int32_t forward_argmax(DecoderState& s, const int32_t* ids, int64_t M);
 
   // Batched decode: one new token for each of B sequences in ONE forward. Row b is ids[b] (host int32)
   // consumed by *states[b] at position states[b]->pos, which then advances by 1. Embedding, norms, sites,
@@ -126,6 +131,11 @@ class Decoder {
   void run(const int32_t* ids, const Rows& rows, LogitsMode mode, float* logits);
   // step_batch's checks (nothing touched on error), then the rows of the batch (fills batch_pos_).
   Rows begin_batch(DecoderState* const* states, const int32_t* ids, int64_t B, const void* out);
+  // forward's checks (nothing touched on error), then the rows of the chunk.
+  Rows begin_chunk(DecoderState& s, const int32_t* ids, int64_t M) const;
+  // next (host int32 [rows]) = the argmax of each of the first `rows` rows of ws_.logits, on the backend
+  // when it can (Backend::argmax_rows), else from a host copy.
+  void argmax_of_logits(int64_t rows, int32_t* next);
   void attention_block(const LayerWeights& L, size_t l, const Rows& rows);
   void gdn_block(const LayerWeights& L, size_t l, const Rows& rows);
   void ffn_block(const LayerWeights& L, int64_t M);
@@ -157,7 +167,7 @@ class Decoder {
   // Batched decode: host tables refilled per step (positions) and per layer (state pointers).
   std::vector<int64_t> batch_pos_;                  // [max_batch] position of each row
   std::vector<float*> batch_ptr_a_, batch_ptr_b_;   // [max_batch] k caches / conv states, v caches / recurrent
-  std::vector<float> host_logits_;  // [max_batch, V] step_batch_argmax on a backend without argmax_rows; first use
+  std::vector<float> host_logits_;  // [max_batch, V] argmax_of_logits on a backend without argmax_rows; first use
 };
 
 }  // namespace bonsai

@@ -190,6 +190,34 @@ TEST(CudaModel, WalkAndChunkAgree) {
 }
 
 
+// Greedy decode at batch 1 takes its token from the device argmax (Decoder::forward_argmax ->
+// CudaBackend::argmax_rows: 4 bytes to the host instead of the [V] logits): the same tokens as the host's
+// argmax of forward's logits, over a 40-token prompt chunk and 8 single steps.
+TEST(CudaModel, ForwardArgmaxEqualsTheArgmaxOfTheLogits) {
+  BONSAI_REQUIRE_GPU();
+  const std::string path = tiny_pack_path();
+  if (path.empty() || !std::filesystem::exists(path)) GTEST_SKIP() << "no tiny pack (set BONSAI_TINY_PACK)";
+  const Model m = load_model(path);
+  const int64_t V = m.head.rows;
+  CudaBackend be;
+  Decoder dec(m, be);
+  DecoderState a = dec.new_state(64), b = dec.new_state(64);
+  std::vector<int32_t> prompt = token_ids(m.config.vocab);
+  prompt.resize(std::min<size_t>(prompt.size(), 40));
+  std::vector<float> logits(static_cast<size_t>(V));
+  auto host_argmax = [&] { return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()); };
+  dec.forward(a, prompt.data(), int64_t(prompt.size()), LogitsMode::Last, logits.data());
+  int32_t ta = host_argmax();
+  int32_t tb = dec.forward_argmax(b, prompt.data(), int64_t(prompt.size()));
+  for (int step = 0; step < 8; ++step) {
+    ASSERT_EQ(ta, tb) << "step " << step;
+    dec.forward(a, &ta, 1, LogitsMode::Last, logits.data());
+    ta = host_argmax();
+    tb = dec.forward_argmax(b, &tb, 1);
+  }
+  EXPECT_EQ(a.pos, b.pos);
+}
+
 // Batched decode on CUDA (Decoder::step_batch: the *_rows overrides, tables inline in the launch
 // arguments, one graph per batch shape): 5 sequences with different histories (prompts of 3, 17, 40, 1
 // and 70 tokens: the last crosses an attention split boundary) stepped together for 6 tokens equal each

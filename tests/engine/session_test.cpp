@@ -8,6 +8,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/generate.h"
+#include "engine/sampler.h"
 #include "engine/session.h"
 #include "cpu_bounds.h"
 #include "engine_test_util.h"
@@ -91,6 +92,45 @@ TEST(Session, AppendingASecondTurnEqualsPrefillingTheConcatenation) {
   EXPECT_LE(s.max_delta, cpu_max_delta());
   EXPECT_LE(s.mean_kl(), 1e-7);
   EXPECT_EQ(s.agree, s.counted);
+}
+
+TEST(Session, AppendArgmaxIsTheArgmaxOfAppendsLogits) {
+  // The greedy path (Decoder::forward_argmax; on the CPU the argmax of a host copy): a 70-token prompt
+  // (chunks 64 + 6), then single tokens. Same token as greedy_argmax(append's logits), same history and
+  // position; the bits of the forward are the same, so the argmax must match exactly.
+  CpuBackend cb;
+  Decoder dec(tiny_model("pq2"), cb);
+  const auto prompt = test_tokens(70, dec.vocab(), 31);
+  Session a(dec), b(dec);
+  int32_t ta = greedy_argmax(a.append(prompt));
+  int32_t tb = b.append_argmax(prompt);
+  for (int step = 0; step < 6; ++step) {
+    ASSERT_EQ(ta, tb) << "step " << step;
+    ASSERT_EQ(a.position(), b.position());
+    ASSERT_EQ(a.history(), b.history());
+    ta = greedy_argmax(a.append(std::span<const int32_t>(&ta, 1)));
+    tb = b.append_argmax(std::span<const int32_t>(&tb, 1));
+  }
+  EXPECT_EQ(b.position(), 76);
+  // Refused like append, before anything runs.
+  const std::vector<int32_t> bad{1, int32_t(dec.vocab())};
+  EXPECT_THAT(error_of([&] { b.append_argmax(bad); }), HasSubstr("outside the vocabulary"));
+  EXPECT_EQ(b.position(), 76);
+}
+
+TEST(Sampler, PlainArgmaxIsGreedyOrTopOneWithoutPenalty) {
+  const auto plain = [](float temperature, int32_t top_k, float penalty) {
+    SamplerOptions o;
+    o.temperature = temperature;
+    o.top_k = top_k;
+    o.repeat_penalty = penalty;
+    return Sampler(o, 16).plain_argmax();
+  };
+  EXPECT_TRUE(plain(0.0f, 0, 1.0f));
+  EXPECT_TRUE(plain(0.8f, 1, 1.0f));
+  EXPECT_FALSE(plain(0.8f, 0, 1.0f));
+  EXPECT_FALSE(plain(0.8f, 2, 1.0f));
+  EXPECT_FALSE(plain(0.0f, 0, 1.1f));  // the penalty needs the logits
 }
 
 TEST(Session, ResetStartsOver) {
