@@ -195,6 +195,17 @@ class Backend {
     (void)x, (void)rows, (void)n, (void)host_out;
     return false;
   }
+  // Sampling without the logits round trip (engine Sampler::top_k_wanted): for the row x fp32 [n], first
+  // the repetition penalty on the `penalized` tokens (n_penalized distinct ids in [0, n); value > 0 ->
+  // value / penalty, else value * penalty; in place), then the k (>= 1) largest values, NaN dropped,
+  // ordered by value descending, then index ascending, into host ids int32 [k] and values fp32 [k] (the
+  // first min(k, count) written). Returns count, the row's non-NaN values; -1 when the backend has no such
+  // op or the request is past its limits (k, n_penalized), and then x is left as it was.
+  virtual int64_t top_k(float* x, int64_t n, int32_t k, float penalty, const int32_t* penalized,
+                        int64_t n_penalized, int32_t* ids, float* values) {
+    (void)x, (void)n, (void)k, (void)penalty, (void)penalized, (void)n_penalized, (void)ids, (void)values;
+    return -1;
+  }
 };
 
 // fp32 storage owned by a backend (host memory for ref / cpu, device memory for a GPU backend).

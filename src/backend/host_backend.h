@@ -3,8 +3,10 @@
 // the subclass.
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <new>
+#include <vector>
 
 #include "backend/backend.h"
 
@@ -35,6 +37,30 @@ class HostBackend : public Backend {
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t i = 0; i < K; ++i) out[r * K + i] = x[r * K + perm[i]];
   }
+  // The host form of the top-k pick (the reference the CUDA kernel is tested against): the sampler's own
+  // order (partial sort, value descending then index ascending), no copy of the row.
+  int64_t top_k(float* x, int64_t n, int32_t k, float penalty, const int32_t* penalized, int64_t n_penalized,
+                int32_t* ids, float* values) override {
+    if (k < 1) return -1;
+    for (int64_t i = 0; i < n_penalized; ++i) {
+      float& v = x[penalized[i]];
+      v = v > 0.0f ? v / penalty : v * penalty;
+    }
+    order_.clear();
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isnan(x[i])) order_.push_back(int32_t(i));
+    const int64_t count = int64_t(order_.size()), m = std::min<int64_t>(k, count);
+    std::partial_sort(order_.begin(), order_.begin() + m, order_.end(),
+                      [x](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); });
+    for (int64_t i = 0; i < m; ++i) {
+      ids[i] = order_[size_t(i)];
+      values[i] = x[order_[size_t(i)]];
+    }
+    return count;
+  }
+
+ private:
+  std::vector<int32_t> order_;  // [n] top_k's candidate ids
 };
 
 }  // namespace bonsai

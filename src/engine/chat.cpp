@@ -281,18 +281,10 @@ TurnResult Chat::turn(std::string_view user, const TurnCallbacks& cb) {
   }
   dirty_ = true;  // until the whole turn prompt is in
   const auto t0 = std::chrono::steady_clock::now();
-  // The next token after what was fed: from the logits through the sampler, or, for a plain-argmax sampler,
-  // the decoder's argmax (on a GPU only the token id comes back).
-  const bool argmax = sampler_.plain_argmax();
-  std::span<const float> logits;
-  int32_t argmax_next = 0;
-  auto append = [&](std::span<const int32_t> ids) {
-    if (argmax) argmax_next = session_.append_argmax(ids);
-    else logits = session_.append(ids);
-  };
+  // The logits after what was fed stay on the backend; Session::next_token picks there when it can.
   for (size_t off = 0; off < feed.size();) {
     const size_t m = std::min(kPrefillBlock, feed.size() - off);
-    append(std::span<const int32_t>(feed.data() + off, m));
+    session_.append_kept(std::span<const int32_t>(feed.data() + off, m));
     pending_.clear();
     off += m;
     if (off < feed.size() && cb.interrupted && cb.interrupted()) {
@@ -343,7 +335,7 @@ TurnResult Chat::turn(std::string_view user, const TurnCallbacks& cb) {
       res.stop = StopReason::ContextFull;
       break;
     }
-    const int32_t t = argmax ? argmax_next : sampler_.sample(logits, session_.history());
+    const int32_t t = session_.next_token(sampler_, session_.history());
     res.tokens.push_back(t);
     if (is_stop(t)) {
       res.stop = StopReason::StopToken;
@@ -365,7 +357,7 @@ TurnResult Chat::turn(std::string_view user, const TurnCallbacks& cb) {
       res.stop = StopReason::Interrupted;
       break;
     }
-    append(std::span<const int32_t>(&t, 1));
+    session_.append_kept(std::span<const int32_t>(&t, 1));
     pending_.clear();
     ++res.stats.decode_steps;
   }

@@ -28,10 +28,10 @@ GenerateResult generate(Session& session, std::span<const int32_t> prompt, const
   seen.reserve(prompt.size() + size_t(opt.max_new_tokens));
   auto is_stop = [&](int32_t t) { return std::find(opt.stop_ids.begin(), opt.stop_ids.end(), t) != opt.stop_ids.end(); };
 
-  // A plain-argmax sampler takes the argmax from the decoder (on a GPU only the token id comes back).
-  const bool argmax = sampler.plain_argmax();
+  // The logits stay on the backend; Session::next_token picks there when it can (argmax, top-k).
   auto next_after = [&](std::span<const int32_t> ids) {
-    return argmax ? session.append_argmax(ids) : sampler.sample(session.append(ids), seen);
+    session.append_kept(ids);
+    return session.next_token(sampler, seen);
   };
 
   auto t0 = std::chrono::steady_clock::now();

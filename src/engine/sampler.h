@@ -41,12 +41,30 @@ class Sampler {
   // logits fp32 [vocab]; history: the tokens so far (prompt and generated), for the penalty.
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history = {});
 
+  // The top-k route (a backend picks the candidates, Backend::top_k, and only they cross to the host):
+  // how many candidates sample() looks at when that is fewer than the whole row: 1 for greedy / top-k 1
+  // (with a penalty; without one plain_argmax() is cheaper), top_k when >= 2, else 0 (top-k off: sample()
+  // needs every logit).
+  int32_t top_k_wanted() const;
+  // The distinct tokens of history's penalty window in [0, vocab), first seen first; empty when the penalty
+  // is off. For Backend::top_k, which applies the penalty itself.
+  void penalized_tokens(std::span<const int32_t> history, std::vector<int32_t>& out);
+  // sample() over the row's top_k_wanted() best candidates as it orders them (value descending, then index
+  // ascending, NaN dropped, the penalty applied): ids, values [top_k_wanted()], from a row with MORE non-NaN
+  // values than that (or at least one, for greedy). Returns the same token as sample() on the whole row
+  // and takes the same draws from the random stream.
+  int32_t sample_top_k(std::span<const int32_t> ids, std::span<const float> values);
+
   // Restarts the random stream from `seed`.
   void reseed(uint64_t seed);
 
  private:
   uint64_t next_u64();
   double next_unit();  // uniform in [0, 1)
+  // sample()'s tail over cand_[0 .. keep), ordered (in full when top-p is on): softmax with temperature,
+  // top-p, min-p, the draw. value_of(i) = the (penalised) logit of cand_[i].
+  template <class ValueOf>
+  int32_t draw(int64_t keep, ValueOf value_of);
 
   SamplerOptions opt_;
   int64_t vocab_;
@@ -54,6 +72,7 @@ class Sampler {
   std::vector<int32_t> cand_;     // [vocab] candidate ids, best first
   std::vector<double> prob_;      // [vocab] candidate probabilities
   std::vector<uint32_t> stamp_;   // [vocab] marks tokens already penalised in this call
+  std::vector<int32_t> penalized_;  // sample()'s penalised tokens (penalized_tokens)
   uint32_t stamp_gen_ = 0;
   uint64_t rng_[4] = {};
 };

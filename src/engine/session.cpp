@@ -70,14 +70,14 @@ void Session::check_append(std::span<const int32_t> tokens, const char* what, in
          what, n, position(), extra, position() + n + extra, capacity(), ctx);
 }
 
-void Session::feed(std::span<const int32_t> tokens, bool argmax_last, int32_t* next) {
+void Session::feed(std::span<const int32_t> tokens, bool keep) {
   check_append(tokens);
   const int64_t n = int64_t(tokens.size());
   for (int64_t off = 0; off < n;) {  // the planner, step by step (no allocation on the decode path)
     const int64_t m = next_prefill_step(n - off, opt_.chunks);
     const int32_t* ids = tokens.data() + off;
     if (off + m < n) dec_->forward(state_, ids, m, LogitsMode::None, nullptr);
-    else if (argmax_last) *next = dec_->forward_argmax(state_, ids, m);
+    else if (keep) dec_->forward_kept(state_, ids, m);
     else dec_->forward(state_, ids, m, LogitsMode::Last, logits_.data());
     history_.insert(history_.end(), tokens.begin() + off, tokens.begin() + off + m);
     off += m;
@@ -85,14 +85,27 @@ void Session::feed(std::span<const int32_t> tokens, bool argmax_last, int32_t* n
 }
 
 std::span<const float> Session::append(std::span<const int32_t> tokens) {
-  feed(tokens, false, nullptr);
+  feed(tokens, false);
   return logits_;
 }
 
-int32_t Session::append_argmax(std::span<const int32_t> tokens) {
-  int32_t next = 0;
-  feed(tokens, true, &next);
-  return next;
+void Session::append_kept(std::span<const int32_t> tokens) { feed(tokens, true); }
+
+int32_t Session::next_token(Sampler& sampler, std::span<const int32_t> history) {
+  if (sampler.plain_argmax()) return dec_->kept_argmax();
+  bool penalised = false;  // the backend applied the penalty to the kept logits
+  if (const int32_t k = sampler.top_k_wanted(); k > 0) {
+    sampler.penalized_tokens(history, penalized_);
+    top_ids_.resize(size_t(k));
+    top_values_.resize(size_t(k));
+    const int64_t count = dec_->kept_top_k(k, sampler.options().repeat_penalty, penalized_, top_ids_.data(),
+                                           top_values_.data());
+    // sample() orders only its top k, and only when the row has more than k candidates (else its own order)
+    if (count > k || (k == 1 && count >= 1)) return sampler.sample_top_k(top_ids_, top_values_);
+    penalised = count >= 0;
+  }
+  dec_->kept_logits(logits_.data());
+  return sampler.sample(logits_, penalised ? std::span<const int32_t>() : history);
 }
 
 void Session::append_all(std::span<const int32_t> tokens, float* logits) {

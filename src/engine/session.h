@@ -15,6 +15,7 @@
 #include <span>
 #include <vector>
 
+#include "engine/sampler.h"
 #include "model/forward.h"
 
 namespace bonsai {
@@ -63,9 +64,14 @@ class Session {
   // Appends tokens after the history (prefill planner) and returns the logits after the last of them,
   // fp32 [V], valid until the next call. Checks first (check_append); nothing runs on error.
   std::span<const float> append(std::span<const int32_t> tokens);
-  // append() for greedy decoding: the argmax of the logits after the last token (Decoder::forward_argmax:
-  // on a backend with a device argmax only the token id crosses to the host). Same checks as append.
-  int32_t append_argmax(std::span<const int32_t> tokens);
+  // append() that keeps the logits after the last token on the backend (Decoder::forward_kept) for
+  // next_token, instead of copying them to the host. Same checks as append.
+  void append_kept(std::span<const int32_t> tokens);
+  // The next token from the kept logits, exactly the one sampler.sample(logits, history) picks and with
+  // the same draws from its random stream, by the cheapest route the backend has: its argmax for a
+  // plain-argmax sampler (one id crosses to the host), its top-k candidates (Backend::top_k, for
+  // Sampler::top_k_wanted() of them), else the logits copied to the host. Once per append_kept.
+  int32_t next_token(Sampler& sampler, std::span<const int32_t> history);
   // Teacher-forced: appends tokens and writes the logits after every one of them, host fp32 [n, V]
   // (row t = after consuming tokens[0..t]).
   void append_all(std::span<const int32_t> tokens, float* logits);
@@ -74,14 +80,17 @@ class Session {
 
  private:
   friend class BatchGenerator;  // steps several sessions in one forward (engine/batch.h)
-  // The prefill planner's steps over tokens (checked); the last step's head: its logits into logits_, or
-  // (argmax_last) its argmax into *next.
-  void feed(std::span<const int32_t> tokens, bool argmax_last, int32_t* next);
+  // The prefill planner's steps over tokens (checked); the last step's logits into logits_, or (keep) kept
+  // on the backend.
+  void feed(std::span<const int32_t> tokens, bool keep);
   Decoder* dec_;
   SessionOptions opt_;
   DecoderState state_;
   std::vector<int32_t> history_;
   std::vector<float> logits_;  // [V]
+  // next_token's top-k route: the penalised tokens, the candidates' ids and values [top_k_wanted]
+  std::vector<int32_t> penalized_, top_ids_;
+  std::vector<float> top_values_;
 };
 
 }  // namespace bonsai

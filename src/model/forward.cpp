@@ -402,14 +402,24 @@ void Decoder::step_batch_argmax(DecoderState* const* states, const int32_t* ids,
   argmax_of_logits(B, next);
 }
 
-int32_t Decoder::forward_argmax(DecoderState& s, const int32_t* ids, int64_t M) {
+void Decoder::forward_kept(DecoderState& s, const int32_t* ids, int64_t M) {
   const Rows rows = begin_chunk(s, ids, M);
   run(ids, rows, LogitsMode::Last, nullptr);  // the last row's logits [V] stay in ws_.logits
   s.pos += M;
+}
+
+int32_t Decoder::kept_argmax() {
   int32_t next = 0;
   argmax_of_logits(1, &next);
   return next;
 }
+
+int64_t Decoder::kept_top_k(int32_t k, float penalty, std::span<const int32_t> penalized, int32_t* ids,
+                            float* values) {
+  return be_.top_k(ws_.logits.data(), vocab(), k, penalty, penalized.data(), int64_t(penalized.size()), ids, values);
+}
+
+void Decoder::kept_logits(float* host) { be_.copy_to_host(ws_.logits.data(), size_t(vocab()), host); }
 
 void Decoder::argmax_of_logits(int64_t rows, int32_t* next) {
   const int64_t V = vocab();

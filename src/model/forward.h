@@ -24,6 +24,7 @@
 // only the mixers' per-sequence work (RoPE position, KV cache, conv and recurrent state) differs by row.
 #pragma once
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "backend/backend.h"
@@ -77,11 +78,17 @@ class Decoder {
   // s.pos + M <= s.capacity, every id in [0, vocab). `logits` (host fp32) receives [V] for Last,
   // [M, V] for All, nothing for None (may be null then).
   void forward(DecoderState& s, const int32_t* ids, int64_t M, LogitsMode mode, float* logits);
-  // forward(s, ids, M, Last, ...) for greedy decoding: returns the argmax of the last row's logits (lowest
-  // index on ties, NaN never wins; all-NaN gives 0), picked on the backend when it has Backend::argmax_rows
-  // (then only the token id comes back to the host, not the [V] logits), else on the host. Same
-  // preconditions as forward.
-  int32_t forward_argmax(DecoderState& s, const int32_t* ids, int64_t M);
+  // forward(s, ids, M, Last, ...) with the last row's logits [V] kept on the backend, not copied to the
+  // host, for ONE of the picks below (valid until the next forward). Same preconditions as forward.
+  void forward_kept(DecoderState& s, const int32_t* ids, int64_t M);
+  // The kept logits' argmax (lowest index on ties, NaN never wins; all-NaN gives 0), picked on the backend
+  // when it has Backend::argmax_rows (then only the token id comes back), else from a host copy.
+  int32_t kept_argmax();
+  // Backend::top_k on the kept logits (its penalty changes them in place): the count of non-NaN logits,
+  // -1 when the backend cannot (nothing changed then).
+  int64_t kept_top_k(int32_t k, float penalty, std::span<const int32_t> penalized, int32_t* ids, float* values);
+  // The kept logits [V] to the host.
+  void kept_logits(float* host);
 
   // Batched decode: one new token for each of B sequences in ONE forward. Row b is ids[b] (host int32)
   // consumed by *states[b] at position states[b]->pos, which then advances by 1. Embedding, norms, sites,

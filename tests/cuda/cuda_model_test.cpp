@@ -29,6 +29,8 @@
 #include "backend/ref/ref_backend.h"
 #include "cuda_test_util.h"
 #include "engine/gate.h"
+#include "engine/session.h"
+#include "engine/sampler.h"
 #include "model/forward.h"
 #include "model/pack.h"
 
@@ -190,32 +192,45 @@ TEST(CudaModel, WalkAndChunkAgree) {
 }
 
 
-// Greedy decode at batch 1 takes its token from the device argmax (Decoder::forward_argmax ->
-// CudaBackend::argmax_rows: 4 bytes to the host instead of the [V] logits): the same tokens as the host's
-// argmax of forward's logits, over a 40-token prompt chunk and 8 single steps.
-TEST(CudaModel, ForwardArgmaxEqualsTheArgmaxOfTheLogits) {
+// Decode at batch 1 picks its token on the device (Session::append_kept + next_token): the argmax for
+// greedy (CudaBackend::argmax_rows: 4 bytes to the host), the top-k candidates for top-k sampling with or
+// without top-p / min-p / a penalty (CudaBackend::top_k), the host copy for top-k off. Same tokens, same
+// seeds, as Sampler::sample over the logits copied to the host: a 40-token prompt, then 10 tokens.
+TEST(CudaModel, NextTokenOnTheDeviceEqualsSamplingTheLogits) {
   BONSAI_REQUIRE_GPU();
   const std::string path = tiny_pack_path();
   if (path.empty() || !std::filesystem::exists(path)) GTEST_SKIP() << "no tiny pack (set BONSAI_TINY_PACK)";
   const Model m = load_model(path);
-  const int64_t V = m.head.rows;
   CudaBackend be;
   Decoder dec(m, be);
-  DecoderState a = dec.new_state(64), b = dec.new_state(64);
   std::vector<int32_t> prompt = token_ids(m.config.vocab);
   prompt.resize(std::min<size_t>(prompt.size(), 40));
-  std::vector<float> logits(static_cast<size_t>(V));
-  auto host_argmax = [&] { return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()); };
-  dec.forward(a, prompt.data(), int64_t(prompt.size()), LogitsMode::Last, logits.data());
-  int32_t ta = host_argmax();
-  int32_t tb = dec.forward_argmax(b, prompt.data(), int64_t(prompt.size()));
-  for (int step = 0; step < 8; ++step) {
-    ASSERT_EQ(ta, tb) << "step " << step;
-    dec.forward(a, &ta, 1, LogitsMode::Last, logits.data());
-    ta = host_argmax();
-    tb = dec.forward_argmax(b, &tb, 1);
+  auto opts = [](float temp, int32_t top_k, float top_p, float min_p, float penalty) {
+    SamplerOptions o;
+    o.temperature = temp;
+    o.top_k = top_k;
+    o.top_p = top_p;
+    o.min_p = min_p;
+    o.repeat_penalty = penalty;
+    o.seed = 5;
+    return o;
+  };
+  for (const SamplerOptions& o : {opts(0, 0, 1, 0, 1), opts(0, 0, 1, 0, 1.3f), opts(1.2f, 40, 0.9f, 0, 1.2f),
+                                  opts(1.0f, 20, 1, 0.05f, 1), opts(1.5f, 0, 0.9f, 0, 1)}) {
+    Sampler sa(o, dec.vocab()), sb(o, dec.vocab());
+    Session a(dec), b(dec);
+    const std::span<const float> l0 = a.append(prompt);
+    int32_t ta = sa.sample(l0, a.history());
+    b.append_kept(prompt);
+    int32_t tb = b.next_token(sb, b.history());
+    for (int step = 0; step < 10; ++step) {
+      ASSERT_EQ(ta, tb) << "temperature " << o.temperature << " top_k " << o.top_k << " step " << step;
+      const std::span<const float> la = a.append(std::span<const int32_t>(&ta, 1));
+      ta = sa.sample(la, a.history());
+      b.append_kept(std::span<const int32_t>(&tb, 1));
+      tb = b.next_token(sb, b.history());
+    }
   }
-  EXPECT_EQ(a.pos, b.pos);
 }
 
 // Batched decode on CUDA (Decoder::step_batch: the *_rows overrides, tables inline in the launch

@@ -7,6 +7,7 @@
 #include <random>
 #include <set>
 
+#include "backend/cpu/cpu_backend.h"
 #include "engine/sampler.h"
 #include "util/error.h"
 
@@ -146,4 +147,56 @@ TEST(Sampler, RejectsBadOptions) {
   EXPECT_THROW(Sampler(o, 10), Error);
   Sampler s({}, 10);
   EXPECT_THROW(s.sample(std::vector<float>(9, 0.0f)), Error);
+}
+
+// The top-k route (Session::next_token): a backend's top-k candidates (HostBackend::top_k, the reference
+// for the CUDA kernel) given to sample_top_k pick the same tokens as sample() on the whole row, draw for
+// draw, on rows with ties (values on a 1/8 grid) and NaNs, with the penalty over a history window.
+TEST(Sampler, TopKCandidatesPickWhatTheWholeRowPicks) {
+  constexpr int64_t V = 600;
+  CpuBackend be;
+  std::mt19937 rng(3);
+  std::vector<int32_t> history(40);
+  for (auto& t : history) t = int32_t(rng() % 120);  // repeats: the window's distinct tokens matter
+  auto opts = [](float temp, int32_t top_k, float top_p, float min_p, float penalty) {
+    SamplerOptions o;
+    o.temperature = temp;
+    o.top_k = top_k;
+    o.top_p = top_p;
+    o.min_p = min_p;
+    o.repeat_penalty = penalty;
+    o.repeat_last_n = 24;
+    o.seed = 7;
+    return o;
+  };
+  for (const SamplerOptions& o : {opts(0, 0, 1, 0, 1.5f), opts(0.7f, 1, 1, 0, 1.3f), opts(1, 2, 1, 0, 1),
+                                  opts(1.3f, 20, 0.8f, 0, 1.1f), opts(0.9f, 64, 1, 0.02f, 1.4f), opts(2, 590, 0.97f, 0, 1)}) {
+    Sampler whole(o, V), top(o, V);
+    const int32_t k = top.top_k_wanted();
+    ASSERT_GE(k, 1);
+    std::vector<int32_t> ids(static_cast<size_t>(k)), pen;
+    std::vector<float> vals(static_cast<size_t>(k));
+    int draws = 0;
+    for (int row = 0; row < 200; ++row) {
+      std::vector<float> logits(V);
+      for (auto& v : logits) v = float(int(rng() % 64) - 40) / 8.0f;  // many exact ties
+      for (int j = 0; j < 3; ++j) logits[rng() % V] = NAN;
+      std::vector<float> x = logits;
+      top.penalized_tokens(history, pen);
+      const int64_t count = be.top_k(x.data(), V, k, o.repeat_penalty, pen.data(), int64_t(pen.size()), ids.data(), vals.data());
+      ASSERT_GT(count, k - 1) << "row " << row;
+      if (k >= 2) {
+        ASSERT_GT(count, k);
+      }
+      for (int32_t i = 1; i < k; ++i)  // value descending, then index ascending
+        ASSERT_TRUE(vals[size_t(i - 1)] > vals[size_t(i)] || (vals[size_t(i - 1)] == vals[size_t(i)] && ids[size_t(i - 1)] < ids[size_t(i)]));
+      ASSERT_EQ(whole.sample(logits, history), top.sample_top_k(ids, vals)) << "top_k " << o.top_k << " row " << row;
+      ++draws;
+    }
+    EXPECT_EQ(draws, 200);
+  }
+  // The wrong number of candidates is an error, not a silent pick.
+  Sampler s(opts(1, 8, 1, 0, 1), V);
+  EXPECT_THROW(s.sample_top_k(std::vector<int32_t>(3), std::vector<float>(3)), Error);
+  EXPECT_EQ(Sampler(opts(1, 0, 1, 0, 1), V).top_k_wanted(), 0);  // top-k off: the whole row is needed
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <set>
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/generate.h"
@@ -94,28 +95,53 @@ TEST(Session, AppendingASecondTurnEqualsPrefillingTheConcatenation) {
   EXPECT_EQ(s.agree, s.counted);
 }
 
-TEST(Session, AppendArgmaxIsTheArgmaxOfAppendsLogits) {
-  // The greedy path (Decoder::forward_argmax; on the CPU the argmax of a host copy): a 70-token prompt
-  // (chunks 64 + 6), then single tokens. Same token as greedy_argmax(append's logits), same history and
-  // position; the bits of the forward are the same, so the argmax must match exactly.
+TEST(Session, NextTokenFromKeptLogitsEqualsSamplingTheLogits) {
+  // Session::append_kept + next_token against append + Sampler::sample, same seeds: a 70-token prompt
+  // (chunks 64 + 6), then 12 single tokens, for greedy (the decoder's argmax), greedy with a penalty and
+  // top-k sampling with and without top-p / min-p / penalty (the backend's top-k: HostBackend::top_k on
+  // the CPU), and top-k off (the host copy). Same tokens, positions and histories.
   CpuBackend cb;
   Decoder dec(tiny_model("pq2"), cb);
   const auto prompt = test_tokens(70, dec.vocab(), 31);
-  Session a(dec), b(dec);
-  int32_t ta = greedy_argmax(a.append(prompt));
-  int32_t tb = b.append_argmax(prompt);
-  for (int step = 0; step < 6; ++step) {
-    ASSERT_EQ(ta, tb) << "step " << step;
-    ASSERT_EQ(a.position(), b.position());
-    ASSERT_EQ(a.history(), b.history());
-    ta = greedy_argmax(a.append(std::span<const int32_t>(&ta, 1)));
-    tb = b.append_argmax(std::span<const int32_t>(&tb, 1));
+  auto opts = [](float temp, int32_t top_k, float top_p, float min_p, float penalty) {
+    SamplerOptions o;
+    o.temperature = temp;
+    o.top_k = top_k;
+    o.top_p = top_p;
+    o.min_p = min_p;
+    o.repeat_penalty = penalty;
+    o.repeat_last_n = 16;
+    o.seed = 99;
+    return o;
+  };
+  const std::vector<SamplerOptions> cases{opts(0, 0, 1, 0, 1),       opts(0, 0, 1, 0, 1.3f),   opts(1.5f, 1, 1, 0, 1.2f),
+                                          opts(1.5f, 40, 1, 0, 1),    opts(2.0f, 40, 0.9f, 0, 1.3f),
+                                          opts(1.0f, 7, 1, 0.05f, 1), opts(1.5f, 0, 0.95f, 0, 1.2f)};
+  for (size_t c = 0; c < cases.size(); ++c) {
+    Sampler sa(cases[c], dec.vocab()), sb(cases[c], dec.vocab());
+    Session a(dec), b(dec);
+    const std::span<const float> l0 = a.append(prompt);
+    int32_t ta = sa.sample(l0, a.history());
+    b.append_kept(prompt);
+    int32_t tb = b.next_token(sb, b.history());
+    std::set<int32_t> distinct;
+    for (int step = 0; step < 12; ++step) {
+      ASSERT_EQ(ta, tb) << "case " << c << " step " << step;
+      ASSERT_EQ(a.position(), b.position());
+      ASSERT_EQ(a.history(), b.history());
+      distinct.insert(ta);
+      const std::span<const float> la = a.append(std::span<const int32_t>(&ta, 1));  // before a.history()
+      ta = sa.sample(la, a.history());
+      b.append_kept(std::span<const int32_t>(&tb, 1));
+      tb = b.next_token(sb, b.history());
+    }
+    if (cases[c].temperature > 0 && cases[c].top_k != 1) EXPECT_GT(distinct.size(), 1u) << "case " << c;
   }
-  EXPECT_EQ(b.position(), 76);
   // Refused like append, before anything runs.
+  Session b(dec);
   const std::vector<int32_t> bad{1, int32_t(dec.vocab())};
-  EXPECT_THAT(error_of([&] { b.append_argmax(bad); }), HasSubstr("outside the vocabulary"));
-  EXPECT_EQ(b.position(), 76);
+  EXPECT_THAT(error_of([&] { b.append_kept(bad); }), HasSubstr("outside the vocabulary"));
+  EXPECT_EQ(b.position(), 0);
 }
 
 TEST(Sampler, PlainArgmaxIsGreedyOrTopOneWithoutPenalty) {

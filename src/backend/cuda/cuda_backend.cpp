@@ -151,7 +151,7 @@ struct CudaBackend::Impl {
   std::vector<void*> retired;      // scratch replaced while work may still read it: freed at a sync
   Stats st;
 
-  Scratch xq, xds, attn_o, attn_ml, attn_cnt, ids, am_v, am_i, am_cnt, am_res, amr_out, gemm_part;
+  Scratch xq, xds, attn_o, attn_ml, attn_cnt, ids, am_v, am_i, am_cnt, am_res, amr_out, topk_out, gemm_part;
   std::vector<cuda::Launch> launches;  // scratch list for one linear's launches (no allocation once warm)
   void* pinned = nullptr;
   size_t pinned_bytes = 0;
@@ -677,7 +677,7 @@ CudaBackend::~CudaBackend() {
   }
   for (void* q : p_->owned) cudaFree(q);
   for (Impl::Scratch* s : {&p_->xq, &p_->xds, &p_->attn_o, &p_->attn_ml, &p_->attn_cnt, &p_->ids, &p_->am_v, &p_->am_i,
-                           &p_->am_cnt, &p_->am_res, &p_->amr_out, &p_->gemm_part})
+                           &p_->am_cnt, &p_->am_res, &p_->amr_out, &p_->topk_out, &p_->gemm_part})
     if (s->p) cudaFree(s->p);
   if (p_->pinned) cudaFreeHost(p_->pinned);
   for (cudaEvent_t e : p_->ev_pool) cudaEventDestroy(e);
@@ -1263,6 +1263,25 @@ bool CudaBackend::argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* 
   CUDA_CHECK(cudaStreamSynchronize(I.stream));
   std::memcpy(host_out, pin, size_t(rows) * 4);
   return true;
+}
+
+int64_t CudaBackend::top_k(float* x, int64_t n, int32_t k, float penalty, const int32_t* penalized,
+                           int64_t n_penalized, int32_t* ids, float* values) {
+  if (k < 1 || k > cuda::kMaxTopK || n_penalized > cuda::kMaxTopKPenalized || n < 1 || n > INT32_MAX) return -1;
+  Impl& I = *p_;
+  ++I.seq;
+  I.flush_pending();
+  const size_t bytes = size_t(1 + 2 * k) * 4;  // count | ids [k] | values [k]
+  auto* out = static_cast<int32_t*>(I.ensure(I.topk_out, bytes, "top-k"));
+  I.emit(cuda::top_k_launch(x, n, k, penalty, penalized, int32_t(n_penalized), out));  // into the step's graph
+  I.drain();
+  auto* pin = static_cast<int32_t*>(I.pinned_buf(bytes));
+  CUDA_CHECK(cudaMemcpyAsync(pin, out, bytes, cudaMemcpyDeviceToHost, I.stream));
+  CUDA_CHECK(cudaStreamSynchronize(I.stream));
+  const int64_t count = pin[0], m = std::min<int64_t>(k, count);
+  std::memcpy(ids, pin + 1, size_t(m) * 4);
+  std::memcpy(values, pin + 1 + k, size_t(m) * 4);
+  return count;
 }
 
 int64_t CudaBackend::argmax(const float* x, int64_t n) {

@@ -143,6 +143,10 @@ class CudaBackend final : public Backend {
   // Greedy batched decode: each row's argmax on the device (recorded into the step's graph), int32 [rows]
   // back to the host instead of the [rows, n] logits.
   bool argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* host_out) override;
+  // Sampling's top-k pick on the device (sampling.cu): k <= 1024 candidates and <= 256 penalised tokens,
+  // else -1 (the caller copies the logits); 4 + 8k bytes come back instead of the row.
+  int64_t top_k(float* x, int64_t n, int32_t k, float penalty, const int32_t* penalized, int64_t n_penalized,
+                int32_t* ids, float* values) override;
   // Ends the current step (launches a pending graph) and waits for the stream.
   void synchronize();
   // Switches graphs / pdl / fuse / tensor_cores between calls (the device cannot change).

@@ -228,6 +228,13 @@ constexpr int kArgmaxBlocks = 64;
 constexpr int kArgmaxRowThreads = 1024;
 Launch argmax_rows_launch(const float* x, int64_t rows, int64_t n, int32_t* out);
 Launch argmax_launch(const float* x, int64_t n, float* part_v, int64_t* part_i, int32_t* counter, int64_t* result);
+// Sampling's top-k pick (sampling.cu; Backend::top_k): the penalty on the n_pen listed tokens of x [n] (in
+// place), then the k largest (NaN dropped) by value descending, index ascending, into out int32 [1 + 2k] on
+// the device: the count of non-NaN values | ids [k] | values [k] (float bits). One block.
+constexpr int kMaxTopK = 1024;
+constexpr int kMaxTopKPenalized = 256;  // listed inline in the launch record
+Launch top_k_launch(float* x, int64_t n, int32_t k, float penalty, const int32_t* penalized, int32_t n_pen,
+                    int32_t* out);
 // Streaming read of buf [n16 x 16 bytes]; writes one word per block into sink [gridDim].
 Launch probe_launch(const void* buf, int64_t n16, uint32_t* sink, int blocks);
 
