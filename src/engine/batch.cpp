@@ -137,11 +137,11 @@ void BatchGenerator::admit(Request& rq) {
   seq->seen = std::move(rq.prompt);
   seq->seen.reserve(size_t(n + rq.opt.max_new_tokens));
   results_[size_t(rq.id)].tokens.reserve(size_t(rq.opt.max_new_tokens));  // no allocation while stepping
-  const std::span<const float> logits = seq->session->append(seq->seen);
+  seq->session->append_kept(seq->seen);  // the first token is picked where the logits are (next_token)
   ++stats_.admitted;
   stats_.prompt_tokens += n;
   bool finished = rq.opt.max_new_tokens == 0;
-  if (!finished) finished = emit(*seq, seq->sampler.sample(logits, seq->seen));
+  if (!finished) finished = emit(*seq, seq->session->next_token(seq->sampler, seq->seen));
   const double s = seconds_since(t0);
   stats_.prefill_seconds += s;
   results_[size_t(rq.id)].stats.prefill_seconds = s;
