@@ -196,7 +196,7 @@ TEST(CudaOps, GemmV3ConversionsAgree) {
 TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
   BONSAI_REQUIRE_GPU();
   CudaBackend& be = gpu();
-  // be: defaults (q16; M <= 2: the register-ring matvec v3, above: the GEMM); be2: q16, v3 for every M
+  // be: defaults (q16; M <= 2: the tensor-core matvec v6, above: the GEMM); be2: q16, v3 for every M
   // (no tensor cores); be3 / be4: q8, the bulk-copy matvec (M = 1, K % 1024 == 0) forced to at most 2 / 1
   // rows per warp, else v3 / GEMM; be5: q8 defaults; be6: q16 with the bulk matvec asked for (falls back
   // to v3); be7: q16, the matvec with 2 rows per step (M <= 2 only); be8 / be9: q16, GEMM v2 (wgmma)
@@ -209,6 +209,7 @@ TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
   CudaBackend be2(no_tc);
   CudaBackend::Options r2, r1, q8, v4q16, rows2;
   rows2.matvec_rows = 2;
+  rows2.matvec = 3;  // v3's 2-row step (v6 is the default matvec since round 8)
   r2.matvec = r1.matvec = 4;
   r2.matvec_bulk_rows = 2;
   r1.matvec_bulk_rows = 1;
@@ -314,7 +315,7 @@ TEST(CudaOps, DenseLinearSingleAndPaired) {
   BONSAI_REQUIRE_GPU();
   CudaBackend& be = gpu();
   const int64_t K = 640, N0 = 48, N1 = 37;
-  for (int64_t M : {1, 3}) {
+  for (int64_t M : {1, 3, 16, 37, 256}) {  // M >= 16: dense_tile_kernel (8 rows x 8 tokens; 85 rows: a partial tile)
     const auto w0 = randn(size_t(N0 * K), 1, 0.05f), w1 = randn(size_t(N1 * K), 2, 0.05f), x = randn(size_t(M * K), 3);
     std::vector<float> y0(size_t(M * N0)), y1(size_t(M * N1));
     ref::dense_matmul_f32(w0.data(), N0, K, x.data(), M, y0.data());
@@ -413,6 +414,43 @@ TEST(CudaOps, AttentionDecodeAndPrefill) {
   }
 }
 
+// Round 8b: the prefill tile kernel (attn_prefill_kernel, Options::attn = 2 / default at M >= 16; 3: 4 rows per
+// thread) and the flash-decoding kernel it replaces (attn = 1) on prefill chunks with tails: rows 2..256 (partial
+// 32-row tiles), contexts that end inside a 32-position tile, D 64 / 96 / 128 / 256, GQA 1 / 4 / 6 / 8.
+TEST(CudaOps, AttentionPrefillTiles) {
+  BONSAI_REQUIRE_GPU();
+  struct Case {
+    int64_t M, p0, Hq, Hkv, D;
+  } cases[] = {{2, 0, 24, 4, 256},   {5, 3, 12, 2, 256},  {31, 0, 24, 4, 256},  {32, 32, 24, 4, 256},
+               {33, 40, 6, 6, 64},   {70, 3, 12, 2, 256}, {33, 600, 8, 1, 96}, {40, 500, 12, 2, 128},
+               {256, 0, 24, 4, 256}, {256, 1792, 24, 4, 256}};
+  for (int mode : {2, 3, 1}) {
+    CudaBackend::Options o;
+    o.attn = mode;
+    CudaBackend be(o);
+    uint32_t seed = 40;
+    for (const Case& c : cases) {
+      const int64_t T = c.p0 + c.M;
+      const auto q = randn(size_t(c.M * c.Hq * c.D), seed++), k = randn(size_t(T * c.Hkv * c.D), seed++),
+                 v = randn(size_t(T * c.Hkv * c.D), seed++);
+      const float scale = float(1.0 / std::sqrt(double(c.D)));
+      std::vector<float> want(q.size());
+      ref::attention_prefill(q.data(), k.data(), v.data(), c.M, c.p0, c.Hq, c.Hkv, c.D, scale, want.data());
+      Buffer dq = up(be, q), dk = up(be, k), dv = up(be, v), out = poisoned(be, q.size());
+      be.attention(dq.data(), dk.data(), dv.data(), c.M, c.p0, c.Hq, c.Hkv, c.D, scale, out.data());
+      const auto got = down(be, out);
+      const std::string what = "M " + std::to_string(c.M) + " p0 " + std::to_string(c.p0) + " Hq " +
+                               std::to_string(c.Hq) + " Hkv " + std::to_string(c.Hkv) + " D " + std::to_string(c.D) +
+                               " attn " + std::to_string(mode);
+      EXPECT_LE(rel_err(got, want), 2e-5) << what;
+      // the first and the last query row alone (row 0 sees one tile, the last row the partial last tile)
+      const size_t row = size_t(c.Hq * c.D);
+      EXPECT_LE(rel_err({got.begin(), got.begin() + row}, {want.begin(), want.begin() + row}), 2e-5) << what << " row 0";
+      EXPECT_LE(rel_err({got.end() - row, got.end()}, {want.end() - row, want.end()}), 2e-5) << what << " last row";
+    }
+  }
+}
+
 TEST(CudaOps, ElementwiseAndCopies) {
   BONSAI_REQUIRE_GPU();
   CudaBackend& be = gpu();
@@ -435,15 +473,16 @@ TEST(CudaOps, ElementwiseAndCopies) {
     for (auto& w : want) w *= 0.25f;
     EXPECT_LE(rel_err(down(be, o), want), 1e-6);
   }
-  {
-    const int64_t rows = 7, cols = 33, lds = 50, ldd = 40;
+  // element copy (cols 33) and the 16-byte copy4_kernel (cols, strides multiples of 4; round 8b)
+  for (const auto& [rows, cols, lds, ldd] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{7, 33, 50, 40},
+                                             {300, 36, 52, 40}}) {
     const auto src = randn(size_t(rows * lds), 3);
     Buffer ds = up(be, src), dd = up(be, std::vector<float>(size_t(rows * ldd), -1.f));
     be.copy_rows(dd.data(), ldd, ds.data(), lds, rows, cols);
     const auto got = down(be, dd);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < ldd; ++c)
-        EXPECT_EQ(got[size_t(r * ldd + c)], c < cols ? src[size_t(r * lds + c)] : -1.f);
+        EXPECT_EQ(got[size_t(r * ldd + c)], c < cols ? src[size_t(r * lds + c)] : -1.f) << rows << " " << cols;
   }
   {
     const int64_t rows = 3, K = 257;
@@ -465,7 +504,7 @@ TEST(CudaOps, GdnConvAndGates) {
   const int64_t C = 300, Kc = 4;
   const auto taps = randn(size_t(C * Kc), 1, 0.5f);
   Buffer dt = up(be, taps);
-  for (int64_t T : {1, 2, 5}) {
+  for (int64_t T : {1, 2, 5, 8, 9, 33, 256}) {  // T > 1: conv_seq_kernel (8 token slices; T < 8 leaves some empty)
     const auto x = randn(size_t(T * C), uint32_t(T + 10)), st0 = randn(size_t((Kc - 1) * C), uint32_t(T + 20));
     auto st = st0;
     std::vector<float> want(x.size());
@@ -533,6 +572,70 @@ TEST(CudaOps, DeltaRuleAloneAndFused) {
       }
     }
   }
+}
+
+// Round 8b: the chunked (WY) delta rule (delta_chunk.cu, Options::delta = 2) against ref::gdn_recurrent, fused and
+// unfused, on chunk tails (1, 5, 63, 64, 65, 200 tokens: one partial chunk, exactly one, one plus a token, 3 + 8),
+// Dk = 64, a nonzero initial state, and the state carried over two calls (100 + 93 tokens vs 193 in one go).
+// The token-by-token kernel (delta = 1) runs the same cases. fp32 (chunked vs token order: ~1e-6 measured).
+TEST(CudaOps, DeltaRuleChunkedMatchesRecurrent) {
+  BONSAI_REQUIRE_GPU();
+  struct Case {
+    int64_t T, Nk, Nv, Dk, Dv, split;  // split > 0: two calls, split tokens then the rest
+  } cases[] = {{1, 2, 6, 128, 128, 0},  {5, 2, 6, 128, 128, 0},   {63, 2, 6, 128, 128, 0}, {64, 2, 6, 128, 128, 0},
+               {65, 2, 6, 128, 128, 0}, {200, 2, 6, 128, 128, 0}, {65, 1, 3, 64, 64, 0},   {193, 2, 6, 128, 128, 100},
+               {256, 16, 48, 128, 128, 0}};
+  for (int mode : {2, 1})
+    for (bool fuse : {true, false}) {
+      CudaBackend::Options o;
+      o.fuse = fuse;
+      o.delta = mode;
+      CudaBackend be(o);
+      uint32_t seed = 100;
+      for (const Case& c : cases) {
+        const size_t nq = size_t(c.T * c.Nk * c.Dk), nv = size_t(c.T * c.Nv * c.Dv), ns = size_t(c.Nv * c.Dk * c.Dv);
+        const auto q0 = randn(nq, seed++), k0 = randn(nq, seed++), v = randn(nv, seed++), s0 = randn(ns, seed++, 0.1f);
+        const auto a = randn(size_t(c.T * c.Nv), seed++), b = randn(size_t(c.T * c.Nv), seed++),
+                   A = uniform(size_t(c.Nv), seed++, -2.f, -0.1f), dtb = randn(size_t(c.Nv), seed++);
+        auto q = q0, k = k0, st = s0;
+        std::vector<float> g(a.size()), beta(a.size()), want(nv);
+        ref::l2norm_heads(q.data(), c.T * c.Nk, c.Dk, 1e-6f);
+        ref::l2norm_heads(k.data(), c.T * c.Nk, c.Dk, 1e-6f);
+        const float qs = float(1.0 / std::sqrt(double(c.Dk)));
+        for (auto& x : q) x *= qs;
+        ref::gdn_gates(a.data(), b.data(), A.data(), dtb.data(), c.T, c.Nv, g.data(), beta.data());
+        ref::gdn_recurrent(st.data(), q.data(), k.data(), v.data(), g.data(), beta.data(), c.T, c.Nk, c.Nv, c.Dk,
+                           c.Dv, want.data());
+
+        Buffer dq = up(be, q0), dk = up(be, k0), dv = up(be, v), ds = up(be, s0), da = up(be, a), db = up(be, b),
+               dA = up(be, A), dd = up(be, dtb), dg = poisoned(be, a.size()), dbeta = poisoned(be, a.size()),
+               out = poisoned(be, nv);
+        const int64_t parts[2][2] = {{0, c.split > 0 ? c.split : c.T}, {c.split > 0 ? c.split : c.T, c.T}};
+        for (const auto& pr : parts) {
+          const int64_t t0 = pr[0], T = pr[1] - pr[0];
+          if (T == 0) continue;
+          float *pq = dq.data() + t0 * c.Nk * c.Dk, *pk = dk.data() + t0 * c.Nk * c.Dk;
+          float *pg = dg.data() + t0 * c.Nv, *pb = dbeta.data() + t0 * c.Nv;
+          be.l2norm_heads(pq, T * c.Nk, c.Dk, 1e-6f);
+          be.l2norm_heads(pk, T * c.Nk, c.Dk, 1e-6f);
+          be.scale(pq, size_t(T * c.Nk * c.Dk), qs);
+          be.gdn_gates(da.data() + t0 * c.Nv, db.data() + t0 * c.Nv, dA.data(), dd.data(), T, c.Nv, pg, pb);
+          be.gdn_delta_rule(ds.data(), pq, pk, dv.data() + t0 * c.Nv * c.Dv, pg, pb, T, c.Nk, c.Nv, c.Dk, c.Dv,
+                            out.data() + t0 * c.Nv * c.Dv);
+        }
+        const std::string what = "T " + std::to_string(c.T) + " Dk " + std::to_string(c.Dk) + " Nv " +
+                                 std::to_string(c.Nv) + " split " + std::to_string(c.split) +
+                                 (fuse ? " fused" : " unfused") + " delta " + std::to_string(mode);
+        const auto got = down(be, out);
+        EXPECT_LE(rel_err(got, want), 5e-5) << what;
+        EXPECT_LE(rel_err(down(be, ds), st), 5e-5) << what;
+        EXPECT_LE(rel_err(down(be, dg), g), 1e-5) << what;
+        EXPECT_LE(rel_err(down(be, dbeta), beta), 1e-5) << what;
+        // Last token alone: a wrong tail chunk would show here even when the bulk is right.
+        const std::vector<float> gl(got.end() - c.Nv * c.Dv, got.end()), wl(want.end() - c.Nv * c.Dv, want.end());
+        EXPECT_LE(rel_err(gl, wl), 5e-5) << what << " (last token)";
+      }
+    }
 }
 
 TEST(CudaOps, EmbeddingGatherAndInverseTransform) {

@@ -6,7 +6,7 @@
 # PROF_SIZES for each PROF_CONFIGS entry; then `bonsai bench -p 512,2048 -n 0 -r 2` for each CONFIGS entry, in
 # the order given (repeat an entry to see the spread). A config name starting with base runs the staged
 # BASELINE binary (.devbin-pf/bonsai_r5).
-# Env: GATE_ENVS, TEST_FILTER, SKIP_TESTS, SANITIZE, PROF_SIZES, PROF_CONFIGS, CONFIGS ("name:ENV=V,ENV=V" words).
+# Env: GATE_ENVS, TEST_FILTER, SKIP_TESTS, SANITIZE, SANITIZE_FILTER, NCU, PROF_SIZES, PROF_CONFIGS, CONFIGS ("name:ENV=V,ENV=V" words).
 # $OUT: gate.txt, test_cuda.log, sanitizer.log, prof_<name>_<size>.txt, bench.txt.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -32,13 +32,25 @@ fi
 if [ "${SANITIZE:-1}" = 1 ]; then
   CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
   if [ -n "$CS" ]; then
-    timeout 150 "$CS" --tool memcheck $B/test_cuda --gtest_filter='CudaOps.DeltaRuleChunkedMatchesRecurrent' \
+    timeout 150 "$CS" --tool memcheck $B/test_cuda --gtest_filter="${SANITIZE_FILTER:-CudaOps.DeltaRuleChunkedMatchesRecurrent}" \
       > "$OUT/sanitizer.log" 2>&1
     echo "sanitizer rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitizer.log" | head -5
   else
     echo "no compute-sanitizer"
   fi
   stamp "sanitizer"
+fi
+# NCU="kernel-regex:launches-to-skip:gtest-filter ..." (one launch each, from the op tests: no 27b pack needed)
+if [ -n "${NCU:-}" ] && command -v ncu > /dev/null; then
+  for spec in $NCU; do
+    k=${spec%%:*}; rest=${spec#*:}; skip=${rest%%:*}; filt=${rest#*:}
+    timeout 90 ncu --clock-control none -k "regex:$k" --launch-skip $skip --launch-count 1 --section SpeedOfLight \
+      --section WarpStateStats --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis \
+      $B/test_cuda --gtest_filter="$filt" > "$OUT/ncu_${k}_$skip.txt" 2>&1
+    echo "== ncu $k skip $skip rc=$?"
+    grep -E "Duration|Registers Per|Issue Slots Busy|No Eligible|Eligible Warps|Active Warps Per|Warp Cycles Per Issued|Executed Ipc A|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Shared" "$OUT/ncu_${k}_$skip.txt" | head -16
+  done
+  stamp "ncu"
 fi
 wait $MP
 stamp "27b pack"

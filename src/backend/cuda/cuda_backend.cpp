@@ -78,6 +78,9 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC_ROWS"); e && *e) o.matvec_rows = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC"); e && *e) o.matvec = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC_EARLY"); e && *e) o.matvec_early = std::atoi(e);
+  o.profile = flag("BONSAI_CUDA_PROFILE", o.profile);
+  if (const char* e = std::getenv("BONSAI_CUDA_DELTA"); e && *e) o.delta = std::atoi(e);
+  if (const char* e = std::getenv("BONSAI_CUDA_ATTN"); e && *e) o.attn = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_ACT"); e && *e) {
     const std::string v = e;
     if (v == "q8") o.act_levels = 1;
@@ -152,6 +155,7 @@ struct CudaBackend::Impl {
   Stats st;
 
   Scratch xq, xds, attn_o, attn_ml, attn_cnt, ids, am_v, am_i, am_cnt, am_res, amr_out, topk_out, gemm_part;
+  Scratch delta_scratch;  // chunked delta rule: W, U, decayed Q/K, masked Q K^T per (V head, chunk)
   std::vector<cuda::Launch> launches;  // scratch list for one linear's launches (no allocation once warm)
   void* pinned = nullptr;
   size_t pinned_bytes = 0;
@@ -667,6 +671,13 @@ CudaBackend::CudaBackend(const Options& o) : p_(std::make_unique<Impl>()) {
 
 CudaBackend::~CudaBackend() {
   if (!p_) return;
+  if (p_->opt.profile && std::getenv("BONSAI_CUDA_PROFILE")) {  // the CLI's profile switch: report to stderr
+    try {
+      std::fprintf(stderr, "bonsai: CUDA kernel profile (eager launches, events around each)\n%s",
+                   profile_report().c_str());
+    } catch (...) {
+    }
+  }
   try {
     p_->sync();
   } catch (...) {
@@ -1048,6 +1059,12 @@ void CudaBackend::attention(const float* q, const float* k_cache, const float* v
   d.D = D;
   d.splits = S;
   d.scale = scale;
+  // Round 8b: 32 x 32 tiles for a prefill chunk (BONSAI_CUDA_ATTN=1 keeps the flash-decoding kernel); 4 rows per
+  // thread by default (pp2048 3,828 vs 3,796 tok/s for 2, same run; docs/cuda-kernels.md round 8b).
+  if (M > 1 && (I.opt.attn >= 2 || (I.opt.attn == 0 && M >= 16))) {
+    I.emit(cuda::attention_prefill_launch(d, I.opt.attn == 2 ? 1 : 2));
+    return;
+  }
   I.emit_attention(d);
 }
 
@@ -1157,6 +1174,17 @@ void CudaBackend::Impl::emit_delta(float* state, const cuda::RowTable* rows, con
     }
   }
   flush_pending();
+  // Chunked WY form for a prefill chunk (one sequence, T > 1); round 8b: BONSAI_CUDA_DELTA=1 keeps the token loop.
+  const bool chunked = !rows && Dk <= 128 && Dv <= 128 && (opt.delta == 2 || (opt.delta == 0 && T >= 16));
+  if (chunked) {
+    auto* scratch = static_cast<float*>(
+        ensure(delta_scratch, cuda::delta_chunk_scratch_floats(T, Nv, Dk, Dv) * 4, "delta rule chunk scratch"));
+    cuda::Launch l[2];
+    cuda::delta_chunk_launches(d, scratch, l);
+    emit(l[0]);
+    emit(l[1]);
+    return;
+  }
   emit(cuda::delta_launch(d));
 }
 
@@ -1330,8 +1358,8 @@ std::string CudaBackend::profile_report() {
     // "_ZN6bonsai4cuda<anon ns>11site_kernelENS1_8SiteArgsE": keep the function's own name
     std::string n = name;
     for (const char* k : {"site_kernel", "matvec_kernel", "gemm3_kernel", "gemm2_kernel", "gemm_kernel", "norm_kernel", "head_norm_kernel", "rope_kernel",
-                          "ew_kernel", "copy_kernel", "embed_kernel", "dense_kernel", "conv_kernel", "gates_kernel",
-                          "argmax_kernel", "attention_kernel", "delta_kernel"})
+                          "ew_kernel", "copy4_kernel", "copy_kernel", "embed_kernel", "dense_tile_kernel", "dense_kernel", "conv_seq_kernel", "conv_kernel", "gates_kernel",
+                          "argmax_kernel", "splitk_sum_kernel", "probe_kernel", "kv_rows_kernel", "attn_prefill_kernel", "attention_kernel", "delta_prep_kernel", "delta_scan_kernel", "delta_kernel"})
       if (n.find(k) != std::string::npos) {
         const size_t at = n.find(k);
         n = n.substr(at, n.find('E', at) - at);

@@ -21,9 +21,10 @@
 //   becomes one graph, cached by its shape; later steps patch only the nodes whose arguments changed
 //   (positions, token id, KV row); a new shape (the attention split count grows every 64 tokens up to
 //   1024) builds a new graph. Kernels chain with programmatic dependent launch (PDL).
-// Measured on the H200 (27b preset, q16): tg128 130 tok/s at depth 0, 117 at depth 8192 (round 6); pp512
-// 3,099, pp2048 2,592 tok/s (256-token chunks), batched greedy B = 8 584, B = 32 1,794 tok/s (round 7, the
-// warp-specialised wgmma GEMM). docs/cuda-kernels.md has the breakdown and every version's numbers.
+// Measured on the H200 (27b preset, q16): tg128 130 tok/s at depth 0, 117 at depth 8192 (round 6); batched greedy
+// B = 8 584, B = 32 1,794 tok/s (round 7, the warp-specialised wgmma GEMM); pp512 4,197, pp2048 3,828 tok/s
+// (256-token chunks; round 8b: chunked delta rule, tiled prefill attention). docs/cuda-kernels.md has the
+// breakdown and every version's numbers.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -41,7 +42,14 @@ class CudaBackend final : public Backend {
     bool pdl = true;           // programmatic dependent launch between kernels
     bool fuse = true;          // peephole fusion of deferred ops
     bool tensor_cores = true;  // int8 mma GEMM for M > 2 (q8: 4) (else the dp4a kernel, 4 tokens per pass)
-    bool profile = false;      // time every eager launch with events (serialises; for profile_report)
+    bool profile = false;      // time every eager launch with events (serialises; for profile_report);
+                               // BONSAI_CUDA_PROFILE=1: on, and the report goes to stderr when the backend ends
+    int delta = 0;             // delta rule of one sequence: 1 = token by token (delta_kernel), 2 = the chunked WY
+                               // form (delta_chunk.cu) for every T, 0 = chunked for T >= 16 (docs/cuda-kernels.md
+                               // round 8b); batched rows always token by token; BONSAI_CUDA_DELTA=0|1|2
+    int attn = 0;              // prefill attention: 1 = the flash-decoding kernel (one position per warp step), 2 = the
+                               // 32 x 32 tile kernel with 2 rows per thread, 3 = with 4 rows per thread (both for every
+                               // M > 1), 0 = 4 rows per thread for M >= 16 (round 8b); BONSAI_CUDA_ATTN=0|1|2|3
     int matvec_rows = 4;       // weight rows per matvec warp step: 4 or 2 (see ternary.cu; BONSAI_CUDA_MATVEC_ROWS)
     int matvec = 3;            // M = 1 kernel: 3 = register ring (ternary.cu), 4 = bulk-copy stream (matvec_bulk.cu,
                                // K % 1024 == 0; faster alone, slower inside the model: docs/cuda-kernels.md);

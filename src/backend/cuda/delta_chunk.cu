@@ -15,6 +15,7 @@
 // is fp32 FFMA from shared memory (no tensor cores: the fp32 state and the gate's bound, round 8b notes).
 #include <cmath>
 
+#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/common.cuh"
 
 namespace bonsai::cuda {
@@ -54,7 +55,7 @@ struct DeltaChunkArgs {
 __host__ __device__ inline int64_t per_block(int64_t Dk, int64_t Dv) { return kC * (3 * Dk + Dv) + kC * kC + 4; }
 
 uint32_t prep_smem() { return uint32_t((2 * kC * kLd + 2 * kC * kLdC + 3 * kC) * sizeof(float)); }
-uint32_t scan_smem() { return uint32_t((kMaxD * kSW + kC * kLd4 + kC * kLdP + kC * kSW) * sizeof(float)); }
+uint32_t scan_smem() { return uint32_t((kMaxD * kSW + 2 * kC * kLd4 + kC * kLdP + kC * kSW) * sizeof(float)); }
 
 __global__ __launch_bounds__(kThreads) void delta_prep_kernel(const DeltaChunkArgs a) {
   extern __shared__ float sm[];
@@ -81,17 +82,15 @@ __global__ __launch_bounds__(kThreads) void delta_prep_kernel(const DeltaChunkAr
   float* Pg = Ug + kC * Dv;
   float* eLg = Pg + kC * kC;
 
-  // 1. q, k rows of the chunk (zero rows past the end: beta = 0 and g = 0 there make them inert).
+  // 1. q, k rows of the chunk (zero rows past the end: beta = 0 and g = 0 there make them inert), 4-byte cp.async
+  // (the padded rows are not 16-byte aligned) so that all of a thread's copies are in flight at once.
   for (int idx = tid; idx < kC * Dk; idx += kThreads) {
     const int r = idx / Dk, i = idx % Dk;
-    float kv = 0.f, qv = 0.f;
-    if (r < L) {
-      kv = a.k[((t0 + r) * a.Nk + kh) * a.Dk + i];
-      qv = a.q[((t0 + r) * a.Nk + kh) * a.Dk + i];
-    }
-    Ks[r * kLd + i] = kv;
-    QV[r * kLd + i] = qv;
+    const int64_t src = ((t0 + (r < L ? r : 0)) * a.Nk + kh) * a.Dk + i;
+    cp_async4(Ks + r * kLd + i, a.k + src, r < L ? 4 : 0);
+    cp_async4(QV + r * kLd + i, a.q + src, r < L ? 4 : 0);
   }
+  cp_async_commit();
   if (tid < kC) {
     float gv = 0.f, bv = 0.f;
     if (tid < L) {
@@ -110,6 +109,7 @@ __global__ __launch_bounds__(kThreads) void delta_prep_kernel(const DeltaChunkAr
     gam[tid] = gv;
     bet[tid] = bv;
   }
+  cp_async_wait<0>();
   __syncthreads();
   // 2. l2-normalise (as delta_kernel: x * rsqrt(sum x^2 + eps)), q scale; warp w owns rows w, w + 8, ...
   for (int r = warp; r < kC; r += kThreads / 32) {
@@ -184,6 +184,12 @@ __global__ __launch_bounds__(kThreads) void delta_prep_kernel(const DeltaChunkAr
     Kg[idx] = Ks[r * kLd + i] * expf(gam[kC - 1] - gam[r]);
   }
   __syncthreads();
+  // v rows into QV (q is done: Qd and P are in global memory); they land during the solve.
+  for (int idx = tid; idx < kC * Dv; idx += kThreads) {
+    const int r = idx / Dv, j = idx % Dv;
+    cp_async4(QV + r * kLd + j, a.v + ((t0 + (r < L ? r : 0)) * a.Nv + h) * a.Dv + j, r < L ? 4 : 0);
+  }
+  cp_async_commit();
 
   // 4. T = (I + A)^-1 by forward substitution, one row per step: T_rc = [r == c] - sum_{c <= j < r} A_rj T_jc.
   // Four threads per column c (consecutive lanes), each summing every fourth j.
@@ -199,11 +205,7 @@ __global__ __launch_bounds__(kThreads) void delta_prep_kernel(const DeltaChunkAr
       __syncthreads();
     }
   }
-  // 5. v rows into QV (q is done: Qd and P are in global memory).
-  for (int idx = tid; idx < kC * Dv; idx += kThreads) {
-    const int r = idx / Dv, j = idx % Dv;
-    QV[r * kLd + j] = r < L ? a.v[((t0 + r) * a.Nv + h) * a.Dv + j] : 0.f;
-  }
+  cp_async_wait<0>();  // 5. the v rows
   __syncthreads();
   // 6. W = T diag(beta e^Gamma) K, U = T diag(beta) V; thread rows ty + 16 e, columns tx + 16 f.
   {
@@ -237,44 +239,55 @@ __global__ __launch_bounds__(kThreads) void delta_prep_kernel(const DeltaChunkAr
   }
 }
 
-__global__ __launch_bounds__(kThreads) void delta_scan_kernel(const DeltaChunkArgs a) {
+__global__ __launch_bounds__(kThreads, 2) void delta_scan_kernel(const DeltaChunkArgs a) {
   extern __shared__ __align__(16) float sm[];
-  float* S = sm;                  // [Dk][kSW] the state slice
-  float* buf = S + kMaxD * kSW;   // [C][kLd4] W, then Qd, then Kd
-  float* Ps = buf + kC * kLd4;    // [C][kLdP] P
-  float* Vp = Ps + kC * kLdP;     // [C][kSW] V' = U - W S0
+  float* S = sm;                     // [Dk][kSW] the state slice
+  float* bufs = S + kMaxD * kSW;     // 2 x [C][kLd4]: W, Qd, Kd of chunk 0, 1, ... alternate (tile n in n & 1)
+  float* Ps = bufs + 2 * kC * kLd4;  // [C][kLdP] P
+  float* Vp = Ps + kC * kLdP;        // [C][kSW] V' = U - W S0
   pdl_trigger();
   pdl_wait();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t h = blockIdx.x, j0 = int64_t(blockIdx.y) * kSW;
   const int Dk = int(a.Dk), Dv = int(a.Dv), Dk4 = Dk / 4;
   float* Sg = a.state + h * a.Dk * a.Dv + j0;
-  for (int idx = tid; idx < Dk * kSW; idx += kThreads) S[idx] = Sg[(idx / kSW) * a.Dv + idx % kSW];
   const int64_t per = per_block(a.Dk, a.Dv);
-  // Tile [C, Dk] (row stride Dk in global) into buf (row stride kLd4), 16 bytes per thread and step.
-  auto load_tile = [&](const float* src) {
+  const float* base = a.scratch + h * a.NC * per;
+  // Tile [C, Dk] (row stride Dk in global) into a buffer (row stride kLd4) by cp.async, one commit group per
+  // phase: the next phase's tile is in flight while this phase computes (double buffer).
+  auto issue = [&](float* dst, const float* src) {
     for (int idx = tid; idx < kC * Dk4; idx += kThreads) {
       const int r = idx / Dk4, i4 = idx % Dk4;
-      *reinterpret_cast<float4*>(buf + r * kLd4 + 4 * i4) = __ldcg(reinterpret_cast<const float4*>(src) + idx);
+      cp_async16(dst + r * kLd4 + 4 * i4, src + 4 * idx, 16);
     }
   };
+  issue(bufs, base);  // W of chunk 0
+  cp_async_commit();
+  for (int idx = tid; idx < Dk * kSW; idx += kThreads) S[idx] = Sg[(idx / kSW) * a.Dv + idx % kSW];
+  int cur = 0;  // buffer of the current tile
   for (int64_t c = 0; c < a.NC; ++c) {
-    const float* blk = a.scratch + (h * a.NC + c) * per;
-    const float* Wg = blk;
-    const float* Qg = Wg + kC * Dk;
+    const float* blk = base + c * per;
+    const float* Qg = blk + kC * Dk;
     const float* Kg = Qg + kC * Dk;
     const float* Ug = Kg + kC * Dk;
     const float* Pg = Ug + kC * Dv;
     const float eL = __ldcg(Pg + kC * kC);
     const int64_t t0 = c * kC;
     const int L = int(min(int64_t(kC), a.T - t0));
-    load_tile(Wg);
-    __syncthreads();  // W in buf; S (first chunk: loaded above; later: updated at the end of the last chunk)
-    // V' = U - W S0: lane = column, rows warp * 8 + e.
-    {
-      float acc[8];
+    // ---- phase A: V' = U - W S0 (lane = column, rows warp * 8 + e)
+    float acc[8];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] = __ldcg(Ug + (warp * 8 + e) * Dv + j0 + lane);
+    for (int e = 0; e < 8; ++e) acc[e] = __ldcg(Ug + (warp * 8 + e) * Dv + j0 + lane);
+    cp_async_wait<0>();
+    __syncthreads();  // W landed; S written (chunk 0) / updated (phase C); the other buffer, Ps and Vp are free
+    issue(bufs + (cur ^ 1) * kC * kLd4, Qg);
+    for (int idx = tid; idx < kC * kC / 4; idx += kThreads) {
+      const int r = idx / (kC / 4), j4 = idx % (kC / 4);
+      cp_async16(Ps + r * kLdP + 4 * j4, Pg + 4 * idx, 16);
+    }
+    cp_async_commit();
+    {
+      const float* buf = bufs + cur * kC * kLd4;
       for (int i4 = 0; i4 < Dk4; ++i4) {
         const float s0 = S[(4 * i4) * kSW + lane], s1 = S[(4 * i4 + 1) * kSW + lane];
         const float s2 = S[(4 * i4 + 2) * kSW + lane], s3 = S[(4 * i4 + 3) * kSW + lane];
@@ -287,23 +300,22 @@ __global__ __launch_bounds__(kThreads) void delta_scan_kernel(const DeltaChunkAr
 #pragma unroll
       for (int e = 0; e < 8; ++e) Vp[(warp * 8 + e) * kSW + lane] = acc[e];
     }
-    __syncthreads();  // buf free, V' complete
-    load_tile(Qg);
-    for (int idx = tid; idx < kC * kC / 4; idx += kThreads) {
-      const int r = idx / (kC / 4), j4 = idx % (kC / 4);
-      *reinterpret_cast<float4*>(Ps + r * kLdP + 4 * j4) = __ldcg(reinterpret_cast<const float4*>(Pg) + idx);
-    }
-    __syncthreads();
-    // O = Qd S0 + P V' (P is zero above the diagonal).
+    cur ^= 1;
+    // ---- phase B: O = Qd S0 + P V' (P is zero above the diagonal)
+    cp_async_wait<0>();
+    __syncthreads();  // Qd and P landed, V' complete, W's buffer free
+    issue(bufs + (cur ^ 1) * kC * kLd4, Kg);
+    cp_async_commit();
     {
-      float acc[8] = {};
+      const float* buf = bufs + cur * kC * kLd4;
+      float o[8] = {};
       for (int i4 = 0; i4 < Dk4; ++i4) {
         const float s0 = S[(4 * i4) * kSW + lane], s1 = S[(4 * i4 + 1) * kSW + lane];
         const float s2 = S[(4 * i4 + 2) * kSW + lane], s3 = S[(4 * i4 + 3) * kSW + lane];
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           const float4 qd = *reinterpret_cast<const float4*>(buf + (warp * 8 + e) * kLd4 + 4 * i4);
-          acc[e] += qd.x * s0 + qd.y * s1 + qd.z * s2 + qd.w * s3;
+          o[e] += qd.x * s0 + qd.y * s1 + qd.z * s2 + qd.w * s3;
         }
       }
       const int jmax = warp * 8 + 8;  // rows of this warp see V' rows < jmax
@@ -313,42 +325,47 @@ __global__ __launch_bounds__(kThreads) void delta_scan_kernel(const DeltaChunkAr
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           const float4 p = *reinterpret_cast<const float4*>(Ps + (warp * 8 + e) * kLdP + 4 * j4);
-          acc[e] += p.x * v0 + p.y * v1 + p.z * v2 + p.w * v3;
+          o[e] += p.x * v0 + p.y * v1 + p.z * v2 + p.w * v3;
         }
       }
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const int r = warp * 8 + e;
-        if (r < L) a.out[((t0 + r) * a.Nv + h) * a.Dv + j0 + lane] = acc[e];
+        if (r < L) a.out[((t0 + r) * a.Nv + h) * a.Dv + j0 + lane] = o[e];
       }
     }
-    __syncthreads();  // buf free
-    load_tile(Kg);
-    __syncthreads();
-    // S = e^{Gamma_C} S0 + Kd^T V': lane = column, state rows warp * 16 + e.
+    cur ^= 1;
+    // ---- phase C: S = e^{Gamma_C} S0 + Kd^T V' (lane = column, state rows warp * 16 + e)
+    cp_async_wait<0>();
+    __syncthreads();  // Kd landed; every thread is done reading S, Qd, P
+    if (c + 1 < a.NC) issue(bufs + (cur ^ 1) * kC * kLd4, blk + per);  // W of the next chunk
+    cp_async_commit();
     if (warp * 16 < Dk) {
-      float acc[16];
+      const float* buf = bufs + cur * kC * kLd4;
+      float u[16];
 #pragma unroll
-      for (int e = 0; e < 16; ++e) acc[e] = 0.f;
+      for (int e = 0; e < 16; ++e) u[e] = 0.f;
       for (int r = 0; r < kC; ++r) {
         const float vp = Vp[r * kSW + lane];
 #pragma unroll
         for (int e4 = 0; e4 < 4; ++e4) {
           const float4 kd = *reinterpret_cast<const float4*>(buf + r * kLd4 + warp * 16 + 4 * e4);
-          acc[4 * e4] += kd.x * vp;
-          acc[4 * e4 + 1] += kd.y * vp;
-          acc[4 * e4 + 2] += kd.z * vp;
-          acc[4 * e4 + 3] += kd.w * vp;
+          u[4 * e4] += kd.x * vp;
+          u[4 * e4 + 1] += kd.y * vp;
+          u[4 * e4 + 2] += kd.z * vp;
+          u[4 * e4 + 3] += kd.w * vp;
         }
       }
 #pragma unroll
       for (int e = 0; e < 16; ++e) {
         const int i = warp * 16 + e;
-        if (i < Dk) S[i * kSW + lane] = eL * S[i * kSW + lane] + acc[e];
+        if (i < Dk) S[i * kSW + lane] = eL * S[i * kSW + lane] + u[e];
       }
     }
-    __syncthreads();  // S updated, buf / Ps / Vp free for the next chunk
+    cur ^= 1;
   }
+  cp_async_wait<0>();
+  __syncthreads();
   for (int idx = tid; idx < Dk * kSW; idx += kThreads) Sg[(idx / kSW) * a.Dv + idx % kSW] = S[idx];
 }
 

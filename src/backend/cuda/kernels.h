@@ -187,6 +187,10 @@ struct AttnDesc {
                                    // position rows->pos[m] (k, v, p0 unused)
 };
 Launch attention_launch(const AttnDesc& d);
+// Prefill (one sequence, M query rows at positions p0..p0+M-1; rows must be null, splits ignored): 32-row x
+// 32-position tiles in shared memory, grid (ceil(M / 32), Hq) (mixers.cu, round 8b); version 1: 2 rows per thread
+// (256 threads), 2: 4 rows per thread (128 threads).
+Launch attention_prefill_launch(const AttnDesc& d, int version);
 void init_attention_attributes();  // called by init_kernel_attributes
 constexpr int64_t kAttnMaxGroup = 8;    // Hq / Hkv
 constexpr int64_t kAttnMaxDim = 256;    // D (multiple of 32)
@@ -220,6 +224,14 @@ struct DeltaDesc {
 };
 Launch delta_launch(const DeltaDesc& d);
 constexpr int64_t kDeltaMaxDk = 128;
+// Chunked (WY / UT-transform) delta rule for one sequence (delta_chunk.cu; d.rows must be null), the same
+// function as delta_launch: per chunk of kDeltaChunk tokens, kernel 1 (all chunks in parallel, grid (Nv, chunks))
+// builds W, U, the decayed Q and K and the masked decayed Q K^T into `scratch`; kernel 2 (grid (Nv, Dv/32)) runs
+// the chunks in order on the state slice. Dk <= 128, Dv <= 128 and a multiple of 32.
+constexpr int64_t kDeltaChunk = 64;
+size_t delta_chunk_scratch_floats(int64_t T, int64_t Nv, int64_t Dk, int64_t Dv);
+void delta_chunk_launches(const DeltaDesc& d, float* scratch, Launch out[2]);
+void init_delta_chunk_attributes();  // called by init_attention_attributes
 
 // ---- utilities -------------------------------------------------------------------------------------
 // Two-stage argmax over x [n]: blocks write partials, the last block reduces into *result (int64).

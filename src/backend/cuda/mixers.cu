@@ -2,9 +2,12 @@
 // Gated DeltaNet delta rule (token by token, state slice in registers, optional fused prologue).
 #include <cmath>
 
+#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/common.cuh"
 
 namespace bonsai::cuda {
+
+void init_attn_prefill_attributes();  // below, with its kernel
 
 // ================================ attention ========================================================
 
@@ -190,6 +193,8 @@ void init_attention_attributes() {
   for (const void* f : fs)
     cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          int(attention_smem(kAttnWarpsDecode, kAttnMaxGroup, kAttnMaxDim)));
+  init_attn_prefill_attributes();
+  init_delta_chunk_attributes();
 }
 
 Launch attention_launch(const AttnDesc& d) {
@@ -206,6 +211,172 @@ Launch attention_launch(const AttnDesc& d) {
                        dim3(kAttnWarpsDecode * 32), attention_smem(kAttnWarpsDecode, G, d.D), a);
   return make_launch(reinterpret_cast<const void*>(&attention_kernel<AttnArgs, kAttnWarpsRows>), grid,
                      dim3(kAttnWarpsRows * 32), attention_smem(kAttnWarpsRows, G, d.D), a);
+}
+
+// ================================ attention, prefill tiles (round 8b) ==============================
+// Block = 32 query rows x one query head; the K / V of its KV head walked in tiles of 32 positions (causal: up
+// to the block's last row), each tile staged in shared memory once for the 32 rows (the flash-decoding kernel
+// above reads every position once per query row, one position per warp step with a warp reduction each).
+// Thread (rg = tid / 16, cg = tid % 16): scores of rows 2 rg, 2 rg + 1 x positions cg, cg + 16; output of the
+// same two rows x dims 4 cg + 64 k (k < D / 64). Online softmax per row (the 16 threads of a row hold the same
+// running max / sum, reduced with shuffles inside the half warp). fp32 throughout, as the decode kernel.
+
+namespace {
+
+constexpr int kPaRows = 32, kPaCols = 32;
+constexpr int kPaLd = int(kAttnMaxDim) + 4;  // float4 rows; 260 mod 32 = 4: eight rows of a quarter warp hit all banks
+constexpr int kPaLdP = kPaCols + 1;
+
+uint32_t attn_prefill_smem() { return uint32_t((3 * kPaRows * kPaLd + kPaRows * kPaLdP) * sizeof(float)); }
+
+// RPT = query rows per thread: 2 (v1, 256 threads) or 4 (v2, 128 threads: each shared-memory read feeds twice the
+// FMAs; v1 is bound by shared-memory wavefronts, ~6 per 16 FMA instructions in the scores).
+template <int RPT>
+__global__ __launch_bounds__(16 * kPaRows / RPT, 2) void attn_prefill_kernel(const AttnArgs a) {
+  constexpr int kThr = 16 * kPaRows / RPT;
+  extern __shared__ __align__(16) float sm[];
+  float* Qs = sm;                    // [32][kPaLd] this block's query rows (scaled)
+  float* Ks = Qs + kPaRows * kPaLd;  // [32][kPaLd] key tile
+  float* Vs = Ks + kPaCols * kPaLd;  // [32][kPaLd] value tile
+  float* Ps = Vs + kPaCols * kPaLd;  // [32][kPaLdP] probabilities of the tile
+  pdl_trigger();
+  pdl_wait();
+  const int tid = threadIdx.x, rg = tid >> 4, cg = tid & 15;
+  const int64_t h = blockIdx.y, kvh = h / (a.Hq / a.Hkv), m0 = int64_t(blockIdx.x) * kPaRows;
+  const int D = int(a.D), D4 = D / 4;
+  const int rb = RPT * rg, c0 = cg, c1 = cg + 16;  // rows rb .. rb + RPT - 1; positions c0, c1 of each tile
+  const int64_t qp = a.p0 + m0 + rb;              // query position of row rb
+  const int64_t qlast = a.p0 + min(m0 + kPaRows, a.M) - 1;
+  const int ntiles = int(qlast / kPaCols) + 1;
+  constexpr int kK = int(kAttnMaxDim) / 64;
+  float o[RPT][kK][4] = {};
+  float mx[RPT], l[RPT];
+#pragma unroll
+  for (int e = 0; e < RPT; ++e) {
+    mx[e] = -INFINITY;
+    l[e] = 0.f;
+  }
+  // K / V tiles by cp.async (zero-filled past qlast), in flight while the block computes: K(t + 1) is issued once
+  // the scores of tile t are done, V(t + 1) once its P V is done (one commit group each, completed in order).
+  auto issue = [&](float* dst, const float* src, int64_t pbase) {
+    for (int idx = tid; idx < kPaCols * D4; idx += kThr) {
+      const int r = idx / D4, d4 = idx % D4;
+      const int64_t pos = pbase + r;
+      const bool ok = pos <= qlast;
+      cp_async16(dst + r * kPaLd + 4 * d4, src + ((ok ? pos : 0) * a.Hkv + kvh) * a.D + 4 * d4, ok ? 16 : 0);
+    }
+    cp_async_commit();
+  };
+  issue(Ks, a.k, 0);
+  issue(Vs, a.v, 0);
+  for (int idx = tid; idx < kPaRows * D4; idx += kThr) {
+    const int r = idx / D4, d4 = idx % D4;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (m0 + r < a.M) {
+      v = *reinterpret_cast<const float4*>(a.q + ((m0 + r) * a.Hq + h) * a.D + 4 * d4);
+      v.x *= a.scale, v.y *= a.scale, v.z *= a.scale, v.w *= a.scale;
+    }
+    *reinterpret_cast<float4*>(Qs + r * kPaLd + 4 * d4) = v;
+  }
+  for (int tile = 0; tile < ntiles; ++tile) {
+    const int64_t pbase = int64_t(tile) * kPaCols;
+    cp_async_wait<1>();  // K(tile) has landed (V(tile) may still be in flight)
+    __syncthreads();     // ... for every thread's copies; Q is written (tile 0)
+    float s0[RPT], s1[RPT];
+#pragma unroll
+    for (int e = 0; e < RPT; ++e) s0[e] = s1[e] = 0.f;
+    for (int d4 = 0; d4 < D4; ++d4) {
+      const float4 k0 = *reinterpret_cast<const float4*>(Ks + c0 * kPaLd + 4 * d4);
+      const float4 k1 = *reinterpret_cast<const float4*>(Ks + c1 * kPaLd + 4 * d4);
+#pragma unroll
+      for (int e = 0; e < RPT; ++e) {
+        const float4 q = *reinterpret_cast<const float4*>(Qs + (rb + e) * kPaLd + 4 * d4);
+        s0[e] += q.x * k0.x + q.y * k0.y + q.z * k0.z + q.w * k0.w;
+        s1[e] += q.x * k1.x + q.y * k1.y + q.z * k1.z + q.w * k1.w;
+      }
+    }
+    const int64_t pc0 = pbase + c0, pc1 = pbase + c1;
+    // Tile 0 holds position 0 <= every query position, so the running max is finite from the first tile on;
+    // a row with no visible position in a later tile keeps its max (its probabilities there are 0).
+#pragma unroll
+    for (int e = 0; e < RPT; ++e) {
+      if (pc0 > qp + e) s0[e] = -INFINITY;
+      if (pc1 > qp + e) s1[e] = -INFINITY;
+      float t = fmaxf(s0[e], s1[e]);
+#pragma unroll
+      for (int off = 8; off > 0; off >>= 1) t = fmaxf(t, __shfl_xor_sync(0xffffffffu, t, off));
+      const float n = fmaxf(mx[e], t), f = __expf(mx[e] - n);
+      const float p0 = __expf(s0[e] - n), p1 = __expf(s1[e] - n);
+      float u = p0 + p1;
+#pragma unroll
+      for (int off = 8; off > 0; off >>= 1) u += __shfl_xor_sync(0xffffffffu, u, off);
+      l[e] = l[e] * f + u;
+      mx[e] = n;
+#pragma unroll
+      for (int k = 0; k < kK; ++k)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) o[e][k][c] *= f;
+      Ps[(rb + e) * kPaLdP + c0] = p0;
+      Ps[(rb + e) * kPaLdP + c1] = p1;
+    }
+    cp_async_wait<0>();  // V(tile)
+    __syncthreads();     // P and V visible; every thread is done with Ks
+    if (tile + 1 < ntiles) issue(Ks, a.k, pbase + kPaCols);
+    else cp_async_commit();  // an empty group keeps the wait<1> count above right
+    const int jn = int(min(int64_t(kPaCols), qlast + 1 - pbase));  // positions of the tile that anyone sees
+    for (int j = 0; j < jn; ++j) {
+      float w[RPT];
+#pragma unroll
+      for (int e = 0; e < RPT; ++e) w[e] = Ps[(rb + e) * kPaLdP + j];
+#pragma unroll
+      for (int k = 0; k < kK; ++k) {
+        const int d = 4 * cg + 64 * k;
+        if (d < D) {
+          const float4 v = *reinterpret_cast<const float4*>(Vs + j * kPaLd + d);
+#pragma unroll
+          for (int e = 0; e < RPT; ++e) {
+            o[e][k][0] += w[e] * v.x;
+            o[e][k][1] += w[e] * v.y;
+            o[e][k][2] += w[e] * v.z;
+            o[e][k][3] += w[e] * v.w;
+          }
+        }
+      }
+    }
+    __syncthreads();  // every thread is done with Vs and Ps
+    if (tile + 1 < ntiles) issue(Vs, a.v, pbase + kPaCols);
+    else cp_async_commit();
+  }
+#pragma unroll
+  for (int e = 0; e < RPT; ++e) {
+    const float inv = 1.f / l[e];
+    if (m0 + rb + e >= a.M) continue;
+#pragma unroll
+    for (int k = 0; k < kK; ++k) {
+      const int d = 4 * cg + 64 * k;
+      if (d < D)
+        *reinterpret_cast<float4*>(a.out + ((m0 + rb + e) * a.Hq + h) * a.D + d) =
+            make_float4(o[e][k][0] * inv, o[e][k][1] * inv, o[e][k][2] * inv, o[e][k][3] * inv);
+    }
+  }
+}
+
+}  // namespace
+
+void init_attn_prefill_attributes() {
+  for (const void* f : {reinterpret_cast<const void*>(&attn_prefill_kernel<2>),
+                        reinterpret_cast<const void*>(&attn_prefill_kernel<4>)})
+    cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn_prefill_smem()));
+}
+
+Launch attention_prefill_launch(const AttnDesc& d, int version) {
+  AttnArgs a{d.q, d.k, d.v, d.out, nullptr, nullptr, nullptr, d.M, d.p0, d.Hq, d.Hkv, d.D, 1, d.scale};
+  const dim3 grid(unsigned((d.M + kPaRows - 1) / kPaRows), unsigned(d.Hq));
+  if (version == 2)
+    return make_launch(reinterpret_cast<const void*>(&attn_prefill_kernel<4>), grid, dim3(16 * kPaRows / 4),
+                       attn_prefill_smem(), a);
+  return make_launch(reinterpret_cast<const void*>(&attn_prefill_kernel<2>), grid, dim3(16 * kPaRows / 2),
+                     attn_prefill_smem(), a);
 }
 
 // ================================ Gated DeltaNet delta rule ========================================
