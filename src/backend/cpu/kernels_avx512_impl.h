@@ -467,20 +467,26 @@ TGT_INLINE void transpose16x16(__m512i a[16]) {
   }
 }
 
-#if BONSAI_AVX512_VNNI
-// acc += codes . (4 bytes at p, broadcast): vpdpbusd with the broadcast embedded in its memory operand
-// ({1to16}). Why asm: GCC emits a separate vpbroadcastd per product for the intrinsic form, one more uop
-// on the vector pipes for each vpdpbusd of the GEMM.
-TGT_INLINE __m512i dpbusd_bcast(__m512i acc, __m512i codes, const int8_t* p) {
-  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(codes), "m"(*reinterpret_cast<const int32_t*>(p)));
-  return acc;
-}
-#endif
 TGT_INLINE __m512i bcast32(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
   return _mm512_set1_epi32(v);
 }
+#if BONSAI_AVX512_VNNI
+// acc += codes . (4 bytes at p, broadcast), for the GEMM with L activation digits. At L >= 2 the broadcast
+// rides in vpdpbusd's memory operand ({1to16}, inline asm: GCC emits a separate vpbroadcastd per product
+// for the intrinsic form): q16 +3% in L2 on Zen 4 (min of 5 x 3 interleaved runs, docs/cpu-kernels.md). At
+// L = 1 the intrinsic form stays: the embedded form measured 1.5% slower there.
+template <int L>
+TGT_INLINE __m512i dpbusd_bcast(__m512i acc, __m512i codes, const int8_t* p) {
+  if constexpr (L == 1) {
+    return _mm512_dpbusd_epi32(acc, codes, bcast32(p));
+  } else {
+    asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(codes), "m"(*reinterpret_cast<const int32_t*>(p)));
+    return acc;
+  }
+}
+#endif
 
 // MB activation rows against the decoded planes of half h of a chunk (dwords 8h .. 8h+7 = group 2c + h),
 // L digits: q points at row 0's chunk of digit 0 (digit l at + l * K, rows qrs apart), qsum at row 0's
@@ -503,10 +509,10 @@ TGT_INLINE void gemm16_half(const __m512i (*pl)[4], int h, const int8_t* q, int6
       for (int mb = 0; mb < MB; ++mb) {
         const int8_t* qq = q + mb * qrs + l * K + 4 * k;
 #if BONSAI_AVX512_VNNI
-        acc[mb][0] = dpbusd_bcast(acc[mb][0], p0, qq);
-        acc[mb][1] = dpbusd_bcast(acc[mb][1], p2, qq + 2 * P);
-        acc[mb][0] = dpbusd_bcast(acc[mb][0], p1, qq + P);
-        acc[mb][1] = dpbusd_bcast(acc[mb][1], p3, qq + 3 * P);
+        acc[mb][0] = dpbusd_bcast<L>(acc[mb][0], p0, qq);
+        acc[mb][1] = dpbusd_bcast<L>(acc[mb][1], p2, qq + 2 * P);
+        acc[mb][0] = dpbusd_bcast<L>(acc[mb][0], p1, qq + P);
+        acc[mb][1] = dpbusd_bcast<L>(acc[mb][1], p3, qq + 3 * P);
 #else
         acc[mb][0] = dot4_planes(acc[mb][0], p0, p1, p2, p3, bcast32(qq), bcast32(qq + P), bcast32(qq + 2 * P),
                                  bcast32(qq + 3 * P));  // no long chain here: one vpaddd per 4 planes
