@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kernels.h"
 #include "cuda_test_util.h"
 #include "model/forward.h"
 #include "model/pack.h"
@@ -111,13 +112,20 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
     bool swz;  // v2: 128-byte swizzled operand tiles
     bool fixed = false;  // M <= 2: the matvec's round-5 grid (fixed row groups per warp; round 6: balanced)
     int cvt = 1;         // v3: the scaling's int -> float (1: I2FP, the default; 0: mantissa add)
+    int mv6 = 0;         // matvec 6: block shape (Options::matvec6_cfg)
   };
   const Variant variants[] = {{"q16 pdl", 3, true, 2, 1, 2, true},          {"q16 fixed pdl", 3, true, 2, 1, 2, true, true},
                               {"q16 v2 pdl", 3, true, 2, 2, 2, true},       {"q16 v3 pdl", 3, true, 2, 3, 2, true},
                               {"q16 v3 mant pdl", 3, true, 2, 3, 2, true, false, 0},
                               {"q16 v2w1 pdl", 3, true, 2, 2, 1, true},     {"q16 v2 noswz pdl", 3, true, 2, 2, 2, false},
                               {"q8 pdl", 3, true, 1, 1, 2, true},           {"q8 v2 pdl", 3, true, 1, 2, 2, true},        {"q8 v3 pdl", 3, true, 1, 3, 2, true},
-                              {"q8 v4", 4, false, 1, 1, 2, true}};
+                              {"q8 v4", 4, false, 1, 1, 2, true},
+                              // round 8: the tensor-core matvec v6 (matvec_mma.cu): the default shape and 1-7
+                              {"q16 v6 pdl", 6, true, 2, 1, 2, true, false, 1, 0},   {"q16 v6c1 pdl", 6, true, 2, 1, 2, true, false, 1, 1},
+                              {"q16 v6c2 pdl", 6, true, 2, 1, 2, true, false, 1, 2}, {"q16 v6c3 pdl", 6, true, 2, 1, 2, true, false, 1, 3},
+                              {"q16 v6c4 pdl", 6, true, 2, 1, 2, true, false, 1, 4}, {"q16 v6c5 pdl", 6, true, 2, 1, 2, true, false, 1, 5},
+                              {"q16 v6c6 pdl", 6, true, 2, 1, 2, true, false, 1, 6}, {"q16 v6c7 pdl", 6, true, 2, 1, 2, true, false, 1, 7},
+                              {"q8 v6 pdl", 6, true, 1, 1, 2, true, false, 1, 0}};
   const CudaBackend::Options base = be.options();
   for (const Shape& sh : shapes)
   for (const Variant& v : variants) {
@@ -129,6 +137,7 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
     if (sh.M > 1 && v.matvec == 4) continue;  // M > 1: one kernel (v3 or the GEMM), timed once per pdl mode
     if (v.gemm >= 2 && sh.M <= 2) continue;   // the matvec either way
     if (v.gemm >= 2 && v.levels == 1 && sh.M <= 4) continue;
+    if (v.matvec == 6 && !cuda::matvec6_supported(sh.M, v.levels, sh.K)) continue;  // the GEMM either way
     CudaBackend::Options bo = base;
     bo.matvec = v.matvec;
     bo.act_levels = v.levels;
@@ -137,6 +146,7 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
     bo.gemm2_swizzle = v.swz;
     bo.gemm3_cvt = v.cvt;
     bo.matvec_balance = !v.fixed;
+    bo.matvec6_cfg = v.mv6;
     be.set_options(bo);
     uint64_t bytes = 0;
     for (int64_t N : sh.N) bytes += uint64_t(N * sh.K / 4 + N * sh.K / 128 * 2);
@@ -212,13 +222,14 @@ TEST(CudaBench, Model27b) {
     struct Mode {
       const char* name;
       bool graphs, pdl, fuse, fuse_site;
-      int matvec;  // matvec version for M = 1 (3: register ring, 4: bulk copies)
+      int matvec;  // matvec version for M = 1 (6: tensor cores, 3: register ring, 4: bulk copies)
       int levels;  // activation digits: 2 (q16) or 1 (q8)
-    } modes[] = {{"q16 graphs+pdl+fuse (default)", true, true, true, false, 3, 2},
-                 {"q8 graphs+pdl+fuse", true, true, true, false, 3, 1},
+    } modes[] = {{"q16 graphs+pdl+fuse (default)", true, true, true, false, 6, 2},
+                 {"q16 graphs+pdl+fuse, matvec v3", true, true, true, false, 3, 2},
+                 {"q8 graphs+pdl+fuse", true, true, true, false, 6, 1},
                  {"q8, site as matvec prologue", true, true, true, true, 3, 1},
                  {"q8, matvec v4", true, true, true, false, 4, 1},
-                 {"q16 eager+pdl+fuse", false, true, true, false, 3, 2}};
+                 {"q16 eager+pdl+fuse", false, true, true, false, 6, 2}};
     for (const Mode& md : modes) {
       CudaBackend::Options o = be.options();
       o.graphs = md.graphs;

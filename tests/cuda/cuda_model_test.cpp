@@ -124,7 +124,7 @@ TEST(CudaModel, TinyPackMatchesReference) {
     const char* name;
     CudaBackend::Options o;
   };
-  std::vector<Config> configs(13);
+  std::vector<Config> configs(14);
   configs[0].name = "default";  // q16
   configs[1].name = "no-graphs";
   configs[1].o.graphs = false;
@@ -146,12 +146,16 @@ TEST(CudaModel, TinyPackMatchesReference) {
   configs[8].o.act_levels = 1;
   configs[9].name = "q8";
   configs[9].o.act_levels = 1;
-  configs[10].name = "no-prefetch";  // the decode step's L2 prefetch of the next matvec's weights off
+  configs[10].name = "v3 no-prefetch";  // the v3 matvec (round 8: v6 is the default) without its L2 prefetch
   configs[10].o.l2_prefetch = false;
-  configs[11].name = "fixed-ranges";  // the matvec's round-5 grid (fixed row groups per warp)
+  configs[10].o.matvec = 3;
+  configs[11].name = "v3 fixed-ranges";  // the v3 matvec's round-5 grid (fixed row groups per warp)
   configs[11].o.matvec_balance = false;
+  configs[11].o.matvec = 3;
   configs[12].name = "gemm-v1";  // the mma.sync GEMM (the default is v3 on sm_90, v1 elsewhere)
   configs[12].o.gemm = 1;
+  configs[13].name = "v3";  // the dp4a matvec v3 (round 8: the tensor-core v6 is the default)
+  configs[13].o.matvec = 3;
   std::vector<ModelRun> runs;
   for (const Config& cfg : configs) {
     CudaBackend be(cfg.o);
@@ -168,9 +172,9 @@ TEST(CudaModel, TinyPackMatchesReference) {
   // graphs change how kernels are launched, never what they compute
   EXPECT_EQ(runs[0].logits, runs[1].logits);
   EXPECT_EQ(runs[1].logits, runs[4].logits);
-  // a prefetch is a hint, and a matvec row's sum does not depend on which warp computes it
-  EXPECT_EQ(runs[0].logits, runs[10].logits);
-  EXPECT_EQ(runs[0].logits, runs[11].logits);
+  // a prefetch is a hint, and a v3 matvec row's sum does not depend on which warp computes it
+  EXPECT_EQ(runs[13].logits, runs[10].logits);
+  EXPECT_EQ(runs[13].logits, runs[11].logits);
 }
 
 // Token walk vs chunked prefill on CUDA (matvec + recurrent delta rule vs GEMM + the same kernel over a

@@ -78,6 +78,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC_ROWS"); e && *e) o.matvec_rows = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC"); e && *e) o.matvec = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC_EARLY"); e && *e) o.matvec_early = std::atoi(e);
+  if (const char* e = std::getenv("BONSAI_CUDA_MV6"); e && *e) o.matvec6_cfg = std::atoi(e);
   o.profile = flag("BONSAI_CUDA_PROFILE", o.profile);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA"); e && *e) o.delta = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_ATTN"); e && *e) o.attn = std::atoi(e);
@@ -201,6 +202,11 @@ struct CudaBackend::Impl {
       return out.push_back(cuda::matvec_launch(t, n, K, xq, xds, M, lv, sms, opt.matvec_rows, site, opt.matvec_balance));
     if (opt.matvec == 4 && lv == 1 && cuda::matvec_bulk_supported(K, M))
       return out.push_back(cuda::matvec_bulk_launch(t, n, K, xq, xds, sms, opt.matvec_bulk_rows, opt.matvec_early));
+    // v6 (matvec_mma.cu): the tensor-core matvec at M <= 2 (q16) / 4 (q8), except one token over a long K
+    // (ffn_down, K = 17,408: v3 15.4 us vs v6 15.2-16.7 us, H200 round 8, docs/cuda-kernels.md; at M = 2 v6 wins
+    // everywhere, e.g. gate+up 20.6 vs 60.9 us). BONSAI_CUDA_MV6 = 1..7 forces v6 there too.
+    if (opt.matvec == 6 && cuda::matvec6_supported(M, lv, K) && (M > 1 || K <= 8192 || opt.matvec6_cfg != 0))
+      return out.push_back(cuda::matvec6_launch(t, n, K, xq, xds, M, lv, sms, opt.matvec6_cfg));
     // The dp4a matvec up to 4 tokens (q8) / 2 (q16: its M = 4 pass, 2 rows per step, measured slower than
     // the 32-token GEMM tile: gate+up 117 vs ~98 us, docs/cuda-kernels.md round 4).
     const int64_t mv_max = lv == 2 ? 2 : 4;

@@ -51,9 +51,14 @@ class CudaBackend final : public Backend {
                                // 32 x 32 tile kernel with 2 rows per thread, 3 = with 4 rows per thread (both for every
                                // M > 1), 0 = 4 rows per thread for M >= 16 (round 8b); BONSAI_CUDA_ATTN=0|1|2|3
     int matvec_rows = 4;       // weight rows per matvec warp step: 4 or 2 (see ternary.cu; BONSAI_CUDA_MATVEC_ROWS)
-    int matvec = 3;            // M = 1 kernel: 3 = register ring (ternary.cu), 4 = bulk-copy stream (matvec_bulk.cu,
-                               // K % 1024 == 0; faster alone, slower inside the model: docs/cuda-kernels.md);
-                               // BONSAI_CUDA_MATVEC=4 selects it
+    int matvec = 6;            // M <= 2 (q16) / 4 (q8) kernel: 6 = tensor-core matvec v6 (matvec_mma.cu, the default
+                               // since round 8: faster than v3 on every kernel-table shape but ffn_down at M = 1, which keeps v3),
+                               // 3 = dp4a register ring v3 (ternary.cu), 4 = bulk-copy stream (matvec_bulk.cu, q8, M = 1,
+                               // K % 1024 == 0; faster alone, slower inside the model); BONSAI_CUDA_MATVEC=3|4|6
+    int matvec6_cfg = 0;       // v6 (matvec = 6) block shape, rows per tile x steps in flight x warps: 1 = 16 x 3 x 24,
+                               // 2 = 16 x 4 x 16, 3 = 32 x 2 x 16, 4 = 32 x 3 x 16 (each warp a contiguous K range);
+                               // lockstep (the warps share each tile): 5 = 16 x 4, 6 = 32 x 2, 7 = 16 x 3; 0 = 6, or 7
+                               // for <= 2,048 rows or K > 8,192 (matvec_mma.cu; BONSAI_CUDA_MV6)
     int matvec_bulk_rows = 0;  // v4 rows per warp group: 1, 2, 4, or 0 = chosen per matrix for balance
     int matvec_early = 1;      // v4 tiles streamed before waiting on the previous kernel (BONSAI_CUDA_MATVEC_EARLY)
     bool fuse_norm = false;    // rmsnorm / add_rmsnorm before a site fused into it (needs fuse; BONSAI_CUDA_FUSE_NORM=1;

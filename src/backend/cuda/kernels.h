@@ -86,6 +86,13 @@ void init_matvec_bulk_attributes();  // called by init_kernel_attributes
 void init_gemm_attributes();         // called by init_kernel_attributes
 Launch matvec_bulk_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int sms,
                           int rows = 0, int early = 1);
+// Matvec v6 (matvec_mma.cu): int8 tensor cores (mma.sync m16n8k16 u8.s8) on the canonical words, 16- or 32-row
+// tiles, one block per SM; the warps of a block walk each tile together (lockstep, the default) or split the
+// block's (tile, step) pairs into contiguous ranges. M <= 2 (q16) / 4 (q8); cfg: block shape
+// (CudaBackend::Options::matvec6_cfg).
+bool matvec6_supported(int64_t M, int levels, int64_t K);
+Launch matvec6_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
+                      int levels, int sms, int cfg = 0);
 // Exact-activation product (Options::exact, BONSAI_CUDA_EXACT=1): fp32 x [M, K] as it is, no int8
 // quantisation; one warp per weight row, 4 tokens per pass, fp32 accumulation. For parity checks, not speed.
 Launch exact_linear_launch(const TernaryDev* outs, int n_outs, int64_t K, const float* x, int64_t M);

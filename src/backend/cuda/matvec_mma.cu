@@ -1,0 +1,599 @@
+// Ternary matvec v6 (decode: M <= 2 under q16, M <= 4 under q8) on the int8 tensor cores:
+// mma.sync.m16n8k16.row.col.s32.u8.s8.s32, reading the CANONICAL words and scales (no repack: device memory
+// stays the pack's, and the prefill GEMMs read the same bytes).
+//
+// Why (docs/cuda-kernels.md, round 8): v3 spends ~2.1 thread-instructions per weight (4 LOP3 + 8 dp4a per
+// 16 weights under q16, plus the ring's address arithmetic and a float combine per 64-weight chunk) and is
+// issue/latency-bound at 22-39 % of the read probe. Here one mma does the work of 32 dp4a.
+//
+// Fragments (m16n8k16: A = 16 rows x 16 k, two registers; B = 16 k x 8 columns, one register). Lane
+// (g = lane / 4, t = lane % 4) loads 16 B of row g and 16 B of row g + 8 at byte 64 s + 16 t of the row: one
+// STEP = 64 B of each row = two 128-groups; lanes t = 0, 1 hold group 2s (words 0-3 / 4-7), lanes t = 2, 3
+// group 2s + 1. A canonical word holds element 16i + 4b + j at bits 8b + 2j, so `w & (0x03030303 << 2j)` is 4
+// codes (elements 16i + 4b + j, b = 0..3) scaled by 4^j in 4 bytes: ONE LOP3 per A register. The mma for
+// (j, word q) takes word q of each lane (k 4t..4t+3); its B must hold, at the same k, the activation of those
+// elements: in the site kernel's transposed layout (ternary.cu) that is int32 j of the word's 16 bytes, so B
+// needs no shuffle: a lane loads the 64 B of its 4 words (4 x 16 B, L1-resident). (m16n8k32 would take two
+// words per register pair; its B pair (word q, j), (word q', j) is not adjacent in memory, and assembling
+// it cost 2 MOVs per mma in the SASS: k16 issues twice the mmas and no MOVs.)
+// Columns: the k-slots of lanes t = 0, 1 are group 2s, of t = 2, 3 group 2s + 1, so a column is given ONE
+// group and is zero on the other half of k: q16 column n = (token n / 4, group (n / 2) % 2, digit n % 2); q8:
+// (token n / 2, group n % 2). The accumulator lane t then holds columns 2t, 2t + 1: under q16 the two digits
+// of one (token, group), under q8 the two groups of token t: every accumulator lane is useful at M = 2 (q16)
+// / 4 (q8), half of them at M = 1.
+// Scale 4^j: Horner on the accumulator: mma(j = 3), >> 2, mma(j = 2), >> 2, ... exact (a multiple of 4
+// before each shift): 3 SHF per accumulator register per step instead of one per A register.
+// Per group: int32 -> float, minus the group's digit sum S (codes are c = w + 1), times d_w * u. Exact up
+// to the float products: |254 I0 + I1 - S| < 2^24 even with code 3.
+//
+// Work split: a tile = RB blocks of 16 rows (they share the B loads, the activation units and the loop); one
+// block per SM owns a balanced contiguous range of tiles. Two ways to give the block's tiles to its warps:
+// - lockstep (matvec6l_kernel, the default, cfg 5-7): the NW warps walk each tile together, warp w taking steps
+//   w, w + NW, ... (NW <= 20 chosen so the steps divide evenly), so a block reads a contiguous stretch of its
+//   tile (16 rows are one contiguous block of canonical words); partials per tile in shared memory, summed in
+//   warp order every few tiles after one barrier. With one step per tile (K = 5120) a warp's B is loaded once.
+// - contiguous (matvec6_kernel, cfg 1-4): each warp a balanced contiguous range of the block's (tile, step)
+//   pairs; tiles cut between warps summed in shared memory after one barrier, in warp order.
+// Both deterministic. D steps of weight loads in flight per warp in a register ring (RB x (16 + 16 + 4) B per
+// lane and step), issued before griddepcontrol.wait (weights are constants); no L2 prefetch hook
+// (matvec_set_prefetch leaves v6 launches alone). Measured per shape in docs/cuda-kernels.md, round 8.
+#include <algorithm>
+
+#include "backend/cuda/common.cuh"
+
+namespace bonsai::cuda {
+namespace {
+
+struct Mv6Out {
+  const uint32_t* words;   // u32 [N, K/16] canonical
+  const uint16_t* scales;  // fp16 [N, K/128]
+  float* y;                // [M, N]
+  int64_t N;
+  int64_t t0;              // first tile (16 RB rows) of this output in the launch's tile space
+};
+struct Mv6Args {
+  Mv6Out o[kMaxOuts];
+  const int8_t* xq;    // int8 [M, LV, K] transposed digit planes (ternary.cu header)
+  const float2* xds;   // [M, K/64] {unit, digit sum} per 64-element chunk
+  int64_t K, M;
+  int64_t tiles;       // tiles of all outputs
+  int32_t n_outs, pad;
+};
+
+// k16: A = rows g / g + 8 at k 4t..4t+3, B = one register: no register pair to assemble for B.
+__device__ __forceinline__ void mma16_u8s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+  asm("mma.sync.aligned.m16n8k16.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a0), "r"(a1), "r"(b0));
+}
+
+__device__ __forceinline__ uint32_t comp(const uint4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
+
+template <int RB>
+struct Mv6Stage {
+  uint4 wa[RB], wb[RB];  // row block b, rows g / g + 8: 16 B at byte 64 s + 16 t
+  uint32_t sc[RB];       // fp16 scales of rows g | g + 8 (high half): q16 group 2s + t % 2, q8 group 2s
+  uint32_t sc2[RB];      // q8 only: group 2s + 1
+};
+
+// LV digits per activation element (2: q16, 1: q8), RB row blocks of 16 per tile (they share the B loads
+// and the loop), D steps in flight per warp, NW warps per block.
+template <int LV, int RB, int D, int NW>
+__global__ __launch_bounds__(NW * 32, 1) void matvec6_kernel(const Mv6Args a) {
+  constexpr int kTok = LV == 2 ? 2 : 4;          // tokens one n-tile of 8 columns carries
+  constexpr int TR = 16 * RB;                    // rows per tile
+  __shared__ float red[NW][2][kTok][TR];         // cut tiles: [warp][its first / last tile][token][row]
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  // 32-bit step / tile arithmetic (registers): K <= 2^20, (tile, step) pairs of a block < 2^31.
+  const int K = int(a.K), G = K >> 7, S = (G + 1) >> 1;  // S: steps (two groups each) per tile
+  const int64_t nblk = gridDim.x;
+  const int tb0 = int(a.tiles * blockIdx.x / nblk), tb1 = int(a.tiles * (blockIdx.x + 1) / nblk);
+  const int RS = (tb1 - tb0) * S;                                        // (tile, step) pairs of the block
+  const int x0 = int(int64_t(RS) * w / NW), x1 = int(int64_t(RS) * (w + 1) / NW);  // this warp's, relative to tb0
+
+  // ---- issue cursor (weights) ----
+  // Running pointers, advanced one step (64 B of words, 2 scales) per issue; reset when the tile changes.
+  // A lane's A words exist while is < lim_a (its group 2 is + t / 2 < G), its scales while is < lim_s.
+  const int rs_w = 8 * (K >> 6), rs_s = 8 * G;  // uint4 / halves from row g to row g + 8
+  const int lim_a = (G - (t >> 1) + 1) >> 1;
+  const int lim_s = LV == 2 ? (G - (t & 1) + 1) >> 1 : S, lim_s2 = G >> 1;  // q8: group 2 is + 1 while is < lim_s2
+  int ix = x0, it = x0 / S, is = x0 - (x0 / S) * S;
+  const uint4* pa = nullptr;            // row g of the tile: words at byte 64 is + 16 t
+  const unsigned short* ps = nullptr;   // row g: scale of the lane's (first) accumulator group
+  int nrow = 0;                         // rows of the tile that exist (< TR only for the last tile of an output)
+  auto set_tile = [&]() {
+    if (ix >= x1) return;
+    const int64_t tile = int64_t(tb0) + it;
+    int o = 0;
+#pragma unroll
+    for (int i = 1; i < kMaxOuts; ++i)
+      if (i < a.n_outs && tile >= a.o[i].t0) o = i;
+    const Mv6Out& O = a.o[o];
+    const int64_t r0 = (tile - O.t0) * TR;
+    nrow = int(min(int64_t(TR), O.N - r0));
+    pa = reinterpret_cast<const uint4*>(O.words + (r0 + g) * (K >> 4)) + t + 4 * is;
+    ps = O.scales + (r0 + g) * G + 2 * is + (LV == 2 ? (t & 1) : 0);
+  };
+  auto issue = [&](Mv6Stage<RB>& st) {
+    // Fast path (uniform over the warp): a whole tile and a step whose two groups exist: plain loads, no
+    // predicates and no zeroing.
+    if (ix < x1 && nrow == TR && 2 * is + 1 < G) {
+#pragma unroll
+      for (int b = 0; b < RB; ++b) {
+        const uint4* p = pa + 2 * b * rs_w;
+        const unsigned short* q = ps + 2 * b * rs_s;
+        st.wa[b] = ld_stream(p);
+        st.wb[b] = ld_stream(p + rs_w);
+        st.sc[b] = uint32_t(__ldg(q)) | uint32_t(__ldg(q + rs_s)) << 16;
+        if constexpr (LV == 1) st.sc2[b] = uint32_t(__ldg(q + 1)) | uint32_t(__ldg(q + rs_s + 1)) << 16;
+      }
+    } else {
+#pragma unroll
+      for (int b = 0; b < RB; ++b) {
+        st.wa[b] = st.wb[b] = make_uint4(0, 0, 0, 0);
+        st.sc[b] = st.sc2[b] = 0;
+      }
+      if (ix < x1) {
+#pragma unroll
+        for (int b = 0; b < RB; ++b) {
+          const bool va = 16 * b + g < nrow, vb = 16 * b + g + 8 < nrow;
+          const uint4* p = pa + 2 * b * rs_w;
+          const unsigned short* q = ps + 2 * b * rs_s;
+          if (va && is < lim_a) st.wa[b] = ld_stream(p);
+          if (vb && is < lim_a) st.wb[b] = ld_stream(p + rs_w);
+          const uint32_t s0 = va && is < lim_s ? uint32_t(__ldg(q)) : 0u, s1 = vb && is < lim_s ? uint32_t(__ldg(q + rs_s)) : 0u;
+          st.sc[b] = s0 | s1 << 16;
+          if constexpr (LV == 1) {
+            const uint32_t s2 = va && is < lim_s2 ? uint32_t(__ldg(q + 1)) : 0u;
+            const uint32_t s3 = vb && is < lim_s2 ? uint32_t(__ldg(q + rs_s + 1)) : 0u;
+            st.sc2[b] = s2 | s3 << 16;
+          }
+        }
+      }
+    }
+    if (ix < x1) {
+      pa += 4;
+      ps += 2;
+      ++ix;
+      if (++is == S) {
+        is = 0;
+        ++it;
+        set_tile();
+      }
+    }
+  };
+
+  Mv6Stage<RB> ring[D];
+  set_tile();
+#pragma unroll
+  for (int s = 0; s < D; ++s) issue(ring[s]);  // weights first: they do not depend on earlier kernels
+  pdl_trigger();
+  pdl_wait();  // the activations and y do
+
+  const int64_t M = a.M;
+  // B role of this lane: column n = g. Active when its group is the group of this lane's k-slots.
+  const int bm = LV == 2 ? g >> 2 : g >> 1, bl = LV == 2 ? g & 1 : 0, bg = LV == 2 ? (g >> 1) & 1 : g & 1;
+  const bool b_on = bg == (t >> 1) && bm < M;
+  // B of step cs: 64 B at xbp + 16 cs (uint4), loaded while cs < cs_b (its group exists, the lane is active).
+  const uint4* xbp = reinterpret_cast<const uint4*>(a.xq + (b_on ? (int64_t(bm) * LV + bl) * K + bg * 128 + 64 * (t & 1) : 0));
+  const int cs_b = b_on ? (G - bg + 1) >> 1 : 0;
+  // Accumulator role: columns 2t, 2t + 1.
+  const int cm = LV == 2 ? t >> 1 : t;  // token
+  const bool c_on = cm < M;
+  const float4* xd = reinterpret_cast<const float4*>(a.xds) + int64_t(c_on ? cm : 0) * (K >> 7);
+  // q16: the accumulator's group 2 cs + t % 2 exists while cs < cs_c (q8: group 2 cs).
+  const int cs_c = c_on ? (LV == 2 ? (G - (t & 1) + 1) >> 1 : (G + 1) >> 1) : 0;
+
+  // ---- compute cursor ----
+  int ct = x0 / S, cs = x0 - (x0 / S) * S;
+  const int first_tile = ct;
+  float yg[RB], yg8[RB];
+#pragma unroll
+  for (int b = 0; b < RB; ++b) yg[b] = yg8[b] = 0.f;
+  auto finish_tile = [&](int tile_rel) {
+    // q16: lanes t, t ^ 1 hold the two groups of one token: add them.
+    if constexpr (LV == 2) {
+#pragma unroll
+      for (int b = 0; b < RB; ++b) {
+        yg[b] += __shfl_xor_sync(0xffffffffu, yg[b], 1);
+        yg8[b] += __shfl_xor_sync(0xffffffffu, yg8[b], 1);
+      }
+    }
+    const bool holder = c_on && (LV == 1 || (t & 1) == 0);
+    const int64_t tile = int64_t(tb0) + tile_rel;
+    const bool whole = tile_rel * S >= x0 && tile_rel * S + S <= x1;
+    if (whole) {
+      int o = 0;
+#pragma unroll
+      for (int i = 1; i < kMaxOuts; ++i)
+        if (i < a.n_outs && tile >= a.o[i].t0) o = i;
+      const Mv6Out& O = a.o[o];
+      const int64_t r = (tile - O.t0) * TR + g;
+#pragma unroll
+      for (int b = 0; b < RB; ++b) {
+        if (holder && r + 16 * b < O.N) O.y[cm * O.N + r + 16 * b] = yg[b];
+        if (holder && r + 16 * b + 8 < O.N) O.y[cm * O.N + r + 16 * b + 8] = yg8[b];
+      }
+    } else if (holder) {
+      const int slot = tile_rel == first_tile ? 0 : 1;
+#pragma unroll
+      for (int b = 0; b < RB; ++b) {
+        red[w][slot][cm][16 * b + g] = yg[b];
+        red[w][slot][cm][16 * b + g + 8] = yg8[b];
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < RB; ++b) yg[b] = yg8[b] = 0.f;
+  };
+
+  for (int base = x0; base < x1; base += D) {
+#pragma unroll
+    for (int s = 0; s < D; ++s) {
+      if (base + s < x1) {  // uniform across the warp
+        const Mv6Stage<RB>& st = ring[s];
+        // B: the 4 transposed words of this lane's k-slots (zero when the column's group differs).
+        uint4 X[4];
+        if (cs < cs_b) {
+          const uint4* xp = xbp + 16 * cs;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) X[i] = xp[i];
+        } else {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) X[i] = make_uint4(0, 0, 0, 0);
+        }
+        float4 xv0 = make_float4(0.f, 0.f, 0.f, 0.f), xv1 = xv0;  // {u, S, u, S} of the accumulator groups
+        if (cs < cs_c) {
+          xv0 = xd[LV == 2 ? 2 * cs + (t & 1) : 2 * cs];
+          if (LV == 1 && 2 * cs + 1 < G) xv1 = xd[2 * cs + 1];
+        }
+#pragma unroll
+        for (int b = 0; b < RB; ++b) {
+          int c[4] = {0, 0, 0, 0};
+          const uint32_t wa[4] = {st.wa[b].x, st.wa[b].y, st.wa[b].z, st.wa[b].w};
+          const uint32_t wb[4] = {st.wb[b].x, st.wb[b].y, st.wb[b].z, st.wb[b].w};
+#pragma unroll
+          for (int j = 3; j >= 0; --j) {
+            const uint32_t m = 0x03030303u << (2 * j);
+#pragma unroll
+            for (int q = 0; q < 4; ++q) mma16_u8s8(c, wa[q] & m, wb[q] & m, comp(X[q], j));
+            if (j > 0)
+#pragma unroll
+              for (int i = 0; i < 4; ++i) c[i] >>= 2;  // exact: a multiple of 4
+          }
+          // Per group: y += d_w u (sum(c Q) - S). Zero scales (a missing group or row) add nothing.
+          const float2 dw = __half22float2(*reinterpret_cast<const __half2*>(&st.sc[b]));
+          if constexpr (LV == 2) {
+            const float S2 = xv0.y + xv0.w;
+            yg[b] += dw.x * xv0.x * (float(c[0] * 254 + c[1]) - S2);
+            yg8[b] += dw.y * xv0.x * (float(c[2] * 254 + c[3]) - S2);
+          } else {
+            const float S0 = xv0.y + xv0.w, S1 = xv1.y + xv1.w;
+            const float2 dw1 = __half22float2(*reinterpret_cast<const __half2*>(&st.sc2[b]));
+            yg[b] += dw.x * xv0.x * (float(c[0]) - S0);
+            yg8[b] += dw.y * xv0.x * (float(c[2]) - S0);
+            yg[b] += dw1.x * xv1.x * (float(c[1]) - S1);
+            yg8[b] += dw1.y * xv1.x * (float(c[3]) - S1);
+          }
+        }
+        issue(ring[s]);  // refill: the step D ahead
+        const bool last = base + s + 1 == x1;
+        if (++cs == S || last) {
+          finish_tile(ct);
+          if (cs == S) {
+            cs = 0;
+            ++ct;
+          }
+        }
+      }
+    }
+  }
+
+  // Tiles cut between warps: the warp holding a tile's last step sums the partials in warp order.
+  __syncthreads();
+  if (x1 > x0 && x0 % S != 0) {
+    const int tau = x0 / S;  // this warp's first tile began in an earlier warp
+    if (tau * S + S <= x1) { // ... and ends here: this warp owns it
+      // first contributor: the warp holding step tau * S (the largest w with RS w / NW <= x)
+      const int64_t xs = int64_t(tau) * S;
+      const int wf = int(((xs + 1) * NW + RS - 1) / RS - 1);
+      const int64_t tile = int64_t(tb0) + tau;
+      int o = 0;
+#pragma unroll
+      for (int i = 1; i < kMaxOuts; ++i)
+        if (i < a.n_outs && tile >= a.o[i].t0) o = i;
+      const Mv6Out& O = a.o[o];
+      for (int e = lane; e < kTok * TR; e += 32) {
+        const int m = e / TR, rr = e % TR;
+        const int64_t r = (tile - O.t0) * TR + rr;
+        if (m >= M || r >= O.N) continue;
+        float v = 0.f;
+        for (int ww = wf; ww <= w; ++ww) {
+          const int wx0 = int(int64_t(RS) * ww / NW);
+          if (int(int64_t(RS) * (ww + 1) / NW) == wx0) continue;  // an empty range wrote nothing
+          v += red[ww][wx0 / S == tau ? 0 : 1][m][rr];
+        }
+        O.y[m * O.N + r] = v;
+      }
+    }
+  }
+}
+
+// Lockstep variant (cfg 5-7): the block's warps walk the SAME tile together, warp w taking steps w, w + NW,
+// ... of it (NW <= S chosen at launch so the steps divide evenly), so at any moment a block reads one
+// contiguous stretch of each of the tile's rows (a 16-row tile is one contiguous block of the canonical
+// words): DRAM pages are read whole instead of 64 B at a time by warps far apart in K. Every warp ends every
+// tile: its partials go to shared memory, and every TB tiles one barrier, then the block sums the batch in
+// warp order (deterministic) and writes it; two batch buffers, so one barrier per batch.
+constexpr int kLsMaxWarps = 20;
+template <int LV, int RB, int D>
+__global__ __launch_bounds__(kLsMaxWarps * 32, 1) void matvec6l_kernel(const Mv6Args a) {
+  constexpr int kTok = LV == 2 ? 2 : 4;
+  constexpr int TR = 16 * RB;
+  constexpr int TB = (LV == 2 ? 4 : 2) / RB > 0 ? (LV == 2 ? 4 : 2) / RB : 1;  // tiles per batch (<= 25 KB of partials)
+  __shared__ float red[2][TB][kLsMaxWarps][kTok][TR];
+  const int NW = int(blockDim.x >> 5);
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int K = int(a.K), G = K >> 7, S = (G + 1) >> 1;
+  const int64_t nblk = gridDim.x;
+  const int tb0 = int(a.tiles * blockIdx.x / nblk), tb1 = int(a.tiles * (blockIdx.x + 1) / nblk);
+  const int nt = tb1 - tb0;
+  const int ns = (S - w + NW - 1) / NW;  // this warp's steps per tile (>= 1: NW <= S)
+  const int total = nt * ns;
+
+  const int rs_w = 8 * (K >> 6), rs_s = 8 * G;
+  const int lim_a = (G - (t >> 1) + 1) >> 1;
+  const int lim_s = LV == 2 ? (G - (t & 1) + 1) >> 1 : S, lim_s2 = G >> 1;
+  int ix = 0, it = 0, is = w;
+  const uint4* pa = nullptr;           // row g of the tile, step 0: words at byte 16 t
+  const unsigned short* ps = nullptr;  // row g, group 0 (+ t % 2 under q16)
+  int nrow = 0;
+  auto set_tile = [&]() {
+    if (ix >= total) return;
+    const int64_t tile = int64_t(tb0) + it;
+    int o = 0;
+#pragma unroll
+    for (int i = 1; i < kMaxOuts; ++i)
+      if (i < a.n_outs && tile >= a.o[i].t0) o = i;
+    const Mv6Out& O = a.o[o];
+    const int64_t r0 = (tile - O.t0) * TR;
+    nrow = int(min(int64_t(TR), O.N - r0));
+    pa = reinterpret_cast<const uint4*>(O.words + (r0 + g) * (K >> 4)) + t;
+    ps = O.scales + (r0 + g) * G + (LV == 2 ? (t & 1) : 0);
+  };
+  auto issue = [&](Mv6Stage<RB>& st) {
+#pragma unroll
+    for (int b = 0; b < RB; ++b) {
+      st.wa[b] = st.wb[b] = make_uint4(0, 0, 0, 0);
+      st.sc[b] = st.sc2[b] = 0;
+    }
+    if (ix < total) {
+#pragma unroll
+      for (int b = 0; b < RB; ++b) {
+        const bool va = 16 * b + g < nrow, vb = 16 * b + g + 8 < nrow;
+        const uint4* p = pa + 2 * b * rs_w + 4 * is;
+        const unsigned short* q = ps + 2 * b * rs_s + 2 * is;
+        if (va && is < lim_a) st.wa[b] = ld_stream(p);
+        if (vb && is < lim_a) st.wb[b] = ld_stream(p + rs_w);
+        const uint32_t s0 = va && is < lim_s ? uint32_t(__ldg(q)) : 0u, s1 = vb && is < lim_s ? uint32_t(__ldg(q + rs_s)) : 0u;
+        st.sc[b] = s0 | s1 << 16;
+        if constexpr (LV == 1) {
+          const uint32_t s2 = va && is < lim_s2 ? uint32_t(__ldg(q + 1)) : 0u;
+          const uint32_t s3 = vb && is < lim_s2 ? uint32_t(__ldg(q + rs_s + 1)) : 0u;
+          st.sc2[b] = s2 | s3 << 16;
+        }
+      }
+      ++ix;
+      is += NW;
+      if (is >= S) {
+        is = w;
+        ++it;
+        set_tile();
+      }
+    }
+  };
+
+  Mv6Stage<RB> ring[D];
+  set_tile();
+#pragma unroll
+  for (int s = 0; s < D; ++s) issue(ring[s]);
+  pdl_trigger();
+  pdl_wait();
+
+  const int64_t M = a.M;
+  const int bm = LV == 2 ? g >> 2 : g >> 1, bl = LV == 2 ? g & 1 : 0, bg = LV == 2 ? (g >> 1) & 1 : g & 1;
+  const bool b_on = bg == (t >> 1) && bm < M;
+  const uint4* xbp = reinterpret_cast<const uint4*>(a.xq + (b_on ? (int64_t(bm) * LV + bl) * K + bg * 128 + 64 * (t & 1) : 0));
+  const int cs_b = b_on ? (G - bg + 1) >> 1 : 0;
+  const int cm = LV == 2 ? t >> 1 : t;
+  const bool c_on = cm < M;
+  const float4* xd = reinterpret_cast<const float4*>(a.xds) + int64_t(c_on ? cm : 0) * (K >> 7);
+  const int cs_c = c_on ? (LV == 2 ? (G - (t & 1) + 1) >> 1 : (G + 1) >> 1) : 0;
+
+  int ct = 0, cs = w;
+  float yg[RB], yg8[RB];
+#pragma unroll
+  for (int b = 0; b < RB; ++b) yg[b] = yg8[b] = 0.f;
+  // The batch of tiles [j0, j0 + n): sum over the warps in order, write y.
+  auto reduce_batch = [&](int j0, int n, int buf) {
+    for (int e = threadIdx.x; e < n * kTok * TR; e += blockDim.x) {
+      const int j = e / (kTok * TR), m = (e / TR) % kTok, rr = e % TR;
+      if (m >= M) continue;
+      const int64_t tile = int64_t(tb0) + j0 + j;
+      int o = 0;
+#pragma unroll
+      for (int i = 1; i < kMaxOuts; ++i)
+        if (i < a.n_outs && tile >= a.o[i].t0) o = i;
+      const Mv6Out& O = a.o[o];
+      const int64_t r = (tile - O.t0) * TR + rr;
+      if (r >= O.N) continue;
+      float v = 0.f;
+      for (int ww = 0; ww < NW; ++ww) v += red[buf][j][ww][m][rr];
+      O.y[m * O.N + r] = v;
+    }
+  };
+
+  // B and the activation units of step cs; with one step per tile (ns == 1: S == NW, e.g. K = 5120) the warp's
+  // step is the same in every tile, so they are loaded once, not per step.
+  uint4 X[4];
+  float4 xv0, xv1;
+  auto load_b = [&](int c) {
+    if (c < cs_b) {
+      const uint4* xp = xbp + 16 * c;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) X[i] = xp[i];
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) X[i] = make_uint4(0, 0, 0, 0);
+    }
+    xv0 = xv1 = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (c < cs_c) {
+      xv0 = xd[LV == 2 ? 2 * c + (t & 1) : 2 * c];
+      if (LV == 1 && 2 * c + 1 < G) xv1 = xd[2 * c + 1];
+    }
+  };
+  const bool hoist = ns == 1;
+  if (hoist) load_b(w);
+  for (int base = 0; base < total; base += D) {
+#pragma unroll
+    for (int s = 0; s < D; ++s) {
+      if (base + s < total) {
+        const Mv6Stage<RB>& st = ring[s];
+        if (!hoist) load_b(cs);
+#pragma unroll
+        for (int b = 0; b < RB; ++b) {
+          int c[4] = {0, 0, 0, 0};
+          const uint32_t wa[4] = {st.wa[b].x, st.wa[b].y, st.wa[b].z, st.wa[b].w};
+          const uint32_t wb[4] = {st.wb[b].x, st.wb[b].y, st.wb[b].z, st.wb[b].w};
+#pragma unroll
+          for (int j = 3; j >= 0; --j) {
+            const uint32_t m = 0x03030303u << (2 * j);
+#pragma unroll
+            for (int q = 0; q < 4; ++q) mma16_u8s8(c, wa[q] & m, wb[q] & m, comp(X[q], j));
+            if (j > 0)
+#pragma unroll
+              for (int i = 0; i < 4; ++i) c[i] >>= 2;
+          }
+          const float2 dw = __half22float2(*reinterpret_cast<const __half2*>(&st.sc[b]));
+          if constexpr (LV == 2) {
+            const float S2 = xv0.y + xv0.w;
+            yg[b] += dw.x * xv0.x * (float(c[0] * 254 + c[1]) - S2);
+            yg8[b] += dw.y * xv0.x * (float(c[2] * 254 + c[3]) - S2);
+          } else {
+            const float S0 = xv0.y + xv0.w, S1 = xv1.y + xv1.w;
+            const float2 dw1 = __half22float2(*reinterpret_cast<const __half2*>(&st.sc2[b]));
+            yg[b] += dw.x * xv0.x * (float(c[0]) - S0);
+            yg8[b] += dw.y * xv0.x * (float(c[2]) - S0);
+            yg[b] += dw1.x * xv1.x * (float(c[1]) - S1);
+            yg8[b] += dw1.y * xv1.x * (float(c[3]) - S1);
+          }
+        }
+        issue(ring[s]);
+        cs += NW;
+        if (cs >= S) {  // this warp's part of tile ct is done
+          if constexpr (LV == 2) {
+#pragma unroll
+            for (int b = 0; b < RB; ++b) {
+              yg[b] += __shfl_xor_sync(0xffffffffu, yg[b], 1);
+              yg8[b] += __shfl_xor_sync(0xffffffffu, yg8[b], 1);
+            }
+          }
+          const int batch = ct / TB, buf = batch & 1, j = ct - batch * TB;
+          if (c_on && (LV == 1 || (t & 1) == 0)) {
+#pragma unroll
+            for (int b = 0; b < RB; ++b) {
+              red[buf][j][w][cm][16 * b + g] = yg[b];
+              red[buf][j][w][cm][16 * b + g + 8] = yg8[b];
+            }
+          }
+#pragma unroll
+          for (int b = 0; b < RB; ++b) yg[b] = yg8[b] = 0.f;
+          if (j == TB - 1 || ct + 1 == nt) {  // the batch is complete in every warp (all warps end every tile)
+            __syncthreads();
+            reduce_batch(batch * TB, j + 1, buf);
+          }
+          cs = w;
+          ++ct;
+        }
+      }
+    }
+  }
+}
+
+// Block shapes (Options::matvec6_cfg 1-4): row blocks per tile, steps in flight, warps per block; one block
+// per SM. cfg 0 (default) picks 2 row blocks when that leaves >= 4 tiles per block, else 1 (balance: ffn_down's
+// 5,120 rows are 320 tiles of 16 = 2-3 per SM, but 160 of 32 = 1-2).
+struct Mv6Cfg {
+  int rb, d, nw;
+};
+constexpr Mv6Cfg kMv6Cfgs[] = {{1, 3, 24}, {1, 4, 16}, {2, 2, 16}, {2, 3, 16}};
+template <int LV>
+const void* matvec6_kernel_for(int shape) {
+  switch (shape) {
+    case 1: return reinterpret_cast<const void*>(&matvec6_kernel<LV, 1, 4, 16>);
+    case 2: return reinterpret_cast<const void*>(&matvec6_kernel<LV, 2, 2, 16>);
+    case 3: return reinterpret_cast<const void*>(&matvec6_kernel<LV, 2, 3, 16>);
+    default: return reinterpret_cast<const void*>(&matvec6_kernel<LV, 1, 3, 24>);
+  }
+}
+
+}  // namespace
+
+bool matvec6_supported(int64_t M, int levels, int64_t K) {
+  return M >= 1 && M <= (levels == 2 ? 2 : 4) && K % 128 == 0 && K <= (int64_t(1) << 20);
+}
+
+Launch matvec6_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
+                      int levels, int sms, int cfg) {
+  Mv6Args a{};
+  a.xq = xq;
+  a.xds = xds;
+  a.K = K;
+  a.M = M;
+  a.n_outs = n_outs;
+  int64_t rows = 0;
+  for (int i = 0; i < n_outs; ++i) rows += outs[i].N;
+  const int lv = levels == 2 ? 2 : 1;
+  // Default (cfg 0): lockstep, 32-row tiles (6), or 16-row ones (7) where 32-row tiles leave blocks with 1 or 2
+  // tiles (few rows, or K = 17,408: ffn_down) - measured per shape, docs/cuda-kernels.md round 8.
+  if (cfg == 0) cfg = rows <= 2048 || K > 8192 ? 7 : 6;
+  if (cfg >= 5 && cfg <= 7) {  // lockstep: RB x D = 1 x 4, 2 x 2, 1 x 3
+    const int rb = cfg == 6 ? 2 : 1;
+    const int64_t tr = 16 * rb;
+    int64_t t0 = 0;
+    for (int i = 0; i < n_outs; ++i) {
+      a.o[i] = {outs[i].words, outs[i].scales, outs[i].y, outs[i].N, t0};
+      t0 += (outs[i].N + tr - 1) / tr;
+    }
+    a.tiles = t0;
+    // Warps: NW <= min(S, 20) with the fewest idle step slots per tile (S = 20 -> 20, 24 -> 12, 68 -> 17).
+    const int64_t S = (K / 128 + 1) / 2;
+    int nw = int(std::min<int64_t>(S, kLsMaxWarps));
+    double best = -1;
+    for (int n = nw; n >= std::min(nw, 12); --n) {
+      const double eff = double(S) / double(n * ((S + n - 1) / n));
+      if (eff > best + 1e-9) best = eff, nw = n;
+    }
+    const void* f = lv == 2 ? (cfg == 5 ? reinterpret_cast<const void*>(&matvec6l_kernel<2, 1, 4>)
+                               : cfg == 6 ? reinterpret_cast<const void*>(&matvec6l_kernel<2, 2, 2>)
+                                          : reinterpret_cast<const void*>(&matvec6l_kernel<2, 1, 3>))
+                            : (cfg == 5 ? reinterpret_cast<const void*>(&matvec6l_kernel<1, 1, 4>)
+                               : cfg == 6 ? reinterpret_cast<const void*>(&matvec6l_kernel<1, 2, 2>)
+                                          : reinterpret_cast<const void*>(&matvec6l_kernel<1, 1, 3>));
+    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(sms, a.tiles));
+    return make_launch(f, dim3(unsigned(blocks)), dim3(unsigned(32 * nw)), 0, a);
+  }
+  const int shape = cfg >= 1 && cfg <= 4 ? cfg - 1 : 2;
+  const Mv6Cfg c = kMv6Cfgs[shape];
+  const int64_t tr = 16 * c.rb;  // rows per tile
+  int64_t t0 = 0;
+  for (int i = 0; i < n_outs; ++i) {
+    a.o[i] = {outs[i].words, outs[i].scales, outs[i].y, outs[i].N, t0};
+    t0 += (outs[i].N + tr - 1) / tr;
+  }
+  a.tiles = t0;
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(sms, a.tiles));
+  const void* f = lv == 2 ? matvec6_kernel_for<2>(shape) : matvec6_kernel_for<1>(shape);
+  return make_launch(f, dim3(unsigned(blocks)), dim3(unsigned(32 * c.nw)), 0, a);
+}
+
+}  // namespace bonsai::cuda

@@ -1,0 +1,97 @@
+// Matvec v6 (matvec_mma.cu, the tensor-core decode matvec): against the exact result of the int8 arithmetic
+// (quantised_reference), against v3 (the dp4a matvec it replaces), and run to run, at awkward shapes: M = 1..4,
+// q8 and q16, K a multiple of 128 but not of 256 (a last step with one group), N not a multiple of 16 (a
+// ragged last tile), up to 4 outputs in one launch (tiles of several outputs in one block), few tiles with a
+// long K (tiles cut between many warps: the shared-memory sum) and many tiles per block; every block shape,
+// the lockstep ones (cfg 5-7: the block's warps share each tile) with K = 128 / 384 (one / two warps per block),
+// steps that do not divide evenly over the warps and several batches of tiles per block.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kernels.h"
+#include "cuda_test_util.h"
+
+namespace bonsai {
+namespace {
+
+using namespace cudatest;
+
+struct Case {
+  int64_t M, K;
+  std::vector<int64_t> N;
+};
+
+std::vector<float> run_linear(CudaBackend& b, const std::vector<TernaryMatrix*>& ws, const std::vector<float>& x,
+                              int64_t M, int64_t K, std::vector<std::vector<float>>& per_out) {
+  for (TernaryMatrix* w : ws) b.prepare_matrix(*w);
+  Buffer dx = up(b, x);
+  std::vector<Buffer> ys;
+  std::vector<LinearOut> outs;
+  for (TernaryMatrix* w : ws) {
+    ys.push_back(poisoned(b, size_t(M * w->rows)));
+    outs.push_back({w, ys.back().data()});
+  }
+  b.linear(outs.data(), int(outs.size()), K, dx.data(), M);
+  std::vector<float> all;
+  per_out.clear();
+  for (Buffer& y : ys) {
+    per_out.push_back(down(b, y));
+    all.insert(all.end(), per_out.back().begin(), per_out.back().end());
+  }
+  EXPECT_EQ(down(b, dx), x);  // x itself untouched
+  return all;
+}
+
+TEST(CudaMatvec6, MatchesTheQuantisedReferenceAndV3) {
+  BONSAI_REQUIRE_GPU();
+  const Case cases[] = {{1, 128, {1}},          {1, 384, {37}},          {2, 640, {129}},
+                        {1, 1152, {300, 129, 7}}, {2, 1152, {65, 31}},   {2, 384, {5, 3, 17, 2}},
+                        {3, 1152, {65, 31}},    {4, 256, {17}},          {4, 640, {300}},
+                        {1, 5120, {1024}},      {2, 17408, {70}},        {1, 6144, {515}},
+                        {1, 5120, {20003}},     {1, 1024, {3000, 1000, 24}}};
+  uint32_t seed = 700;
+  for (const Case& c : cases) {
+    std::vector<TernaryMatrix*> ws;
+    for (int64_t N : c.N) ws.push_back(&random_matrix(N, c.K, seed++, 0.02));
+    const auto x = randn(size_t(c.M * c.K), seed++);
+    for (int levels : {2, 1}) {
+      if (!cuda::matvec6_supported(c.M, levels, c.K)) continue;
+      std::vector<std::vector<float>> exact;
+      for (TernaryMatrix* w : ws) exact.push_back(quantised_reference(*w, x, c.M, levels));
+      CudaBackend::Options o3;
+      o3.graphs = false;
+      o3.act_levels = levels;
+      o3.matvec = 3;
+      o3.tensor_cores = false;  // v3 at every M (q16 M > 2 would go to the GEMM)
+      CudaBackend b3(o3);
+      std::vector<std::vector<float>> v3_out;
+      const std::vector<float> v3 = run_linear(b3, ws, x, c.M, c.K, v3_out);
+      for (int cfg : {1, 2, 3, 4, 5, 6, 7}) {
+        CudaBackend::Options o6 = o3;
+        o6.tensor_cores = true;
+        o6.matvec = 6;
+        o6.matvec6_cfg = cfg;
+        CudaBackend b6(o6);
+        std::vector<std::vector<float>> got;
+        const std::vector<float> v6 = run_linear(b6, ws, x, c.M, c.K, got);
+        std::string shape = "M " + std::to_string(c.M) + " K " + std::to_string(c.K) + " N";
+        for (int64_t N : c.N) shape += " " + std::to_string(N);
+        const std::string what = shape + (levels == 2 ? " q16" : " q8") + " cfg " + std::to_string(cfg);
+        for (size_t i = 0; i < ws.size(); ++i) EXPECT_LE(rel_err(got[i], exact[i]), 1e-5) << what << " output " << i;
+        // v6 sums per 128-group, v3 per 64-chunk, in other orders: fp32 rounding apart, nothing more.
+        EXPECT_LE(rel_err(v6, v3), 1e-5) << what << " vs v3";
+        // Deterministic: the cut tiles are summed in warp order, not in arrival order.
+        std::vector<std::vector<float>> again_out;
+        const std::vector<float> again = run_linear(b6, ws, x, c.M, c.K, again_out);
+        EXPECT_EQ(again, v6) << what << " run to run";
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace bonsai
