@@ -1,0 +1,20 @@
+#!/bin/bash
+# The end-of-session check of a committed build on the H200: the fixture gate (default options), the model /
+# sampling / matvec tests, then the README's numbers: `bonsai bench --backend cuda` pp512, pp2048, tg128 at
+# depth 0 and 8192, and batched greedy decode at B = 8 and 32. Binaries: DEVBIN=.devbin-me BUILD=build-cuda
+# tests/cuda/stage_devbin.sh; run `bash .devbin-me/device_final.sh` with carry [".devbin-me"].
+# $OUT: gate.txt, test_cuda.log, bench.json, bench.txt, batch.txt.
+set -u
+source "$(dirname "$0")/device_env.sh"
+device_header
+start_27b_pack
+make_tiny_packs
+timeout 60 $B/bonsai gate -m /tmp/tiny7/tiny-pq2_0.gguf --fixture "$FIX" --backend cuda > "$OUT/gate.txt" 2>&1
+echo "gate rc=$?"; tail -4 "$OUT/gate.txt"
+TEST_FILTER=${TEST_FILTER:-CudaModel.*:CudaSampling.*:CudaMatvec6.*} run_test_cuda ${TEST_TIMEOUT:-150}
+grep -E "^\[  FAILED|^\[  PASSED|Failure|Expected|Which is" "$OUT/test_cuda.log" | head -20
+wait $MP
+timeout 200 $B/bonsai bench --backend cuda -m "$P27" -p 512,2048 -n 128 -r 2 -d 0,8192 --json > "$OUT/bench.json" 2> "$OUT/bench.txt"
+echo "bench rc=$?"; tail -8 "$OUT/bench.txt"
+timeout 120 $B/bonsai bench --backend cuda -m "$P27" -p 0 -n 32 -r 2 --batch 8,32 > "$OUT/batch.txt" 2>&1
+echo "batch rc=$?"; tail -4 "$OUT/batch.txt"
