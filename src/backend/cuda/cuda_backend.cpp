@@ -68,6 +68,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
   o.pdl = flag("BONSAI_CUDA_PDL", o.pdl);
   o.fuse = flag("BONSAI_CUDA_FUSE", o.fuse);
   o.fuse_site = flag("BONSAI_CUDA_FUSE_SITE", o.fuse_site);
+  o.site_warp = flag("BONSAI_CUDA_SITE_WARP", o.site_warp);
   o.gemm_wave_split = flag("BONSAI_CUDA_WAVE_SPLIT", o.gemm_wave_split);
   o.matvec_balance = flag("BONSAI_CUDA_MATVEC_BALANCE", o.matvec_balance);
   o.l2_prefetch = flag("BONSAI_CUDA_PREFETCH", o.l2_prefetch);
@@ -571,6 +572,7 @@ struct CudaBackend::Impl {
   void site(float* x, int64_t rows, int64_t K, const int8_t* signs, int64_t n, bool inverse, bool quantise,
             bool may_defer = false) {
     cuda::SiteDesc d;
+    d.warp = opt.site_warp;
     d.src = x;
     d.ld = K;
     d.dst = x;

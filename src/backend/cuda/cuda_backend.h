@@ -63,6 +63,8 @@ class CudaBackend final : public Backend {
     int matvec_early = 1;      // v4 tiles streamed before waiting on the previous kernel (BONSAI_CUDA_MATVEC_EARLY)
     bool fuse_norm = false;    // rmsnorm / add_rmsnorm before a site fused into it (needs fuse; BONSAI_CUDA_FUSE_NORM=1;
                                // one block per row: measured slower at decode, see docs/cuda-kernels.md)
+    bool site_warp = true;     // prefill sites (>= 64 rows) one warp per 1024 chunk, no barriers (site_warp_kernel,
+                               // ternary.cu; BONSAI_CUDA_SITE_WARP=0: the block-per-chunk site_kernel everywhere)
     bool fuse_site = false;    // a one-row site computed by the matvec that consumes it (its prologue) instead of
                                // by a site kernel (needs fuse; BONSAI_CUDA_FUSE_SITE=1): 676 instead of 933 kernels
                                // per 27b decode step but slower (124 vs 150 tok/s, docs/cuda-kernels.md)

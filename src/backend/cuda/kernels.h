@@ -46,8 +46,13 @@ struct SiteDesc {
   int32_t pre = kPreNone, inverse = 0, seg = 0;
   int32_t levels = 2;            // int8 digits per element: 2 (q16) or 1 (q8)
   float eps = 0.f;
+  bool warp = true;              // rows >= kSiteWarpMinRows: one warp per 1024 chunk where supported (ternary.cu)
 };
 Launch site_launch(const SiteDesc& d);
+// The warp-per-chunk site for prefill rows (site_warp_kernel): rows >= this, K % 1024 == 0, n <= 1024, no
+// AddNorm pre-op, no gather with a pre-op, a power-of-two gated-norm segment in [32, 1024], 16-byte aligned rows.
+constexpr int64_t kSiteWarpMinRows = 64;  // batched decode (<= 32 rows) keeps site_kernel: the warp grid is too small there (round 3)
+bool site_warp_supported(const SiteDesc& d);
 // Largest Hadamard block the site kernel supports.
 constexpr int64_t kMaxHadamardBlock = 8192;
 

@@ -52,6 +52,7 @@ struct SiteArgs {
 };
 
 constexpr int kSiteThreads = 1024;  // one element per thread for a 1024 tile: short dependency chains at decode
+constexpr int kSiteWarpThreads = 256;  // site_warp_kernel: 8 chunks (warps) per block
 
 __global__ __launch_bounds__(kSiteThreads) void site_kernel(const SiteArgs a) {
   extern __shared__ float sh[];  // [tile]
@@ -186,6 +187,142 @@ __global__ __launch_bounds__(kSiteThreads) void site_kernel(const SiteArgs a) {
   }
 }
 
+// The site for prefill rows (SiteDesc::warp, rows >= kSiteWarpMinRows): one WARP per 1024-element chunk of a
+// row, the chunk in registers (lane l holds elements 32 l .. 32 l + 31), no shared memory and no barriers.
+// site_kernel runs one 1024-thread block per chunk with a barrier per FWHT stage above 16: at 256 rows it
+// took 53.6 us per call (5 waves of 2 blocks per SM, each a chain of barriers), 20 % of a prefill chunk.
+// The same operations in the same order as site_kernel (pre-op, signs, butterflies a + b / a - b at
+// h = 1, 2, 4, ..., * norm, the same quantiser), so xq / xds / dst are bit-identical to it for every
+// pre-op but the gated norm, whose sum of squares is summed in another order.
+__global__ __launch_bounds__(kSiteWarpThreads) void site_warp_kernel(const SiteArgs a) {
+  pdl_trigger();
+  pdl_wait();
+  const int lane = threadIdx.x & 31;
+  const int64_t chunks = a.K >> 10;
+  const int64_t unit = int64_t(blockIdx.x) * (kSiteWarpThreads / 32) + (threadIdx.x >> 5);
+  if (unit >= a.rows * chunks) return;  // warp-uniform: whole warps only
+  const int64_t r = unit / chunks, c0 = (unit % chunks) << 10, e0 = c0 + 32 * lane;  // e0: lane's first element
+  const float* src = a.src + r * a.ld;
+  float v[32];
+  if (a.perm) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) v[j] = src[a.perm[e0 + j]];
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float4 f = *reinterpret_cast<const float4*>(src + e0 + 4 * k);
+      v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
+    }
+  }
+  if (a.pre == kPreSiluMul || a.pre == kPreSigmoidMul || a.pre == kPreGatedNorm) {  // no perm with a pre-op
+    const float* src2 = a.src2 + r * a.ld;
+    float u[32];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float4 f = *reinterpret_cast<const float4*>(src2 + e0 + 4 * k);
+      u[4 * k] = f.x, u[4 * k + 1] = f.y, u[4 * k + 2] = f.z, u[4 * k + 3] = f.w;
+    }
+    if (a.pre == kPreSiluMul) {
+#pragma unroll
+      for (int j = 0; j < 32; ++j) v[j] = siluf_(v[j]) * u[j];
+    } else if (a.pre == kPreSigmoidMul) {
+#pragma unroll
+      for (int j = 0; j < 32; ++j) v[j] = v[j] * sigmoidf_(u[j]);
+    } else {  // rmsnorm over each seg-long segment (seg / 32 adjacent lanes) * gain * silu(z)
+      float ss = 0.f;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) ss += v[j] * v[j];
+      for (int o = 1; o < a.seg / 32; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      const float rr = rsqrtf(ss / float(a.seg) + a.eps);
+      const int64_t g0 = e0 % a.seg;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) v[j] = v[j] * rr * a.gain[g0 + j] * siluf_(u[j]);
+    }
+    if (a.pre_out) {
+      float4* po = reinterpret_cast<float4*>(a.pre_out + r * a.ld + e0);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) po[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+    }
+  }
+  float sg[32];  // the signs, applied before the transform (forward) or after it (inverse)
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const char4 g = a.signs ? *reinterpret_cast<const char4*>(a.signs + e0 + 4 * k) : make_char4(1, 1, 1, 1);
+    sg[4 * k] = float(g.x), sg[4 * k + 1] = float(g.y), sg[4 * k + 2] = float(g.z), sg[4 * k + 3] = float(g.w);
+  }
+  if (!a.inverse && a.signs) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) v[j] *= sg[j];
+  }
+  const int n = int(a.n);
+#pragma unroll
+  for (int h = 1; h < 32; h <<= 1) {
+    if (h < n) {
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        if ((j & h) == 0) {
+          const float x0 = v[j], x1 = v[j + h];
+          v[j] = x0 + x1;
+          v[j + h] = x0 - x1;
+        }
+    }
+  }
+  for (int h = 32; h < n; h <<= 1) {
+    const int m = h / 32;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      const float p = __shfl_xor_sync(0xffffffffu, v[j], m);
+      v[j] = (lane & m) ? p - v[j] : v[j] + p;
+    }
+  }
+  float amax = 0.f;
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    v[j] *= a.norm;
+    if (a.inverse && a.signs) v[j] *= sg[j];
+    amax = fmaxf(amax, fabsf(v[j]));
+  }
+  if (a.dst) {
+    float4* d = reinterpret_cast<float4*>(a.dst + r * a.K + e0);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) d[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+  }
+  if (!a.xq) return;
+  // Per 128-group (4 lanes), site_kernel's quantiser: inv = 127 / amax, q0 = rint(v inv), q1 = the residual
+  // * 254 (q16); positions transposed within each 16: element 16w + 4b + t -> byte 16w + 4t + b.
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  const float d = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+  uint32_t p0[8], p1[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) p0[k] = p1[k] = 0;
+  int sum = 0;
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    const float vs = v[j] * inv;
+    const float q0f = rintf(vs);
+    const int q0 = max(-127, min(127, int(q0f)));
+    const int w = j >> 4, b = (j >> 2) & 3, t = j & 3, pos = 16 * w + 4 * t + b;
+    p0[pos >> 2] |= uint32_t(q0 & 0xff) << (8 * (pos & 3));
+    if (a.levels == 2) {
+      const int q1 = max(-127, min(127, __float2int_rn((vs - q0f) * 254.f)));
+      p1[pos >> 2] |= uint32_t(q1 & 0xff) << (8 * (pos & 3));
+      sum += 254 * q0 + q1;
+    } else {
+      sum += q0;
+    }
+  }
+  int8_t* xq = a.xq + r * a.levels * a.K + e0;  // digit plane 0 of row r; plane 1 at + K
+  reinterpret_cast<uint4*>(xq)[0] = make_uint4(p0[0], p0[1], p0[2], p0[3]);
+  reinterpret_cast<uint4*>(xq)[1] = make_uint4(p0[4], p0[5], p0[6], p0[7]);
+  if (a.levels == 2) {
+    reinterpret_cast<uint4*>(xq + a.K)[0] = make_uint4(p1[0], p1[1], p1[2], p1[3]);
+    reinterpret_cast<uint4*>(xq + a.K)[1] = make_uint4(p1[4], p1[5], p1[6], p1[7]);
+  }
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);  // a 64-chunk is two lanes
+  if ((lane & 1) == 0) a.xds[r * (a.K >> 6) + (e0 >> 6)] = make_float2(a.levels == 2 ? d / 254.f : d, float(sum));
+}
+
 int ilog2(int64_t n) {
   int l = 0;
   while ((int64_t(1) << l) < n) ++l;
@@ -193,6 +330,17 @@ int ilog2(int64_t n) {
 }
 
 }  // namespace
+
+bool site_warp_supported(const SiteDesc& d) {
+  if (!d.warp || d.rows < kSiteWarpMinRows || d.K % 1024 != 0 || d.n > 1024 || d.pre == kPreAddNorm) return false;
+  if (d.perm && d.pre != kPreNone) return false;
+  if (d.pre == kPreGatedNorm && (d.seg < 32 || d.seg > 1024 || (d.seg & (d.seg - 1)) != 0)) return false;
+  // 16-byte loads and stores of each lane's 32 elements
+  return d.ld % 4 == 0 && reinterpret_cast<uintptr_t>(d.src) % 16 == 0 &&
+         (!d.src2 || reinterpret_cast<uintptr_t>(d.src2) % 16 == 0) && (!d.dst || reinterpret_cast<uintptr_t>(d.dst) % 16 == 0) &&
+         (!d.pre_out || reinterpret_cast<uintptr_t>(d.pre_out) % 16 == 0) && (!d.xq || reinterpret_cast<uintptr_t>(d.xq) % 16 == 0) &&
+         (!d.signs || reinterpret_cast<uintptr_t>(d.signs) % 4 == 0);
+}
 
 Launch site_launch(const SiteDesc& d) {
   SiteArgs a{};
@@ -218,6 +366,11 @@ Launch site_launch(const SiteDesc& d) {
   a.eps = d.eps;
   a.norm = float(1.0 / __builtin_sqrt(double(d.n)));
   a.levels = d.levels == 2 ? 2 : 1;
+  if (site_warp_supported(d)) {
+    const int64_t warps = d.rows * (d.K >> 10), per_block = kSiteWarpThreads / 32;
+    return make_launch(reinterpret_cast<const void*>(&site_warp_kernel), dim3(unsigned((warps + per_block - 1) / per_block)),
+                       dim3(kSiteWarpThreads), 0, a);
+  }
   const dim3 grid(unsigned((d.K + a.tile - 1) / a.tile), unsigned(d.rows));
   return make_launch(reinterpret_cast<const void*>(&site_kernel), grid, dim3(kSiteThreads),
                      uint32_t(a.tile * sizeof(float)), a);
