@@ -28,6 +28,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/ref/ref_backend.h"
 #include "cuda_test_util.h"
+#include "../engine/sampler_cases.h"
 #include "engine/gate.h"
 #include "engine/session.h"
 #include "engine/sampler.h"
@@ -210,14 +211,7 @@ TEST(CudaModel, NextTokenOnTheDeviceEqualsSamplingTheLogits) {
   std::vector<int32_t> prompt = token_ids(m.config.vocab);
   prompt.resize(std::min<size_t>(prompt.size(), 40));
   auto opts = [](float temp, int32_t top_k, float top_p, float min_p, float penalty) {
-    SamplerOptions o;
-    o.temperature = temp;
-    o.top_k = top_k;
-    o.top_p = top_p;
-    o.min_p = min_p;
-    o.repeat_penalty = penalty;
-    o.seed = 5;
-    return o;
+    return bonsai::testing_support::sampler_options(temp, top_k, top_p, min_p, penalty, 64, 5);
   };
   for (const SamplerOptions& o : {opts(0, 0, 1, 0, 1), opts(0, 0, 1, 0, 1.3f), opts(1.2f, 40, 0.9f, 0, 1.2f),
                                   opts(1.0f, 20, 1, 0.05f, 1), opts(1.5f, 0, 0.9f, 0, 1)}) {

@@ -10,6 +10,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "engine/sampler.h"
 #include "util/error.h"
+#include "sampler_cases.h"
 
 using namespace bonsai;
 
@@ -159,15 +160,7 @@ TEST(Sampler, TopKCandidatesPickWhatTheWholeRowPicks) {
   std::vector<int32_t> history(40);
   for (auto& t : history) t = int32_t(rng() % 120);  // repeats: the window's distinct tokens matter
   auto opts = [](float temp, int32_t top_k, float top_p, float min_p, float penalty) {
-    SamplerOptions o;
-    o.temperature = temp;
-    o.top_k = top_k;
-    o.top_p = top_p;
-    o.min_p = min_p;
-    o.repeat_penalty = penalty;
-    o.repeat_last_n = 24;
-    o.seed = 7;
-    return o;
+    return testing_support::sampler_options(temp, top_k, top_p, min_p, penalty, 24, 7);
   };
   for (const SamplerOptions& o : {opts(0, 0, 1, 0, 1.5f), opts(0.7f, 1, 1, 0, 1.3f), opts(1, 2, 1, 0, 1),
                                   opts(1.3f, 20, 0.8f, 0, 1.1f), opts(0.9f, 64, 1, 0.02f, 1.4f), opts(2, 590, 0.97f, 0, 1)}) {

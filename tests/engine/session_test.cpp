@@ -13,6 +13,7 @@
 #include "engine/session.h"
 #include "cpu_bounds.h"
 #include "engine_test_util.h"
+#include "sampler_cases.h"
 #include "util/error.h"
 
 using namespace bonsai;
@@ -104,15 +105,7 @@ TEST(Session, NextTokenFromKeptLogitsEqualsSamplingTheLogits) {
   Decoder dec(tiny_model("pq2"), cb);
   const auto prompt = test_tokens(70, dec.vocab(), 31);
   auto opts = [](float temp, int32_t top_k, float top_p, float min_p, float penalty) {
-    SamplerOptions o;
-    o.temperature = temp;
-    o.top_k = top_k;
-    o.top_p = top_p;
-    o.min_p = min_p;
-    o.repeat_penalty = penalty;
-    o.repeat_last_n = 16;
-    o.seed = 99;
-    return o;
+    return sampler_options(temp, top_k, top_p, min_p, penalty, 16, 99);
   };
   const std::vector<SamplerOptions> cases{opts(0, 0, 1, 0, 1),       opts(0, 0, 1, 0, 1.3f),   opts(1.5f, 1, 1, 0, 1.2f),
                                           opts(1.5f, 40, 1, 0, 1),    opts(2.0f, 40, 0.9f, 0, 1.3f),
