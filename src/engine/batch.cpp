@@ -45,7 +45,6 @@ BatchGenerator::BatchGenerator(Decoder& decoder, BatchOptions opt) : dec_(decode
   ids_.resize(B);
   next_.resize(B);
   finished_.resize(B);
-  logits_.resize(B * size_t(dec_.vocab()));
   live_.reserve(B);
 }
 
@@ -168,16 +167,15 @@ bool BatchGenerator::step() {
     all_argmax &= s.plain_argmax;
     stats_.state_bytes += dec_.state_bytes_per_step(s.session->position());
   }
-  // Every row greedy: only the argmaxes come back (no [B, V] logits copy where the backend picks them).
+  // Every row greedy: only the argmaxes come back, in one call. Otherwise the logits stay on the backend and
+  // each row is picked there as its sampler allows (pick_next_token: its argmax, its top-k, else its row).
   if (all_argmax) dec_.step_batch_argmax(states_.data(), ids_.data(), B, next_.data());
-  else dec_.step_batch(states_.data(), ids_.data(), B, logits_.data());
-  const size_t V = size_t(dec_.vocab());
+  else dec_.step_batch_kept(states_.data(), ids_.data(), B);
   bool any_finished = false;
   for (int64_t b = 0; b < B; ++b) {
     Seq& s = *live_[size_t(b)];
     s.session->history_.push_back(ids_[size_t(b)]);
-    const std::span<const float> row(logits_.data() + size_t(b) * V, V);  // [V] this row's logits
-    const int32_t tok = all_argmax ? next_[size_t(b)] : s.sampler.sample(row, s.seen);
+    const int32_t tok = all_argmax ? next_[size_t(b)] : pick_next_token(dec_, b, s.sampler, s.seen, pick_);
     finished_[size_t(b)] = emit(s, tok);
     any_finished |= finished_[size_t(b)] != 0;
   }

@@ -3,7 +3,7 @@
 //
 // A request is a prompt plus GenerateOptions (max new tokens, its own sampler and seed, stop ids), with
 // exactly generate()'s semantics per sequence: the prompt is prefilled alone with the chunk planner
-// (Session::append), the first token is sampled from the prefill's logits, then each decode step feeds
+// (Session::append_kept), the first token is sampled from the prefill's logits, then each decode step feeds
 // every live sequence its last token, samples its next one from its own row of logits with its own
 // Sampler, and retires it after a stop id (kept in the output) or max_new_tokens tokens.
 //
@@ -12,7 +12,9 @@
 //      a request that finishes on its first token (a stop id, or max_new_tokens <= 1) retires at once;
 //   2. one batched decode step of all live sequences, then retirement. When every live row samples
 //      greedily (no penalty), the step asks only for each row's argmax (Decoder::step_batch_argmax:
-//      a backend with argmax_rows then never copies the [B, V] logits to the host).
+//      a backend with argmax_rows then never copies the [B, V] logits to the host). Otherwise the logits
+//      stay on the backend (Decoder::step_batch_kept) and each row is picked there as its sampler allows
+//      (pick_next_token: its argmax, its top-k candidates, else that row copied to the host).
 // Row order: the live rows are in admission order; a retired row is removed and the rows after it move
 // up one (stable compaction; each row's state stays where it is, only its pointer moves). New rows join
 // at the end. Retired sessions go to a pool and are reused (reset) by later admissions that fit them.
@@ -118,7 +120,7 @@ class BatchGenerator {
   std::vector<int32_t> ids_;                   // [max_batch] row b's input token, per step
   std::vector<int32_t> next_;                  // [max_batch] row b's argmax, per all-greedy step
   std::vector<uint8_t> finished_;              // [max_batch] row b retires after this step
-  std::vector<float> logits_;                  // [max_batch, V] host, row b for live_[b]
+  PickScratch pick_;                           // the per-row picks of a step with sampling rows
   BatchStats stats_;
 };
 

@@ -91,21 +91,27 @@ std::span<const float> Session::append(std::span<const int32_t> tokens) {
 
 void Session::append_kept(std::span<const int32_t> tokens) { feed(tokens, true); }
 
-int32_t Session::next_token(Sampler& sampler, std::span<const int32_t> history) {
-  if (sampler.plain_argmax()) return dec_->kept_argmax();
-  bool penalised = false;  // the backend applied the penalty to the kept logits
+int32_t pick_next_token(Decoder& dec, int64_t row, Sampler& sampler, std::span<const int32_t> history,
+                        PickScratch& scratch) {
+  if (sampler.plain_argmax()) return dec.kept_argmax(row);
+  bool penalised = false;  // the backend applied the penalty to the kept row
   if (const int32_t k = sampler.top_k_wanted(); k > 0) {
-    sampler.penalized_tokens(history, penalized_);
-    top_ids_.resize(size_t(k));
-    top_values_.resize(size_t(k));
-    const int64_t count = dec_->kept_top_k(k, sampler.options().repeat_penalty, penalized_, top_ids_.data(),
-                                           top_values_.data());
+    sampler.penalized_tokens(history, scratch.penalized);
+    scratch.ids.resize(size_t(k));
+    scratch.values.resize(size_t(k));
+    const int64_t count = dec.kept_top_k(k, sampler.options().repeat_penalty, scratch.penalized, scratch.ids.data(),
+                                         scratch.values.data(), row);
     // sample() orders only its top k, and only when the row has more than k candidates (else its own order)
-    if (count > k || (k == 1 && count >= 1)) return sampler.sample_top_k(top_ids_, top_values_);
+    if (count > k || (k == 1 && count >= 1)) return sampler.sample_top_k(scratch.ids, scratch.values);
     penalised = count >= 0;
   }
-  dec_->kept_logits(logits_.data());
-  return sampler.sample(logits_, penalised ? std::span<const int32_t>() : history);
+  scratch.logits.resize(size_t(dec.vocab()));
+  dec.kept_logits(scratch.logits.data(), row);
+  return sampler.sample(scratch.logits, penalised ? std::span<const int32_t>() : history);
+}
+
+int32_t Session::next_token(Sampler& sampler, std::span<const int32_t> history) {
+  return pick_next_token(*dec_, 0, sampler, history, pick_);
 }
 
 void Session::append_all(std::span<const int32_t> tokens, float* logits) {

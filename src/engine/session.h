@@ -40,6 +40,22 @@ std::vector<int64_t> plan_prefill(int64_t n, std::span<const int64_t> chunks);
 // throws bonsai::Error (prefixed by `who`) for a chunk outside [1, max_chunk].
 std::vector<int64_t> resolve_chunks(std::vector<int64_t> chunks, int64_t max_chunk, const char* who);
 
+// pick_next_token's buffers (reused: no allocation per token once warm).
+struct PickScratch {
+  std::vector<int32_t> penalized;  // the penalty window's distinct tokens
+  std::vector<int32_t> ids;        // [top_k_wanted] the backend's candidates
+  std::vector<float> values;       // [top_k_wanted] their (penalised) logits
+  std::vector<float> logits;       // [V] the host copy of the row, when neither pick applies
+};
+
+// The next token from row `row` of the decoder's kept logits (Decoder::forward_kept, step_batch_kept):
+// exactly the one sampler.sample(that row, history) picks, with the same draws from its random stream, by
+// the cheapest route the backend has: its argmax for a plain-argmax sampler (one id crosses to the host),
+// its top-k candidates (Backend::top_k, for Sampler::top_k_wanted() of them), else the row copied to the
+// host. Once per row and forward (the top-k route applies the penalty to the kept row in place).
+int32_t pick_next_token(Decoder& dec, int64_t row, Sampler& sampler, std::span<const int32_t> history,
+                        PickScratch& scratch);
+
 class Session {
  public:
   static constexpr int64_t kDefaultCapacity = 4096;
@@ -67,10 +83,7 @@ class Session {
   // append() that keeps the logits after the last token on the backend (Decoder::forward_kept) for
   // next_token, instead of copying them to the host. Same checks as append.
   void append_kept(std::span<const int32_t> tokens);
-  // The next token from the kept logits, exactly the one sampler.sample(logits, history) picks and with
-  // the same draws from its random stream, by the cheapest route the backend has: its argmax for a
-  // plain-argmax sampler (one id crosses to the host), its top-k candidates (Backend::top_k, for
-  // Sampler::top_k_wanted() of them), else the logits copied to the host. Once per append_kept.
+  // The next token from the kept logits (pick_next_token, row 0). Once per append_kept.
   int32_t next_token(Sampler& sampler, std::span<const int32_t> history);
   // Teacher-forced: appends tokens and writes the logits after every one of them, host fp32 [n, V]
   // (row t = after consuming tokens[0..t]).
@@ -88,9 +101,7 @@ class Session {
   DecoderState state_;
   std::vector<int32_t> history_;
   std::vector<float> logits_;  // [V]
-  // next_token's top-k route: the penalised tokens, the candidates' ids and values [top_k_wanted]
-  std::vector<int32_t> penalized_, top_ids_;
-  std::vector<float> top_values_;
+  PickScratch pick_;           // next_token's
 };
 
 }  // namespace bonsai

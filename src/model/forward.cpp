@@ -399,7 +399,13 @@ void Decoder::step_batch_argmax(DecoderState* const* states, const int32_t* ids,
   const Rows rows = begin_batch(states, ids, B, next);
   run(ids, rows, LogitsMode::All, nullptr);  // logits [B, V] stay in ws_.logits
   for (int64_t b = 0; b < B; ++b) ++states[b]->pos;
-  argmax_of_logits(B, next);
+  argmax_of_logits(0, B, next);
+}
+
+void Decoder::step_batch_kept(DecoderState* const* states, const int32_t* ids, int64_t B) {
+  const Rows rows = begin_batch(states, ids, B, ids);  // no host output: ids stands in for begin_batch's null check
+  run(ids, rows, LogitsMode::All, nullptr);  // logits [B, V] stay in ws_.logits
+  for (int64_t b = 0; b < B; ++b) ++states[b]->pos;
 }
 
 void Decoder::forward_kept(DecoderState& s, const int32_t* ids, int64_t M) {
@@ -408,24 +414,28 @@ void Decoder::forward_kept(DecoderState& s, const int32_t* ids, int64_t M) {
   s.pos += M;
 }
 
-int32_t Decoder::kept_argmax() {
+int32_t Decoder::kept_argmax(int64_t row) {
   int32_t next = 0;
-  argmax_of_logits(1, &next);
+  argmax_of_logits(row, 1, &next);
   return next;
 }
 
 int64_t Decoder::kept_top_k(int32_t k, float penalty, std::span<const int32_t> penalized, int32_t* ids,
-                            float* values) {
-  return be_.top_k(ws_.logits.data(), vocab(), k, penalty, penalized.data(), int64_t(penalized.size()), ids, values);
+                            float* values, int64_t row) {
+  return be_.top_k(ws_.logits.data() + row * vocab(), vocab(), k, penalty, penalized.data(),
+                   int64_t(penalized.size()), ids, values);
 }
 
-void Decoder::kept_logits(float* host) { be_.copy_to_host(ws_.logits.data(), size_t(vocab()), host); }
+void Decoder::kept_logits(float* host, int64_t row) {
+  be_.copy_to_host(ws_.logits.data() + row * vocab(), size_t(vocab()), host);
+}
 
-void Decoder::argmax_of_logits(int64_t rows, int32_t* next) {
+void Decoder::argmax_of_logits(int64_t first, int64_t rows, int32_t* next) {
   const int64_t V = vocab();
-  if (be_.argmax_rows(ws_.logits.data(), rows, V, next)) return;
+  const float* x = ws_.logits.data() + first * V;
+  if (be_.argmax_rows(x, rows, V, next)) return;
   if (host_logits_.size() < size_t(rows * V)) host_logits_.resize(size_t(max_batch() * V));
-  be_.copy_to_host(ws_.logits.data(), size_t(rows * V), host_logits_.data());
+  be_.copy_to_host(x, size_t(rows * V), host_logits_.data());
   for (int64_t b = 0; b < rows; ++b) {  // lowest index on ties, NaN never wins, all-NaN -> 0
     const float* row = host_logits_.data() + b * V;
     int64_t best = -1;

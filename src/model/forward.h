@@ -79,16 +79,19 @@ class Decoder {
   // [M, V] for All, nothing for None (may be null then).
   void forward(DecoderState& s, const int32_t* ids, int64_t M, LogitsMode mode, float* logits);
   // forward(s, ids, M, Last, ...) with the last row's logits [V] kept on the backend, not copied to the
-  // host, for ONE of the picks below (valid until the next forward). Same preconditions as forward.
+  // host, for ONE of the picks below (row 0; valid until the next forward). Same preconditions as forward.
   void forward_kept(DecoderState& s, const int32_t* ids, int64_t M);
-  // The kept logits' argmax (lowest index on ties, NaN never wins; all-NaN gives 0), picked on the backend
-  // when it has Backend::argmax_rows (then only the token id comes back), else from a host copy.
-  int32_t kept_argmax();
-  // Backend::top_k on the kept logits (its penalty changes them in place): the count of non-NaN logits,
-  // -1 when the backend cannot (nothing changed then).
-  int64_t kept_top_k(int32_t k, float penalty, std::span<const int32_t> penalized, int32_t* ids, float* values);
-  // The kept logits [V] to the host.
-  void kept_logits(float* host);
+  // step_batch with the logits [B, V] kept on the backend: row b for states[b], one pick per row.
+  void step_batch_kept(DecoderState* const* states, const int32_t* ids, int64_t B);
+  // Row `row` of the kept logits: its argmax (lowest index on ties, NaN never wins; all-NaN gives 0), picked
+  // on the backend when it has Backend::argmax_rows (then only the token id comes back), else from a host copy.
+  int32_t kept_argmax(int64_t row = 0);
+  // Backend::top_k on row `row` of the kept logits (its penalty changes them in place): the count of non-NaN
+  // logits, -1 when the backend cannot (nothing changed then).
+  int64_t kept_top_k(int32_t k, float penalty, std::span<const int32_t> penalized, int32_t* ids, float* values,
+                     int64_t row = 0);
+  // Row `row` of the kept logits [V] to the host.
+  void kept_logits(float* host, int64_t row = 0);
 
   // Batched decode: one new token for each of B sequences in ONE forward. Row b is ids[b] (host int32)
   // consumed by *states[b] at position states[b]->pos, which then advances by 1. Embedding, norms, sites,
@@ -140,9 +143,9 @@ class Decoder {
   Rows begin_batch(DecoderState* const* states, const int32_t* ids, int64_t B, const void* out);
   // forward's checks (nothing touched on error), then the rows of the chunk.
   Rows begin_chunk(DecoderState& s, const int32_t* ids, int64_t M) const;
-  // next (host int32 [rows]) = the argmax of each of the first `rows` rows of ws_.logits, on the backend
-  // when it can (Backend::argmax_rows), else from a host copy.
-  void argmax_of_logits(int64_t rows, int32_t* next);
+  // next (host int32 [rows]) = the argmax of each of `rows` rows of ws_.logits from row `first`, on the
+  // backend when it can (Backend::argmax_rows), else from a host copy.
+  void argmax_of_logits(int64_t first, int64_t rows, int32_t* next);
   void attention_block(const LayerWeights& L, size_t l, const Rows& rows);
   void gdn_block(const LayerWeights& L, size_t l, const Rows& rows);
   void ffn_block(const LayerWeights& L, int64_t M);

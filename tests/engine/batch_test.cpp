@@ -298,12 +298,15 @@ TEST(BatchDecodeRef, SeededSamplingEqualsSequentialSampling) {
   const int64_t V = dec.vocab();
   BatchGenerator gen(dec);
   std::vector<GenerateResult> seq;
-  for (uint32_t i = 0; i < 3; ++i) {
+  // Rows 0-2: top-k sampling with a penalty (the backend's top-k route, per row); row 3 greedy (its row's
+  // argmax inside a mixed step); row 4 top-k off with top-p (its row copied to the host).
+  for (uint32_t i = 0; i < 5; ++i) {
     GenerateOptions o;
     o.max_new_tokens = 8;
-    o.sampling.temperature = 0.9f;
-    o.sampling.top_k = 40;
-    o.sampling.repeat_penalty = 1.1f;
+    o.sampling.temperature = i == 3 ? 0.0f : 0.9f;
+    o.sampling.top_k = i == 4 ? 0 : 40;
+    o.sampling.top_p = i == 4 ? 0.9f : 1.0f;
+    o.sampling.repeat_penalty = i == 3 ? 1.0f : 1.1f;
     o.sampling.seed = 77 + i;
     const auto prompt = test_tokens(5 + 9 * i, V, 600 + i);
     Session s(dec);
