@@ -196,8 +196,8 @@ class Backend {
     return false;
   }
   // Sampling without the logits round trip (engine Sampler::top_k_wanted): for the row x fp32 [n], first
-  // the repetition penalty on the `penalized` tokens (n_penalized distinct ids in [0, n); value > 0 ->
-  // value / penalty, else value * penalty; in place), then the k (>= 1) largest values, NaN dropped,
+  // the repetition penalty on the `penalized` tokens (n_penalized distinct ids in [0, n); in place, as
+  // repetition_penalised below), then the k (>= 1) largest values, NaN dropped,
   // ordered by value descending, then index ascending, into host ids int32 [k] and values fp32 [k] (the
   // first min(k, count) written). Returns count, the row's non-NaN values; -1 when the backend has no such
   // op or the request is past its limits (k, n_penalized), and then x is left as it was.
@@ -207,6 +207,10 @@ class Backend {
     return -1;
   }
 };
+
+// The repetition penalty (HF / CTRL) of one logit: a positive one divided by penalty, any other multiplied.
+// The Sampler and Backend::top_k (HostBackend's; sampling.cu's device copy) apply exactly this.
+inline float repetition_penalised(float v, float penalty) { return v > 0.0f ? v / penalty : v * penalty; }
 
 // fp32 storage owned by a backend (host memory for ref / cpu, device memory for a GPU backend).
 // Move-only; released through the backend that allocated it.

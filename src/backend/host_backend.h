@@ -42,10 +42,7 @@ class HostBackend : public Backend {
   int64_t top_k(float* x, int64_t n, int32_t k, float penalty, const int32_t* penalized, int64_t n_penalized,
                 int32_t* ids, float* values) override {
     if (k < 1) return -1;
-    for (int64_t i = 0; i < n_penalized; ++i) {
-      float& v = x[penalized[i]];
-      v = v > 0.0f ? v / penalty : v * penalty;
-    }
+    for (int64_t i = 0; i < n_penalized; ++i) x[penalized[i]] = repetition_penalised(x[penalized[i]], penalty);
     order_.clear();
     for (int64_t i = 0; i < n; ++i)
       if (!std::isnan(x[i])) order_.push_back(int32_t(i));

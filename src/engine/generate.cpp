@@ -36,7 +36,7 @@ GenerateResult generate(Session& session, std::span<const int32_t> prompt, const
 
   auto t0 = std::chrono::steady_clock::now();
   if (opt.max_new_tokens == 0) {
-    (void)session.append(prompt);
+    session.append_kept(prompt);  // nothing is picked: the logits need not come to the host
     r.stats.prefill_seconds = seconds_since(t0);
     return r;
   }

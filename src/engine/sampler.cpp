@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/backend.h"
 #include "util/error.h"
 
 namespace bonsai {
@@ -107,10 +108,7 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   if (opt_.repeat_penalty != 1.0f && !history.empty()) {
     std::copy(logits.begin(), logits.end(), work_.begin());
     penalized_tokens(history, penalized_);
-    for (const int32_t t : penalized_) {
-      float& v = work_[size_t(t)];
-      v = v > 0.0f ? v / opt_.repeat_penalty : v * opt_.repeat_penalty;
-    }
+    for (const int32_t t : penalized_) work_[size_t(t)] = repetition_penalised(work_[size_t(t)], opt_.repeat_penalty);
     l = work_;
   }
   if (greedy() || opt_.top_k == 1) return greedy_argmax(l);

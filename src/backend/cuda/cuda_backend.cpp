@@ -484,6 +484,15 @@ struct CudaBackend::Impl {
     pinned_bytes = nb;
     return pinned;
   }
+  // The `bytes` at device src, read back through the pinned staging buffer once what is recorded has run
+  // (a sync point): valid until the staging buffer's next use.
+  const void* read_back(const void* src, size_t bytes) {
+    drain();
+    void* pin = pinned_buf(bytes);
+    CUDA_CHECK(cudaMemcpyAsync(pin, src, bytes, cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    return pin;
+  }
 
   template <class T>
   const T* dev(const T* host) const {
@@ -784,10 +793,7 @@ void CudaBackend::copy_to_host(const float* src, size_t n, float* host) {
   I.drain();
   const size_t bytes = n * sizeof(float);
   if (bytes <= kPinnedMax) {
-    void* pin = I.pinned_buf(bytes);
-    CUDA_CHECK(cudaMemcpyAsync(pin, src, bytes, cudaMemcpyDeviceToHost, I.stream));
-    CUDA_CHECK(cudaStreamSynchronize(I.stream));
-    std::memcpy(host, pin, bytes);
+    std::memcpy(host, I.read_back(src, bytes), bytes);
   } else {
     CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, I.stream));
     CUDA_CHECK(cudaStreamSynchronize(I.stream));
@@ -1293,11 +1299,7 @@ bool CudaBackend::argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* 
   I.flush_pending();
   auto* out = static_cast<int32_t*>(I.ensure(I.amr_out, size_t(rows) * 4, "argmax rows"));
   I.emit(cuda::argmax_rows_launch(x, rows, n, out));  // part of the step's graph when one is recorded
-  I.drain();                                          // ... which this sync point launches
-  void* pin = I.pinned_buf(size_t(rows) * 4);
-  CUDA_CHECK(cudaMemcpyAsync(pin, out, size_t(rows) * 4, cudaMemcpyDeviceToHost, I.stream));
-  CUDA_CHECK(cudaStreamSynchronize(I.stream));
-  std::memcpy(host_out, pin, size_t(rows) * 4);
+  std::memcpy(host_out, I.read_back(out, size_t(rows) * 4), size_t(rows) * 4);  // the sync point launches it
   return true;
 }
 
@@ -1310,10 +1312,7 @@ int64_t CudaBackend::top_k(float* x, int64_t n, int32_t k, float penalty, const 
   const size_t bytes = size_t(1 + 2 * k) * 4;  // count | ids [k] | values [k]
   auto* out = static_cast<int32_t*>(I.ensure(I.topk_out, bytes, "top-k"));
   I.emit(cuda::top_k_launch(x, n, k, penalty, penalized, int32_t(n_penalized), out));  // into the step's graph
-  I.drain();
-  auto* pin = static_cast<int32_t*>(I.pinned_buf(bytes));
-  CUDA_CHECK(cudaMemcpyAsync(pin, out, bytes, cudaMemcpyDeviceToHost, I.stream));
-  CUDA_CHECK(cudaStreamSynchronize(I.stream));
+  const auto* pin = static_cast<const int32_t*>(I.read_back(out, bytes));
   const int64_t count = pin[0], m = std::min<int64_t>(k, count);
   std::memcpy(ids, pin + 1, size_t(m) * 4);
   std::memcpy(values, pin + 1 + k, size_t(m) * 4);

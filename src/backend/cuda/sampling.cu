@@ -48,7 +48,7 @@ __global__ __launch_bounds__(kTopKThreads) void top_k_kernel(const TopKArgs a) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   float* x = a.x;
 
-  for (int i = tid; i < a.n_pen; i += kTopKThreads) {
+  for (int i = tid; i < a.n_pen; i += kTopKThreads) {  // backend.h repetition_penalised, on the device
     const float v = x[a.pen[i]];
     x[a.pen[i]] = v > 0.f ? v / a.penalty : v * a.penalty;
   }
