@@ -367,9 +367,9 @@ void Decoder::forward(DecoderState& s, const int32_t* ids, int64_t M, LogitsMode
   s.pos += M;
 }
 
-Decoder::Rows Decoder::begin_batch(DecoderState* const* states, const int32_t* ids, int64_t B, const void* out) {
+void Decoder::run_batch(DecoderState* const* states, const int32_t* ids, int64_t B, bool has_out) {
   if (B < 1 || B > max_batch()) fail("step_batch: batch of {} sequences (1..{} supported)", B, max_batch());
-  if (!states || !ids || !out) fail("step_batch: null states, ids or output");
+  if (!states || !ids || !has_out) fail("step_batch: null states, ids or output");
   for (int64_t b = 0; b < B; ++b) {
     const DecoderState* s = states[b];
     if (!s) fail("step_batch: sequence {} of the batch has no state", b);
@@ -386,26 +386,22 @@ Decoder::Rows Decoder::begin_batch(DecoderState* const* states, const int32_t* i
   Rows rows;
   rows.M = B;
   rows.batch = states;
-  return rows;
+  run(ids, rows, LogitsMode::All, nullptr);  // logits [B, V] stay in ws_.logits
+  for (int64_t b = 0; b < B; ++b) ++states[b]->pos;
 }
 
 void Decoder::step_batch(DecoderState* const* states, const int32_t* ids, int64_t B, float* logits) {
-  const Rows rows = begin_batch(states, ids, B, logits);
-  run(ids, rows, LogitsMode::All, logits);
-  for (int64_t b = 0; b < B; ++b) ++states[b]->pos;
+  run_batch(states, ids, B, logits != nullptr);
+  be_.copy_to_host(ws_.logits.data(), size_t(B * vocab()), logits);
 }
 
 void Decoder::step_batch_argmax(DecoderState* const* states, const int32_t* ids, int64_t B, int32_t* next) {
-  const Rows rows = begin_batch(states, ids, B, next);
-  run(ids, rows, LogitsMode::All, nullptr);  // logits [B, V] stay in ws_.logits
-  for (int64_t b = 0; b < B; ++b) ++states[b]->pos;
+  run_batch(states, ids, B, next != nullptr);
   argmax_of_logits(0, B, next);
 }
 
 void Decoder::step_batch_kept(DecoderState* const* states, const int32_t* ids, int64_t B) {
-  const Rows rows = begin_batch(states, ids, B, ids);  // no host output: ids stands in for begin_batch's null check
-  run(ids, rows, LogitsMode::All, nullptr);  // logits [B, V] stay in ws_.logits
-  for (int64_t b = 0; b < B; ++b) ++states[b]->pos;
+  run_batch(states, ids, B, true);  // the logits are the output, kept on the backend
 }
 
 void Decoder::forward_kept(DecoderState& s, const int32_t* ids, int64_t M) {

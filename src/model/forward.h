@@ -139,8 +139,10 @@ class Decoder {
   // The whole forward over `rows` (positions not advanced here); the head as `mode` asks.
   // `logits` null: the head's output stays in ws_.logits (the argmax step reads it there).
   void run(const int32_t* ids, const Rows& rows, LogitsMode mode, float* logits);
-  // step_batch's checks (nothing touched on error), then the rows of the batch (fills batch_pos_).
-  Rows begin_batch(DecoderState* const* states, const int32_t* ids, int64_t B, const void* out);
+  // The step of step_batch / step_batch_argmax / step_batch_kept: the checks (nothing touched on error;
+  // has_out: the caller's host output is there), then the forward of the batch's rows (fills batch_pos_) with
+  // the logits [B, V] left in ws_.logits, and every position advanced.
+  void run_batch(DecoderState* const* states, const int32_t* ids, int64_t B, bool has_out);
   // forward's checks (nothing touched on error), then the rows of the chunk.
   Rows begin_chunk(DecoderState& s, const int32_t* ids, int64_t M) const;
   // next (host int32 [rows]) = the argmax of each of `rows` rows of ws_.logits from row `first`, on the
