@@ -85,3 +85,118 @@ TEST(CudaSite, WarpSiteEqualsTheBlockSiteKernel) {
   d.pre = cuda::kPreAddNorm;
   EXPECT_FALSE(cuda::site_warp_supported(d));
 }
+
+// Round 9: the add_rmsnorm / rmsnorm fused into the site of small row counts as one thread-block cluster per row
+// (Options::norm_cluster, site_kernel_cluster) against the unfused norm_kernel + site_kernel: the residual, the
+// normed x, the fp32 site and the linear's outputs are EQUAL (the cluster replays norm_kernel's sum order), at
+// 1 .. 32 rows (5: not a power of two), K from one tile (1024: a cluster of one block) to 8 tiles, FWHT blocks of
+// 1024 and 128, with and without the residual add; the fused path must launch one kernel fewer per norm.
+TEST(CudaSite, NormClusterEqualsUnfusedNormAndSite) {
+  BONSAI_REQUIRE_GPU();
+  for (const int levels : {2, 1})
+    for (const int64_t K : {int64_t(5120), int64_t(1024), int64_t(2048), int64_t(8192)}) {
+      TernaryMatrix& w = random_matrix(96, K, uint32_t(200 + K / 1024), 0.02);
+      const auto s = random_signs(size_t(K), 201);
+      const auto gain = uniform(size_t(K), 202, 0.5f, 1.5f);
+      CudaBackend::Options on, off;
+      on.norm_cluster = true;
+      off.norm_cluster = false;
+      on.act_levels = off.act_levels = levels;
+      CudaBackend fused(on), plain(off);
+      for (const int64_t rows : {int64_t(1), int64_t(2), int64_t(5), int64_t(8), int64_t(32)})
+        for (const int64_t n : {int64_t(1024), int64_t(128)})
+          for (const bool add : {true, false}) {
+            const auto h0 = randn(size_t(rows * K), uint32_t(203 + rows), 2.f), d0 = randn(size_t(rows * K), uint32_t(204 + rows));
+            std::vector<float> h[2], x[2], site[2], y[2];
+            uint64_t kernels[2];
+            for (CudaBackend* be : {&fused, &plain}) {
+              const size_t i = be == &plain;
+              be->prepare_matrix(w);
+              Buffer sd = up_bytes(*be, s), gd = up(*be, gain), hd = up(*be, h0), dd = up(*be, d0);
+              Buffer xd = poisoned(*be, size_t(rows * K)), st = poisoned(*be, size_t(rows * K)), yd = poisoned(*be, size_t(rows * w.rows));
+              const auto* sp = reinterpret_cast<const int8_t*>(sd.data());
+              const uint64_t k0 = be->stats().kernels;
+              // the forward's norm_site + hadamard_site (Backend::add_rmsnorm_rotate's default body)
+              if (add) be->add_rmsnorm(hd.data(), dd.data(), rows, K, gd.data(), 1e-6f, xd.data());
+              else be->rmsnorm(hd.data(), rows, K, gd.data(), 1e-6f, xd.data());
+              be->copy_rows(st.data(), K, xd.data(), K, rows, K);
+              be->hadamard_forward(st.data(), rows, K, sp, n);
+              const LinearOut out{&w, yd.data()};
+              be->linear(&out, 1, K, st.data(), rows);
+              kernels[i] = be->stats().kernels - k0;
+              h[i] = down(*be, hd);
+              x[i] = down(*be, xd);
+              site[i] = down(*be, st);
+              y[i] = down(*be, yd);
+            }
+            const std::string what = "levels " + std::to_string(levels) + " K " + std::to_string(K) + " rows " +
+                                     std::to_string(rows) + " n " + std::to_string(n) + (add ? " add" : " plain");
+            EXPECT_EQ(h[0], h[1]) << what << " (residual)";
+            EXPECT_EQ(x[0], x[1]) << what << " (normed x)";
+            EXPECT_EQ(site[0], site[1]) << what << " (site)";
+            EXPECT_EQ(y[0], y[1]) << what << " (linear)";
+            EXPECT_LE(rel_err(y[1], quantised_reference(w, site[1], rows, levels)), 1e-4) << what;
+            EXPECT_EQ(kernels[0] + 1, kernels[1]) << what << " (the norm launch folded)";
+          }
+    }
+  // Shapes: at most 8 tiles of 1024, FWHT blocks up to 1024.
+  EXPECT_TRUE(cuda::site_cluster_shape_ok(5120, 1024));
+  EXPECT_TRUE(cuda::site_cluster_shape_ok(8192, 128));
+  EXPECT_FALSE(cuda::site_cluster_shape_ok(9216, 1024));
+  EXPECT_FALSE(cuda::site_cluster_shape_ok(5120, 2048));
+  EXPECT_FALSE(cuda::site_cluster_shape_ok(1536, 128));
+}
+
+// Round 9: the site_kernel FWHT with strides 32..n/2 as shuffles after one transpose (Options::site_xpose)
+// against the shared-memory stages, at decode row counts (1, 5, 32: site_kernel, not the warp site): the same
+// butterflies in the same order, so every output is EQUAL, for every pre-op, FWHT blocks 1024 / 256 / 64 / 16
+// (16: no transpose), a short last tile (K = 3584 = 3.5 tiles), and the inverse transform.
+TEST(CudaSite, TransposedStagesEqualSharedMemoryStages) {
+  BONSAI_REQUIRE_GPU();
+  const int64_t Dv = 128;
+  for (const int64_t K : {int64_t(5120), int64_t(3584)}) {
+    TernaryMatrix& w = random_matrix(64, K, uint32_t(300 + K / 512), 0.02);
+    const auto s = random_signs(size_t(K), 301);
+    const auto gain = uniform(size_t(Dv), 302, 0.5f, 1.5f);
+    std::vector<int32_t> perm(static_cast<size_t>(K));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), std::mt19937(303));
+    CudaBackend::Options on, off;
+    on.site_xpose = true;
+    off.site_xpose = false;
+    CudaBackend xp(on), sm(off);
+    for (const int64_t rows : {int64_t(1), int64_t(5), int64_t(32)}) {
+      const auto a = randn(size_t(rows * K), uint32_t(304 + rows)), b = randn(size_t(rows * K), uint32_t(305 + rows));
+      for (const int64_t n : {int64_t(1024), int64_t(256), int64_t(64), int64_t(16)}) {
+        if (K % n != 0) continue;
+        for (int kind = 0; kind < 5; ++kind) {  // silu*up, x*sigmoid(g), gated norm, plain rotate, gather + rotate
+          std::vector<float> site[2], y[2], inv[2];
+          for (CudaBackend* be : {&xp, &sm}) {
+            be->prepare_matrix(w);
+            Buffer sd = up_bytes(*be, s), pd = up_bytes(*be, perm), gd = up(*be, gain);
+            const auto* sp = reinterpret_cast<const int8_t*>(sd.data());
+            Buffer da = up(*be, a), db = up(*be, b), st = poisoned(*be, size_t(rows * K)), yd = poisoned(*be, size_t(rows * w.rows));
+            if (kind == 0) be->silu_mul(da.data(), db.data(), rows * K, da.data());
+            if (kind == 1) be->sigmoid_gate_mul(da.data(), db.data(), rows * K);
+            if (kind == 2) be->gated_rmsnorm(da.data(), db.data(), gd.data(), rows * K / Dv, Dv, 1e-6f, da.data());
+            if (kind == 4) be->permute_cols(da.data(), rows, K, reinterpret_cast<const int32_t*>(pd.data()), st.data());
+            else be->copy_rows(st.data(), K, da.data(), K, rows, K);
+            be->hadamard_forward(st.data(), rows, K, sp, n);
+            const LinearOut out{&w, yd.data()};
+            be->linear(&out, 1, K, st.data(), rows);
+            const size_t i = be == &sm;
+            site[i] = down(*be, st);
+            y[i] = down(*be, yd);
+            be->hadamard_inverse(st.data(), rows, K, sp, n);
+            inv[i] = down(*be, st);
+          }
+          const std::string what = "K " + std::to_string(K) + " rows " + std::to_string(rows) + " n " +
+                                   std::to_string(n) + " kind " + std::to_string(kind);
+          EXPECT_EQ(site[0], site[1]) << what;
+          EXPECT_EQ(y[0], y[1]) << what;
+          EXPECT_EQ(inv[0], inv[1]) << what;
+        }
+      }
+    }
+  }
+}

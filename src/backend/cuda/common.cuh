@@ -53,6 +53,12 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
   return warp_sum(t);
 }
 
+// x^2 + y^2 + z^2 + w^2 with the roundings spelled out (no contraction left to the compiler): norm_kernel and
+// the cluster site (ternary.cu) must sum a row's squares bit-identically.
+__device__ __forceinline__ float sq4(float4 v) {
+  return __fmaf_rn(v.w, v.w, __fmaf_rn(v.z, v.z, __fmaf_rn(v.y, v.y, __fmul_rn(v.x, v.x))));
+}
+
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + __expf(-x)); }
 __device__ __forceinline__ float siluf_(float x) { return x / (1.f + __expf(-x)); }
 

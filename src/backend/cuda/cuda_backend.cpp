@@ -69,6 +69,8 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
   o.fuse = flag("BONSAI_CUDA_FUSE", o.fuse);
   o.fuse_site = flag("BONSAI_CUDA_FUSE_SITE", o.fuse_site);
   o.site_warp = flag("BONSAI_CUDA_SITE_WARP", o.site_warp);
+  o.norm_cluster = flag("BONSAI_CUDA_NORM_CLUSTER", o.norm_cluster);
+  o.site_xpose = flag("BONSAI_CUDA_SITE_XPOSE", o.site_xpose);
   o.gemm_wave_split = flag("BONSAI_CUDA_WAVE_SPLIT", o.gemm_wave_split);
   o.matvec_balance = flag("BONSAI_CUDA_MATVEC_BALANCE", o.matvec_balance);
   o.l2_prefetch = flag("BONSAI_CUDA_PREFETCH", o.l2_prefetch);
@@ -576,12 +578,18 @@ struct CudaBackend::Impl {
   }
 
   // ---- the site kernel with peephole fusion ----------------------------------------------------------
+  // Options::norm_cluster: a norm of this many rows may wait for a site to fuse into (no warp site then).
+  bool norm_cluster_rows(int64_t rows) const {
+    return opt.norm_cluster && !(opt.site_warp && rows >= cuda::kSiteWarpMinRows);
+  }
   // Transforms (or just quantises, n = 1) x [rows, K] in place, fusing the producer ops at the tail of
   // the pending list. quantise: also write the int8 form and record it as the shadow of x.
   void site(float* x, int64_t rows, int64_t K, const int8_t* signs, int64_t n, bool inverse, bool quantise,
             bool may_defer = false) {
     cuda::SiteDesc d;
     d.warp = opt.site_warp;
+    d.cluster = opt.norm_cluster;
+    d.xpose = opt.site_xpose;
     d.src = x;
     d.ld = K;
     d.dst = x;
@@ -618,7 +626,8 @@ struct CudaBackend::Impl {
           d.pre_out = t->dst;
           pend.pop_back();
         } else if (t->kind == PK::Norm && t->dst == d.src && t->rows == rows && t->cols == K &&
-                   K <= cuda::kMaxHadamardBlock && K % n == 0 && t->gain) {
+                   K <= cuda::kMaxHadamardBlock && K % n == 0 && t->gain &&
+                   (opt.fuse_norm || (norm_cluster_rows(rows) && cuda::site_cluster_shape_ok(K, n)))) {
           d.pre = cuda::kPreAddNorm;
           d.src = t->src;
           d.resid = t->dst2;
@@ -969,7 +978,8 @@ void CudaBackend::dense_linear(const float* w, int64_t N, int64_t K, const float
 void CudaBackend::rmsnorm(const float* x, int64_t rows, int64_t n, const float* gain, float eps, float* out) {
   Impl& I = *p_;
   ++I.seq;
-  if (I.opt.fuse && I.opt.fuse_norm && gain) {  // fused into the site that reads out, if one does (else launched in order)
+  if (I.opt.fuse && gain && (I.opt.fuse_norm || (I.norm_cluster_rows(rows) && cuda::site_cluster_shape_ok(n, 1)))) {
+    // fused into the site that reads out, if one does (else launched in order)
     Impl::Pending q{Impl::PK::Norm};
     q.dst = out;
     q.src = x;
@@ -988,7 +998,7 @@ void CudaBackend::add_rmsnorm(float* h, const float* delta, int64_t rows, int64_
                               float* out) {
   Impl& I = *p_;
   ++I.seq;
-  if (I.opt.fuse && I.opt.fuse_norm && gain) {
+  if (I.opt.fuse && gain && (I.opt.fuse_norm || (I.norm_cluster_rows(rows) && cuda::site_cluster_shape_ok(n, 1)))) {
     Impl::Pending q{Impl::PK::Norm};
     q.dst = out;
     q.dst2 = h;

@@ -45,7 +45,7 @@ __global__ __launch_bounds__(kNormThreads) void norm_kernel(const NormArgs a) {
         v = make_float4(hv.x + v.x, hv.y + v.y, hv.z + v.z, hv.w + v.w);
         reinterpret_cast<float4*>(h)[i] = v;
       }
-      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      ss += sq4(v);  // the cluster site (ternary.cu) replays this order
     }
     ss = block_sum(ss, red);
     const float rr = rsqrtf(ss / float(a.n) + a.eps);
@@ -673,14 +673,14 @@ __global__ __launch_bounds__(512) void probe_kernel(const ProbeArgs a) {
 Launch rmsnorm_launch(const float* x, int64_t rows, int64_t n, const float* gain, float eps, float* out) {
   NormArgs a{x, nullptr, gain, out, rows, n, eps, 0};
   return make_launch(reinterpret_cast<const void*>(&norm_kernel), dim3(unsigned(rows)),
-                     dim3(n >= 2048 ? kNormThreads : kThreads), 0, a);
+                     dim3(unsigned(norm_block_threads(n))), 0, a);
 }
 
 Launch add_rmsnorm_launch(float* h, const float* delta, int64_t rows, int64_t n, const float* gain, float eps,
                           float* out) {
   NormArgs a{delta, h, gain, out, rows, n, eps, 0};
   return make_launch(reinterpret_cast<const void*>(&norm_kernel), dim3(unsigned(rows)),
-                     dim3(n >= 2048 ? kNormThreads : kThreads), 0, a);
+                     dim3(unsigned(norm_block_threads(n))), 0, a);
 }
 
 Launch l2norm_launch(float* x, int64_t rows, int64_t hd, float eps) {

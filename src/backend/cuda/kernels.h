@@ -47,12 +47,22 @@ struct SiteDesc {
   int32_t levels = 2;            // int8 digits per element: 2 (q16) or 1 (q8)
   float eps = 0.f;
   bool warp = true;              // rows >= kSiteWarpMinRows: one warp per 1024 chunk where supported (ternary.cu)
+  bool cluster = false;          // AddNorm: the row's K / 1024 tile blocks as one thread-block cluster sharing the
+                                 // sum of squares through distributed shared memory (site_cluster_supported)
+  bool xpose = false;            // 1024 tiles: FWHT strides 32..n/2 as shuffles after one transpose in shared
+                                 // memory (2 barriers instead of one per stride); bit-identical
 };
 Launch site_launch(const SiteDesc& d);
 // The warp-per-chunk site for prefill rows (site_warp_kernel): rows >= this, K % 1024 == 0, n <= 1024, no
 // AddNorm pre-op, no gather with a pre-op, a power-of-two gated-norm segment in [32, 1024], 16-byte aligned rows.
 constexpr int64_t kSiteWarpMinRows = 64;  // batched decode (<= 32 rows) keeps site_kernel: the warp grid is too small there (round 3)
 bool site_warp_supported(const SiteDesc& d);
+// The cluster form of the AddNorm site (site_kernel_cluster, round 9): K a multiple of 1024 with at most
+// kSiteMaxCluster tiles (one cluster per row, portable cluster size), n <= 1024, no gather, gain set, 16-byte
+// aligned src / resid rows. Its sum of squares is norm_kernel's, in norm_kernel's order: bit-identical norms.
+constexpr int64_t kSiteMaxCluster = 8;
+bool site_cluster_shape_ok(int64_t K, int64_t n);
+bool site_cluster_supported(const SiteDesc& d);
 // Largest Hadamard block the site kernel supports.
 constexpr int64_t kMaxHadamardBlock = 8192;
 
@@ -134,6 +144,8 @@ int gemm_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int sm
 Launch splitk_sum_launch(const float* part, int64_t stride, int ks, int64_t n, float* y);
 
 // ---- norms ---------------------------------------------------------------------------------------
+// norm_kernel's block size for a row of n (its sum-of-squares order; the cluster site replays it).
+constexpr int64_t norm_block_threads(int64_t n) { return n >= 2048 ? 1024 : 256; }
 Launch rmsnorm_launch(const float* x, int64_t rows, int64_t n, const float* gain, float eps, float* out);
 Launch add_rmsnorm_launch(float* h, const float* delta, int64_t rows, int64_t n, const float* gain, float eps,
                           float* out);

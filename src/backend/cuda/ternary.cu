@@ -23,6 +23,8 @@
 #include <cstring>
 #include <iterator>
 
+#include <cooperative_groups.h>
+
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/ternary_dot.cuh"
@@ -48,14 +50,121 @@ struct SiteArgs {
   int64_t ld, rows, K, n, tile;
   int32_t pre, inverse, seg, log2n;
   float eps, norm;
-  int32_t levels, pad;  // int8 digits per element in xq: 1 (q8) or 2 (q16)
+  int32_t levels;       // int8 digits per element in xq: 1 (q8) or 2 (q16)
+  int32_t xpose;        // 1: FWHT strides 32..n/2 as shuffles after one transpose through shared memory (tile 1024)
+  int32_t norm_threads; // site_kernel_cluster: the block size of norm_kernel for this K (its sum order), 0 otherwise
+  int32_t pad;
 };
 
 constexpr int kSiteThreads = 1024;  // one element per thread for a 1024 tile: short dependency chains at decode
 constexpr int kSiteWarpThreads = 256;  // site_warp_kernel: 8 chunks (warps) per block
 
+
+// Stages 2-4 of the site (FWHT, normalise + inverse signs + fp32 store, int8 quantisation) for one tile of
+// row r held in sh [len] (pre-op and forward signs applied; a barrier since they were written). xs: the
+// padded transpose buffer [kSiteThreads + kSiteThreads / 32] (used when a.xpose and the tile is 1024).
+__device__ __forceinline__ void site_tail(const SiteArgs& a, float* sh, float* xs, int tid, int len, float sign0,
+                                          int64_t r, int64_t t0) {
+  // 2. Unnormalised Sylvester FWHT of every n-block of the tile (butterfly at stride h pairs i, i + h).
+  // Strides below 32 stay inside a warp: thread tid holds element tid and swaps with lane ^ h through
+  // shuffles (no barriers); a lane's partner is valid whenever the lane is (n-blocks lie inside len).
+  // A tile longer than the block (the AddNorm site holds the whole row) takes its elements in passes of
+  // kSiteThreads; every thread reads and writes back only its own elements, so no barrier between passes.
+  // xpose (tile 1024, 64 <= n <= 1024): view the tile as [32 hi][32 lo] (element 32 hi + lo). Strides 1..16
+  // act on lo (shuffles, thread = element), then ONE pass through xs hands warp w the column lo = w (lane =
+  // hi), where strides 32..n/2 are shuffles too: 2 barriers instead of one per stride above 16. Same
+  // butterflies (a + b low, a - b high) in the same stage order: bit-identical to the shared-memory stages.
+  const bool xposed = a.xpose && a.tile == kSiteThreads && a.n >= 64 && a.n <= kSiteThreads;
+  if (xposed) {
+    const int lane = tid & 31, w = tid >> 5;
+    float v = tid < len ? sh[tid] : 0.f;
+#pragma unroll
+    for (int h = 1; h < 32; h <<= 1) {
+      const float p = __shfl_xor_sync(0xffffffffu, v, h);
+      v = (tid & h) ? p - v : v + p;
+    }
+    xs[tid + (tid >> 5)] = v;  // padded by one per 32: the column reads below hit 32 distinct banks
+    __syncthreads();
+    const int e = 32 * lane + w;  // this thread's element in the transposed view (hi = lane, lo = w)
+    float u = e < len ? xs[e + lane] : 0.f;
+    for (int m = 1; m < a.n / 32; m <<= 1) {  // stride 32 m: lane ^ m; n-blocks lie inside len
+      const float p = __shfl_xor_sync(0xffffffffu, u, m);
+      u = (lane & m) ? p - u : u + p;
+    }
+    if (e < len) xs[e + lane] = u;  // the slot this thread alone read: no barrier before the write
+    __syncthreads();
+  } else {
+    int h0 = 1;
+    if (a.n >= 2) {
+      for (int c = 0; c < len; c += kSiteThreads) {  // uniform over the block: full-warp shuffles are safe
+        const int i = c + tid;
+        float v = i < len ? sh[i] : 0.f;
+        for (int h = 1; h < a.n && h < 32; h <<= 1) {
+          const float p = __shfl_xor_sync(0xffffffffu, v, h);
+          v = (tid & h) ? p - v : v + p;
+        }
+        if (i < len) sh[i] = v;
+      }
+      while (h0 < a.n && h0 < 32) h0 <<= 1;
+      __syncthreads();
+    }
+    for (int h = h0; h < a.n; h <<= 1) {
+      for (int p = tid; p < len / 2; p += kSiteThreads) {
+        const int i = ((p & ~(h - 1)) << 1) | (p & (h - 1));
+        const float x0 = sh[i], x1 = sh[i + h];
+        sh[i] = x0 + x1;
+        sh[i + h] = x0 - x1;
+      }
+      __syncthreads();
+    }
+  }
+  // 3. Normalise, inverse-side signs, store.
+  float* dst = a.dst ? a.dst + r * a.K + t0 : nullptr;  // null: quantise only (x already holds the values)
+  for (int i = tid; i < len; i += kSiteThreads) {
+    float v = (xposed ? xs[i + (i >> 5)] : sh[i]) * a.norm;
+    if (a.inverse && a.signs) v *= i == tid ? sign0 : float(a.signs[t0 + i]);
+    sh[i] = v;
+    if (dst) dst[i] = v;
+  }
+  if (!a.xq) return;
+  __syncthreads();
+
+  // 4. Quantisation per 128-group (one or two int8 digits, header): one warp per group, lane l holds
+  // elements 4l..4l+3.
+  const int warp = tid >> 5, lane = tid & 31;
+  int8_t* xq = a.xq + r * a.levels * a.K + t0;  // digit plane 0 of row r; plane 1 follows at + K
+  float2* xds = a.xds + r * (a.K >> 6) + (t0 >> 6);
+  for (int gq = warp; gq < len / 128; gq += kSiteThreads / 32) {
+    const float4 v4 = *reinterpret_cast<const float4*>(&sh[gq * 128 + 4 * lane]);
+    const float amax = warp_max(fmaxf(fmaxf(fabsf(v4.x), fabsf(v4.y)), fmaxf(fabsf(v4.z), fabsf(v4.w))));
+    const float d = amax / 127.f;
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    const float vs[4] = {v4.x * inv, v4.y * inv, v4.z * inv, v4.w * inv};
+    // element e = 4l + t: word l/4, b = l%4, j = t -> position 16(l/4) + 4t + l%4
+    int8_t* base = xq + gq * 128 + 16 * (lane >> 2) + (lane & 3);
+    int s = 0;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const float q0f = rintf(vs[t]);  // round to nearest even, as the CPU quantiser
+      const int q0 = max(-127, min(127, int(q0f)));
+      base[4 * t] = int8_t(q0);
+      if (a.levels == 2) {  // the residual |v - q0| <= 1/2 times 254 fits a digit with no clamp
+        const int q1 = max(-127, min(127, __float2int_rn((vs[t] - q0f) * 254.f)));
+        base[4 * t + a.K] = int8_t(q1);
+        s += 254 * q0 + q1;
+      } else {
+        s += q0;
+      }
+    }
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);  // stays inside 16-lane halves
+    if ((lane & 15) == 0) xds[gq * 2 + (lane >> 4)] = make_float2(a.levels == 2 ? d / 254.f : d, float(s));
+  }
+}
+
 __global__ __launch_bounds__(kSiteThreads) void site_kernel(const SiteArgs a) {
   extern __shared__ float sh[];  // [tile]
+  __shared__ float xs[kSiteThreads + kSiteThreads / 32];  // [1024 + 32] the xpose transpose (site_tail)
   pdl_trigger();
   const int tid = threadIdx.x;
   const int64_t r = blockIdx.y;
@@ -114,77 +223,73 @@ __global__ __launch_bounds__(kSiteThreads) void site_kernel(const SiteArgs a) {
   if (!a.inverse && a.signs)
     for (int i = tid; i < len; i += kSiteThreads) sh[i] *= i == tid ? sign0 : float(a.signs[t0 + i]);
   __syncthreads();
+  site_tail(a, sh, xs, tid, len, sign0, r, t0);
+}
 
-  // 2. Unnormalised Sylvester FWHT of every n-block of the tile (butterfly at stride h pairs i, i + h).
-  // Strides below 32 stay inside a warp: thread tid holds element tid and swaps with lane ^ h through
-  // shuffles (no barriers); a lane's partner is valid whenever the lane is (n-blocks lie inside len).
-  // A tile longer than the block (the AddNorm site holds the whole row) takes its elements in passes of
-  // kSiteThreads; every thread reads and writes back only its own elements, so no barrier between passes.
-  int h0 = 1;
-  if (a.n >= 2) {
-    for (int c = 0; c < len; c += kSiteThreads) {  // uniform over the block: full-warp shuffles are safe
-      const int i = c + tid;
-      float v = i < len ? sh[i] : 0.f;
-      for (int h = 1; h < a.n && h < 32; h <<= 1) {
-        const float p = __shfl_xor_sync(0xffffffffu, v, h);
-        v = (tid & h) ? p - v : v + p;
-      }
-      if (i < len) sh[i] = v;
+// Cluster barrier halves (sm_90): arrive.release publishes this block's shared-memory writes to the cluster,
+// wait.acquire blocks until every block of the cluster has arrived. All threads of the block call both.
+__device__ __forceinline__ void cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+// rmsnorm / add_rmsnorm fused into the site for small row counts (SiteDesc::cluster; round 9): the row's C
+// tiles of 1024 are C blocks of ONE thread-block cluster (grid (C, rows), cluster (C, 1, 1)); block b reads and
+// writes only its own tile of src / resid / pre_out and keeps every other stage of site_kernel (site_tail), so
+// the row is not serialised on one SM (the single-block kPreAddNorm path, docs round "Site v2", was -5 %).
+// The row's sum of squares crosses the blocks through distributed shared memory, in norm_kernel's order:
+// norm_kernel's thread t (of T = norm_threads) sums sq4(float4 i) for i = t, t + T, ... and block_sum adds
+// the threads; float4 i lies in tile i / 256, so every block rebuilds all T thread partials from the C blocks'
+// q4 arrays and runs the same block_sum: the same rr in every block, bit-identical to norm_kernel's.
+template <int C>
+__global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kSiteThreads) site_kernel_cluster(const SiteArgs a) {
+  __shared__ __align__(16) float sh[kSiteThreads];        // [1024] this block's tile
+  __shared__ float xs[kSiteThreads + kSiteThreads / 32];  // [1024 + 32] the xpose transpose (site_tail)
+  __shared__ float q4[kSiteThreads / 4];                  // [256] sq4 of the tile's float4s, read by the whole cluster
+  __shared__ float red[32];
+  pdl_trigger();
+  const int tid = threadIdx.x;
+  const int64_t r = blockIdx.y;
+  const int64_t t0 = int64_t(blockIdx.x) * kSiteThreads;  // blockIdx.x == the block's rank in the cluster (grid.x == C)
+  // Model constants before the wait (their DRAM round trips overlap it).
+  const float g = a.gain[t0 + tid];
+  const float sign0 = a.signs ? float(a.signs[t0 + tid]) : 1.f;
+  pdl_wait();
+  if (tid < kSiteThreads / 4) {  // norm_kernel's float4 pass: v = src (+ resid), resid = v
+    float4 v = reinterpret_cast<const float4*>(a.src + r * a.ld + t0)[tid];
+    if (a.resid) {
+      float4* h = reinterpret_cast<float4*>(a.resid + r * a.ld + t0);
+      const float4 hv = h[tid];
+      v = make_float4(hv.x + v.x, hv.y + v.y, hv.z + v.z, hv.w + v.w);
+      h[tid] = v;
     }
-    while (h0 < a.n && h0 < 32) h0 <<= 1;
-    __syncthreads();
+    reinterpret_cast<float4*>(sh)[tid] = v;
+    q4[tid] = sq4(v);
   }
-  for (int h = h0; h < a.n; h <<= 1) {
-    for (int p = tid; p < len / 2; p += kSiteThreads) {
-      const int i = ((p & ~(h - 1)) << 1) | (p & (h - 1));
-      const float x0 = sh[i], x1 = sh[i + h];
-      sh[i] = x0 + x1;
-      sh[i + h] = x0 - x1;
-    }
-    __syncthreads();
+  cluster_arrive();
+  cluster_wait();  // every tile's q4 (and this block's sh) visible
+  float ss = 0.f;
+  if (tid < a.norm_threads) {
+    cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+    for (int64_t i = tid; i < a.K / 4; i += a.norm_threads)
+      ss += cl.map_shared_rank(q4, unsigned(i >> 8))[i & 255];  // float4 i: tile i / 256, slot i % 256
   }
-  // 3. Normalise, inverse-side signs, store.
-  float* dst = a.dst ? a.dst + r * a.K + t0 : nullptr;  // null: quantise only (x already holds the values)
-  for (int i = tid; i < len; i += kSiteThreads) {
-    float v = sh[i] * a.norm;
-    if (a.inverse && a.signs) v *= i == tid ? sign0 : float(a.signs[t0 + i]);
-    sh[i] = v;
-    if (dst) dst[i] = v;
-  }
-  if (!a.xq) return;
+  ss = block_sum(ss, red);
+  cluster_arrive();  // done reading the other blocks' q4; waited for before exit (they must stay resident)
+  const float rr = rsqrtf(ss / float(a.K) + a.eps);
+  float v = sh[tid] * rr * g;
+  if (a.pre_out) a.pre_out[r * a.ld + t0 + tid] = v;
+  if (!a.inverse && a.signs) v *= sign0;
+  sh[tid] = v;
   __syncthreads();
-
-  // 4. Quantisation per 128-group (one or two int8 digits, header): one warp per group, lane l holds
-  // elements 4l..4l+3.
-  const int warp = tid >> 5, lane = tid & 31;
-  int8_t* xq = a.xq + r * a.levels * a.K + t0;  // digit plane 0 of row r; plane 1 follows at + K
-  float2* xds = a.xds + r * (a.K >> 6) + (t0 >> 6);
-  for (int gq = warp; gq < len / 128; gq += kSiteThreads / 32) {
-    const float4 v4 = *reinterpret_cast<const float4*>(&sh[gq * 128 + 4 * lane]);
-    const float amax = warp_max(fmaxf(fmaxf(fabsf(v4.x), fabsf(v4.y)), fmaxf(fabsf(v4.z), fabsf(v4.w))));
-    const float d = amax / 127.f;
-    const float inv = amax > 0.f ? 127.f / amax : 0.f;
-    const float vs[4] = {v4.x * inv, v4.y * inv, v4.z * inv, v4.w * inv};
-    // element e = 4l + t: word l/4, b = l%4, j = t -> position 16(l/4) + 4t + l%4
-    int8_t* base = xq + gq * 128 + 16 * (lane >> 2) + (lane & 3);
-    int s = 0;
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      const float q0f = rintf(vs[t]);  // round to nearest even, as the CPU quantiser
-      const int q0 = max(-127, min(127, int(q0f)));
-      base[4 * t] = int8_t(q0);
-      if (a.levels == 2) {  // the residual |v - q0| <= 1/2 times 254 fits a digit with no clamp
-        const int q1 = max(-127, min(127, __float2int_rn((vs[t] - q0f) * 254.f)));
-        base[4 * t + a.K] = int8_t(q1);
-        s += 254 * q0 + q1;
-      } else {
-        s += q0;
-      }
-    }
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);  // stays inside 16-lane halves
-    if ((lane & 15) == 0) xds[gq * 2 + (lane >> 4)] = make_float2(a.levels == 2 ? d / 254.f : d, float(s));
-  }
+  site_tail(a, sh, xs, tid, kSiteThreads, sign0, r, t0);
+  cluster_wait();
 }
 
 // The site for prefill rows (SiteDesc::warp, rows >= kSiteWarpMinRows): one WARP per 1024-element chunk of a
@@ -331,6 +436,17 @@ int ilog2(int64_t n) {
 
 }  // namespace
 
+bool site_cluster_shape_ok(int64_t K, int64_t n) {
+  return K % kSiteThreads == 0 && K / kSiteThreads <= kSiteMaxCluster && n <= kSiteThreads;
+}
+
+bool site_cluster_supported(const SiteDesc& d) {
+  // float4 access to src / resid rows; the gain's element per thread
+  return d.cluster && d.pre == kPreAddNorm && !d.perm && d.gain && site_cluster_shape_ok(d.K, d.n) && d.ld % 4 == 0 &&
+         reinterpret_cast<uintptr_t>(d.src) % 16 == 0 && reinterpret_cast<uintptr_t>(d.resid) % 16 == 0 &&
+         d.rows <= 65535;
+}
+
 bool site_warp_supported(const SiteDesc& d) {
   if (!d.warp || d.rows < kSiteWarpMinRows || d.K % 1024 != 0 || d.n > 1024 || d.pre == kPreAddNorm) return false;
   if (d.perm && d.pre != kPreNone) return false;
@@ -366,6 +482,19 @@ Launch site_launch(const SiteDesc& d) {
   a.eps = d.eps;
   a.norm = float(1.0 / __builtin_sqrt(double(d.n)));
   a.levels = d.levels == 2 ? 2 : 1;
+  a.xpose = d.xpose ? 1 : 0;
+  if (site_cluster_supported(d)) {
+    // one template instance per cluster width (__cluster_dims__ is a compile-time attribute)
+    static const void* const kernels[kSiteMaxCluster] = {
+        reinterpret_cast<const void*>(&site_kernel_cluster<1>), reinterpret_cast<const void*>(&site_kernel_cluster<2>),
+        reinterpret_cast<const void*>(&site_kernel_cluster<3>), reinterpret_cast<const void*>(&site_kernel_cluster<4>),
+        reinterpret_cast<const void*>(&site_kernel_cluster<5>), reinterpret_cast<const void*>(&site_kernel_cluster<6>),
+        reinterpret_cast<const void*>(&site_kernel_cluster<7>), reinterpret_cast<const void*>(&site_kernel_cluster<8>)};
+    const int64_t C = d.K / kSiteThreads;
+    a.tile = kSiteThreads;
+    a.norm_threads = int32_t(norm_block_threads(d.K));
+    return make_launch(kernels[C - 1], dim3(unsigned(C), unsigned(d.rows)), dim3(kSiteThreads), 0, a);
+  }
   if (site_warp_supported(d)) {
     const int64_t warps = d.rows * (d.K >> 10), per_block = kSiteWarpThreads / 32;
     return make_launch(reinterpret_cast<const void*>(&site_warp_kernel), dim3(unsigned((warps + per_block - 1) / per_block)),
