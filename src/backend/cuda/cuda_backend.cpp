@@ -70,7 +70,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
   o.fuse_site = flag("BONSAI_CUDA_FUSE_SITE", o.fuse_site);
   o.site_warp = flag("BONSAI_CUDA_SITE_WARP", o.site_warp);
   o.norm_cluster = flag("BONSAI_CUDA_NORM_CLUSTER", o.norm_cluster);
-  o.site_xpose = flag("BONSAI_CUDA_SITE_XPOSE", o.site_xpose);
+  if (const char* e = std::getenv("BONSAI_CUDA_SITE_XPOSE"); e && *e) o.site_xpose = std::atoi(e);
   o.gemm_wave_split = flag("BONSAI_CUDA_WAVE_SPLIT", o.gemm_wave_split);
   o.matvec_balance = flag("BONSAI_CUDA_MATVEC_BALANCE", o.matvec_balance);
   o.l2_prefetch = flag("BONSAI_CUDA_PREFETCH", o.l2_prefetch);

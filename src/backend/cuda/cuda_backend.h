@@ -67,9 +67,11 @@ class CudaBackend final : public Backend {
                                // tiles of 1024 and no warp site runs (< 64 rows): the row's tile blocks as one
                                // thread-block cluster (site_kernel_cluster, ternary.cu; round 9); bit-identical to
                                // the unfused norm + site; needs fuse; BONSAI_CUDA_NORM_CLUSTER=0|1
-    bool site_xpose = true;    // site_kernel (1024 tiles): FWHT strides 32..n/2 as warp shuffles after one transpose
-                               // through shared memory (2 barriers instead of 5 at n = 1024; round 9); bit-identical;
-                               // BONSAI_CUDA_SITE_XPOSE=0|1
+    int site_xpose = 2;        // site_kernel (1024 tiles): 1 = FWHT strides 32..n/2 as warp shuffles after one transpose
+                               // through shared memory (2 barriers instead of 5 at n = 1024); 2 = also no barrier
+                               // before the transform for elementwise pre-ops and the int8 quantised straight from
+                               // the transpose (4 barriers per tile instead of 8 at 0); 0 = the shared-memory stages;
+                               // all bit-identical (round 9); BONSAI_CUDA_SITE_XPOSE=0|1|2
     bool site_warp = true;     // prefill sites (>= 64 rows) one warp per 1024 chunk, no barriers (site_warp_kernel,
                                // ternary.cu; BONSAI_CUDA_SITE_WARP=0: the block-per-chunk site_kernel everywhere)
     bool fuse_site = false;    // a one-row site computed by the matvec that consumes it (its prologue) instead of
