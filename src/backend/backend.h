@@ -34,6 +34,29 @@ struct LinearOut {
   float* y;
 };
 
+// The attention prologue of a chunk (one sequence, positions p0 .. p0 + M - 1, one KV cache) or of a batched
+// step (row m of its own sequence at pos[m], its own caches k_caches[m] / v_caches[m]; pos, k_caches and
+// v_caches are host arrays of M). See Backend::attention_prep.
+struct AttnPrep {
+  const float* q_gate;  // fp32 [M, H, 2 Dh]: per head Dh query | Dh gate
+  float* q;             // fp32 [M, H, Dh] out: rope(rmsnorm(query) * q_gain)
+  float* gate;          // fp32 [M, H, Dh] out
+  float* k;             // fp32 [M, Hkv, Dh] in (its contents after the call are unspecified)
+  const float* v;       // fp32 [M, Hkv, Dh]
+  const float* q_gain;  // fp32 [Dh]
+  const float* k_gain;  // fp32 [Dh]
+  int64_t M, H, Hkv, Dh, rot_dims;
+  float eps, theta;
+  // One sequence: caches fp32 [capacity, Hkv, Dh], rows p0 .. p0 + M - 1 written.
+  int64_t p0 = 0;
+  float* k_cache = nullptr;
+  float* v_cache = nullptr;
+  // Batched (pos non-null): row pos[m] of k_caches[m] / v_caches[m].
+  const int64_t* pos = nullptr;
+  float* const* k_caches = nullptr;
+  float* const* v_caches = nullptr;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -120,6 +143,28 @@ class Backend {
                                const int8_t* signs, int64_t block) {
     silu_mul(gate, up, rows * n, site);
     hadamard_forward(site, rows, n, signs, block);
+  }
+
+  // ---- the attention prologue: q / gate split, per-head q and k norms, RoPE, KV append (one op) ----
+  // q = rope(rmsnorm(query) * q_gain), gate = the gate half, the K row rope(rmsnorm(k) * k_gain) and the V
+  // row appended to the cache(s) (AttnPrep above). The default is the op sequence; a backend overrides it to
+  // make one launch of the eight.
+  virtual void attention_prep(const AttnPrep& a) {
+    const int64_t Dh = a.Dh, row = a.Hkv * Dh;
+    copy_rows(a.q, Dh, a.q_gate, 2 * Dh, a.M * a.H, Dh);
+    copy_rows(a.gate, Dh, a.q_gate + Dh, 2 * Dh, a.M * a.H, Dh);
+    rmsnorm(a.q, a.M * a.H, Dh, a.q_gain, a.eps, a.q);
+    rmsnorm(a.k, a.M * a.Hkv, Dh, a.k_gain, a.eps, a.k);
+    if (a.pos) {
+      rope_neox_rows(a.q, a.M, a.H, Dh, a.rot_dims, a.pos, a.theta);
+      rope_neox_rows(a.k, a.M, a.Hkv, Dh, a.rot_dims, a.pos, a.theta);
+      kv_write_rows(a.k_caches, a.v_caches, a.pos, a.k, a.v, a.M, row);
+    } else {
+      rope_neox(a.q, a.M, a.H, Dh, a.rot_dims, a.p0, a.theta);
+      rope_neox(a.k, a.M, a.Hkv, Dh, a.rot_dims, a.p0, a.theta);
+      copy_rows(a.k_cache + a.p0 * row, 0, a.k, 0, 1, a.M * row);
+      copy_rows(a.v_cache + a.p0 * row, 0, a.v, 0, 1, a.M * row);
+    }
   }
 
   // ---- Gated DeltaNet (FACTS section 6) -----------------------------------------------------------

@@ -227,15 +227,11 @@ void Decoder::attention_block(const LayerWeights& L, size_t l, const Rows& rows)
   const LinearOut qkv[3] = {{&A.q, q_gate}, {&A.k, k}, {&A.v, v}};
   be_.linear(qkv, 3, E, xr, M);
 
-  // q_proj rows per head are [Dh query | Dh gate]: split into q [M, H, Dh] and gate [M, H, Dh].
-  be_.copy_rows(q, Dh, q_gate, 2 * Dh, M * H, Dh);
-  be_.copy_rows(gate, Dh, q_gate + Dh, 2 * Dh, M * H, Dh);
-
-  // Per-head RMSNorm of q and k (before RoPE), then NEOX RoPE on the first rope_dims dims.
-  be_.rmsnorm(q, M * H, Dh, A.q_norm.data(), c.rms_eps, q);
-  be_.rmsnorm(k, M * Hkv, Dh, A.k_norm.data(), c.rms_eps, k);
+  // q_proj rows per head are [Dh query | Dh gate]: split into q [M, H, Dh] and gate [M, H, Dh]; per-head
+  // RMSNorm of q and k, NEOX RoPE on the first rope_dims dims, and the K / V rows appended to the cache.
   const float scale = float(1.0 / std::sqrt(double(Dh)));
-  const int64_t row = Hkv * Dh;
+  AttnPrep prep{q_gate, q, gate, k, v, A.q_norm.data(), A.k_norm.data(), M, H, Hkv, Dh, c.rope_dims, c.rms_eps,
+                c.rope_theta};
   if (rows.batch) {
     // Batched decode: row m is sequence batch[m] at its own position, with its own KV cache.
     float **kc = batch_ptr_a_.data(), **vc = batch_ptr_b_.data();  // [M] host tables of cache pointers
@@ -243,19 +239,17 @@ void Decoder::attention_block(const LayerWeights& L, size_t l, const Rows& rows)
       kc[m] = rows.batch[m]->layers[l].k.data();
       vc[m] = rows.batch[m]->layers[l].v.data();
     }
-    const int64_t* pos = batch_pos_.data();
-    be_.rope_neox_rows(q, M, H, Dh, c.rope_dims, pos, c.rope_theta);
-    be_.rope_neox_rows(k, M, Hkv, Dh, c.rope_dims, pos, c.rope_theta);
-    be_.kv_write_rows(kc, vc, pos, k, v, M, row);
-    be_.attention_rows(q, kc, vc, pos, M, H, Hkv, Dh, scale, o);
+    prep.pos = batch_pos_.data();
+    prep.k_caches = kc;
+    prep.v_caches = vc;
+    be_.attention_prep(prep);
+    be_.attention_rows(q, kc, vc, prep.pos, M, H, Hkv, Dh, scale, o);
   } else {
     LayerState& st = rows.seq->layers[l];
-    be_.rope_neox(q, M, H, Dh, c.rope_dims, p0, c.rope_theta);
-    be_.rope_neox(k, M, Hkv, Dh, c.rope_dims, p0, c.rope_theta);
-
-    // Append the chunk's K and V at rows p0 .. p0+M-1 of the cache ([capacity, Hkv, Dh], rows contiguous).
-    be_.copy_rows(st.k.data() + p0 * row, 0, k, 0, 1, M * row);
-    be_.copy_rows(st.v.data() + p0 * row, 0, v, 0, 1, M * row);
+    prep.p0 = p0;
+    prep.k_cache = st.k.data();
+    prep.v_cache = st.v.data();
+    be_.attention_prep(prep);
     // Causal GQA attention, scale 1/sqrt(Dh).
     be_.attention(q, st.k.data(), st.v.data(), M, p0, H, Hkv, Dh, scale, o);
   }

@@ -19,6 +19,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernels.h"
 #include "backend/ref/ops.h"
+#include "backend/ref/ref_backend.h"
 #include "cuda_test_util.h"
 #include "util/error.h"
 
@@ -637,6 +638,158 @@ TEST(CudaOps, DeltaRuleChunkedMatchesRecurrent) {
         EXPECT_LE(rel_err(gl, wl), 5e-5) << what << " (last token)";
       }
     }
+}
+
+// The forward splits the conv output [T, C = 2 Nk Dk + Nv Dv] into q, k, v with three strided copies before the
+// delta rule (M > 1); with fusion on the delta rule reads them in place (row strides C) and the copies are not
+// launched. Token loop, chunked form and the batched rows (one state per row) against ref::gdn_recurrent; the
+// fused step must also launch at least 3 fewer kernels than the unfused one.
+TEST(CudaOps, DeltaRuleReadsQkvInPlaceFromTheConvOutput) {
+  BONSAI_REQUIRE_GPU();
+  const int64_t Nk = 2, Nv = 6, Dk = 128, Dv = 128, KD = Nk * Dk, VD = Nv * Dv, C = 2 * KD + VD;
+  struct Case {
+    int64_t T;
+    int mode;   // Options::delta: 1 token loop, 2 chunked
+    bool rows;  // batched: row m is one token of sequence m
+  } cases[] = {{3, 1, false}, {70, 2, false}, {70, 1, false}, {5, 1, true}, {32, 1, true}};
+  uint32_t seed = 900;
+  for (const Case& c : cases) {
+    const int64_t T = c.T, S = c.rows ? T : 1;  // S states
+    const auto conv = randn(size_t(T * C), seed++), s0 = randn(size_t(S * Nv * Dk * Dv), seed++, 0.1f);
+    const auto a = randn(size_t(T * Nv), seed++), b = randn(size_t(T * Nv), seed++),
+               A = uniform(size_t(Nv), seed++, -2.f, -0.1f), dtb = randn(size_t(Nv), seed++);
+    // Reference: split, l2-normalise, scale, gates, recurrence (per row with its own state when batched).
+    std::vector<float> q(size_t(T * KD)), k(size_t(T * KD)), v(size_t(T * VD)), g(size_t(T * Nv)), beta(g.size()),
+        want(size_t(T * VD)), st = s0;
+    for (int64_t t = 0; t < T; ++t) {
+      std::copy_n(conv.begin() + t * C, KD, q.begin() + t * KD);
+      std::copy_n(conv.begin() + t * C + KD, KD, k.begin() + t * KD);
+      std::copy_n(conv.begin() + t * C + 2 * KD, VD, v.begin() + t * VD);
+    }
+    ref::l2norm_heads(q.data(), T * Nk, Dk, 1e-6f);
+    ref::l2norm_heads(k.data(), T * Nk, Dk, 1e-6f);
+    const float qs = float(1.0 / std::sqrt(double(Dk)));
+    for (auto& x : q) x *= qs;
+    ref::gdn_gates(a.data(), b.data(), A.data(), dtb.data(), T, Nv, g.data(), beta.data());
+    if (c.rows) {
+      for (int64_t m = 0; m < T; ++m)
+        ref::gdn_recurrent(st.data() + m * Nv * Dk * Dv, q.data() + m * KD, k.data() + m * KD, v.data() + m * VD,
+                           g.data() + m * Nv, beta.data() + m * Nv, 1, Nk, Nv, Dk, Dv, want.data() + m * VD);
+    } else {
+      ref::gdn_recurrent(st.data(), q.data(), k.data(), v.data(), g.data(), beta.data(), T, Nk, Nv, Dk, Dv,
+                         want.data());
+    }
+    int64_t kernels[2] = {0, 0};
+    for (bool fuse : {true, false}) {
+      CudaBackend::Options o;
+      o.fuse = fuse;
+      o.delta = c.mode;
+      o.graphs = false;
+      CudaBackend be(o);
+      Buffer dconv = up(be, conv), ds = up(be, s0), da = up(be, a), db = up(be, b), dA = up(be, A), dd = up(be, dtb),
+             dq = poisoned(be, q.size()), dk = poisoned(be, k.size()), dv = poisoned(be, v.size()),
+             dg = poisoned(be, g.size()), dbeta = poisoned(be, g.size()), out = poisoned(be, want.size());
+      std::vector<float*> states(static_cast<size_t>(S), nullptr);
+      for (int64_t m = 0; m < S; ++m) states[size_t(m)] = ds.data() + m * Nv * Dk * Dv;
+      const int64_t k0 = be.stats().kernels;
+      be.copy_rows(dq.data(), KD, dconv.data(), C, T, KD);
+      be.copy_rows(dk.data(), KD, dconv.data() + KD, C, T, KD);
+      be.copy_rows(dv.data(), VD, dconv.data() + 2 * KD, C, T, VD);
+      be.l2norm_heads(dq.data(), T * Nk, Dk, 1e-6f);
+      be.l2norm_heads(dk.data(), T * Nk, Dk, 1e-6f);
+      be.scale(dq.data(), size_t(T * KD), qs);
+      be.gdn_gates(da.data(), db.data(), dA.data(), dd.data(), T, Nv, dg.data(), dbeta.data());
+      if (c.rows)
+        be.gdn_delta_rule_rows(states.data(), dq.data(), dk.data(), dv.data(), dg.data(), dbeta.data(), T, Nk, Nv, Dk,
+                               Dv, out.data());
+      else
+        be.gdn_delta_rule(ds.data(), dq.data(), dk.data(), dv.data(), dg.data(), dbeta.data(), T, Nk, Nv, Dk, Dv,
+                          out.data());
+      const auto got = down(be, out);
+      kernels[fuse ? 0 : 1] = be.stats().kernels - k0;
+      const std::string what = "T " + std::to_string(T) + " delta " + std::to_string(c.mode) +
+                               (c.rows ? " rows" : " one sequence") + (fuse ? " fused" : " unfused");
+      EXPECT_LE(rel_err(got, want), 5e-5) << what;
+      EXPECT_LE(rel_err(down(be, ds), st), 5e-5) << what;
+      EXPECT_LE(rel_err(down(be, dbeta), beta), 1e-5) << what;
+    }
+    EXPECT_LE(kernels[0] + 3, kernels[1]) << "T " << T << ": fused " << kernels[0] << " vs unfused " << kernels[1]
+                                          << " launches (the three copies should fold into the delta rule)";
+  }
+}
+
+// Backend::attention_prep (the q / gate split, q and k head norms, RoPE, KV append) in one launch (attn_prep.cu)
+// against the op sequence on the reference backend and on the CUDA backend with fusion off: one sequence (chunk at
+// p0, incl. a position past 2^17 where an fp32 angle would be off) and batched rows with their own positions and
+// caches. Whole caches compared: rows that must not be written keep their (random) contents.
+TEST(CudaOps, AttentionPrepMatchesTheOpSequence) {
+  BONSAI_REQUIRE_GPU();
+  struct Case {
+    int64_t M, H, Hkv, Dh, rot, p0;
+    bool rows;
+  } cases[] = {{1, 24, 4, 256, 64, 7, false},  {5, 24, 4, 256, 64, 200000, false}, {70, 6, 2, 64, 64, 3, false},
+               {3, 4, 2, 12, 8, 1, false},     {5, 24, 4, 256, 64, 0, true},        {32, 6, 2, 64, 32, 0, true}};
+  uint32_t seed = 1300;
+  for (const Case& c : cases) {
+    const int64_t row = c.Hkv * c.Dh, cap = c.rows ? 40 : c.p0 + c.M + 2, S = c.rows ? c.M : 1;
+    const auto qg = randn(size_t(c.M * c.H * 2 * c.Dh), seed++), k = randn(size_t(c.M * row), seed++),
+               v = randn(size_t(c.M * row), seed++), qn = uniform(size_t(c.Dh), seed++, 0.5f, 1.5f),
+               kn = uniform(size_t(c.Dh), seed++, 0.5f, 1.5f), cache0 = randn(size_t(S * cap * row), seed++);
+    std::vector<int64_t> pos(size_t(c.M));
+    for (int64_t m = 0; m < c.M; ++m) pos[size_t(m)] = c.rows ? (m * 7 + 3) % cap : c.p0 + m;
+    auto run = [&](Backend& be, bool host) {
+      // Returns q, gate, K caches, V caches (host copies).
+      std::vector<float> hq(size_t(c.M * c.H * c.Dh), NAN), hgate(hq.size(), NAN), hk = k, hkc = cache0, hvc = cache0;
+      Buffer dqg = up(be, qg), dq = poisoned(be, hq.size()), dgate = poisoned(be, hq.size()), dk = up(be, k),
+             dv = up(be, v), dkc = up(be, cache0), dvc = up(be, cache0);
+      AttnPrep a{host ? qg.data() : dqg.data(),
+                 host ? hq.data() : dq.data(),
+                 host ? hgate.data() : dgate.data(),
+                 host ? hk.data() : dk.data(),
+                 host ? v.data() : dv.data(),
+                 qn.data(),
+                 kn.data(),
+                 c.M,
+                 c.H,
+                 c.Hkv,
+                 c.Dh,
+                 c.rot,
+                 1e-6f,
+                 10000000.f};
+      float* kc_base = host ? hkc.data() : dkc.data();
+      float* vc_base = host ? hvc.data() : dvc.data();
+      std::vector<float*> kcs(size_t(c.M)), vcs(size_t(c.M));
+      if (c.rows) {
+        for (int64_t m = 0; m < c.M; ++m) {
+          kcs[size_t(m)] = kc_base + m * cap * row;
+          vcs[size_t(m)] = vc_base + m * cap * row;
+        }
+        a.pos = pos.data();
+        a.k_caches = kcs.data();
+        a.v_caches = vcs.data();
+      } else {
+        a.p0 = c.p0;
+        a.k_cache = kc_base;
+        a.v_cache = vc_base;
+      }
+      be.attention_prep(a);
+      if (host) return std::vector<std::vector<float>>{hq, hgate, hkc, hvc};
+      return std::vector<std::vector<float>>{down(be, dq), down(be, dgate), down(be, dkc), down(be, dvc)};
+    };
+    RefBackend ref;
+    const auto want = run(ref, true);
+    CudaBackend::Options unfused;
+    unfused.fuse = false;
+    CudaBackend fused_be, unfused_be(unfused);
+    const auto got = run(fused_be, false), seq = run(unfused_be, false);
+    const char* names[4] = {"q", "gate", "K cache", "V cache"};
+    for (int i = 0; i < 4; ++i) {
+      const std::string what = std::string(names[i]) + ", M " + std::to_string(c.M) + " Dh " + std::to_string(c.Dh) +
+                               " p0 " + std::to_string(c.p0) + (c.rows ? " rows" : "");
+      EXPECT_LE(rel_err(got[size_t(i)], want[size_t(i)]), 2e-6) << what << " (fused vs reference)";
+      EXPECT_LE(rel_err(got[size_t(i)], seq[size_t(i)]), 2e-6) << what << " (fused vs the CUDA op sequence)";
+    }
+  }
 }
 
 TEST(CudaOps, EmbeddingGatherAndInverseTransform) {

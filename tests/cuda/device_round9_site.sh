@@ -7,14 +7,12 @@
 # `-p 0 -n 32 -r 2 --batch 8,32` (same binary, configs alternated); then the eager per-kernel profile (events around
 # every launch) of PROF_CONFIGS at batch 1 and 32.
 # Env: GATE_ENVS, TEST_FILTER, SKIP_TESTS, CONFIGS ("name:ENV=V,ENV=V" words), ROUNDS, PROF_CONFIGS, PROF_BATCHES.
-# $OUT: gate.txt, test_cuda.log, bench.txt, prof_<name>_B<b>.txt. Each bench line shows the activation form (q16 is
-# the default; a "q8" there from a binary whose objects disagree on CudaBackend::Options, see round 9 notes).
+# $OUT: gate.txt, test_cuda.log, bench.txt, prof_<name>_B<b>.txt.
 set -u
 source "$(dirname "$0")/device_env.sh"
 T0=$(date +%s)
 stamp() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
 device_header
-env | grep "^BONSAI" || true
 start_27b_pack
 make_tiny_packs
 stamp "tiny packs"

@@ -70,7 +70,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
   o.fuse_site = flag("BONSAI_CUDA_FUSE_SITE", o.fuse_site);
   o.site_warp = flag("BONSAI_CUDA_SITE_WARP", o.site_warp);
   o.norm_cluster = flag("BONSAI_CUDA_NORM_CLUSTER", o.norm_cluster);
-  if (const char* e = std::getenv("BONSAI_CUDA_SITE_XPOSE"); e && *e) o.site_xpose = std::atoi(e);
+  o.site_xpose = flag("BONSAI_CUDA_SITE_XPOSE", o.site_xpose);
   o.gemm_wave_split = flag("BONSAI_CUDA_WAVE_SPLIT", o.gemm_wave_split);
   o.matvec_balance = flag("BONSAI_CUDA_MATVEC_BALANCE", o.matvec_balance);
   o.l2_prefetch = flag("BONSAI_CUDA_PREFETCH", o.l2_prefetch);
@@ -179,6 +179,7 @@ struct CudaBackend::Impl {
   std::vector<Prof> prof;
   std::vector<cudaEvent_t> ev_pool;
   std::map<const void*, std::pair<int64_t, double>> prof_acc;  // func -> launches, ms
+  std::vector<std::pair<const void*, float>> prof_last;         // the last synchronised batch in order: func, ms
 
   // A one-row site that produces the int8 activation, held back so the M = 1 matvec that consumes it
   // can compute it as its prologue (Options::fuse_site); any other op launches it first (flush_pending).
@@ -282,9 +283,11 @@ struct CudaBackend::Impl {
     return e;
   }
   void collect_profile() {
+    if (!prof.empty()) prof_last.clear();
     for (const Prof& p : prof) {
       float ms = 0;
       CUDA_CHECK(cudaEventElapsedTime(&ms, p.e0, p.e1));
+      prof_last.emplace_back(p.func, ms);
       auto& a = prof_acc[p.func];
       a.first += 1;
       a.second += ms;
@@ -1196,6 +1199,22 @@ void CudaBackend::Impl::emit_delta(float* state, const cuda::RowTable* rows, con
       pend.pop_back();
       t = tail();
     }
+    // The q / k / v splits of the conv output (strided copies, M > 1): read in place with a row stride
+    // instead (three fewer launches per GDN layer). The copies' destinations are then never written; the
+    // forward reads them only here (as it reads q and k un-normalised after the l2 fusion above).
+    for (int rep = 0; rep < 3 && t && t->kind == PK::Copy && t->rows == T && t->ld_dst == t->cols; ++rep) {
+      int64_t* ld = t->dst == v && t->cols == Nv * Dv && !d.ldv   ? &d.ldv
+                    : t->dst == k && t->cols == Nk * Dk && !d.ldk ? &d.ldk
+                    : t->dst == q && t->cols == Nk * Dk && !d.ldq ? &d.ldq
+                                                                  : nullptr;
+      if (!ld) break;
+      *ld = t->ld_src;
+      if (ld == &d.ldv) d.v = t->src;
+      else if (ld == &d.ldk) d.k = const_cast<float*>(t->src);
+      else d.q = const_cast<float*>(t->src);
+      pend.pop_back();
+      t = tail();
+    }
   }
   flush_pending();
   // Chunked WY form for a prefill chunk (one sequence, T > 1); round 8b: BONSAI_CUDA_DELTA=1 keeps the token loop.
@@ -1281,6 +1300,38 @@ void CudaBackend::attention_rows(const float* q, const float* const* k_caches, c
   I.emit_attention(d);
 }
 
+void CudaBackend::attention_prep(const AttnPrep& a) {
+  Impl& I = *p_;
+  if (!I.opt.fuse || !cuda::attn_prep_supported(a.Dh, a.rot_dims) || (a.pos && a.M > cuda::kMaxBatchRows))
+    return Backend::attention_prep(a);
+  ++I.seq;
+  I.flush_pending();
+  cuda::AttnPrepDesc d{};
+  d.q_gate = a.q_gate;
+  d.q = a.q;
+  d.gate = a.gate;
+  d.k = a.k;
+  d.v = a.v;
+  d.q_gain = I.dev(a.q_gain);
+  d.k_gain = I.dev(a.k_gain);
+  d.k_cache = a.k_cache;
+  d.v_cache = a.v_cache;
+  d.M = a.M;
+  d.H = a.H;
+  d.Hkv = a.Hkv;
+  d.Dh = a.Dh;
+  d.rot = a.rot_dims;
+  d.p0 = a.p0;
+  d.eps = a.eps;
+  d.theta = a.theta;
+  cuda::RowTable t;
+  if (a.pos) {
+    t = row_table(a.M, a.pos, a.k_caches, a.v_caches);
+    d.rows = &t;
+  }
+  I.emit(cuda::attn_prep_launch(d));
+}
+
 void CudaBackend::gdn_conv_rows(const float* x, float* const* conv_states, const float* taps, int64_t M, int64_t C,
                                 int64_t Kc, float* out) {
   if (M > cuda::kMaxBatchRows) return Backend::gdn_conv_rows(x, conv_states, taps, M, C, Kc, out);
@@ -1358,6 +1409,29 @@ CudaBackend::Options CudaBackend::options() const { return p_->opt; }
 
 CudaBackend::Stats CudaBackend::stats() const { return p_->st; }
 
+namespace {
+// "_ZN6bonsai4cuda<anon ns>11site_kernelENS1_8SiteArgsE" -> "site_kernel": the function's own name, at most 44 chars.
+std::string short_kernel_name(const void* func) {
+  const char* name = nullptr;
+  if (cudaFuncGetName(&name, func) != cudaSuccess || !name) {
+    cudaGetLastError();
+    name = "?";
+  }
+  std::string n = name;
+  for (const char* k : {"site_warp_kernel", "site_kernel", "matvec6l_kernel", "matvec6_kernel", "matvec_kernel",
+                        "gemm3_kernel", "gemm2_kernel", "gemm_kernel", "norm_kernel", "head_norm_kernel", "rope_kernel",
+                        "ew_kernel", "copy4_kernel", "copy_kernel", "embed_kernel", "dense_tile_kernel", "dense_kernel",
+                        "conv_seq_kernel", "conv_kernel", "gates_kernel", "argmax_rows_kernel", "argmax_kernel",
+                        "top_k_kernel", "splitk_sum_kernel", "probe_kernel", "kv_rows_kernel", "attn_prefill_kernel",
+                        "attention_kernel", "delta_prep_kernel", "delta_scan_kernel", "delta_kernel"})
+    if (const size_t at = n.find(k); at != std::string::npos) {
+      n = n.substr(at, n.find('E', at) - at);
+      break;
+    }
+  return n.size() > 44 ? n.substr(0, 44) : n;
+}
+}  // namespace
+
 std::string CudaBackend::profile_report() {
   Impl& I = *p_;
   I.sync();
@@ -1366,27 +1440,17 @@ std::string CudaBackend::profile_report() {
   double total = 0;
   for (const auto& e : v) total += e.second.second;
   std::string out = fmt::format("{:<44} {:>8} {:>10} {:>9} {:>6}\n", "kernel", "launches", "total ms", "mean us", "%");
-  for (const auto& e : v) {
-    const char* name = nullptr;
-    if (cudaFuncGetName(&name, e.first) != cudaSuccess || !name) {
-      cudaGetLastError();
-      name = "?";
-    }
-    // "_ZN6bonsai4cuda<anon ns>11site_kernelENS1_8SiteArgsE": keep the function's own name
-    std::string n = name;
-    for (const char* k : {"site_kernel", "matvec_kernel", "gemm3_kernel", "gemm2_kernel", "gemm_kernel", "norm_kernel", "head_norm_kernel", "rope_kernel",
-                          "ew_kernel", "copy4_kernel", "copy_kernel", "embed_kernel", "dense_tile_kernel", "dense_kernel", "conv_seq_kernel", "conv_kernel", "gates_kernel",
-                          "argmax_kernel", "splitk_sum_kernel", "probe_kernel", "kv_rows_kernel", "attn_prefill_kernel", "attention_kernel", "delta_prep_kernel", "delta_scan_kernel", "delta_kernel"})
-      if (n.find(k) != std::string::npos) {
-        const size_t at = n.find(k);
-        n = n.substr(at, n.find('E', at) - at);
-        break;
-      }
-    if (n.size() > 44) n = n.substr(0, 44);
-    out += fmt::format("{:<44} {:>8} {:>10.3f} {:>9.2f} {:>6.1f}\n", n, e.second.first, e.second.second,
-                       1e3 * e.second.second / double(e.second.first), 100.0 * e.second.second / total);
-  }
+  for (const auto& e : v)
+    out += fmt::format("{:<44} {:>8} {:>10.3f} {:>9.2f} {:>6.1f}\n", short_kernel_name(e.first), e.second.first,
+                       e.second.second, 1e3 * e.second.second / double(e.second.first), 100.0 * e.second.second / total);
   out += fmt::format("{:<44} {:>8} {:>10.3f}\n", "total", "", total);
+  // BONSAI_CUDA_PROFILE=2: also the launch order of the last batch between two host syncs (a decode step).
+  if (const char* e = std::getenv("BONSAI_CUDA_PROFILE"); e && std::string(e) == "2") {
+    out += fmt::format("launch order of the last synchronised batch ({} launches): index kernel us\n", I.prof_last.size());
+    for (size_t i = 0; i < I.prof_last.size(); ++i)
+      out += fmt::format("{:>5} {:<44} {:>9.2f}\n", i, short_kernel_name(I.prof_last[i].first),
+                         1e3 * I.prof_last[i].second);
+  }
   I.prof_acc.clear();
   return out;
 }

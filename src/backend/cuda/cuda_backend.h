@@ -43,7 +43,8 @@ class CudaBackend final : public Backend {
     bool fuse = true;          // peephole fusion of deferred ops
     bool tensor_cores = true;  // int8 mma GEMM for M > 2 (q8: 4) (else the dp4a kernel, 4 tokens per pass)
     bool profile = false;      // time every eager launch with events (serialises; for profile_report);
-                               // BONSAI_CUDA_PROFILE=1: on, and the report goes to stderr when the backend ends
+                               // BONSAI_CUDA_PROFILE=1: on, and the report goes to stderr when the backend ends;
+                               // =2: the report also lists the last step's launches in order
     int delta = 0;             // delta rule of one sequence: 1 = token by token (delta_kernel), 2 = the chunked WY
                                // form (delta_chunk.cu) for every T, 0 = chunked for T >= 16 (docs/cuda-kernels.md
                                // round 8b); batched rows always token by token; BONSAI_CUDA_DELTA=0|1|2
@@ -67,11 +68,9 @@ class CudaBackend final : public Backend {
                                // tiles of 1024 and no warp site runs (< 64 rows): the row's tile blocks as one
                                // thread-block cluster (site_kernel_cluster, ternary.cu; round 9); bit-identical to
                                // the unfused norm + site; needs fuse; BONSAI_CUDA_NORM_CLUSTER=0|1
-    int site_xpose = 2;        // site_kernel (1024 tiles): 1 = FWHT strides 32..n/2 as warp shuffles after one transpose
-                               // through shared memory (2 barriers instead of 5 at n = 1024); 2 = also no barrier
-                               // before the transform for elementwise pre-ops and the int8 quantised straight from
-                               // the transpose (4 barriers per tile instead of 8 at 0); 0 = the shared-memory stages;
-                               // all bit-identical (round 9); BONSAI_CUDA_SITE_XPOSE=0|1|2
+    bool site_xpose = true;    // site_kernel (1024 tiles): FWHT strides 32..n/2 as warp shuffles after one transpose
+                               // through shared memory (2 barriers instead of 5 at n = 1024; round 9); bit-identical;
+                               // BONSAI_CUDA_SITE_XPOSE=0|1
     bool site_warp = true;     // prefill sites (>= 64 rows) one warp per 1024 chunk, no barriers (site_warp_kernel,
                                // ternary.cu; BONSAI_CUDA_SITE_WARP=0: the block-per-chunk site_kernel everywhere)
     bool fuse_site = false;    // a one-row site computed by the matvec that consumes it (its prologue) instead of
@@ -150,6 +149,8 @@ class CudaBackend final : public Backend {
   // cuda::kMaxBatchRows rows (tables inline in the arguments), the Backend defaults above that.
   void rope_neox_rows(float* x, int64_t M, int64_t n_heads, int64_t head_dim, int64_t rot_dims, const int64_t* host_pos,
                       float theta) override;
+  // One launch (attn_prep.cu) when fusion is on and the head fits (Dh <= 512); else the op sequence.
+  void attention_prep(const AttnPrep& a) override;
   void kv_write_rows(float* const* k_caches, float* const* v_caches, const int64_t* host_pos, const float* k,
                      const float* v, int64_t M, int64_t row) override;
   void attention_rows(const float* q, const float* const* k_caches, const float* const* v_caches,

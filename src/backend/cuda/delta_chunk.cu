@@ -33,9 +33,9 @@ constexpr int kSW = 32;               // scan: state columns per block
 
 struct DeltaChunkArgs {
   float* state;          // [Nv, Dk, Dv]
-  float* q;              // [T, Nk, Dk] (un-normalised when l2_q)
-  float* k;              // [T, Nk, Dk]
-  const float* v;        // [T, Nv, Dv]
+  float* q;              // [T, Nk, Dk] rows ldq floats apart (un-normalised when l2_q)
+  float* k;              // [T, Nk, Dk] rows ldk apart
+  const float* v;        // [T, Nv, Dv] rows ldv apart
   float* g;              // [T, Nv] log decays (written when a != null)
   float* beta;           // [T, Nv]
   float* out;            // [T, Nv, Dv]
@@ -45,6 +45,7 @@ struct DeltaChunkArgs {
   const float* dt_bias;
   float* scratch;        // [Nv, NC] blocks of per_block() floats (layout: scratch_off below)
   int64_t T, Nk, Nv, Dk, Dv, NC;
+  int64_t ldq, ldk, ldv;
   int32_t l2_q, l2_k;
   float eps_q, eps_k, q_scale;
   int32_t pad;
@@ -86,9 +87,9 @@ __global__ __launch_bounds__(kThreads) void delta_prep_kernel(const DeltaChunkAr
   // (the padded rows are not 16-byte aligned) so that all of a thread's copies are in flight at once.
   for (int idx = tid; idx < kC * Dk; idx += kThreads) {
     const int r = idx / Dk, i = idx % Dk;
-    const int64_t src = ((t0 + (r < L ? r : 0)) * a.Nk + kh) * a.Dk + i;
-    cp_async4(Ks + r * kLd + i, a.k + src, r < L ? 4 : 0);
-    cp_async4(QV + r * kLd + i, a.q + src, r < L ? 4 : 0);
+    const int64_t tok = t0 + (r < L ? r : 0), col = kh * a.Dk + i;
+    cp_async4(Ks + r * kLd + i, a.k + tok * a.ldk + col, r < L ? 4 : 0);
+    cp_async4(QV + r * kLd + i, a.q + tok * a.ldq + col, r < L ? 4 : 0);
   }
   cp_async_commit();
   if (tid < kC) {
@@ -187,7 +188,7 @@ __global__ __launch_bounds__(kThreads) void delta_prep_kernel(const DeltaChunkAr
   // v rows into QV (q is done: Qd and P are in global memory); they land during the solve.
   for (int idx = tid; idx < kC * Dv; idx += kThreads) {
     const int r = idx / Dv, j = idx % Dv;
-    cp_async4(QV + r * kLd + j, a.v + ((t0 + (r < L ? r : 0)) * a.Nv + h) * a.Dv + j, r < L ? 4 : 0);
+    cp_async4(QV + r * kLd + j, a.v + (t0 + (r < L ? r : 0)) * a.ldv + h * a.Dv + j, r < L ? 4 : 0);
   }
   cp_async_commit();
 
@@ -385,9 +386,33 @@ void init_delta_chunk_attributes() {
 
 void delta_chunk_launches(const DeltaDesc& d, float* scratch, Launch out[2]) {
   const int64_t NC = (d.T + kC - 1) / kC;
-  DeltaChunkArgs a{d.state, d.q,  d.k,  d.v,  d.g,    d.beta, d.out,  d.a,     d.b,     d.A,       d.dt_bias,
-                   scratch, d.T,  d.Nk, d.Nv, d.Dk,   d.Dv,   NC,     d.l2_q,  d.l2_k,  d.eps_q,   d.eps_k,
-                   d.q_scale, 0};
+  DeltaChunkArgs a{d.state,
+                   d.q,
+                   d.k,
+                   d.v,
+                   d.g,
+                   d.beta,
+                   d.out,
+                   d.a,
+                   d.b,
+                   d.A,
+                   d.dt_bias,
+                   scratch,
+                   d.T,
+                   d.Nk,
+                   d.Nv,
+                   d.Dk,
+                   d.Dv,
+                   NC,
+                   d.ldq ? d.ldq : d.Nk * d.Dk,
+                   d.ldk ? d.ldk : d.Nk * d.Dk,
+                   d.ldv ? d.ldv : d.Nv * d.Dv,
+                   d.l2_q,
+                   d.l2_k,
+                   d.eps_q,
+                   d.eps_k,
+                   d.q_scale,
+                   0};
   out[0] = make_launch(reinterpret_cast<const void*>(&delta_prep_kernel), dim3(unsigned(d.Nv), unsigned(NC)),
                        dim3(kThreads), prep_smem(), a);
   out[1] = make_launch(reinterpret_cast<const void*>(&delta_scan_kernel), dim3(unsigned(d.Nv), unsigned(d.Dv / kSW)),

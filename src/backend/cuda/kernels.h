@@ -49,9 +49,8 @@ struct SiteDesc {
   bool warp = true;              // rows >= kSiteWarpMinRows: one warp per 1024 chunk where supported (ternary.cu)
   bool cluster = false;          // AddNorm: the row's K / 1024 tile blocks as one thread-block cluster sharing the
                                  // sum of squares through distributed shared memory (site_cluster_supported)
-  int32_t xpose = 0;             // 1024 tiles: 1 = FWHT strides 32..n/2 as shuffles after one transpose in shared
-                                 // memory (2 barriers instead of one per stride); 2 = also no barrier where each
-                                 // thread reads its own element, quantised straight from the transpose; bit-identical
+  bool xpose = false;            // 1024 tiles: FWHT strides 32..n/2 as shuffles after one transpose in shared
+                                 // memory (2 barriers instead of one per stride); bit-identical
 };
 Launch site_launch(const SiteDesc& d);
 // The warp-per-chunk site for prefill rows (site_warp_kernel): rows >= this, K % 1024 == 0, n <= 1024, no
@@ -246,8 +245,31 @@ struct DeltaDesc {
   float eps_q, eps_k, q_scale;
   int32_t pad;
   const RowTable* rows = nullptr;  // set: T rows, row m one token of its own sequence, state rows->a[m]
+  // Floats from one token's q / k / v row to the next's (0: packed, Nk Dk / Nk Dk / Nv Dv). Larger when q, k, v
+  // are read in place from the conv output [T, C] instead of through three copies (emit_delta).
+  int64_t ldq = 0, ldk = 0, ldv = 0;
 };
 Launch delta_launch(const DeltaDesc& d);
+
+// The attention prologue (attn_prep.cu; Backend::attention_prep): q = rope(rmsnorm(q half of q_gate) * q_gain),
+// gate = the gate half, and rope(rmsnorm(k) * k_gain) and v appended to the KV cache(s), one launch.
+struct AttnPrepDesc {
+  const float* q_gate;  // [M, H, 2 Dh]
+  float* q;             // [M, H, Dh]
+  float* gate;          // [M, H, Dh]
+  const float* k;       // [M, Hkv, Dh]
+  const float* v;       // [M, Hkv, Dh]
+  const float* q_gain;  // [Dh] (device)
+  const float* k_gain;  // [Dh] (device)
+  float* k_cache;       // one sequence: [capacity, Hkv, Dh], rows p0 .. p0 + M - 1 written
+  float* v_cache;
+  int64_t M, H, Hkv, Dh, rot, p0;
+  float eps, theta;
+  const RowTable* rows = nullptr;  // batched: row m at rows->pos[m] of K cache rows->a[m] / V cache rows->b[m]
+};
+constexpr int64_t kAttnPrepMaxDh = 512;
+bool attn_prep_supported(int64_t Dh, int64_t rot);
+Launch attn_prep_launch(const AttnPrepDesc& d);
 constexpr int64_t kDeltaMaxDk = 128;
 // Chunked (WY / UT-transform) delta rule for one sequence (delta_chunk.cu; d.rows must be null), the same
 // function as delta_launch: per chunk of kDeltaChunk tokens, kernel 1 (all chunks in parallel, grid (Nv, chunks))

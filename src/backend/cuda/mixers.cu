@@ -403,11 +403,15 @@ struct DeltaArgs {
   const float* A;
   const float* dt_bias;
   int64_t T, Nk, Nv, Dk, Dv;
+  int64_t ldq, ldk, ldv;  // floats between consecutive tokens' q / k / v rows
   int32_t l2_q, l2_k;
   float eps_q, eps_k, q_scale;
   int32_t pad;
 };
 using DeltaRowsArgs = WithRows<DeltaArgs>;  // batched decode: token m is row m's, with its own state
+
+// Fetch the 128-byte line holding p into L2 (no register written, nothing waits for it).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 template <class Args>
 __global__ __launch_bounds__(kDeltaWarps * 32) void delta_kernel(const Args args) {
@@ -417,7 +421,6 @@ __global__ __launch_bounds__(kDeltaWarps * 32) void delta_kernel(const Args args
   __shared__ float red[kDeltaWarps][32], red2[kDeltaWarps][32], bred[32];
   __shared__ float gb[2];
   pdl_trigger();
-  pdl_wait();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t h = blockIdx.x, j = int64_t(blockIdx.y) * 32 + lane;
   const int64_t rep = a.Nv / a.Nk, kh = h / rep;
@@ -430,6 +433,11 @@ __global__ __launch_bounds__(kDeltaWarps * 32) void delta_kernel(const Args args
     t1 = t0 + 1;
     Sg = args.t.a[t0] + h * a.Dk * a.Dv;
   }
+  // The state slice into L2 while the previous kernel still runs (this block launched early by PDL): lane l
+  // of warp w takes the 128-byte row slice w + 4 l. A prefetch cannot read stale data (L2 is the point of
+  // coherence), so it may precede the wait; the loads below then hit L2 (batch 1: a 3 MB state per layer).
+  if (lane < R) prefetch_l2(Sg + (warp + kDeltaWarps * lane) * a.Dv + (j - lane));
+  pdl_wait();
   float s[kDeltaRows];
 #pragma unroll
   for (int ii = 0; ii < kDeltaRows; ++ii) s[ii] = ii < R ? Sg[(warp + kDeltaWarps * ii) * a.Dv + j] : 0.f;
@@ -438,10 +446,10 @@ __global__ __launch_bounds__(kDeltaWarps * 32) void delta_kernel(const Args args
   float kv_n = 0.f, qv_n = 0.f, vj_n = 0.f, ga_n = 0.f, gb_n = 0.f;
   auto load_token = [&](int64_t t) {
     if (tid < a.Dk) {
-      kv_n = a.k[(t * a.Nk + kh) * a.Dk + tid];
-      qv_n = a.q[(t * a.Nk + kh) * a.Dk + tid];
+      kv_n = a.k[t * a.ldk + kh * a.Dk + tid];
+      qv_n = a.q[t * a.ldq + kh * a.Dk + tid];
     }
-    vj_n = a.v[(t * a.Nv + h) * a.Dv + j];
+    vj_n = a.v[t * a.ldv + h * a.Dv + j];
     if (tid == 0) {
       ga_n = a.a ? a.a[t * a.Nv + h] : a.g[t * a.Nv + h];
       gb_n = a.a ? a.b[t * a.Nv + h] : a.beta[t * a.Nv + h];
@@ -518,8 +526,31 @@ __global__ __launch_bounds__(kDeltaWarps * 32) void delta_kernel(const Args args
 }  // namespace
 
 Launch delta_launch(const DeltaDesc& d) {
-  DeltaArgs a{d.state, d.q,  d.k,  d.v,  d.g,  d.beta, d.out,  d.a,    d.b,     d.A,       d.dt_bias, d.T,
-              d.Nk,    d.Nv, d.Dk, d.Dv, d.l2_q, d.l2_k, d.eps_q, d.eps_k, d.q_scale, 0};
+  DeltaArgs a{d.state,
+              d.q,
+              d.k,
+              d.v,
+              d.g,
+              d.beta,
+              d.out,
+              d.a,
+              d.b,
+              d.A,
+              d.dt_bias,
+              d.T,
+              d.Nk,
+              d.Nv,
+              d.Dk,
+              d.Dv,
+              d.ldq ? d.ldq : d.Nk * d.Dk,
+              d.ldk ? d.ldk : d.Nk * d.Dk,
+              d.ldv ? d.ldv : d.Nv * d.Dv,
+              d.l2_q,
+              d.l2_k,
+              d.eps_q,
+              d.eps_k,
+              d.q_scale,
+              0};
   if (d.rows) {
     DeltaRowsArgs r{a, *d.rows};
     const dim3 grid(unsigned(d.Nv), unsigned(d.Dv / 32), unsigned(d.T));

@@ -51,7 +51,7 @@ struct SiteArgs {
   int32_t pre, inverse, seg, log2n;
   float eps, norm;
   int32_t levels;       // int8 digits per element in xq: 1 (q8) or 2 (q16)
-  int32_t xpose;        // SiteDesc::xpose (tile 1024): 1 transposed FWHT stages, 2 also fewer barriers (site_tail)
+  int32_t xpose;        // 1: FWHT strides 32..n/2 as shuffles after one transpose through shared memory (tile 1024)
   int32_t norm_threads; // site_kernel_cluster: the block size of norm_kernel for this K (its sum order), 0 otherwise
   int32_t pad;
 };
@@ -59,51 +59,12 @@ struct SiteArgs {
 constexpr int kSiteThreads = 1024;  // one element per thread for a 1024 tile: short dependency chains at decode
 constexpr int kSiteWarpThreads = 256;  // site_warp_kernel: 8 chunks (warps) per block
 
-// site_kernel's quantiser for one 128-group held by one warp (lane l: elements 4l..4l+3 of group gq of the tile;
-// xq / xds: the tile's first digit / scale). Header: the q8 / q16 format.
-__device__ __forceinline__ void site_quantise_group(const SiteArgs& a, const float4 v4, int lane, int gq, int8_t* xq,
-                                                    float2* xds) {
-  const float amax = warp_max(fmaxf(fmaxf(fabsf(v4.x), fabsf(v4.y)), fmaxf(fabsf(v4.z), fabsf(v4.w))));
-  const float d = amax / 127.f;
-  const float inv = amax > 0.f ? 127.f / amax : 0.f;
-  const float vs[4] = {v4.x * inv, v4.y * inv, v4.z * inv, v4.w * inv};
-  // element e = 4l + t: word l/4, b = l%4, j = t -> position 16(l/4) + 4t + l%4
-  int8_t* base = xq + gq * 128 + 16 * (lane >> 2) + (lane & 3);
-  int s = 0;
-#pragma unroll
-  for (int t = 0; t < 4; ++t) {
-    const float q0f = rintf(vs[t]);  // round to nearest even, as the CPU quantiser
-    const int q0 = max(-127, min(127, int(q0f)));
-    base[4 * t] = int8_t(q0);
-    if (a.levels == 2) {  // the residual |v - q0| <= 1/2 times 254 fits a digit with no clamp
-      const int q1 = max(-127, min(127, __float2int_rn((vs[t] - q0f) * 254.f)));
-      base[4 * t + a.K] = int8_t(q1);
-      s += 254 * q0 + q1;
-    } else {
-      s += q0;
-    }
-  }
-#pragma unroll
-  for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);  // stays inside 16-lane halves
-  if ((lane & 15) == 0) xds[gq * 2 + (lane >> 4)] = make_float2(a.levels == 2 ? d / 254.f : d, float(s));
-}
-
-// Whether site_tail takes the transposed FWHT (Options::site_xpose >= 1; tile 1024, 64 <= n <= 1024).
-__device__ __forceinline__ bool site_xposed(const SiteArgs& a) {
-  return a.xpose && a.tile == kSiteThreads && a.n >= 64 && a.n <= kSiteThreads;
-}
-// xpose 2: the caller hands each thread its own element (v0) with no barrier where it wrote that element
-// itself (every pre-op but the gated norm, whose segments cross threads).
-__device__ __forceinline__ bool site_own_element(const SiteArgs& a) {
-  return a.xpose >= 2 && site_xposed(a) && a.pre != kPreGatedNorm;
-}
 
 // Stages 2-4 of the site (FWHT, normalise + inverse signs + fp32 store, int8 quantisation) for one tile of
-// row r held in sh [len] (pre-op and forward signs applied; a barrier since they were written, unless
-// site_own_element: then v0 = this thread's element, sh[tid], and no barrier). xs: the padded transpose buffer
-// [kSiteThreads + kSiteThreads / 32] (used when site_xposed).
+// row r held in sh [len] (pre-op and forward signs applied; a barrier since they were written). xs: the
+// padded transpose buffer [kSiteThreads + kSiteThreads / 32] (used when a.xpose and the tile is 1024).
 __device__ __forceinline__ void site_tail(const SiteArgs& a, float* sh, float* xs, int tid, int len, float sign0,
-                                          int64_t r, int64_t t0, float v0) {
+                                          int64_t r, int64_t t0) {
   // 2. Unnormalised Sylvester FWHT of every n-block of the tile (butterfly at stride h pairs i, i + h).
   // Strides below 32 stay inside a warp: thread tid holds element tid and swaps with lane ^ h through
   // shuffles (no barriers); a lane's partner is valid whenever the lane is (n-blocks lie inside len).
@@ -113,10 +74,10 @@ __device__ __forceinline__ void site_tail(const SiteArgs& a, float* sh, float* x
   // act on lo (shuffles, thread = element), then ONE pass through xs hands warp w the column lo = w (lane =
   // hi), where strides 32..n/2 are shuffles too: 2 barriers instead of one per stride above 16. Same
   // butterflies (a + b low, a - b high) in the same stage order: bit-identical to the shared-memory stages.
-  const bool xposed = site_xposed(a);
+  const bool xposed = a.xpose && a.tile == kSiteThreads && a.n >= 64 && a.n <= kSiteThreads;
   if (xposed) {
     const int lane = tid & 31, w = tid >> 5;
-    float v = site_own_element(a) ? v0 : tid < len ? sh[tid] : 0.f;
+    float v = tid < len ? sh[tid] : 0.f;
 #pragma unroll
     for (int h = 1; h < 32; h <<= 1) {
       const float p = __shfl_xor_sync(0xffffffffu, v, h);
@@ -132,21 +93,6 @@ __device__ __forceinline__ void site_tail(const SiteArgs& a, float* sh, float* x
     }
     if (e < len) xs[e + lane] = u;  // the slot this thread alone read: no barrier before the write
     __syncthreads();
-    if (a.xpose >= 2 && a.xq && !a.inverse) {
-      // xpose 2: normalise, store and quantise straight from xs, one warp per 128-group (lane l: elements
-      // 4l..4l+3, inside one padded run of 32): the same values as stages 3-4, one barrier and pass fewer.
-      float* dst = a.dst ? a.dst + r * a.K + t0 : nullptr;
-      int8_t* xq = a.xq + r * a.levels * a.K + t0;
-      float2* xds = a.xds + r * (a.K >> 6) + (t0 >> 6);
-      for (int gq = w; gq < len / 128; gq += kSiteThreads / 32) {
-        const int i0 = gq * 128 + 4 * lane;
-        const float* x = xs + i0 + (i0 >> 5);
-        const float4 v4 = make_float4(x[0] * a.norm, x[1] * a.norm, x[2] * a.norm, x[3] * a.norm);
-        if (dst) dst[i0] = v4.x, dst[i0 + 1] = v4.y, dst[i0 + 2] = v4.z, dst[i0 + 3] = v4.w;
-        site_quantise_group(a, v4, lane, gq, xq, xds);
-      }
-      return;
-    }
   } else {
     int h0 = 1;
     if (a.n >= 2) {
@@ -188,8 +134,32 @@ __device__ __forceinline__ void site_tail(const SiteArgs& a, float* sh, float* x
   const int warp = tid >> 5, lane = tid & 31;
   int8_t* xq = a.xq + r * a.levels * a.K + t0;  // digit plane 0 of row r; plane 1 follows at + K
   float2* xds = a.xds + r * (a.K >> 6) + (t0 >> 6);
-  for (int gq = warp; gq < len / 128; gq += kSiteThreads / 32)
-    site_quantise_group(a, *reinterpret_cast<const float4*>(&sh[gq * 128 + 4 * lane]), lane, gq, xq, xds);
+  for (int gq = warp; gq < len / 128; gq += kSiteThreads / 32) {
+    const float4 v4 = *reinterpret_cast<const float4*>(&sh[gq * 128 + 4 * lane]);
+    const float amax = warp_max(fmaxf(fmaxf(fabsf(v4.x), fabsf(v4.y)), fmaxf(fabsf(v4.z), fabsf(v4.w))));
+    const float d = amax / 127.f;
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    const float vs[4] = {v4.x * inv, v4.y * inv, v4.z * inv, v4.w * inv};
+    // element e = 4l + t: word l/4, b = l%4, j = t -> position 16(l/4) + 4t + l%4
+    int8_t* base = xq + gq * 128 + 16 * (lane >> 2) + (lane & 3);
+    int s = 0;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const float q0f = rintf(vs[t]);  // round to nearest even, as the CPU quantiser
+      const int q0 = max(-127, min(127, int(q0f)));
+      base[4 * t] = int8_t(q0);
+      if (a.levels == 2) {  // the residual |v - q0| <= 1/2 times 254 fits a digit with no clamp
+        const int q1 = max(-127, min(127, __float2int_rn((vs[t] - q0f) * 254.f)));
+        base[4 * t + a.K] = int8_t(q1);
+        s += 254 * q0 + q1;
+      } else {
+        s += q0;
+      }
+    }
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);  // stays inside 16-lane halves
+    if ((lane & 15) == 0) xds[gq * 2 + (lane >> 4)] = make_float2(a.levels == 2 ? d / 254.f : d, float(s));
+  }
 }
 
 __global__ __launch_bounds__(kSiteThreads) void site_kernel(const SiteArgs a) {
@@ -246,15 +216,14 @@ __global__ __launch_bounds__(kSiteThreads) void site_kernel(const SiteArgs a) {
       }
     }
   }
-  const bool own = site_own_element(a);  // every element below is read by the thread that wrote it
   if (a.pre != kPreNone && a.pre_out) {
-    if (!own) __syncthreads();
+    __syncthreads();
     for (int i = tid; i < len; i += kSiteThreads) a.pre_out[r * a.ld + t0 + i] = sh[i];
   }
   if (!a.inverse && a.signs)
     for (int i = tid; i < len; i += kSiteThreads) sh[i] *= i == tid ? sign0 : float(a.signs[t0 + i]);
-  if (!own) __syncthreads();
-  site_tail(a, sh, xs, tid, len, sign0, r, t0, own && tid < len ? sh[tid] : 0.f);
+  __syncthreads();
+  site_tail(a, sh, xs, tid, len, sign0, r, t0);
 }
 
 // Cluster barrier halves (sm_90): arrive.release publishes this block's shared-memory writes to the cluster,
@@ -318,8 +287,8 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kSiteThreads) site_k
   if (a.pre_out) a.pre_out[r * a.ld + t0 + tid] = v;
   if (!a.inverse && a.signs) v *= sign0;
   sh[tid] = v;
-  if (!site_own_element(a)) __syncthreads();
-  site_tail(a, sh, xs, tid, kSiteThreads, sign0, r, t0, v);
+  __syncthreads();
+  site_tail(a, sh, xs, tid, kSiteThreads, sign0, r, t0);
   cluster_wait();
 }
 
@@ -513,7 +482,7 @@ Launch site_launch(const SiteDesc& d) {
   a.eps = d.eps;
   a.norm = float(1.0 / __builtin_sqrt(double(d.n)));
   a.levels = d.levels == 2 ? 2 : 1;
-  a.xpose = d.xpose;
+  a.xpose = d.xpose ? 1 : 0;
   if (site_cluster_supported(d)) {
     // one template instance per cluster width (__cluster_dims__ is a compile-time attribute)
     static const void* const kernels[kSiteMaxCluster] = {
