@@ -64,6 +64,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
   };
   o.exact = flag("BONSAI_CUDA_EXACT", o.exact);
   o.fuse_norm = flag("BONSAI_CUDA_FUSE_NORM", o.fuse_norm);
+  o.attn_prep = flag("BONSAI_CUDA_ATTN_PREP", o.attn_prep);
   o.graphs = flag("BONSAI_CUDA_GRAPHS", o.graphs);
   o.pdl = flag("BONSAI_CUDA_PDL", o.pdl);
   o.fuse = flag("BONSAI_CUDA_FUSE", o.fuse);
@@ -1302,7 +1303,7 @@ void CudaBackend::attention_rows(const float* q, const float* const* k_caches, c
 
 void CudaBackend::attention_prep(const AttnPrep& a) {
   Impl& I = *p_;
-  if (!I.opt.fuse || !cuda::attn_prep_supported(a.Dh, a.rot_dims) || (a.pos && a.M > cuda::kMaxBatchRows))
+  if (!I.opt.fuse || !I.opt.attn_prep || !cuda::attn_prep_supported(a.Dh, a.rot_dims) || (a.pos && a.M > cuda::kMaxBatchRows))
     return Backend::attention_prep(a);
   ++I.seq;
   I.flush_pending();

@@ -41,6 +41,8 @@ class CudaBackend final : public Backend {
     bool graphs = true;        // decode steps as CUDA graphs
     bool pdl = true;           // programmatic dependent launch between kernels
     bool fuse = true;          // peephole fusion of deferred ops
+    bool attn_prep = true;     // the attention prologue as one launch (attn_prep.cu; needs fuse; BONSAI_CUDA_ATTN_PREP=0:
+                               // the 8-op sequence)
     bool tensor_cores = true;  // int8 mma GEMM for M > 2 (q8: 4) (else the dp4a kernel, 4 tokens per pass)
     bool profile = false;      // time every eager launch with events (serialises; for profile_report);
                                // BONSAI_CUDA_PROFILE=1: on, and the report goes to stderr when the backend ends;
