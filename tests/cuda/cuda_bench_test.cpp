@@ -92,6 +92,11 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
       {"gate+up M32", 5120, {17408, 17408}, 32}, {"down M32", 17408, {5120}, 32}, {"qkv+z M32", 5120, {10240, 6144}, 32},
       {"gate+up M8", 5120, {17408, 17408}, 8}, {"gate+up M2", 5120, {17408, 17408}, 2},
       {"qkv+z M64", 5120, {10240, 6144}, 64}, {"qkv+z M256", 5120, {10240, 6144}, 256},
+      // round 9 (batched decode): more M = 3..32 rows
+      {"gate+up M16", 5120, {17408, 17408}, 16}, {"down M8", 17408, {5120}, 8}, {"qkv+z M8", 5120, {10240, 6144}, 8},
+      {"attn_o M32", 6144, {5120}, 32},         {"head M8", 5120, {248320}, 8}, {"head M32", 5120, {248320}, 32},
+      {"gate+up M3", 5120, {17408, 17408}, 3},  {"attn_o M8", 6144, {5120}, 8}, {"qkv+z M16", 5120, {10240, 6144}, 16},
+      {"down M16", 17408, {5120}, 16},
   };
   report("bench_kernels.txt", "shape            M    K      N(s)                 MB/launch   us      GB/s   %probe  TOP/s");
   const char* only = std::getenv("BONSAI_BENCH_SHAPE");
@@ -113,6 +118,9 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
     bool fixed = false;  // M <= 2: the matvec's round-5 grid (fixed row groups per warp; round 6: balanced)
     int cvt = 1;         // v3: the scaling's int -> float (1: I2FP, the default; 0: mantissa add)
     int mv6 = 0;         // matvec 6: block shape (Options::matvec6_cfg)
+    int mvb = 1;         // Options::matvec_batch: 1 = off (the GEMM above v6's M), 2 = the batched kernel (round 9)
+    int mvb_rb = 0;      // its row blocks per warp tile (0: auto)
+    int mvb_pf = 1;      // its L2 prefetch (Options::matvec_batch_pf)
   };
   const Variant variants[] = {{"q16 pdl", 3, true, 2, 1, 2, true},          {"q16 fixed pdl", 3, true, 2, 1, 2, true, true},
                               {"q16 v2 pdl", 3, true, 2, 2, 2, true},       {"q16 v3 pdl", 3, true, 2, 3, 2, true},
@@ -125,11 +133,18 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
                               {"q16 v6c2 pdl", 6, true, 2, 1, 2, true, false, 1, 2}, {"q16 v6c3 pdl", 6, true, 2, 1, 2, true, false, 1, 3},
                               {"q16 v6c4 pdl", 6, true, 2, 1, 2, true, false, 1, 4}, {"q16 v6c5 pdl", 6, true, 2, 1, 2, true, false, 1, 5},
                               {"q16 v6c6 pdl", 6, true, 2, 1, 2, true, false, 1, 6}, {"q16 v6c7 pdl", 6, true, 2, 1, 2, true, false, 1, 7},
-                              {"q8 v6 pdl", 6, true, 1, 1, 2, true, false, 1, 0}};
+                              {"q8 v6 pdl", 6, true, 1, 1, 2, true, false, 1, 0},
+                              // round 9: the batched-decode kernel (matvec_mma_batch.cu), auto tile / 1 / 2 row blocks
+                              {"q16 mvb pdl", 6, true, 2, 3, 2, true, false, 1, 0, 2, 0},
+                              {"q16 mvb1 pdl", 6, true, 2, 3, 2, true, false, 1, 0, 2, 1},
+                              {"q16 mvb2 pdl", 6, true, 2, 3, 2, true, false, 1, 0, 2, 2},
+                              {"q8 mvb pdl", 6, true, 1, 3, 2, true, false, 1, 0, 2, 0},
+                              {"q16 mvb pf0 pdl", 6, true, 2, 3, 2, true, false, 1, 0, 2, 0, 0},
+                              {"q16 mvb pf2 pdl", 6, true, 2, 3, 2, true, false, 1, 0, 2, 0, 2}};
   const CudaBackend::Options base = be.options();
   for (const Shape& sh : shapes)
   for (const Variant& v : variants) {
-    if (only && std::string(sh.name) != only) continue;
+    if (only && *only && std::string(sh.name) != only) continue;
     if (min_m && sh.M < std::atoll(min_m)) continue;
     if (max_m && sh.M > std::atoll(max_m)) continue;
     if (tags && ("," + std::string(tags) + ",").find("," + std::string(v.tag) + ",") == std::string::npos) continue;
@@ -137,7 +152,8 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
     if (sh.M > 1 && v.matvec == 4) continue;  // M > 1: one kernel (v3 or the GEMM), timed once per pdl mode
     if (v.gemm >= 2 && sh.M <= 2) continue;   // the matvec either way
     if (v.gemm >= 2 && v.levels == 1 && sh.M <= 4) continue;
-    if (v.matvec == 6 && !cuda::matvec6_supported(sh.M, v.levels, sh.K)) continue;  // the GEMM either way
+    if (v.mvb == 2 && (sh.M <= (v.levels == 2 ? 2 : 4) || !cuda::matvec_batch_supported(sh.M, v.levels, sh.K))) continue;
+    if (v.mvb != 2 && v.matvec == 6 && !cuda::matvec6_supported(sh.M, v.levels, sh.K)) continue;  // the GEMM either way
     CudaBackend::Options bo = base;
     bo.matvec = v.matvec;
     bo.act_levels = v.levels;
@@ -147,6 +163,9 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
     bo.gemm3_cvt = v.cvt;
     bo.matvec_balance = !v.fixed;
     bo.matvec6_cfg = v.mv6;
+    bo.matvec_batch = v.mvb;
+    bo.matvec_batch_rb = v.mvb_rb;
+    bo.matvec_batch_pf = v.mvb_pf;
     be.set_options(bo);
     uint64_t bytes = 0;
     for (int64_t N : sh.N) bytes += uint64_t(N * sh.K / 4 + N * sh.K / 128 * 2);

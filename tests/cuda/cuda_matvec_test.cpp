@@ -4,7 +4,8 @@
 // ragged last tile), up to 4 outputs in one launch (tiles of several outputs in one block), few tiles with a
 // long K (tiles cut between many warps: the shared-memory sum) and many tiles per block; every block shape,
 // the lockstep ones (cfg 5-7: the block's warps share each tile) with K = 128 / 384 (one / two warps per block),
-// steps that do not divide evenly over the warps and several batches of tiles per block.
+// steps that do not divide evenly over the warps and several batches of tiles per block. Then the batched-decode
+// kernel (matvec_mma_batch.cu, M up to 32).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -88,6 +89,50 @@ TEST(CudaMatvec6, MatchesTheQuantisedReferenceAndV3) {
         std::vector<std::vector<float>> again_out;
         const std::vector<float> again = run_linear(b6, ws, x, c.M, c.K, again_out);
         EXPECT_EQ(again, v6) << what << " run to run";
+      }
+    }
+  }
+}
+
+// The batched-decode kernel (matvec_mma_batch.cu): every M it serves, q16 and q8, odd N (ragged last row
+// blocks), K from one group to ffn_down's 17,408 (K slices summed in shared memory when a block has few rows),
+// 1-4 outputs per launch (row blocks of several outputs in one tile), many rows over a short K (several rounds of
+// tiles per warp slot), both tile shapes (1 and 2 row blocks per warp) and the automatic one; against the exact
+// int8 arithmetic and run to run. The kernel is forced (matvec_batch = 2) with v6 off, so M = 1, 2 run it too.
+TEST(CudaMatvecBatch, MatchesTheQuantisedReference) {
+  BONSAI_REQUIRE_GPU();
+  const Case cases[] = {{3, 128, {1}},          {4, 640, {129}},        {5, 5120, {37}},
+                        {7, 6144, {300, 17}},   {8, 5120, {515, 1000}}, {9, 640, {65, 31, 7}},
+                        {16, 17408, {70}},      {17, 1152, {5, 3, 17, 2}}, {31, 5120, {129, 33}},
+                        {32, 6144, {100}},      {32, 17408, {37}},      {1, 640, {300}},
+                        {2, 5120, {77}},        {12, 384, {1001}},      {24, 256, {3000, 24}},
+                        {6, 128, {45001}},      {32, 128, {20003}},     {13, 5120, {1024, 1024, 16, 48}}};
+  uint32_t seed = 900;
+  for (const Case& c : cases) {
+    std::vector<TernaryMatrix*> ws;
+    for (int64_t N : c.N) ws.push_back(&random_matrix(N, c.K, seed++, 0.02));
+    const auto x = randn(size_t(c.M * c.K), seed++);
+    for (int levels : {2, 1}) {
+      if (!cuda::matvec_batch_supported(c.M, levels, c.K)) continue;
+      std::vector<std::vector<float>> exact;
+      for (TernaryMatrix* w : ws) exact.push_back(quantised_reference(*w, x, c.M, levels));
+      for (int rb : {0, 1, 2}) {
+        CudaBackend::Options o;
+        o.graphs = false;
+        o.act_levels = levels;
+        o.matvec = 3;        // no v6 at M <= 2
+        o.matvec_batch = 2;  // the batched kernel at every M
+        o.matvec_batch_rb = rb;
+        CudaBackend b(o);
+        std::vector<std::vector<float>> got;
+        const std::vector<float> all = run_linear(b, ws, x, c.M, c.K, got);
+        std::string shape = "M " + std::to_string(c.M) + " K " + std::to_string(c.K) + " N";
+        for (int64_t N : c.N) shape += " " + std::to_string(N);
+        const std::string what = shape + (levels == 2 ? " q16" : " q8") + " rb " + std::to_string(rb);
+        for (size_t i = 0; i < ws.size(); ++i) EXPECT_LE(rel_err(got[i], exact[i]), 1e-5) << what << " output " << i;
+        // Deterministic: K slices are summed in slice order, never by atomics.
+        std::vector<std::vector<float>> again_out;
+        EXPECT_EQ(run_linear(b, ws, x, c.M, c.K, again_out), all) << what << " run to run";
       }
     }
   }

@@ -83,6 +83,9 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC"); e && *e) o.matvec = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC_EARLY"); e && *e) o.matvec_early = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MV6"); e && *e) o.matvec6_cfg = std::atoi(e);
+  if (const char* e = std::getenv("BONSAI_CUDA_MVB"); e && *e) o.matvec_batch = std::atoi(e);
+  if (const char* e = std::getenv("BONSAI_CUDA_MVB_RB"); e && *e) o.matvec_batch_rb = std::atoi(e);
+  if (const char* e = std::getenv("BONSAI_CUDA_MVB_PF"); e && *e) o.matvec_batch_pf = std::atoi(e);
   o.profile = flag("BONSAI_CUDA_PROFILE", o.profile);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA"); e && *e) o.delta = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_ATTN"); e && *e) o.attn = std::atoi(e);
@@ -212,6 +215,19 @@ struct CudaBackend::Impl {
     // everywhere, e.g. gate+up 20.6 vs 60.9 us). BONSAI_CUDA_MV6 = 1..7 forces v6 there too.
     if (opt.matvec == 6 && cuda::matvec6_supported(M, lv, K) && (M > 1 || K <= 8192 || opt.matvec6_cfg != 0))
       return out.push_back(cuda::matvec6_launch(t, n, K, xq, xds, M, lv, sms, opt.matvec6_cfg));
+    // Batched decode (matvec_mma_batch.cu): the tensor-core kernel with a column per activation plane, above v6's M
+    // up to 8 tokens and for products of >= 4 row blocks of 16 per SM, where it measured faster than v3 (H200 round 9,
+    // us, mvb / v3 at M8 q16: gate+up 46.9 / 71.6, qkv+z 17.9 / 24.0, head 252 / 360; slower on the 5,120-row
+    // products: ffn_down 30.6 / 28.9, attn_o 12.6 / 12.2, and at M16 on all but gate+up; docs/cuda-kernels.md).
+    // Options::matvec_batch 1: off, 2: every M <= 32 and every shape.
+    const int64_t v6_max = lv == 2 ? 2 : 4;
+    int64_t rows = 0;
+    for (int i = 0; i < n; ++i) rows += t[i].N;
+    const bool mvb_auto = M > v6_max && M <= 8 && rows >= 64 * int64_t(sms);
+    if (opt.tensor_cores && cuda::matvec_batch_supported(M, lv, K) &&
+        (opt.matvec_batch == 2 || (opt.matvec_batch == 0 && mvb_auto)))
+      return out.push_back(
+          cuda::matvec_batch_launch(t, n, K, xq, xds, M, lv, sms, opt.matvec_batch_rb, opt.matvec_batch_pf));
     // The dp4a matvec up to 4 tokens (q8) / 2 (q16: its M = 4 pass, 2 rows per step, measured slower than
     // the 32-token GEMM tile: gate+up 117 vs ~98 us, docs/cuda-kernels.md round 4).
     const int64_t mv_max = lv == 2 ? 2 : 4;

@@ -62,6 +62,14 @@ class CudaBackend final : public Backend {
                                // 2 = 16 x 4 x 16, 3 = 32 x 2 x 16, 4 = 32 x 3 x 16 (each warp a contiguous K range);
                                // lockstep (the warps share each tile): 5 = 16 x 4, 6 = 32 x 2, 7 = 16 x 3; 0 = 6, or 7
                                // for <= 2,048 rows or K > 8,192 (matvec_mma.cu; BONSAI_CUDA_MV6)
+    int matvec_batch = 0;      // batched-decode kernel (matvec_mma_batch.cu, round 9: mma.sync, a column per activation
+                               // plane): 0 = where it measured faster than the GEMM v3 (the default: M 3..8 under q16,
+                               // 5..8 under q8, products of >= 64 rows per SM: gate+up, qkv+z, head, not the 5,120-row
+                               // ones), 1 = never (v3 as before), 2 = every M <= 32 and shape (v6 first at M <= 2 / 4);
+                               // BONSAI_CUDA_MVB=0|1|2; BONSAI_CUDA_MVB_RB=1|2 forces its 16-row blocks per warp tile
+    int matvec_batch_rb = 0;   // (0: chosen per shape)
+    int matvec_batch_pf = 1;   // its L2 prefetch of the weights: 0 none, 1 a sector per row per group (default), 2
+                               // 256-byte chunks per row; within noise of each other (round 9; BONSAI_CUDA_MVB_PF)
     int matvec_bulk_rows = 0;  // v4 rows per warp group: 1, 2, 4, or 0 = chosen per matrix for balance
     int matvec_early = 1;      // v4 tiles streamed before waiting on the previous kernel (BONSAI_CUDA_MATVEC_EARLY)
     bool fuse_norm = false;    // rmsnorm / add_rmsnorm before a site fused into it (needs fuse; BONSAI_CUDA_FUSE_NORM=1;
