@@ -99,8 +99,10 @@ TEST(CudaSite, NormClusterEqualsUnfusedNormAndSite) {
       const auto s = random_signs(size_t(K), 201);
       const auto gain = uniform(size_t(K), 202, 0.5f, 1.5f);
       CudaBackend::Options on, off;
-      on.norm_cluster = true;
-      off.norm_cluster = false;
+      on.norm_cluster = K == 8192 ? 1 : 2;  // 2: the residual stored after the exchange
+      off.norm_cluster = 0;
+      on.site_xpose = K == 1024 ? 1 : K == 2048 ? 0 : 2;  // the cluster with each tail (the unfused path: none)
+      off.site_xpose = 0;
       on.act_levels = off.act_levels = levels;
       CudaBackend fused(on), plain(off);
       for (const int64_t rows : {int64_t(1), int64_t(2), int64_t(5), int64_t(8), int64_t(32)})
@@ -147,8 +149,8 @@ TEST(CudaSite, NormClusterEqualsUnfusedNormAndSite) {
   EXPECT_FALSE(cuda::site_cluster_shape_ok(1536, 128));
 }
 
-// Round 9: the site_kernel FWHT with strides 32..n/2 as shuffles after one transpose (Options::site_xpose)
-// against the shared-memory stages, at decode row counts (1, 5, 32: site_kernel, not the warp site): the same
+// Round 9: the site_kernel FWHT with strides 32..n/2 as shuffles after one transpose (Options::site_xpose 1; 2:
+// also no barrier before it for elementwise pre-ops, quantised from the transpose) against the shared-memory stages, at decode row counts (1, 5, 32: site_kernel, not the warp site): the same
 // butterflies in the same order, so every output is EQUAL, for every pre-op, FWHT blocks 1024 / 256 / 64 / 16
 // (16: no transpose), a short last tile (K = 3584 = 3.5 tiles), and the inverse transform.
 TEST(CudaSite, TransposedStagesEqualSharedMemoryStages) {
@@ -161,40 +163,42 @@ TEST(CudaSite, TransposedStagesEqualSharedMemoryStages) {
     std::vector<int32_t> perm(static_cast<size_t>(K));
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), std::mt19937(303));
-    CudaBackend::Options on, off;
-    on.site_xpose = true;
-    off.site_xpose = false;
-    CudaBackend xp(on), sm(off);
-    for (const int64_t rows : {int64_t(1), int64_t(5), int64_t(32)}) {
-      const auto a = randn(size_t(rows * K), uint32_t(304 + rows)), b = randn(size_t(rows * K), uint32_t(305 + rows));
-      for (const int64_t n : {int64_t(1024), int64_t(256), int64_t(64), int64_t(16)}) {
-        if (K % n != 0) continue;
-        for (int kind = 0; kind < 5; ++kind) {  // silu*up, x*sigmoid(g), gated norm, plain rotate, gather + rotate
-          std::vector<float> site[2], y[2], inv[2];
-          for (CudaBackend* be : {&xp, &sm}) {
-            be->prepare_matrix(w);
-            Buffer sd = up_bytes(*be, s), pd = up_bytes(*be, perm), gd = up(*be, gain);
-            const auto* sp = reinterpret_cast<const int8_t*>(sd.data());
-            Buffer da = up(*be, a), db = up(*be, b), st = poisoned(*be, size_t(rows * K)), yd = poisoned(*be, size_t(rows * w.rows));
-            if (kind == 0) be->silu_mul(da.data(), db.data(), rows * K, da.data());
-            if (kind == 1) be->sigmoid_gate_mul(da.data(), db.data(), rows * K);
-            if (kind == 2) be->gated_rmsnorm(da.data(), db.data(), gd.data(), rows * K / Dv, Dv, 1e-6f, da.data());
-            if (kind == 4) be->permute_cols(da.data(), rows, K, reinterpret_cast<const int32_t*>(pd.data()), st.data());
-            else be->copy_rows(st.data(), K, da.data(), K, rows, K);
-            be->hadamard_forward(st.data(), rows, K, sp, n);
-            const LinearOut out{&w, yd.data()};
-            be->linear(&out, 1, K, st.data(), rows);
-            const size_t i = be == &sm;
-            site[i] = down(*be, st);
-            y[i] = down(*be, yd);
-            be->hadamard_inverse(st.data(), rows, K, sp, n);
-            inv[i] = down(*be, st);
+    for (const int xpose : {1, 2}) {
+      CudaBackend::Options on, off;
+      on.site_xpose = xpose;
+      off.site_xpose = 0;
+      CudaBackend xp(on), sm(off);
+      for (const int64_t rows : {int64_t(1), int64_t(5), int64_t(32)}) {
+        const auto a = randn(size_t(rows * K), uint32_t(304 + rows)), b = randn(size_t(rows * K), uint32_t(305 + rows));
+        for (const int64_t n : {int64_t(1024), int64_t(256), int64_t(64), int64_t(16)}) {
+          if (K % n != 0) continue;
+          for (int kind = 0; kind < 5; ++kind) {  // silu*up, x*sigmoid(g), gated norm, plain rotate, gather + rotate
+            std::vector<float> site[2], y[2], inv[2];
+            for (CudaBackend* be : {&xp, &sm}) {
+              be->prepare_matrix(w);
+              Buffer sd = up_bytes(*be, s), pd = up_bytes(*be, perm), gd = up(*be, gain);
+              const auto* sp = reinterpret_cast<const int8_t*>(sd.data());
+              Buffer da = up(*be, a), db = up(*be, b), st = poisoned(*be, size_t(rows * K)), yd = poisoned(*be, size_t(rows * w.rows));
+              if (kind == 0) be->silu_mul(da.data(), db.data(), rows * K, da.data());
+              if (kind == 1) be->sigmoid_gate_mul(da.data(), db.data(), rows * K);
+              if (kind == 2) be->gated_rmsnorm(da.data(), db.data(), gd.data(), rows * K / Dv, Dv, 1e-6f, da.data());
+              if (kind == 4) be->permute_cols(da.data(), rows, K, reinterpret_cast<const int32_t*>(pd.data()), st.data());
+              else be->copy_rows(st.data(), K, da.data(), K, rows, K);
+              be->hadamard_forward(st.data(), rows, K, sp, n);
+              const LinearOut out{&w, yd.data()};
+              be->linear(&out, 1, K, st.data(), rows);
+              const size_t i = be == &sm;
+              site[i] = down(*be, st);
+              y[i] = down(*be, yd);
+              be->hadamard_inverse(st.data(), rows, K, sp, n);
+              inv[i] = down(*be, st);
+            }
+            const std::string what = "xpose " + std::to_string(xpose) + " K " + std::to_string(K) + " rows " +
+                                     std::to_string(rows) + " n " + std::to_string(n) + " kind " + std::to_string(kind);
+            EXPECT_EQ(site[0], site[1]) << what;
+            EXPECT_EQ(y[0], y[1]) << what;
+            EXPECT_EQ(inv[0], inv[1]) << what;
           }
-          const std::string what = "K " + std::to_string(K) + " rows " + std::to_string(rows) + " n " +
-                                   std::to_string(n) + " kind " + std::to_string(kind);
-          EXPECT_EQ(site[0], site[1]) << what;
-          EXPECT_EQ(y[0], y[1]) << what;
-          EXPECT_EQ(inv[0], inv[1]) << what;
         }
       }
     }

@@ -70,8 +70,8 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
   o.fuse = flag("BONSAI_CUDA_FUSE", o.fuse);
   o.fuse_site = flag("BONSAI_CUDA_FUSE_SITE", o.fuse_site);
   o.site_warp = flag("BONSAI_CUDA_SITE_WARP", o.site_warp);
-  o.norm_cluster = flag("BONSAI_CUDA_NORM_CLUSTER", o.norm_cluster);
-  o.site_xpose = flag("BONSAI_CUDA_SITE_XPOSE", o.site_xpose);
+  if (const char* e = std::getenv("BONSAI_CUDA_NORM_CLUSTER"); e && *e) o.norm_cluster = std::atoi(e);
+  if (const char* e = std::getenv("BONSAI_CUDA_SITE_XPOSE"); e && *e) o.site_xpose = std::atoi(e);
   o.gemm_wave_split = flag("BONSAI_CUDA_WAVE_SPLIT", o.gemm_wave_split);
   o.matvec_balance = flag("BONSAI_CUDA_MATVEC_BALANCE", o.matvec_balance);
   o.l2_prefetch = flag("BONSAI_CUDA_PREFETCH", o.l2_prefetch);
@@ -600,7 +600,7 @@ struct CudaBackend::Impl {
   // ---- the site kernel with peephole fusion ----------------------------------------------------------
   // Options::norm_cluster: a norm of this many rows may wait for a site to fuse into (no warp site then).
   bool norm_cluster_rows(int64_t rows) const {
-    return opt.norm_cluster && !(opt.site_warp && rows >= cuda::kSiteWarpMinRows);
+    return opt.norm_cluster > 0 && !(opt.site_warp && rows >= cuda::kSiteWarpMinRows);
   }
   // Transforms (or just quantises, n = 1) x [rows, K] in place, fusing the producer ops at the tail of
   // the pending list. quantise: also write the int8 form and record it as the shadow of x.

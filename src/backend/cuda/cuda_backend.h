@@ -74,13 +74,17 @@ class CudaBackend final : public Backend {
     int matvec_early = 1;      // v4 tiles streamed before waiting on the previous kernel (BONSAI_CUDA_MATVEC_EARLY)
     bool fuse_norm = false;    // rmsnorm / add_rmsnorm before a site fused into it (needs fuse; BONSAI_CUDA_FUSE_NORM=1;
                                // one block per row: measured slower at decode, see docs/cuda-kernels.md)
-    bool norm_cluster = true;  // rmsnorm / add_rmsnorm fused into the site that reads them when the row is at most 8
+    int norm_cluster = 2;      // rmsnorm / add_rmsnorm fused into the site that reads them when the row is at most 8
                                // tiles of 1024 and no warp site runs (< 64 rows): the row's tile blocks as one
                                // thread-block cluster (site_kernel_cluster, ternary.cu; round 9); bit-identical to
-                               // the unfused norm + site; needs fuse; BONSAI_CUDA_NORM_CLUSTER=0|1
-    bool site_xpose = true;    // site_kernel (1024 tiles): FWHT strides 32..n/2 as warp shuffles after one transpose
-                               // through shared memory (2 barriers instead of 5 at n = 1024; round 9); bit-identical;
-                               // BONSAI_CUDA_SITE_XPOSE=0|1
+                               // the unfused norm + site; needs fuse. 2: the residual stored after the cluster
+                               // exchange and the last arrive relaxed (no GPU-scope fence on the way), 1: before,
+                               // 0: off; BONSAI_CUDA_NORM_CLUSTER=0|1|2
+    int site_xpose = 2;        // site_kernel (1024 tiles): 1 = FWHT strides 32..n/2 as warp shuffles after one transpose
+                               // through shared memory (2 barriers instead of 5 at n = 1024); 2 = also no barrier
+                               // before the transform for elementwise pre-ops and the int8 quantised straight from
+                               // the transpose (4 barriers per tile instead of 8 at 0); 0 = the shared-memory stages;
+                               // all bit-identical (round 9); BONSAI_CUDA_SITE_XPOSE=0|1|2
     bool site_warp = true;     // prefill sites (>= 64 rows) one warp per 1024 chunk, no barriers (site_warp_kernel,
                                // ternary.cu; BONSAI_CUDA_SITE_WARP=0: the block-per-chunk site_kernel everywhere)
     bool fuse_site = false;    // a one-row site computed by the matvec that consumes it (its prologue) instead of

@@ -47,10 +47,12 @@ struct SiteDesc {
   int32_t levels = 2;            // int8 digits per element: 2 (q16) or 1 (q8)
   float eps = 0.f;
   bool warp = true;              // rows >= kSiteWarpMinRows: one warp per 1024 chunk where supported (ternary.cu)
-  bool cluster = false;          // AddNorm: the row's K / 1024 tile blocks as one thread-block cluster sharing the
-                                 // sum of squares through distributed shared memory (site_cluster_supported)
-  bool xpose = false;            // 1024 tiles: FWHT strides 32..n/2 as shuffles after one transpose in shared
-                                 // memory (2 barriers instead of one per stride); bit-identical
+  int32_t cluster = 0;           // AddNorm: the row's K / 1024 tile blocks as one thread-block cluster sharing the
+                                 // sum of squares through distributed shared memory (site_cluster_supported); 2: the
+                                 // residual stored after the exchange, the second arrive relaxed
+  int32_t xpose = 0;             // 1024 tiles: 1 = FWHT strides 32..n/2 as shuffles after one transpose in shared
+                                 // memory (2 barriers instead of one per stride); 2 = also no barrier where each
+                                 // thread reads its own element, quantised straight from the transpose; bit-identical
 };
 Launch site_launch(const SiteDesc& d);
 // The warp-per-chunk site for prefill rows (site_warp_kernel): rows >= this, K % 1024 == 0, n <= 1024, no

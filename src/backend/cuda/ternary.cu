@@ -51,20 +51,60 @@ struct SiteArgs {
   int32_t pre, inverse, seg, log2n;
   float eps, norm;
   int32_t levels;       // int8 digits per element in xq: 1 (q8) or 2 (q16)
-  int32_t xpose;        // 1: FWHT strides 32..n/2 as shuffles after one transpose through shared memory (tile 1024)
+  int32_t xpose;        // SiteDesc::xpose (tile 1024): 1 transposed FWHT stages, 2 also fewer barriers (site_tail)
   int32_t norm_threads; // site_kernel_cluster: the block size of norm_kernel for this K (its sum order), 0 otherwise
-  int32_t pad;
+  int32_t cluster;      // SiteDesc::cluster (site_kernel_cluster): 2 = the residual stored after the exchange and
+                        // the second arrive relaxed (no GPU-scope fence waiting on global stores), 1 = before
 };
 
 constexpr int kSiteThreads = 1024;  // one element per thread for a 1024 tile: short dependency chains at decode
 constexpr int kSiteWarpThreads = 256;  // site_warp_kernel: 8 chunks (warps) per block
 
+// site_kernel's quantiser for one 128-group held by one warp (lane l: elements 4l..4l+3 of group gq of the tile;
+// xq / xds: the tile's first digit / scale). Header: the q8 / q16 format.
+__device__ __forceinline__ void site_quantise_group(const SiteArgs& a, const float4 v4, int lane, int gq, int8_t* xq,
+                                                    float2* xds) {
+  const float amax = warp_max(fmaxf(fmaxf(fabsf(v4.x), fabsf(v4.y)), fmaxf(fabsf(v4.z), fabsf(v4.w))));
+  const float d = amax / 127.f;
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  const float vs[4] = {v4.x * inv, v4.y * inv, v4.z * inv, v4.w * inv};
+  // element e = 4l + t: word l/4, b = l%4, j = t -> position 16(l/4) + 4t + l%4
+  int8_t* base = xq + gq * 128 + 16 * (lane >> 2) + (lane & 3);
+  int s = 0;
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    const float q0f = rintf(vs[t]);  // round to nearest even, as the CPU quantiser
+    const int q0 = max(-127, min(127, int(q0f)));
+    base[4 * t] = int8_t(q0);
+    if (a.levels == 2) {  // the residual |v - q0| <= 1/2 times 254 fits a digit with no clamp
+      const int q1 = max(-127, min(127, __float2int_rn((vs[t] - q0f) * 254.f)));
+      base[4 * t + a.K] = int8_t(q1);
+      s += 254 * q0 + q1;
+    } else {
+      s += q0;
+    }
+  }
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);  // stays inside 16-lane halves
+  if ((lane & 15) == 0) xds[gq * 2 + (lane >> 4)] = make_float2(a.levels == 2 ? d / 254.f : d, float(s));
+}
+
+// Whether site_tail takes the transposed FWHT (Options::site_xpose >= 1; tile 1024, 64 <= n <= 1024).
+__device__ __forceinline__ bool site_xposed(const SiteArgs& a) {
+  return a.xpose && a.tile == kSiteThreads && a.n >= 64 && a.n <= kSiteThreads;
+}
+// xpose 2: the caller hands each thread its own element (v0) with no barrier where it wrote that element
+// itself (every pre-op but the gated norm, whose segments cross threads).
+__device__ __forceinline__ bool site_own_element(const SiteArgs& a) {
+  return a.xpose >= 2 && site_xposed(a) && a.pre != kPreGatedNorm;
+}
 
 // Stages 2-4 of the site (FWHT, normalise + inverse signs + fp32 store, int8 quantisation) for one tile of
-// row r held in sh [len] (pre-op and forward signs applied; a barrier since they were written). xs: the
-// padded transpose buffer [kSiteThreads + kSiteThreads / 32] (used when a.xpose and the tile is 1024).
+// row r held in sh [len] (pre-op and forward signs applied; a barrier since they were written, unless
+// site_own_element: then v0 = this thread's element, sh[tid], and no barrier). xs: the padded transpose buffer
+// [kSiteThreads + kSiteThreads / 32] (used when site_xposed).
 __device__ __forceinline__ void site_tail(const SiteArgs& a, float* sh, float* xs, int tid, int len, float sign0,
-                                          int64_t r, int64_t t0) {
+                                          int64_t r, int64_t t0, float v0) {
   // 2. Unnormalised Sylvester FWHT of every n-block of the tile (butterfly at stride h pairs i, i + h).
   // Strides below 32 stay inside a warp: thread tid holds element tid and swaps with lane ^ h through
   // shuffles (no barriers); a lane's partner is valid whenever the lane is (n-blocks lie inside len).
@@ -74,10 +114,10 @@ __device__ __forceinline__ void site_tail(const SiteArgs& a, float* sh, float* x
   // act on lo (shuffles, thread = element), then ONE pass through xs hands warp w the column lo = w (lane =
   // hi), where strides 32..n/2 are shuffles too: 2 barriers instead of one per stride above 16. Same
   // butterflies (a + b low, a - b high) in the same stage order: bit-identical to the shared-memory stages.
-  const bool xposed = a.xpose && a.tile == kSiteThreads && a.n >= 64 && a.n <= kSiteThreads;
+  const bool xposed = site_xposed(a);
   if (xposed) {
     const int lane = tid & 31, w = tid >> 5;
-    float v = tid < len ? sh[tid] : 0.f;
+    float v = site_own_element(a) ? v0 : tid < len ? sh[tid] : 0.f;
 #pragma unroll
     for (int h = 1; h < 32; h <<= 1) {
       const float p = __shfl_xor_sync(0xffffffffu, v, h);
@@ -93,6 +133,21 @@ __device__ __forceinline__ void site_tail(const SiteArgs& a, float* sh, float* x
     }
     if (e < len) xs[e + lane] = u;  // the slot this thread alone read: no barrier before the write
     __syncthreads();
+    if (a.xpose >= 2 && a.xq && !a.inverse) {
+      // xpose 2: normalise, store and quantise straight from xs, one warp per 128-group (lane l: elements
+      // 4l..4l+3, inside one padded run of 32): the same values as stages 3-4, one barrier and pass fewer.
+      float* dst = a.dst ? a.dst + r * a.K + t0 : nullptr;
+      int8_t* xq = a.xq + r * a.levels * a.K + t0;
+      float2* xds = a.xds + r * (a.K >> 6) + (t0 >> 6);
+      for (int gq = w; gq < len / 128; gq += kSiteThreads / 32) {
+        const int i0 = gq * 128 + 4 * lane;
+        const float* x = xs + i0 + (i0 >> 5);
+        const float4 v4 = make_float4(x[0] * a.norm, x[1] * a.norm, x[2] * a.norm, x[3] * a.norm);
+        if (dst) dst[i0] = v4.x, dst[i0 + 1] = v4.y, dst[i0 + 2] = v4.z, dst[i0 + 3] = v4.w;
+        site_quantise_group(a, v4, lane, gq, xq, xds);
+      }
+      return;
+    }
   } else {
     int h0 = 1;
     if (a.n >= 2) {
@@ -134,32 +189,8 @@ __device__ __forceinline__ void site_tail(const SiteArgs& a, float* sh, float* x
   const int warp = tid >> 5, lane = tid & 31;
   int8_t* xq = a.xq + r * a.levels * a.K + t0;  // digit plane 0 of row r; plane 1 follows at + K
   float2* xds = a.xds + r * (a.K >> 6) + (t0 >> 6);
-  for (int gq = warp; gq < len / 128; gq += kSiteThreads / 32) {
-    const float4 v4 = *reinterpret_cast<const float4*>(&sh[gq * 128 + 4 * lane]);
-    const float amax = warp_max(fmaxf(fmaxf(fabsf(v4.x), fabsf(v4.y)), fmaxf(fabsf(v4.z), fabsf(v4.w))));
-    const float d = amax / 127.f;
-    const float inv = amax > 0.f ? 127.f / amax : 0.f;
-    const float vs[4] = {v4.x * inv, v4.y * inv, v4.z * inv, v4.w * inv};
-    // element e = 4l + t: word l/4, b = l%4, j = t -> position 16(l/4) + 4t + l%4
-    int8_t* base = xq + gq * 128 + 16 * (lane >> 2) + (lane & 3);
-    int s = 0;
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      const float q0f = rintf(vs[t]);  // round to nearest even, as the CPU quantiser
-      const int q0 = max(-127, min(127, int(q0f)));
-      base[4 * t] = int8_t(q0);
-      if (a.levels == 2) {  // the residual |v - q0| <= 1/2 times 254 fits a digit with no clamp
-        const int q1 = max(-127, min(127, __float2int_rn((vs[t] - q0f) * 254.f)));
-        base[4 * t + a.K] = int8_t(q1);
-        s += 254 * q0 + q1;
-      } else {
-        s += q0;
-      }
-    }
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);  // stays inside 16-lane halves
-    if ((lane & 15) == 0) xds[gq * 2 + (lane >> 4)] = make_float2(a.levels == 2 ? d / 254.f : d, float(s));
-  }
+  for (int gq = warp; gq < len / 128; gq += kSiteThreads / 32)
+    site_quantise_group(a, *reinterpret_cast<const float4*>(&sh[gq * 128 + 4 * lane]), lane, gq, xq, xds);
 }
 
 __global__ __launch_bounds__(kSiteThreads) void site_kernel(const SiteArgs a) {
@@ -216,14 +247,15 @@ __global__ __launch_bounds__(kSiteThreads) void site_kernel(const SiteArgs a) {
       }
     }
   }
+  const bool own = site_own_element(a);  // every element below is read by the thread that wrote it
   if (a.pre != kPreNone && a.pre_out) {
-    __syncthreads();
+    if (!own) __syncthreads();
     for (int i = tid; i < len; i += kSiteThreads) a.pre_out[r * a.ld + t0 + i] = sh[i];
   }
   if (!a.inverse && a.signs)
     for (int i = tid; i < len; i += kSiteThreads) sh[i] *= i == tid ? sign0 : float(a.signs[t0 + i]);
-  __syncthreads();
-  site_tail(a, sh, xs, tid, len, sign0, r, t0);
+  if (!own) __syncthreads();
+  site_tail(a, sh, xs, tid, len, sign0, r, t0, own && tid < len ? sh[tid] : 0.f);
 }
 
 // Cluster barrier halves (sm_90): arrive.release publishes this block's shared-memory writes to the cluster,
@@ -231,6 +263,12 @@ __global__ __launch_bounds__(kSiteThreads) void site_kernel(const SiteArgs a) {
 __device__ __forceinline__ void cluster_arrive() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+// The arrive with no release fence: for "done reading your shared memory" (the reads already returned).
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 #endif
 }
 __device__ __forceinline__ void cluster_wait() {
@@ -261,19 +299,23 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kSiteThreads) site_k
   const float g = a.gain[t0 + tid];
   const float sign0 = a.signs ? float(a.signs[t0 + tid]) : 1.f;
   pdl_wait();
+  // On sm_90 the release of a cluster arrive is a GPU-scope fence (MEMBAR.ALL.GPU in the SASS): it waits for
+  // this thread's outstanding global stores. cluster >= 2 stores the residual after the exchange instead.
+  float4* h = a.resid ? reinterpret_cast<float4*>(a.resid + r * a.ld + t0) : nullptr;
+  float4 v4 = make_float4(0.f, 0.f, 0.f, 0.f);
   if (tid < kSiteThreads / 4) {  // norm_kernel's float4 pass: v = src (+ resid), resid = v
-    float4 v = reinterpret_cast<const float4*>(a.src + r * a.ld + t0)[tid];
-    if (a.resid) {
-      float4* h = reinterpret_cast<float4*>(a.resid + r * a.ld + t0);
+    v4 = reinterpret_cast<const float4*>(a.src + r * a.ld + t0)[tid];
+    if (h) {
       const float4 hv = h[tid];
-      v = make_float4(hv.x + v.x, hv.y + v.y, hv.z + v.z, hv.w + v.w);
-      h[tid] = v;
+      v4 = make_float4(hv.x + v4.x, hv.y + v4.y, hv.z + v4.z, hv.w + v4.w);
+      if (a.cluster < 2) h[tid] = v4;
     }
-    reinterpret_cast<float4*>(sh)[tid] = v;
-    q4[tid] = sq4(v);
+    reinterpret_cast<float4*>(sh)[tid] = v4;
+    q4[tid] = sq4(v4);
   }
   cluster_arrive();
   cluster_wait();  // every tile's q4 (and this block's sh) visible
+  if (h && a.cluster >= 2 && tid < kSiteThreads / 4) h[tid] = v4;
   float ss = 0.f;
   if (tid < a.norm_threads) {
     cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
@@ -281,14 +323,16 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kSiteThreads) site_k
       ss += cl.map_shared_rank(q4, unsigned(i >> 8))[i & 255];  // float4 i: tile i / 256, slot i % 256
   }
   ss = block_sum(ss, red);
-  cluster_arrive();  // done reading the other blocks' q4; waited for before exit (they must stay resident)
+  // done reading the other blocks' q4 (the values are summed: the loads returned); waited for before exit
+  if (a.cluster >= 2) cluster_arrive_relaxed();
+  else cluster_arrive();
   const float rr = rsqrtf(ss / float(a.K) + a.eps);
   float v = sh[tid] * rr * g;
   if (a.pre_out) a.pre_out[r * a.ld + t0 + tid] = v;
   if (!a.inverse && a.signs) v *= sign0;
   sh[tid] = v;
-  __syncthreads();
-  site_tail(a, sh, xs, tid, kSiteThreads, sign0, r, t0);
+  if (!site_own_element(a)) __syncthreads();
+  site_tail(a, sh, xs, tid, kSiteThreads, sign0, r, t0, v);
   cluster_wait();
 }
 
@@ -442,7 +486,7 @@ bool site_cluster_shape_ok(int64_t K, int64_t n) {
 
 bool site_cluster_supported(const SiteDesc& d) {
   // float4 access to src / resid rows; the gain's element per thread
-  return d.cluster && d.pre == kPreAddNorm && !d.perm && d.gain && site_cluster_shape_ok(d.K, d.n) && d.ld % 4 == 0 &&
+  return d.cluster > 0 && d.pre == kPreAddNorm && !d.perm && d.gain && site_cluster_shape_ok(d.K, d.n) && d.ld % 4 == 0 &&
          reinterpret_cast<uintptr_t>(d.src) % 16 == 0 && reinterpret_cast<uintptr_t>(d.resid) % 16 == 0 &&
          d.rows <= 65535;
 }
@@ -482,7 +526,7 @@ Launch site_launch(const SiteDesc& d) {
   a.eps = d.eps;
   a.norm = float(1.0 / __builtin_sqrt(double(d.n)));
   a.levels = d.levels == 2 ? 2 : 1;
-  a.xpose = d.xpose ? 1 : 0;
+  a.xpose = d.xpose;
   if (site_cluster_supported(d)) {
     // one template instance per cluster width (__cluster_dims__ is a compile-time attribute)
     static const void* const kernels[kSiteMaxCluster] = {
@@ -493,6 +537,7 @@ Launch site_launch(const SiteDesc& d) {
     const int64_t C = d.K / kSiteThreads;
     a.tile = kSiteThreads;
     a.norm_threads = int32_t(norm_block_threads(d.K));
+    a.cluster = d.cluster;
     return make_launch(kernels[C - 1], dim3(unsigned(C), unsigned(d.rows)), dim3(kSiteThreads), 0, a);
   }
   if (site_warp_supported(d)) {
