@@ -32,6 +32,10 @@
 // ring running on across them. K-slices (KS > 1, for few rows per SM: ffn_down, attn_o) are summed in shared
 // memory in slice order after each round (deterministic; no atomics). Weights are loaded D groups ahead in a
 // register ring, the first D before griddepcontrol.wait (weights are constants).
+//
+// Measured (H200, docs/cuda-kernels.md round 9): 1.5-2x faster than v3 at M 3..8 on the products of >= 64 rows per
+// SM (gate+up M8 ~40-47 vs 72 us), latency-bound per warp there; slower at M >= 16 (gate+up M32 143 vs 77 us) and on
+// the 5,120-row products, so the backend uses it only for the former.
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"
