@@ -110,8 +110,6 @@ Launch matvec_bulk_launch(const TernaryDev* outs, int n_outs, int64_t K, const i
 bool matvec6_supported(int64_t M, int levels, int64_t K);
 Launch matvec6_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                       int levels, int sms, int cfg = 0);
-// Exact-activation product (Options::exact, BONSAI_CUDA_EXACT=1): fp32 x [M, K] as it is, no int8
-// quantisation; one warp per weight row, 4 tokens per pass, fp32 accumulation. For parity checks, not speed.
 // Batched-decode product (matvec_mma_batch.cu, round 9): mma.sync m16n8k32 u8.s8 on the canonical words, a column per
 // activation plane (q16: 4 tokens x 2 digits per n-tile, q8: 8 tokens), 16-row blocks; each warp owns a tile of
 // rb_cfg row blocks (0: chosen per shape, 1 or 2) for its K slice with the outputs in registers, one block per SM.
@@ -120,6 +118,8 @@ Launch matvec6_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_
 bool matvec_batch_supported(int64_t M, int levels, int64_t K);
 Launch matvec_batch_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                            int levels, int sms, int rb_cfg = 0, int prefetch = 1);
+// Exact-activation product (Options::exact, BONSAI_CUDA_EXACT=1): fp32 x [M, K] as it is, no int8
+// quantisation; one warp per weight row, 4 tokens per pass, fp32 accumulation. For parity checks, not speed.
 Launch exact_linear_launch(const TernaryDev* outs, int n_outs, int64_t K, const float* x, int64_t M);
 // Tensor-core GEMM (int8 mma.sync m16n8k32): tiles of 128 weight rows x 64 tokens (2 cp.async stages), or
 // x 32 tokens with 4 stages when M <= 32 (batched decode).
