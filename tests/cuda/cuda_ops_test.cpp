@@ -740,15 +740,16 @@ TEST(CudaOps, AttentionPrepMatchesTheOpSequence) {
     auto run = [&](Backend& be, bool host) {
       // Returns q, gate, K caches, V caches (host copies).
       std::vector<float> hq(size_t(c.M * c.H * c.Dh), NAN), hgate(hq.size(), NAN), hk = k, hkc = cache0, hvc = cache0;
+      // The gains too: outside a prepared model, a backend op's constants live in its own memory.
       Buffer dqg = up(be, qg), dq = poisoned(be, hq.size()), dgate = poisoned(be, hq.size()), dk = up(be, k),
-             dv = up(be, v), dkc = up(be, cache0), dvc = up(be, cache0);
+             dv = up(be, v), dkc = up(be, cache0), dvc = up(be, cache0), dqn = up(be, qn), dkn = up(be, kn);
       AttnPrep a{host ? qg.data() : dqg.data(),
                  host ? hq.data() : dq.data(),
                  host ? hgate.data() : dgate.data(),
                  host ? hk.data() : dk.data(),
                  host ? v.data() : dv.data(),
-                 qn.data(),
-                 kn.data(),
+                 host ? qn.data() : dqn.data(),
+                 host ? kn.data() : dkn.data(),
                  c.M,
                  c.H,
                  c.Hkv,

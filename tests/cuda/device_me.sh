@@ -14,7 +14,7 @@ BONSAI_TINY_PACK=/tmp/tiny/tiny-pq2_0.gguf timeout 90 $B/test_engine --gtest_fil
 echo "test_engine rc=$?"; grep -E "^\[  FAILED|^\[  PASSED" "$OUT/test_engine.log" | head -5
 wait $MP
 BONSAI_CUDA_PROFILE=2 BONSAI_CUDA_GRAPHS=0 timeout 100 $B/bonsai bench --backend cuda -m "$P27" -p 0 -n 4 -r 1 > "$OUT/order_B1.txt" 2>&1
-BONSAI_CUDA_PROFILE=2 BONSAI_CUDA_GRAPHS=0 timeout 100 $B/bonsai bench --backend cuda -m "$P27" -p 0 -n 4 -r 1 --batch 32 > "$OUT/order_B32.txt" 2>&1
+[ "${ORDER_B32:-0}" = 1 ] && BONSAI_CUDA_PROFILE=2 BONSAI_CUDA_GRAPHS=0 timeout 100 $B/bonsai bench --backend cuda -m "$P27" -p 0 -n 4 -r 1 --batch 32 > "$OUT/order_B32.txt" 2>&1
 for cfg in ${CONFIGS:-default:X=1}; do
   name=${cfg%%:*}; env=${cfg#*:}
   echo "== $name"
