@@ -1440,7 +1440,8 @@ std::string short_kernel_name(const void* func) {
                         "ew_kernel", "copy4_kernel", "copy_kernel", "embed_kernel", "dense_tile_kernel", "dense_kernel",
                         "conv_seq_kernel", "conv_kernel", "gates_kernel", "argmax_rows_kernel", "argmax_kernel",
                         "top_k_kernel", "splitk_sum_kernel", "probe_kernel", "kv_rows_kernel", "attn_prefill_kernel",
-                        "attention_kernel", "delta_prep_kernel", "delta_scan_kernel", "delta_kernel"})
+                        "attention_kernel", "attn_prep_kernel", "delta_prep_kernel", "delta_scan_kernel", "delta_kernel",
+                        "matvec_batch_kernel", "site_kernel_cluster"})
     if (const size_t at = n.find(k); at != std::string::npos) {
       n = n.substr(at, n.find('E', at) - at);
       break;
