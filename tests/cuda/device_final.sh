@@ -3,7 +3,9 @@
 # sampling / matvec tests, then the README's numbers: `bonsai bench --backend cuda` pp512, pp2048, tg128 at
 # depth 0 and 8192, and batched greedy decode at B = 8 and 32. Binaries: DEVBIN=.devbin-me BUILD=build-cuda
 # tests/cuda/stage_devbin.sh; run `bash .devbin-me/device_final.sh` with carry [".devbin-me"].
-# $OUT: gate.txt, test_cuda.log, bench.json, bench.txt, batch.txt.
+# SAN_FILTER: test_cuda cases to run under compute-sanitizer memcheck too; ENGINE_FILTER: test_engine cases;
+# BATCHES: the --batch list (default 8,32).
+# $OUT: gate.txt, test_cuda.log, sanitizer.txt, test_engine.log, bench.json, bench.txt, batch.txt.
 set -u
 source "$(dirname "$0")/device_env.sh"
 device_header
@@ -13,8 +15,17 @@ timeout 60 $B/bonsai gate -m /tmp/tiny7/tiny-pq2_0.gguf --fixture "$FIX" --backe
 echo "gate rc=$?"; tail -4 "$OUT/gate.txt"
 TEST_FILTER=${TEST_FILTER:-CudaModel.*:CudaSampling.*:CudaMatvec6.*} run_test_cuda ${TEST_TIMEOUT:-150}
 grep -E "^\[  FAILED|^\[  PASSED|Failure|Expected|Which is" "$OUT/test_cuda.log" | head -20
+if [ -n "${SAN_FILTER:-}" ] && command -v compute-sanitizer > /dev/null; then  # memcheck on the named tests
+  BONSAI_TINY_PACK=/tmp/tiny/tiny-pq2_0.gguf timeout ${SAN_TIMEOUT:-120} compute-sanitizer --tool memcheck \
+    --print-limit 20 $B/test_cuda --gtest_filter="$SAN_FILTER" > "$OUT/sanitizer.txt" 2>&1
+  echo "sanitizer rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitizer.txt" | head -6
+fi
+if [ -n "${ENGINE_FILTER:-}" ]; then  # test_engine cases that run on cuda (batched decode)
+  BONSAI_TINY_PACK=/tmp/tiny/tiny-pq2_0.gguf timeout 90 $B/test_engine --gtest_filter="$ENGINE_FILTER" > "$OUT/test_engine.log" 2>&1
+  echo "test_engine rc=$?"; grep -E "^\[  FAILED|^\[  PASSED" "$OUT/test_engine.log" | head -5
+fi
 wait $MP
 timeout 200 $B/bonsai bench --backend cuda -m "$P27" -p 512,2048 -n 128 -r 2 -d 0,8192 --json > "$OUT/bench.json" 2> "$OUT/bench.txt"
 echo "bench rc=$?"; tail -8 "$OUT/bench.txt"
-timeout 120 $B/bonsai bench --backend cuda -m "$P27" -p 0 -n 32 -r 2 --batch 8,32 > "$OUT/batch.txt" 2>&1
+timeout 120 $B/bonsai bench --backend cuda -m "$P27" -p 0 -n 32 -r 2 --batch ${BATCHES:-8,32} > "$OUT/batch.txt" 2>&1
 echo "batch rc=$?"; tail -4 "$OUT/batch.txt"
