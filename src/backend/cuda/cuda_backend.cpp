@@ -1187,6 +1187,8 @@ void CudaBackend::Impl::emit_delta(float* state, const cuda::RowTable* rows, con
   d.Dk = Dk;
   d.Dv = Dv;
   d.q_scale = 1.f;
+  d.ldq = d.ldk = Nk * Dk;  // packed rows unless the q / k / v copies fold below
+  d.ldv = Nv * Dv;
   if (opt.fuse) {
     const Pending* t = tail();
     if (t && t->kind == PK::Gates && t->dst == g && t->dst2 == beta && t->rows == T && t->cols == Nv) {
@@ -1220,15 +1222,19 @@ void CudaBackend::Impl::emit_delta(float* state, const cuda::RowTable* rows, con
     // instead (three fewer launches per GDN layer). The copies' destinations are then never written; the
     // forward reads them only here (as it reads q and k un-normalised after the l2 fusion above).
     for (int rep = 0; rep < 3 && t && t->kind == PK::Copy && t->rows == T && t->ld_dst == t->cols; ++rep) {
-      int64_t* ld = t->dst == v && t->cols == Nv * Dv && !d.ldv   ? &d.ldv
-                    : t->dst == k && t->cols == Nk * Dk && !d.ldk ? &d.ldk
-                    : t->dst == q && t->cols == Nk * Dk && !d.ldq ? &d.ldq
-                                                                  : nullptr;
-      if (!ld) break;
-      *ld = t->ld_src;
-      if (ld == &d.ldv) d.v = t->src;
-      else if (ld == &d.ldk) d.k = const_cast<float*>(t->src);
-      else d.q = const_cast<float*>(t->src);
+      // Each of q, k, v folds at most once (its pointer moves to the conv output when it does).
+      if (t->dst == v && d.v == v && t->cols == Nv * Dv) {
+        d.v = t->src;
+        d.ldv = t->ld_src;
+      } else if (t->dst == k && d.k == k && t->cols == Nk * Dk) {
+        d.k = const_cast<float*>(t->src);
+        d.ldk = t->ld_src;
+      } else if (t->dst == q && d.q == q && t->cols == Nk * Dk) {
+        d.q = const_cast<float*>(t->src);
+        d.ldq = t->ld_src;
+      } else {
+        break;
+      }
       pend.pop_back();
       t = tail();
     }

@@ -255,7 +255,7 @@ struct DeltaDesc {
   float eps_q, eps_k, q_scale;
   int32_t pad;
   const RowTable* rows = nullptr;  // set: T rows, row m one token of its own sequence, state rows->a[m]
-  // Floats from one token's q / k / v row to the next's (0: packed, Nk Dk / Nk Dk / Nv Dv). Larger when q, k, v
+  // Floats from one token's q / k / v row to the next's: Nk Dk / Nk Dk / Nv Dv when packed, larger when q, k, v
   // are read in place from the conv output [T, C] instead of through three copies (emit_delta).
   int64_t ldq = 0, ldk = 0, ldv = 0;
 };
