@@ -390,29 +390,34 @@ TEST(CudaOps, RopeNeoxAtLargePositions) {
 
 TEST(CudaOps, AttentionDecodeAndPrefill) {
   BONSAI_REQUIRE_GPU();
-  CudaBackend& be = gpu();
-  struct Case {
-    int64_t M, p0, Hq, Hkv, D;
-  } cases[] = {{1, 0, 12, 2, 256},  {1, 1, 12, 2, 256},  {1, 37, 24, 4, 256}, {1, 300, 12, 2, 256},
-               {5, 0, 12, 2, 256},  {5, 40, 6, 6, 64},   {70, 3, 12, 2, 256}, {1, 5000, 24, 4, 256},
-               {33, 600, 8, 1, 96},
-               // decode with 24 splits (between the prefill cap of 16 and the decode cap of 32); a prefill
-               // chunk at a long context (16 splits, the prefill cap)
-               {1, 1500, 24, 4, 256}, {40, 5000, 12, 2, 128}};
-  for (const Case& c : cases) {
-    const int64_t T = c.p0 + c.M;
-    const auto q = randn(size_t(c.M * c.Hq * c.D), 1), k = randn(size_t(T * c.Hkv * c.D), 2),
-               v = randn(size_t(T * c.Hkv * c.D), 3);
-    const float scale = float(1.0 / std::sqrt(double(c.D)));
-    std::vector<float> want(q.size());
-    if (c.M == 1) ref::attention_decode(q.data(), k.data(), v.data(), T, c.Hq, c.Hkv, c.D, scale, want.data());
-    else ref::attention_prefill(q.data(), k.data(), v.data(), c.M, c.p0, c.Hq, c.Hkv, c.D, scale, want.data());
-    Buffer dq = up(be, q), dk = up(be, k), dv = up(be, v), o = poisoned(be, q.size());
-    be.attention(dq.data(), dk.data(), dv.data(), c.M, c.p0, c.Hq, c.Hkv, c.D, scale, o.data());
-    EXPECT_LE(rel_err(down(be, o), want), 2e-5) << "M " << c.M << " p0 " << c.p0 << " Hq " << c.Hq;
-    // twice: the split counters must have been left at zero
-    be.attention(dq.data(), dk.data(), dv.data(), c.M, c.p0, c.Hq, c.Hkv, c.D, scale, o.data());
-    EXPECT_LE(rel_err(down(be, o), want), 2e-5) << "second call";
+  for (int pairs : {2, 1}) {  // decode: two key positions per warp step (default) and one (round 6)
+    CudaBackend::Options opt;
+    opt.attn_pairs = pairs;
+    CudaBackend be(opt);
+    struct Case {
+      int64_t M, p0, Hq, Hkv, D;
+    } cases[] = {{1, 0, 12, 2, 256},  {1, 1, 12, 2, 256},  {1, 37, 24, 4, 256}, {1, 300, 12, 2, 256},
+                 {5, 0, 12, 2, 256},  {5, 40, 6, 6, 64},   {70, 3, 12, 2, 256}, {1, 5000, 24, 4, 256},
+                 {33, 600, 8, 1, 96},
+                 // decode with 24 splits (between the prefill cap of 16 and the decode cap of 32); a prefill
+                 // chunk at a long context (16 splits, the prefill cap)
+                 {1, 1500, 24, 4, 256}, {40, 5000, 12, 2, 128}};
+    for (const Case& c : cases) {
+      const int64_t T = c.p0 + c.M;
+      const auto q = randn(size_t(c.M * c.Hq * c.D), 1), k = randn(size_t(T * c.Hkv * c.D), 2),
+                 v = randn(size_t(T * c.Hkv * c.D), 3);
+      const float scale = float(1.0 / std::sqrt(double(c.D)));
+      std::vector<float> want(q.size());
+      if (c.M == 1) ref::attention_decode(q.data(), k.data(), v.data(), T, c.Hq, c.Hkv, c.D, scale, want.data());
+      else ref::attention_prefill(q.data(), k.data(), v.data(), c.M, c.p0, c.Hq, c.Hkv, c.D, scale, want.data());
+      Buffer dq = up(be, q), dk = up(be, k), dv = up(be, v), o = poisoned(be, q.size());
+      be.attention(dq.data(), dk.data(), dv.data(), c.M, c.p0, c.Hq, c.Hkv, c.D, scale, o.data());
+      EXPECT_LE(rel_err(down(be, o), want), 2e-5)
+          << "M " << c.M << " p0 " << c.p0 << " Hq " << c.Hq << " pairs " << pairs;
+      // twice: the split counters must have been left at zero
+      be.attention(dq.data(), dk.data(), dv.data(), c.M, c.p0, c.Hq, c.Hkv, c.D, scale, o.data());
+      EXPECT_LE(rel_err(down(be, o), want), 2e-5) << "second call, pairs " << pairs;
+    }
   }
 }
 

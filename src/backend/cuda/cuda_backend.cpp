@@ -65,6 +65,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
   o.exact = flag("BONSAI_CUDA_EXACT", o.exact);
   o.fuse_norm = flag("BONSAI_CUDA_FUSE_NORM", o.fuse_norm);
   o.attn_prep = flag("BONSAI_CUDA_ATTN_PREP", o.attn_prep);
+  if (const char* e = std::getenv("BONSAI_CUDA_ATTN_PAIRS"); e && *e) o.attn_pairs = std::atoi(e);
   o.graphs = flag("BONSAI_CUDA_GRAPHS", o.graphs);
   o.pdl = flag("BONSAI_CUDA_PDL", o.pdl);
   o.fuse = flag("BONSAI_CUDA_FUSE", o.fuse);
@@ -1103,6 +1104,7 @@ void CudaBackend::attention(const float* q, const float* k_cache, const float* v
   d.D = D;
   d.splits = S;
   d.scale = scale;
+  d.pairs = I.opt.attn_pairs == 1 ? 1 : 2;
   // Round 8b: 32 x 32 tiles for a prefill chunk (BONSAI_CUDA_ATTN=1 keeps the flash-decoding kernel); 4 rows per
   // thread by default (pp2048 3,828 vs 3,796 tok/s for 2, same run; docs/cuda-kernels.md round 8b).
   if (M > 1 && (I.opt.attn >= 2 || (I.opt.attn == 0 && M >= 16))) {
@@ -1319,6 +1321,7 @@ void CudaBackend::attention_rows(const float* q, const float* const* k_caches, c
   d.D = D;
   d.splits = S;
   d.scale = scale;
+  d.pairs = I.opt.attn_pairs == 1 ? 1 : 2;
   d.rows = &t;
   I.emit_attention(d);
 }

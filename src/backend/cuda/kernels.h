@@ -217,6 +217,7 @@ struct AttnDesc {
   int64_t M, p0, Hq, Hkv, D;
   int32_t splits;
   float scale;
+  int32_t pairs = 1;               // decode (M = 1 or rows): positions per warp step, 1 or 2 (Options::attn_pairs)
   const RowTable* rows = nullptr;  // set: row m of q attends over its own caches rows->a[m], rows->b[m] up to
                                    // position rows->pos[m] (k, v, p0 unused)
 };

@@ -35,7 +35,10 @@ struct AttnArgs {
 };
 using AttnRowsArgs = WithRows<AttnArgs>;  // batched decode: per-row caches and positions
 
-template <class Args, int kAttnWarps>
+// P positions per warp step (1 or 2): with 2, the two positions' dot products and warp reductions are independent
+// and interleave (the loop is latency-bound: a 5-shuffle reduction per position and query head), and one softmax
+// rescale serves both. P = 1 is the round-6 loop exactly.
+template <class Args, int kAttnWarps, int P>
 __global__ __launch_bounds__(kAttnWarps * 32) void attention_kernel(const Args args) {
   constexpr bool kRows = is_rows_v<Args>;
   const AttnArgs& a = base_of(args);
@@ -71,38 +74,68 @@ __global__ __launch_bounds__(kAttnWarps * 32) void attention_kernel(const Args a
       qv[hh][e] = (hh < G && e < E) ? a.q[(m * a.Hq + kvh * G + hh) * a.D + lane + 32 * e] * a.scale : 0.f;
     }
   }
-  // K/V rows one position ahead (the loop is latency-bound at decode: few blocks, dependent math).
-  float kn[kAttnE], vn[kAttnE];
-  auto load_kv = [&](int64_t t) {
+  // K/V rows one step ahead (the loop is latency-bound at decode: few blocks, dependent math). A warp step takes
+  // positions t + j W (j < P, W warps).
+  float kn[P][kAttnE], vn[P][kAttnE];
+  auto load_kv = [&](int64_t t, int j) {
     const float* kr = kc + (t * a.Hkv + kvh) * a.D;
     const float* vr = vc + (t * a.Hkv + kvh) * a.D;
 #pragma unroll
     for (int e = 0; e < kAttnE; ++e) {
-      kn[e] = e < E ? kr[lane + 32 * e] : 0.f;
-      vn[e] = e < E ? vr[lane + 32 * e] : 0.f;
+      kn[j][e] = e < E ? kr[lane + 32 * e] : 0.f;
+      vn[j][e] = e < E ? vr[lane + 32 * e] : 0.f;
     }
   };
-  if (t_begin + warp < t_end) load_kv(t_begin + warp);
-  for (int64_t t = t_begin + warp; t < t_end; t += kAttnWarps) {
-    float kk[kAttnE], vv[kAttnE];
+  constexpr int kStep = kAttnWarps * P;
 #pragma unroll
-    for (int e = 0; e < kAttnE; ++e) {
-      kk[e] = kn[e];
-      vv[e] = vn[e];
+  for (int j = 0; j < P; ++j)
+    if (t_begin + warp + j * kAttnWarps < t_end) load_kv(t_begin + warp + j * kAttnWarps, j);
+  for (int64_t t = t_begin + warp; t < t_end; t += kStep) {
+    float kk[P][kAttnE], vv[P][kAttnE];
+    bool valid[P];
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      valid[j] = t + j * kAttnWarps < t_end;
+#pragma unroll
+      for (int e = 0; e < kAttnE; ++e) {
+        kk[j][e] = kn[j][e];
+        vv[j][e] = vn[j][e];
+      }
     }
-    if (t + kAttnWarps < t_end) load_kv(t + kAttnWarps);
+#pragma unroll
+    for (int j = 0; j < P; ++j)
+      if (t + kStep + j * kAttnWarps < t_end) load_kv(t + kStep + j * kAttnWarps, j);
 #pragma unroll
     for (int hh = 0; hh < kAttnG; ++hh) {
       if (hh < G) {
-        float s = 0.f;
+        float s[P];
 #pragma unroll
-        for (int e = 0; e < kAttnE; ++e) s += qv[hh][e] * kk[e];
-        s = warp_sum(s);
-        const float mn = fmaxf(mx[hh], s);
-        const float corr = __expf(mx[hh] - mn), p = __expf(s - mn);
-        l[hh] = l[hh] * corr + p;
+        for (int j = 0; j < P; ++j) {
+          s[j] = 0.f;
 #pragma unroll
-        for (int e = 0; e < kAttnE; ++e) acc[hh][e] = acc[hh][e] * corr + p * vv[e];
+          for (int e = 0; e < kAttnE; ++e) s[j] += qv[hh][e] * kk[j][e];
+        }
+#pragma unroll
+        for (int j = 0; j < P; ++j) s[j] = warp_sum(s[j]);
+        float mn = mx[hh];
+#pragma unroll
+        for (int j = 0; j < P; ++j)
+          if (valid[j]) mn = fmaxf(mn, s[j]);
+        const float corr = __expf(mx[hh] - mn);
+        float p[P];
+#pragma unroll
+        for (int j = 0; j < P; ++j) p[j] = valid[j] ? __expf(s[j] - mn) : 0.f;
+        float lsum = l[hh] * corr + p[0];
+#pragma unroll
+        for (int j = 1; j < P; ++j) lsum += p[j];
+        l[hh] = lsum;
+#pragma unroll
+        for (int e = 0; e < kAttnE; ++e) {
+          float av = acc[hh][e] * corr + p[0] * vv[0][e];
+#pragma unroll
+          for (int j = 1; j < P; ++j) av += p[j] * vv[j][e];
+          acc[hh][e] = av;
+        }
         mx[hh] = mn;
       }
     }
@@ -187,9 +220,11 @@ uint32_t attention_smem(int W, int64_t G, int64_t D) { return uint32_t(W * G * D
 }  // namespace
 
 void init_attention_attributes() {
-  const void* fs[] = {reinterpret_cast<const void*>(&attention_kernel<AttnArgs, kAttnWarpsDecode>),
-                      reinterpret_cast<const void*>(&attention_kernel<AttnArgs, kAttnWarpsRows>),
-                      reinterpret_cast<const void*>(&attention_kernel<AttnRowsArgs, kAttnWarpsRows>)};
+  const void* fs[] = {reinterpret_cast<const void*>(&attention_kernel<AttnArgs, kAttnWarpsDecode, 1>),
+                      reinterpret_cast<const void*>(&attention_kernel<AttnArgs, kAttnWarpsDecode, 2>),
+                      reinterpret_cast<const void*>(&attention_kernel<AttnArgs, kAttnWarpsRows, 1>),
+                      reinterpret_cast<const void*>(&attention_kernel<AttnRowsArgs, kAttnWarpsRows, 1>),
+                      reinterpret_cast<const void*>(&attention_kernel<AttnRowsArgs, kAttnWarpsRows, 2>)};
   for (const void* f : fs)
     cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          int(attention_smem(kAttnWarpsDecode, kAttnMaxGroup, kAttnMaxDim)));
@@ -201,15 +236,19 @@ Launch attention_launch(const AttnDesc& d) {
   AttnArgs a{d.q, d.k, d.v, d.out, d.part_o, d.part_ml, d.counters, d.M, d.p0, d.Hq, d.Hkv, d.D, d.splits, d.scale};
   const dim3 grid(unsigned(d.splits), unsigned(d.Hkv), unsigned(d.M));
   const int64_t G = d.Hq / d.Hkv;
+  const bool pair = d.pairs == 2;
   if (d.rows) {
     AttnRowsArgs r{a, *d.rows};
-    return make_launch(reinterpret_cast<const void*>(&attention_kernel<AttnRowsArgs, kAttnWarpsRows>), grid,
-                       dim3(kAttnWarpsRows * 32), attention_smem(kAttnWarpsRows, G, d.D), r);
+    const void* f = pair ? reinterpret_cast<const void*>(&attention_kernel<AttnRowsArgs, kAttnWarpsRows, 2>)
+                         : reinterpret_cast<const void*>(&attention_kernel<AttnRowsArgs, kAttnWarpsRows, 1>);
+    return make_launch(f, grid, dim3(kAttnWarpsRows * 32), attention_smem(kAttnWarpsRows, G, d.D), r);
   }
-  if (d.M == 1)
-    return make_launch(reinterpret_cast<const void*>(&attention_kernel<AttnArgs, kAttnWarpsDecode>), grid,
-                       dim3(kAttnWarpsDecode * 32), attention_smem(kAttnWarpsDecode, G, d.D), a);
-  return make_launch(reinterpret_cast<const void*>(&attention_kernel<AttnArgs, kAttnWarpsRows>), grid,
+  if (d.M == 1) {
+    const void* f = pair ? reinterpret_cast<const void*>(&attention_kernel<AttnArgs, kAttnWarpsDecode, 2>)
+                         : reinterpret_cast<const void*>(&attention_kernel<AttnArgs, kAttnWarpsDecode, 1>);
+    return make_launch(f, grid, dim3(kAttnWarpsDecode * 32), attention_smem(kAttnWarpsDecode, G, d.D), a);
+  }
+  return make_launch(reinterpret_cast<const void*>(&attention_kernel<AttnArgs, kAttnWarpsRows, 1>), grid,
                      dim3(kAttnWarpsRows * 32), attention_smem(kAttnWarpsRows, G, d.D), a);
 }
 
