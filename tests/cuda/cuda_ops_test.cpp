@@ -533,6 +533,43 @@ TEST(CudaOps, GdnConvAndGates) {
   EXPECT_LE(rel_err(down(be, ob), beta), 1e-6);
 }
 
+// A decode token's dense a/b pair and GDN conv share one launch (conv_dense_kernel) when fusion is on: the same
+// values as the two launches (bit for bit: the same per-block arithmetic) and as the reference, one launch fewer.
+TEST(CudaOps, ConvAndDenseShareALaunchAtDecode) {
+  BONSAI_REQUIRE_GPU();
+  const int64_t C = 700, Kc = 4, K = 640, Nv = 48;
+  const auto taps = randn(size_t(C * Kc), 31, 0.5f), x = randn(size_t(C), 32), st0 = randn(size_t((Kc - 1) * C), 33),
+             wa = randn(size_t(Nv * K), 34, 0.05f), wb = randn(size_t(Nv * K), 35, 0.05f), xn = randn(size_t(K), 36);
+  auto st = st0;
+  std::vector<float> want(static_cast<size_t>(C)), ya(static_cast<size_t>(Nv)), yb(static_cast<size_t>(Nv));
+  ref::gdn_conv(x.data(), st.data(), taps.data(), 1, C, Kc, want.data());
+  ref::dense_matmul_f32(wa.data(), Nv, K, xn.data(), 1, ya.data());
+  ref::dense_matmul_f32(wb.data(), Nv, K, xn.data(), 1, yb.data());
+  std::vector<std::vector<float>> got[2];
+  uint64_t launches[2];
+  for (int fused : {1, 0}) {
+    CudaBackend::Options o;
+    o.conv_dense = fused;
+    o.graphs = false;
+    CudaBackend be(o);
+    Buffer dt = up(be, taps), dx = up(be, x), ds = up(be, st0), dwa = up(be, wa), dwb = up(be, wb), dxn = up(be, xn),
+           out = poisoned(be, size_t(C)), oa = poisoned(be, size_t(Nv)), ob = poisoned(be, size_t(Nv));
+    const uint64_t k0 = be.stats().kernels;
+    be.dense_linear(dwa.data(), Nv, K, dxn.data(), 1, oa.data());
+    be.dense_linear(dwb.data(), Nv, K, dxn.data(), 1, ob.data());
+    be.gdn_conv(dx.data(), ds.data(), dt.data(), 1, C, Kc, out.data());
+    got[fused] = {down(be, out), down(be, ds), down(be, oa), down(be, ob)};
+    launches[fused] = be.stats().kernels - k0;
+    const char* what = fused ? "one launch" : "two launches";
+    EXPECT_LE(rel_err(got[fused][0], want), 1e-5) << what;
+    EXPECT_EQ(got[fused][1], st) << what;
+    EXPECT_LE(rel_err(got[fused][2], ya), 1e-5) << what;
+    EXPECT_LE(rel_err(got[fused][3], yb), 1e-5) << what;
+  }
+  EXPECT_EQ(got[1], got[0]);
+  EXPECT_EQ(launches[1] + 1, launches[0]);
+}
+
 // The delta rule alone, and fused with the ops the forward issues before it (l2norm q, l2norm k, q scale,
 // gates): against ref::gdn_recurrent after the same ref ops.
 TEST(CudaOps, DeltaRuleAloneAndFused) {

@@ -66,6 +66,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
   o.fuse_norm = flag("BONSAI_CUDA_FUSE_NORM", o.fuse_norm);
   o.attn_prep = flag("BONSAI_CUDA_ATTN_PREP", o.attn_prep);
   if (const char* e = std::getenv("BONSAI_CUDA_ATTN_PAIRS"); e && *e) o.attn_pairs = std::atoi(e);
+  o.conv_dense = flag("BONSAI_CUDA_CONV_DENSE", o.conv_dense);
   o.graphs = flag("BONSAI_CUDA_GRAPHS", o.graphs);
   o.pdl = flag("BONSAI_CUDA_PDL", o.pdl);
   o.fuse = flag("BONSAI_CUDA_FUSE", o.fuse);
@@ -1144,6 +1145,16 @@ void CudaBackend::gdn_conv(const float* x, float* conv_state, const float* taps,
   Impl& I = *p_;
   ++I.seq;
   if (Kc < 1 || Kc > 8) fail("CUDA backend: conv kernel {} is not supported (1..8)", Kc);
+  // A decode token's pending dense a/b pair (it reads the normed x, not the conv's input) shares the launch.
+  const Impl::Pending* t = I.opt.fuse && I.opt.conv_dense && T == 1 ? I.tail() : nullptr;
+  if (t && t->kind == Impl::PK::Dense && t->rows == 1 && t->dense[0].y != x && t->dense[1].y != x) {
+    const Impl::Pending dn = *t;
+    I.pend.pop_back();
+    I.flush_pending();
+    I.emit(cuda::gdn_conv_dense_launch(x, conv_state, I.dev(taps), C, Kc, out, dn.dense, dn.n_dense, dn.bf16, dn.cols,
+                                       dn.src));
+    return;
+  }
   I.flush_pending();
   I.emit(cuda::gdn_conv_launch(x, conv_state, I.dev(taps), T, C, Kc, out));
 }

@@ -43,6 +43,8 @@ class CudaBackend final : public Backend {
     bool fuse = true;          // peephole fusion of deferred ops
     int attn_pairs = 2;        // decode attention: key positions per warp step, 1 (round 6) or 2 (two independent
                                // reductions in flight: the loop is latency-bound; BONSAI_CUDA_ATTN_PAIRS=1|2)
+    bool conv_dense = true;    // a decode token's GDN conv and dense a/b pair in one launch (needs fuse;
+                               // BONSAI_CUDA_CONV_DENSE=0: two)
     bool attn_prep = true;     // the attention prologue as one launch (attn_prep.cu; needs fuse; BONSAI_CUDA_ATTN_PREP=0:
                                // the 8-op sequence)
     bool tensor_cores = true;  // int8 mma GEMM for M > 2 (q8: 4) (else the dp4a kernel, 4 tokens per pass)

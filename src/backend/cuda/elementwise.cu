@@ -276,11 +276,11 @@ __device__ __forceinline__ void wload8(const void* w, int64_t i, float (&f)[8]) 
 // 96 blocks instead of 12), each 8-weight load serves the tile's tokens; shared-memory reduce.
 constexpr int kDenseToks = 8;
 
+// Block (row, token tile): the body, also run by conv_dense_kernel's blocks past the conv's.
 template <bool BF16>
-__global__ __launch_bounds__(kThreads) void dense_kernel(const DenseArgs a) {
+__device__ __forceinline__ void dense_block(const DenseArgs& a, int64_t row, int64_t tile) {
   __shared__ float red[kThreads / 32][kDenseToks];
   pdl_trigger();
-  const int64_t row = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const bool second = row >= a.N0;
   const int64_t n = second ? row - a.N0 : row, N = second ? a.N1 : a.N0;
@@ -294,7 +294,7 @@ __global__ __launch_bounds__(kThreads) void dense_kernel(const DenseArgs a) {
   }
   pdl_wait();
   float* y = second ? a.y1 : a.y0;
-  const int64_t m0 = int64_t(blockIdx.y) * kDenseToks;
+  const int64_t m0 = tile * kDenseToks;
   const int mt = int(a.M - m0 < kDenseToks ? a.M - m0 : int64_t(kDenseToks));
   float s[kDenseToks];
 #pragma unroll
@@ -333,6 +333,10 @@ __global__ __launch_bounds__(kThreads) void dense_kernel(const DenseArgs a) {
     for (int k = 0; k < kThreads / 32; ++k) t += red[k][threadIdx.x];
     y[(m0 + threadIdx.x) * N + n] = t;
   }
+}
+template <bool BF16>
+__global__ __launch_bounds__(kThreads) void dense_kernel(const DenseArgs a) {
+  dense_block<BF16>(a, blockIdx.x, blockIdx.y);
 }
 
 // Prefill form (round 8b): block per (8 output rows, 8 tokens), so each x tile read from L2 serves 8 rows
@@ -411,11 +415,12 @@ struct ConvArgs {
 };
 using ConvRowsArgs = WithRows<ConvArgs>;  // batched decode: token m (grid.y) is row m's, state t.a[m]
 
+// Block (channel block bx, token / row by): the body, also run by conv_dense_kernel's first blocks.
 template <class Args>
-__global__ __launch_bounds__(kThreads) void conv_kernel(const Args args) {
+__device__ __forceinline__ void conv_block(const Args& args, int64_t bx, int64_t by) {
   const ConvArgs& a = base_of(args);
   pdl_trigger();
-  const int64_t c = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t c = bx * kThreads + threadIdx.x;
   // The taps are model constants: read before waiting on the producer (the DRAM round trip overlaps it).
   float tap[kMaxConvKernel];
 #pragma unroll
@@ -425,7 +430,7 @@ __global__ __launch_bounds__(kThreads) void conv_kernel(const Args args) {
   int64_t t0 = 0, t1 = a.T;  // tokens of this thread's sequence
   float* state = a.state;
   if constexpr (is_rows_v<Args>) {
-    t0 = blockIdx.y;
+    t0 = by;
     t1 = t0 + 1;
     state = args.t.a[t0];
   }
@@ -451,6 +456,24 @@ __global__ __launch_bounds__(kThreads) void conv_kernel(const Args args) {
 #pragma unroll
   for (int j = 0; j < kMaxConvKernel; ++j)
     if (j < P) state[j * a.C + c] = win[j];
+}
+template <class Args>
+__global__ __launch_bounds__(kThreads) void conv_kernel(const Args args) {
+  conv_block(args, blockIdx.x, blockIdx.y);
+}
+
+// One decode token of one sequence: the conv (blocks [0, conv_blocks)) and the dense a/b pair that reads the
+// normed x (the rest, a block per output row) in one launch: independent inputs, one kernel fewer on the
+// decode chain per GDN layer (docs/cuda-kernels.md, round 9).
+struct ConvDenseArgs {
+  ConvArgs conv;
+  DenseArgs dense;
+  int64_t conv_blocks;
+};
+template <bool BF16>
+__global__ __launch_bounds__(kThreads) void conv_dense_kernel(const ConvDenseArgs a) {
+  if (int64_t(blockIdx.x) < a.conv_blocks) conv_block(a.conv, blockIdx.x, 0);
+  else dense_block<BF16>(a.dense, int64_t(blockIdx.x) - a.conv_blocks, 0);
 }
 
 // One sequence of T tokens (prefill): block = 32 channels (lanes: coalesced rows) x 8 warps, warp w walks its
@@ -789,6 +812,28 @@ Launch gdn_conv_launch(const float* x, float* state, const float* taps, int64_t 
                        dim3(kThreads), 0, a);
   return make_launch(reinterpret_cast<const void*>(&conv_kernel<ConvArgs>), dim3(blocks_for(C, kThreads)),
                      dim3(kThreads), 0, a);
+}
+
+Launch gdn_conv_dense_launch(const float* x, float* state, const float* taps, int64_t C, int64_t Kc, float* out,
+                             const DenseDev* outs, int n_outs, bool bf16, int64_t K, const float* dx) {
+  ConvDenseArgs a{};
+  a.conv = ConvArgs{x, state, taps, out, 1, C, Kc};
+  a.dense.w0 = outs[0].w;
+  a.dense.y0 = outs[0].y;
+  a.dense.N0 = outs[0].N;
+  if (n_outs > 1) {
+    a.dense.w1 = outs[1].w;
+    a.dense.y1 = outs[1].y;
+    a.dense.N1 = outs[1].N;
+  }
+  a.dense.x = dx;
+  a.dense.K = K;
+  a.dense.M = 1;
+  a.dense.bf16 = bf16;
+  a.conv_blocks = blocks_for(C, kThreads);
+  const void* f = bf16 ? reinterpret_cast<const void*>(&conv_dense_kernel<true>)
+                       : reinterpret_cast<const void*>(&conv_dense_kernel<false>);
+  return make_launch(f, dim3(unsigned(a.conv_blocks + a.dense.N0 + a.dense.N1)), dim3(kThreads), 0, a);
 }
 
 Launch gdn_conv_rows_launch(const float* x, const RowTable& t, const float* taps, int64_t M, int64_t C, int64_t Kc,

@@ -233,6 +233,9 @@ constexpr int64_t kAttnMaxSplits = 32;  // decode (one query row per sequence); 
 
 // ---- Gated DeltaNet --------------------------------------------------------------------------------
 Launch gdn_conv_launch(const float* x, float* state, const float* taps, int64_t T, int64_t C, int64_t Kc, float* out);
+// One decode token: the conv above (T = 1) and the dense product of dense_launch (M = 1, x = dx) in one launch.
+Launch gdn_conv_dense_launch(const float* x, float* state, const float* taps, int64_t C, int64_t Kc, float* out,
+                             const DenseDev* outs, int n_outs, bool bf16, int64_t K, const float* dx);
 Launch gdn_gates_launch(const float* a, const float* b, const float* A, const float* dt_bias, int64_t T, int64_t Nv,
                         float* g, float* beta);
 // Token-by-token delta rule with the state of a 32-column slice of one V head in registers: grid
