@@ -4,7 +4,7 @@
 # depth 0 and 8192, and batched greedy decode at B = 8 and 32. Binaries: DEVBIN=.devbin-me BUILD=build-cuda
 # tests/cuda/stage_devbin.sh; run `bash .devbin-me/device_final.sh` with carry [".devbin-me"].
 # SAN_FILTER: test_cuda cases to run under compute-sanitizer memcheck too; ENGINE_FILTER: test_engine cases;
-# BATCHES: the --batch list (default 8,32).
+# BATCHES: the --batch list (default 8,32); AB: switch A/B configs (at the end).
 # $OUT: gate.txt, test_cuda.log, sanitizer.txt, test_engine.log, bench.json, bench.txt, batch.txt.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -29,3 +29,10 @@ timeout 200 $B/bonsai bench --backend cuda -m "$P27" -p 512,2048 -n 128 -r 2 -d 
 echo "bench rc=$?"; tail -8 "$OUT/bench.txt"
 timeout 120 $B/bonsai bench --backend cuda -m "$P27" -p 0 -n 32 -r 2 --batch ${BATCHES:-8,32} > "$OUT/batch.txt" 2>&1
 echo "batch rc=$?"; tail -4 "$OUT/batch.txt"
+# AB="name:ENV=V,ENV=V ...": after the numbers above, `bonsai bench -p 0 -n 128 -r 2 -d 0,8192` per entry (switch
+# A/B in the same binary and call; a default entry X=1 first and last brackets the machine's drift).
+for cfg in ${AB:-}; do
+  name=${cfg%%:*}; env=${cfg#*:}
+  echo "== $name ($env)" | tee -a "$OUT/ab.txt"
+  env ${env//,/ } timeout 120 $B/bonsai bench --backend cuda -m "$P27" -p 0 -n 128 -r 2 -d 0,8192 2>&1 | grep -E "^tg" | tee -a "$OUT/ab.txt"
+done
