@@ -97,9 +97,11 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
       {"attn_o M32", 6144, {5120}, 32},         {"head M8", 5120, {248320}, 8}, {"head M32", 5120, {248320}, 32},
       {"gate+up M3", 5120, {17408, 17408}, 3},  {"attn_o M8", 6144, {5120}, 8}, {"qkv+z M16", 5120, {10240, 6144}, 16},
       {"down M16", 17408, {5120}, 16},
+      // round 9c (split-K v6): ffn_down at two tokens
+      {"down M2", 17408, {5120}, 2},
   };
   report("bench_kernels.txt", "shape            M    K      N(s)                 MB/launch   us      GB/s   %probe  TOP/s");
-  const char* only = std::getenv("BONSAI_BENCH_SHAPE");
+  const char* only = std::getenv("BONSAI_BENCH_SHAPE");  // only these shapes: "ffn_down,down M2"
   const char* min_m = std::getenv("BONSAI_BENCH_MIN_M");  // only shapes with at least this many tokens
   const char* max_m = std::getenv("BONSAI_BENCH_MAX_M");  // only shapes with at most this many tokens
   const char* tags = std::getenv("BONSAI_BENCH_TAGS");    // only these variants: "q16 pdl,q16 v3 pdl"
@@ -121,6 +123,8 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
     int mvb = 1;         // Options::matvec_batch: 1 = off (the GEMM above v6's M), 2 = the batched kernel (round 9)
     int mvb_rb = 0;      // its row blocks per warp tile (0: auto)
     int mvb_pf = 1;      // its L2 prefetch (Options::matvec_batch_pf)
+    int split = 0;       // v6 split-K (Options::matvec6_split: 1 = automatic, S = that many K slices; round 9c)
+    bool ilv = true;     // its tile order (Options::matvec6_split_ilv: row tile major, else slice major)
   };
   const Variant variants[] = {{"q16 pdl", 3, true, 2, 1, 2, true},          {"q16 fixed pdl", 3, true, 2, 1, 2, true, true},
                               {"q16 v2 pdl", 3, true, 2, 2, 2, true},       {"q16 v3 pdl", 3, true, 2, 3, 2, true},
@@ -140,11 +144,20 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
                               {"q16 mvb2 pdl", 6, true, 2, 3, 2, true, false, 1, 0, 2, 2},
                               {"q8 mvb pdl", 6, true, 1, 3, 2, true, false, 1, 0, 2, 0},
                               {"q16 mvb pf0 pdl", 6, true, 2, 3, 2, true, false, 1, 0, 2, 0, 0},
-                              {"q16 mvb pf2 pdl", 6, true, 2, 3, 2, true, false, 1, 0, 2, 0, 2}};
+                              {"q16 mvb pf2 pdl", 6, true, 2, 3, 2, true, false, 1, 0, 2, 0, 2},
+                              // round 9c: v6 split-K (the automatic S, forced S = 2 / 4, with 4 steps in flight; row
+                              // tile major, "z": slice major)
+                              {"q16 v6s pdl", 6, true, 2, 1, 2, true, false, 1, 0, 1, 0, 1, 1},
+                              {"q16 v6s2 pdl", 6, true, 2, 1, 2, true, false, 1, 0, 1, 0, 1, 2},
+                              {"q16 v6s4 pdl", 6, true, 2, 1, 2, true, false, 1, 0, 1, 0, 1, 4},
+                              {"q16 v6c5s2 pdl", 6, true, 2, 1, 2, true, false, 1, 5, 1, 0, 1, 2},
+                              {"q16 v6c5s4 pdl", 6, true, 2, 1, 2, true, false, 1, 5, 1, 0, 1, 4},
+                              {"q16 v6s2z pdl", 6, true, 2, 1, 2, true, false, 1, 0, 1, 0, 1, 2, false},
+                              {"q16 v6s4z pdl", 6, true, 2, 1, 2, true, false, 1, 0, 1, 0, 1, 4, false}};
   const CudaBackend::Options base = be.options();
   for (const Shape& sh : shapes)
   for (const Variant& v : variants) {
-    if (only && *only && std::string(sh.name) != only) continue;
+    if (only && *only && ("," + std::string(only) + ",").find("," + std::string(sh.name) + ",") == std::string::npos) continue;
     if (min_m && sh.M < std::atoll(min_m)) continue;
     if (max_m && sh.M > std::atoll(max_m)) continue;
     if (tags && ("," + std::string(tags) + ",").find("," + std::string(v.tag) + ",") == std::string::npos) continue;
@@ -166,6 +179,8 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
     bo.matvec_batch = v.mvb;
     bo.matvec_batch_rb = v.mvb_rb;
     bo.matvec_batch_pf = v.mvb_pf;
+    bo.matvec6_split = v.split;
+    bo.matvec6_split_ilv = v.ilv;
     be.set_options(bo);
     uint64_t bytes = 0;
     for (int64_t N : sh.N) bytes += uint64_t(N * sh.K / 4 + N * sh.K / 128 * 2);

@@ -5,7 +5,7 @@
 // long K (tiles cut between many warps: the shared-memory sum) and many tiles per block; every block shape,
 // the lockstep ones (cfg 5-7: the block's warps share each tile) with K = 128 / 384 (one / two warps per block),
 // steps that do not divide evenly over the warps and several batches of tiles per block. Then the batched-decode
-// kernel (matvec_mma_batch.cu, M up to 32).
+// kernel (matvec_mma_batch.cu, M up to 32), and v6's split-K (round 9c).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -92,6 +92,70 @@ TEST(CudaMatvec6, MatchesTheQuantisedReferenceAndV3) {
       }
     }
   }
+}
+
+// Split-K v6 (Options::matvec6_split, round 9c): K cut into S slices that are tiles of their own, each slice's
+// partial y summed in slice order by the last block to finish the row tile (an arrival counter per row tile that
+// the launch leaves at zero). Against the exact int8 arithmetic, and run to run EQUAL (the second and third runs
+// also prove the counters were reset: a stale count would leave the poisoned output unwritten). K from
+// ffn_down's 17,408 down to 640 (5 groups: no S <= 4 divides it, so the unsplit kernel runs), N ragged (37, 1000)
+// and 5,120, M 1 and 2 (q16) up to 4 (q8), S 2..4 where K % (128 S) == 0, the automatic S (1), the lockstep shapes
+// 0 (16-row tiles at K > 8,192, else 32), 5 (4 steps in flight) and 6 (32-row tiles: other row tiles), and both tile
+// orders (row tile major: a row tile's slices in one block or two; slice major).
+void split_k_cases(const std::vector<Case>& cases, uint32_t seed) {
+  for (const Case& c : cases) {
+    TernaryMatrix& w = random_matrix(c.N[0], c.K, seed++, 0.02);
+    const auto x = randn(size_t(c.M * c.K), seed++);
+    for (int levels : {2, 1}) {
+      if (!cuda::matvec6_supported(c.M, levels, c.K)) continue;
+      const std::vector<float> exact = quantised_reference(w, x, c.M, levels);
+      for (int split : {1, 2, 3, 4}) {
+        for (int cfg : {0, 5, 6})
+        for (bool ilv : {true, false}) {
+          if (!ilv && split == 1) continue;
+          CudaBackend::Options o;
+          o.graphs = false;
+          o.act_levels = levels;
+          o.matvec = 6;
+          o.matvec6_cfg = cfg;
+          o.matvec6_split = split;
+          o.matvec6_split_any = true;  // the small K too
+          o.matvec6_split_ilv = ilv;
+          CudaBackend b(o);
+          std::vector<std::vector<float>> got;
+          const std::vector<float> y = run_linear(b, {&w}, x, c.M, c.K, got);
+          const std::string what = "M " + std::to_string(c.M) + " K " + std::to_string(c.K) + " N " +
+                                   std::to_string(c.N[0]) + (levels == 2 ? " q16" : " q8") + " split " +
+                                   std::to_string(split) + " cfg " + std::to_string(cfg) + (ilv ? "" : " slice major");
+          EXPECT_LE(rel_err(y, exact), 1e-5) << what;
+          for (int rep = 0; rep < 2; ++rep) {
+            std::vector<std::vector<float>> again_out;
+            EXPECT_EQ(run_linear(b, {&w}, x, c.M, c.K, again_out), y) << what << " run to run " << rep;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaMatvec6, SplitKMatchesTheQuantisedReference) {
+  BONSAI_REQUIRE_GPU();
+  split_k_cases({{1, 6144, {5120}}, {2, 5120, {5120}}, {1, 1152, {1000}}, {2, 640, {37}}, {1, 17408, {37}},
+                 {2, 17408, {1000}}, {1, 5120, {37}}, {2, 6144, {1000}}, {4, 6144, {37}}, {1, 640, {1000}},
+                 {3, 1152, {5120}}},
+                1300);
+}
+
+// A few small shapes for compute-sanitizer memcheck (every split, shape and level still).
+TEST(CudaMatvec6, SplitKSmall) {
+  BONSAI_REQUIRE_GPU();
+  split_k_cases({{2, 1152, {37}}, {1, 6144, {100}}, {4, 5120, {37}}}, 1350);
+}
+
+// ffn_down's own shape (kept apart: its CPU reference is the slow part).
+TEST(CudaMatvec6, SplitKFfnDown) {
+  BONSAI_REQUIRE_GPU();
+  split_k_cases({{1, 17408, {5120}}, {2, 17408, {5120}}}, 1400);
 }
 
 // The batched-decode kernel (matvec_mma_batch.cu): every M it serves, q16 and q8, odd N (ragged last row

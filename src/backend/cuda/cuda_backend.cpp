@@ -85,6 +85,9 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC"); e && *e) o.matvec = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC_EARLY"); e && *e) o.matvec_early = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MV6"); e && *e) o.matvec6_cfg = std::atoi(e);
+  if (const char* e = std::getenv("BONSAI_CUDA_MV6_SPLIT"); e && *e) o.matvec6_split = std::atoi(e);
+  o.matvec6_split_any = flag("BONSAI_CUDA_MV6_SPLIT_ANY", o.matvec6_split_any);
+  o.matvec6_split_ilv = flag("BONSAI_CUDA_MV6_SPLIT_ILV", o.matvec6_split_ilv);
   if (const char* e = std::getenv("BONSAI_CUDA_MVB"); e && *e) o.matvec_batch = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MVB_RB"); e && *e) o.matvec_batch_rb = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MVB_PF"); e && *e) o.matvec_batch_pf = std::atoi(e);
@@ -165,6 +168,7 @@ struct CudaBackend::Impl {
   Stats st;
 
   Scratch xq, xds, attn_o, attn_ml, attn_cnt, ids, am_v, am_i, am_cnt, am_res, amr_out, topk_out, gemm_part;
+  Scratch mv6_part, mv6_cnt;  // split-K v6: partials float [S, M, N], arrival counters int32 [N / 16] (zeroed)
   Scratch delta_scratch;  // chunked delta rule: W, U, decayed Q/K, masked Q K^T per (V head, chunk)
   std::vector<cuda::Launch> launches;  // scratch list for one linear's launches (no allocation once warm)
   void* pinned = nullptr;
@@ -215,6 +219,19 @@ struct CudaBackend::Impl {
     // v6 (matvec_mma.cu): the tensor-core matvec at M <= 2 (q16) / 4 (q8), except one token over a long K
     // (ffn_down, K = 17,408: v3 15.4 us vs v6 15.2-16.7 us, H200 round 8, docs/cuda-kernels.md; at M = 2 v6 wins
     // everywhere, e.g. gate+up 20.6 vs 60.9 us). BONSAI_CUDA_MV6 = 1..7 forces v6 there too.
+    // Split-K v6 (Options::matvec6_split, round 9c; off by default): K cut into slices that are tiles of their own, so
+    // ffn_down's 320 row tiles become 640 / 1280 over the SMs, the partials summed in slice order inside the launch.
+    // Measured slower than v3 on the H200 (ffn_down M1 us: S = 2 20.9, S = 4 23.8, v3 15.3, v6 unsplit 16.7).
+    if (opt.matvec == 6 && opt.matvec6_split != 0) {
+      const int ks =
+          cuda::matvec6_split_for(t, n, K, M, lv, sms, opt.matvec6_cfg, opt.matvec6_split, opt.matvec6_split_any);
+      if (ks > 1) {
+        auto* part = static_cast<float*>(ensure(mv6_part, size_t(ks * M * t[0].N) * 4, "split-K matvec partials"));
+        auto* cnt = static_cast<int32_t*>(ensure(mv6_cnt, size_t((t[0].N + 15) / 16) * 4, "split-K matvec counters", true));
+        return out.push_back(
+            cuda::matvec6_launch(t, n, K, xq, xds, M, lv, sms, opt.matvec6_cfg, ks, part, cnt, opt.matvec6_split_ilv));
+      }
+    }
     if (opt.matvec == 6 && cuda::matvec6_supported(M, lv, K) && (M > 1 || K <= 8192 || opt.matvec6_cfg != 0))
       return out.push_back(cuda::matvec6_launch(t, n, K, xq, xds, M, lv, sms, opt.matvec6_cfg));
     // Batched decode (matvec_mma_batch.cu): the tensor-core kernel with a column per activation plane, above v6's M
@@ -736,7 +753,7 @@ CudaBackend::~CudaBackend() {
   }
   for (void* q : p_->owned) cudaFree(q);
   for (Impl::Scratch* s : {&p_->xq, &p_->xds, &p_->attn_o, &p_->attn_ml, &p_->attn_cnt, &p_->ids, &p_->am_v, &p_->am_i,
-                           &p_->am_cnt, &p_->am_res, &p_->amr_out, &p_->topk_out, &p_->gemm_part})
+                           &p_->am_cnt, &p_->am_res, &p_->amr_out, &p_->topk_out, &p_->gemm_part, &p_->mv6_part, &p_->mv6_cnt})
     if (s->p) cudaFree(s->p);
   if (p_->pinned) cudaFreeHost(p_->pinned);
   for (cudaEvent_t e : p_->ev_pool) cudaEventDestroy(e);

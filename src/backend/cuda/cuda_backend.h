@@ -66,6 +66,16 @@ class CudaBackend final : public Backend {
                                // 2 = 16 x 4 x 16, 3 = 32 x 2 x 16, 4 = 32 x 3 x 16 (each warp a contiguous K range);
                                // lockstep (the warps share each tile): 5 = 16 x 4, 6 = 32 x 2, 7 = 16 x 3; 0 = 6, or 7
                                // for <= 2,048 rows or K > 8,192 (matvec_mma.cu; BONSAI_CUDA_MV6)
+    int matvec6_split = 0;     // v6 split-K (round 9c): the K range cut into S slices, tiles of their own, summed in slice
+                               // order by the last block of each row tile (deterministic). Only on ffn_down's shape
+                               // (one output, K > 8,192, M <= 2) and the lockstep shapes (matvec6_cfg 0, 5-7).
+                               // 0 = off (the default: it measured slower than v3, ffn_down M1 20.9 vs 15.3 us on the
+                               // H200, docs/cuda-kernels.md round 9c), 1 = automatic (one token: S by balance over
+                               // the SMs), 2..4 = that S (M <= 2, K % (128 S) == 0); BONSAI_CUDA_MV6_SPLIT=0|1|S
+    bool matvec6_split_any = false;  // split-K on every single-output v6 product too (tests, experiments;
+                                     // BONSAI_CUDA_MV6_SPLIT_ANY=1)
+    bool matvec6_split_ilv = true;   // split-K tiles in row tile major order (a block's tiles are contiguous stretches
+                                     // of the same rows), else slice major (BONSAI_CUDA_MV6_SPLIT_ILV=0)
     int matvec_batch = 0;      // batched-decode kernel (matvec_mma_batch.cu, round 9: mma.sync, a column per activation
                                // plane): 0 = where it measured faster than the GEMM v3 (the default: M 3..8 under q16,
                                // 5..8 under q8, products of >= 64 rows per SM: gate+up, qkv+z, head, not the 5,120-row

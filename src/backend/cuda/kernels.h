@@ -108,8 +108,19 @@ Launch matvec_bulk_launch(const TernaryDev* outs, int n_outs, int64_t K, const i
 // block's (tile, step) pairs into contiguous ranges. M <= 2 (q16) / 4 (q8); cfg: block shape
 // (CudaBackend::Options::matvec6_cfg).
 bool matvec6_supported(int64_t M, int levels, int64_t K);
+// split > 1 (split-K, round 9c): one output, its K cut into `split` (<= kMaxOuts) slices of K / split (a multiple
+// of 128), each slice's partial y written to part + z M N (float [split, M, N]); the last block to finish a row tile
+// (counters: int32 [ceil(N / 16)], zero before the first launch and left zero by every launch) sums the slices in
+// slice order into outs[0].y (deterministic). Lockstep shapes only (cfg 0, 5-7). interleave: tiles in row tile major
+// order (a block reads contiguous stretches of the same rows, as unsplit), else slice major.
 Launch matvec6_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                      int levels, int sms, int cfg = 0);
+                      int levels, int sms, int cfg = 0, int split = 1, float* part = nullptr, int32_t* counters = nullptr,
+                      bool interleave = true);
+// The K slices the backend gives matvec6_launch (1: none): req 0 = none, 1 = automatic (one token; the fewest serial
+// steps per warp over S = 1..4), 2..4 = that S where K % (128 S) == 0; only for ffn_down's shape (one output, K >
+// 8,192, M <= 2) unless `any` (every single-output product v6 serves).
+int matvec6_split_for(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms, int cfg, int req,
+                      bool any = false);
 // Batched-decode product (matvec_mma_batch.cu, round 9): mma.sync m16n8k32 u8.s8 on the canonical words, a column per
 // activation plane (q16: 4 tokens x 2 digits per n-tile, q8: 8 tokens), 16-row blocks; each warp owns a tile of
 // rb_cfg row blocks (0: chosen per shape, 1 or 2) for its K slice with the outputs in registers, one block per SM.

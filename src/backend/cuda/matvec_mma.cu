@@ -37,7 +37,13 @@
 // Both deterministic. D steps of weight loads in flight per warp in a register ring (RB x (16 + 16 + 4) B per
 // lane and step), issued before griddepcontrol.wait (weights are constants); no L2 prefetch hook
 // (matvec_set_prefetch leaves v6 launches alone). Measured per shape in docs/cuda-kernels.md, round 8.
+// Split-K (round 9c, Options::matvec6_split, off by default: slower than v3 on ffn_down): one product's K cut into S
+// slices, each slice one more output of the tile space (row strides and activation offsets from the full K); each
+// slice's partial y goes to scratch, and the last block to arrive at a row tile (an int32 counter per row tile,
+// reset by that block) sums the slices in slice order: deterministic, no float atomics.
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 #include "backend/cuda/common.cuh"
 
@@ -50,14 +56,23 @@ struct Mv6Out {
   float* y;                // [M, N]
   int64_t N;
   int64_t t0;              // first tile (16 RB rows) of this output in the launch's tile space
+  int64_t k0;              // split-K: the slice's first element in the activations (words / scales start there)
 };
 struct Mv6Args {
   Mv6Out o[kMaxOuts];
-  const int8_t* xq;    // int8 [M, LV, K] transposed digit planes (ternary.cu header)
-  const float2* xds;   // [M, K/64] {unit, digit sum} per 64-element chunk
-  int64_t K, M;
+  const int8_t* xq;    // int8 [M, LV, Kx] transposed digit planes (ternary.cu header)
+  const float2* xds;   // [M, Kx/64] {unit, digit sum} per 64-element chunk
+  int64_t K, M;        // K: elements each output's tiles walk (the slice under split-K)
+  int64_t Kr, Kx;      // row length of the weights (words per row Kr/16, scales Kr/128) and of the activations;
+                       // both = K except under split-K (the full K)
   int64_t tiles;       // tiles of all outputs
-  int32_t n_outs, pad;
+  int32_t n_outs, split;  // split > 1 (lockstep kernel only): the outputs are the K slices of ONE product, their
+                          // y partials [M, N] that the last block to finish a row tile sums in slice order into ysum
+  int32_t ilv, pad;       // split-K tile order: 1 = row tile major (tile = row tile x split + slice: a block's tiles
+                          // are contiguous stretches of the same rows), 0 = slice major (tile = slice x row tiles +
+                          // row tile: output z's tiles from o[z].t0)
+  float* ysum;         // [M, N] split-K: the product's y
+  int32_t* count;      // [N / 16 rows] split-K arrival counters, zero between launches (the last arrival resets)
 };
 
 // k16: A = rows g / g + 8 at k 4t..4t+3, B = one register: no register pair to assemble for B.
@@ -325,7 +340,8 @@ __global__ __launch_bounds__(NW * 32, 1) void matvec6_kernel(const Mv6Args a) {
 // tile: its partials go to shared memory, and every TB tiles one barrier, then the block sums the batch in
 // warp order (deterministic) and writes it; two batch buffers, so one barrier per batch.
 constexpr int kLsMaxWarps = 20;
-template <int LV, int RB, int D>
+// SPLIT: the split-K launch (a.split > 1; its own instantiation, so the plain one keeps its registers).
+template <int LV, int RB, int D, bool SPLIT = false>
 __global__ __launch_bounds__(kLsMaxWarps * 32, 1) void matvec6l_kernel(const Mv6Args a) {
   constexpr int kTok = LV == 2 ? 2 : 4;
   constexpr int TR = 16 * RB;
@@ -339,8 +355,22 @@ __global__ __launch_bounds__(kLsMaxWarps * 32, 1) void matvec6l_kernel(const Mv6
   const int nt = tb1 - tb0;
   const int ns = (S - w + NW - 1) / NW;  // this warp's steps per tile (>= 1: NW <= S)
   const int total = nt * ns;
+  // Tile -> its output o and row tile rt (tiles of output o from o.t0, or split-K's row tile major order).
+  auto locate = [&](int64_t tile, int& o, int64_t& rt) {
+    if (SPLIT && a.ilv) {
+      o = int(tile % a.split);
+      rt = tile / a.split;
+      return;
+    }
+    o = 0;
+#pragma unroll
+    for (int i = 1; i < kMaxOuts; ++i)
+      if (i < a.n_outs && tile >= a.o[i].t0) o = i;
+    rt = tile - a.o[o].t0;
+  };
 
-  const int rs_w = 8 * (K >> 6), rs_s = 8 * G;
+  const int Kr = SPLIT ? int(a.Kr) : K;
+  const int rs_w = 8 * (Kr >> 6), rs_s = 8 * (Kr >> 7);
   const int lim_a = (G - (t >> 1) + 1) >> 1;
   const int lim_s = LV == 2 ? (G - (t & 1) + 1) >> 1 : S, lim_s2 = G >> 1;
   int ix = 0, it = 0, is = w;
@@ -349,16 +379,14 @@ __global__ __launch_bounds__(kLsMaxWarps * 32, 1) void matvec6l_kernel(const Mv6
   int nrow = 0;
   auto set_tile = [&]() {
     if (ix >= total) return;
-    const int64_t tile = int64_t(tb0) + it;
-    int o = 0;
-#pragma unroll
-    for (int i = 1; i < kMaxOuts; ++i)
-      if (i < a.n_outs && tile >= a.o[i].t0) o = i;
+    int o;
+    int64_t rt;
+    locate(int64_t(tb0) + it, o, rt);
     const Mv6Out& O = a.o[o];
-    const int64_t r0 = (tile - O.t0) * TR;
+    const int64_t r0 = rt * TR;
     nrow = int(min(int64_t(TR), O.N - r0));
-    pa = reinterpret_cast<const uint4*>(O.words + (r0 + g) * (K >> 4)) + t;
-    ps = O.scales + (r0 + g) * G + (LV == 2 ? (t & 1) : 0);
+    pa = reinterpret_cast<const uint4*>(O.words + (r0 + g) * (Kr >> 4)) + t;
+    ps = O.scales + (r0 + g) * (Kr >> 7) + (LV == 2 ? (t & 1) : 0);
   };
   auto issue = [&](Mv6Stage<RB>& st) {
 #pragma unroll
@@ -402,11 +430,15 @@ __global__ __launch_bounds__(kLsMaxWarps * 32, 1) void matvec6l_kernel(const Mv6
   const int64_t M = a.M;
   const int bm = LV == 2 ? g >> 2 : g >> 1, bl = LV == 2 ? g & 1 : 0, bg = LV == 2 ? (g >> 1) & 1 : g & 1;
   const bool b_on = bg == (t >> 1) && bm < M;
-  const uint4* xbp = reinterpret_cast<const uint4*>(a.xq + (b_on ? (int64_t(bm) * LV + bl) * K + bg * 128 + 64 * (t & 1) : 0));
+  const int64_t Kx = SPLIT ? a.Kx : K;
+  // k0 = 0 here; under split-K each tile's slice moves both by its k0 (set_act).
+  const int8_t* xb0 = a.xq + (b_on ? (int64_t(bm) * LV + bl) * Kx + bg * 128 + 64 * (t & 1) : 0);
+  const uint4* xbp = reinterpret_cast<const uint4*>(xb0);
   const int cs_b = b_on ? (G - bg + 1) >> 1 : 0;
   const int cm = LV == 2 ? t >> 1 : t;
   const bool c_on = cm < M;
-  const float4* xd = reinterpret_cast<const float4*>(a.xds) + int64_t(c_on ? cm : 0) * (K >> 7);
+  const float4* xd0 = reinterpret_cast<const float4*>(a.xds) + int64_t(c_on ? cm : 0) * (Kx >> 7);
+  const float4* xd = xd0;
   const int cs_c = c_on ? (LV == 2 ? (G - (t & 1) + 1) >> 1 : (G + 1) >> 1) : 0;
 
   int ct = 0, cs = w;
@@ -418,13 +450,11 @@ __global__ __launch_bounds__(kLsMaxWarps * 32, 1) void matvec6l_kernel(const Mv6
     for (int e = threadIdx.x; e < n * kTok * TR; e += blockDim.x) {
       const int j = e / (kTok * TR), m = (e / TR) % kTok, rr = e % TR;
       if (m >= M) continue;
-      const int64_t tile = int64_t(tb0) + j0 + j;
-      int o = 0;
-#pragma unroll
-      for (int i = 1; i < kMaxOuts; ++i)
-        if (i < a.n_outs && tile >= a.o[i].t0) o = i;
+      int o;
+      int64_t rt;
+      locate(int64_t(tb0) + j0 + j, o, rt);
       const Mv6Out& O = a.o[o];
-      const int64_t r = (tile - O.t0) * TR + rr;
+      const int64_t r = rt * TR + rr;
       if (r >= O.N) continue;
       float v = 0.f;
       for (int ww = 0; ww < NW; ++ww) v += red[buf][j][ww][m][rr];
@@ -452,7 +482,22 @@ __global__ __launch_bounds__(kLsMaxWarps * 32, 1) void matvec6l_kernel(const Mv6
     }
   };
   const bool hoist = ns == 1;
-  if (hoist) load_b(w);
+  // Split-K: the activations of tile ct's slice (its output's k0); B reloaded when the slice changes.
+  int cur_o = -1;
+  auto set_act = [&]() {
+    if (!SPLIT || ct >= nt) return;
+    int o;
+    int64_t rt;
+    locate(int64_t(tb0) + ct, o, rt);
+    if (o == cur_o) return;
+    cur_o = o;
+    const int64_t k0 = a.o[o].k0;
+    xbp = reinterpret_cast<const uint4*>(xb0 + (b_on ? k0 : 0));
+    xd = xd0 + (k0 >> 7);
+    if (hoist) load_b(w);
+  };
+  set_act();
+  if (hoist && !SPLIT) load_b(w);
   for (int base = 0; base < total; base += D) {
 #pragma unroll
     for (int s = 0; s < D; ++s) {
@@ -513,8 +558,55 @@ __global__ __launch_bounds__(kLsMaxWarps * 32, 1) void matvec6l_kernel(const Mv6
           }
           cs = w;
           ++ct;
+          set_act();
         }
       }
+    }
+  }
+
+  // Split-K: this block's partials are written; count its arrival at each of its row tiles. The block that
+  // brings a row tile's count to `split` sums the slices in slice order (deterministic: the order never
+  // depends on who arrives last) and resets the counter for the next launch.
+  if constexpr (SPLIT) {
+    __shared__ unsigned last_mask;
+    __threadfence();  // the partials are visible device-wide before the arrival that publishes them
+    __syncthreads();
+    const Mv6Out& O0 = a.o[0];
+    for (int j0 = 0; j0 < nt; j0 += 32) {
+      if (w == 0) {
+        bool last = false;
+        if (j0 + lane < nt) {
+          int o;
+          int64_t rt;
+          locate(int64_t(tb0) + j0 + lane, o, rt);
+          int32_t* c = a.count + rt;
+          last = atomicAdd(c, 1) == a.split - 1;
+          if (last) atomicExch(c, 0);
+        }
+        const unsigned mk = __ballot_sync(0xffffffffu, last);
+        if (lane == 0) last_mask = mk;
+      }
+      __syncthreads();
+      const unsigned mk = last_mask;
+      if (mk) {
+        __threadfence();
+        for (int jb = 0; jb < 32; ++jb) {
+          if (!((mk >> jb) & 1u)) continue;
+          int o;
+          int64_t rt;
+          locate(int64_t(tb0) + j0 + jb, o, rt);
+          const int64_t r0 = rt * TR;
+          for (int e = threadIdx.x; e < int(M) * TR; e += blockDim.x) {
+            const int m = e / TR;
+            const int64_t r = r0 + e % TR;
+            if (r >= O0.N) continue;
+            float v = 0.f;
+            for (int z = 0; z < a.split; ++z) v += __ldcg(a.o[z].y + m * O0.N + r);  // other SMs wrote them: L2
+            a.ysum[m * O0.N + r] = v;
+          }
+        }
+      }
+      __syncthreads();  // last_mask is rewritten by the next chunk
     }
   }
 }
@@ -542,43 +634,110 @@ bool matvec6_supported(int64_t M, int levels, int64_t K) {
   return M >= 1 && M <= (levels == 2 ? 2 : 4) && K % 128 == 0 && K <= (int64_t(1) << 20);
 }
 
+namespace {
+// The lockstep shape cfg 0 resolves to: 32-row tiles (6), or 16-row ones (7) where 32-row tiles leave blocks with
+// 1 or 2 tiles (few rows, or K = 17,408: ffn_down) - measured per shape, docs/cuda-kernels.md round 8.
+int mv6_resolve_cfg(int64_t rows, int64_t K, int cfg) { return cfg == 0 ? (rows <= 2048 || K > 8192 ? 7 : 6) : cfg; }
+// Warps of the lockstep kernel for a tile of `steps` steps: NW <= min(steps, 20) with the fewest idle step slots
+// per tile (20 -> 20, 24 -> 12, 68 -> 17).
+int mv6_lockstep_warps(int64_t steps) {
+  int nw = int(std::min<int64_t>(steps, kLsMaxWarps));
+  double best = -1;
+  for (int n = nw; n >= std::min(nw, 12); --n) {
+    const double eff = double(steps) / double(n * ((steps + n - 1) / n));
+    if (eff > best + 1e-9) best = eff, nw = n;
+  }
+  return nw;
+}
+}  // namespace
+
+int matvec6_split_for(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms, int cfg, int req,
+                      bool any) {
+  if (req <= 0 || n_outs != 1 || !matvec6_supported(M, levels, K)) return 1;
+  cfg = mv6_resolve_cfg(outs[0].N, K, cfg);
+  if (cfg < 5 || cfg > 7) return 1;  // the contiguous shapes (1-4) do not split
+  auto valid = [&](int s) { return s >= 1 && s <= kMaxOuts && K % (128 * s) == 0; };
+  // ffn_down's shape (K > 8,192, M <= 2; at one token v3 runs otherwise) unless `any`.
+  if (!any && (K <= 8192 || M > 2)) return 1;
+  if (req >= 2) return valid(req) ? req : 1;
+  // Auto: one token only. The S (<= 4) with the fewest serial steps per warp: the busiest block's tiles times each
+  // warp's steps per tile; ties to the fewer slices.
+  if (M != 1) return 1;
+  const int64_t tr = cfg == 6 ? 32 : 16, tiles = (outs[0].N + tr - 1) / tr;
+  int best = 1;
+  int64_t best_cost = -1;
+  for (int s = 1; s <= kMaxOuts; ++s) {
+    if (!valid(s)) continue;
+    const int64_t st = s * tiles, blocks = std::max<int64_t>(1, std::min<int64_t>(sms, st));
+    const int64_t steps = (K / s / 128 + 1) / 2, nw = mv6_lockstep_warps(steps);
+    const int64_t cost = (st + blocks - 1) / blocks * ((steps + nw - 1) / nw);
+    if (best_cost < 0 || cost < best_cost) best = s, best_cost = cost;
+  }
+  return best;
+}
+
 Launch matvec6_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                      int levels, int sms, int cfg) {
+                      int levels, int sms, int cfg, int split, float* part, int32_t* counters, bool interleave) {
   Mv6Args a{};
   a.xq = xq;
   a.xds = xds;
   a.K = K;
+  a.Kr = a.Kx = K;
   a.M = M;
   a.n_outs = n_outs;
+  a.split = 1;
   int64_t rows = 0;
   for (int i = 0; i < n_outs; ++i) rows += outs[i].N;
   const int lv = levels == 2 ? 2 : 1;
-  // Default (cfg 0): lockstep, 32-row tiles (6), or 16-row ones (7) where 32-row tiles leave blocks with 1 or 2
-  // tiles (few rows, or K = 17,408: ffn_down) - measured per shape, docs/cuda-kernels.md round 8.
-  if (cfg == 0) cfg = rows <= 2048 || K > 8192 ? 7 : 6;
+  cfg = mv6_resolve_cfg(rows, K, cfg);
+  if (split > 1) {
+    if (n_outs != 1 || cfg < 5 || cfg > 7 || split > kMaxOuts || K % (128 * split) != 0 || !part || !counters)
+      throw std::invalid_argument("matvec6_launch: split-K " + std::to_string(split) + " needs one output, a lockstep "
+                                  "shape (cfg 0, 5-7), K (" + std::to_string(K) + ") a multiple of 128 x split <= " +
+                                  std::to_string(kMaxOuts) + ", partials and counters");
+    a.split = split;
+    a.ilv = interleave ? 1 : 0;
+    a.K = K / split;
+    a.ysum = outs[0].y;
+    a.count = counters;
+  }
   if (cfg >= 5 && cfg <= 7) {  // lockstep: RB x D = 1 x 4, 2 x 2, 1 x 3
     const int rb = cfg == 6 ? 2 : 1;
     const int64_t tr = 16 * rb;
     int64_t t0 = 0;
-    for (int i = 0; i < n_outs; ++i) {
-      a.o[i] = {outs[i].words, outs[i].scales, outs[i].y, outs[i].N, t0};
-      t0 += (outs[i].N + tr - 1) / tr;
+    if (a.split > 1) {
+      // One output per K slice z: the weights from column k0 = z K / split on (the row strides stay K's), the
+      // partial y to part + z M N; the same row tiles in each (the arrival counters are per row tile). Tile order:
+      // row tile major (interleave; t0 unused) or slice major.
+      const TernaryDev& d = outs[0];
+      const int64_t ks = a.K, tiles = (d.N + tr - 1) / tr;
+      for (int z = 0; z < split; ++z) {
+        a.o[z] = {d.words + z * ks / 16, d.scales + z * ks / 128, part + z * M * d.N, d.N, z * tiles, z * ks};
+      }
+      a.n_outs = split;
+      a.tiles = split * tiles;
+    } else {
+      for (int i = 0; i < n_outs; ++i) {
+        a.o[i] = {outs[i].words, outs[i].scales, outs[i].y, outs[i].N, t0, 0};
+        t0 += (outs[i].N + tr - 1) / tr;
+      }
+      a.tiles = t0;
     }
-    a.tiles = t0;
-    // Warps: NW <= min(S, 20) with the fewest idle step slots per tile (S = 20 -> 20, 24 -> 12, 68 -> 17).
-    const int64_t S = (K / 128 + 1) / 2;
-    int nw = int(std::min<int64_t>(S, kLsMaxWarps));
-    double best = -1;
-    for (int n = nw; n >= std::min(nw, 12); --n) {
-      const double eff = double(S) / double(n * ((S + n - 1) / n));
-      if (eff > best + 1e-9) best = eff, nw = n;
-    }
+    const int64_t S = (a.K / 128 + 1) / 2;
+    const int nw = mv6_lockstep_warps(S);
     const void* f = lv == 2 ? (cfg == 5 ? reinterpret_cast<const void*>(&matvec6l_kernel<2, 1, 4>)
                                : cfg == 6 ? reinterpret_cast<const void*>(&matvec6l_kernel<2, 2, 2>)
                                           : reinterpret_cast<const void*>(&matvec6l_kernel<2, 1, 3>))
                             : (cfg == 5 ? reinterpret_cast<const void*>(&matvec6l_kernel<1, 1, 4>)
                                : cfg == 6 ? reinterpret_cast<const void*>(&matvec6l_kernel<1, 2, 2>)
                                           : reinterpret_cast<const void*>(&matvec6l_kernel<1, 1, 3>));
+    if (a.split > 1)
+      f = lv == 2 ? (cfg == 5 ? reinterpret_cast<const void*>(&matvec6l_kernel<2, 1, 4, true>)
+                     : cfg == 6 ? reinterpret_cast<const void*>(&matvec6l_kernel<2, 2, 2, true>)
+                                : reinterpret_cast<const void*>(&matvec6l_kernel<2, 1, 3, true>))
+                  : (cfg == 5 ? reinterpret_cast<const void*>(&matvec6l_kernel<1, 1, 4, true>)
+                     : cfg == 6 ? reinterpret_cast<const void*>(&matvec6l_kernel<1, 2, 2, true>)
+                                : reinterpret_cast<const void*>(&matvec6l_kernel<1, 1, 3, true>));
     const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(sms, a.tiles));
     return make_launch(f, dim3(unsigned(blocks)), dim3(unsigned(32 * nw)), 0, a);
   }
@@ -587,7 +746,7 @@ Launch matvec6_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_
   const int64_t tr = 16 * c.rb;  // rows per tile
   int64_t t0 = 0;
   for (int i = 0; i < n_outs; ++i) {
-    a.o[i] = {outs[i].words, outs[i].scales, outs[i].y, outs[i].N, t0};
+    a.o[i] = {outs[i].words, outs[i].scales, outs[i].y, outs[i].N, t0, 0};
     t0 += (outs[i].N + tr - 1) / tr;
   }
   a.tiles = t0;
