@@ -1122,7 +1122,7 @@ void CudaBackend::attention(const float* q, const float* k_cache, const float* v
   d.D = D;
   d.splits = S;
   d.scale = scale;
-  d.pairs = I.opt.attn_pairs == 1 ? 1 : 2;
+  d.pairs = I.opt.attn_pairs == 2 ? 2 : 1;
   // Round 8b: 32 x 32 tiles for a prefill chunk (BONSAI_CUDA_ATTN=1 keeps the flash-decoding kernel); 4 rows per
   // thread by default (pp2048 3,828 vs 3,796 tok/s for 2, same run; docs/cuda-kernels.md round 8b).
   if (M > 1 && (I.opt.attn >= 2 || (I.opt.attn == 0 && M >= 16))) {
@@ -1349,7 +1349,7 @@ void CudaBackend::attention_rows(const float* q, const float* const* k_caches, c
   d.D = D;
   d.splits = S;
   d.scale = scale;
-  d.pairs = I.opt.attn_pairs == 1 ? 1 : 2;
+  d.pairs = I.opt.attn_pairs == 2 ? 2 : 1;
   d.rows = &t;
   I.emit_attention(d);
 }

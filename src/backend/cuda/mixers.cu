@@ -76,7 +76,10 @@ __global__ __launch_bounds__(kAttnWarps * 32) void attention_kernel(const Args a
   }
   // K/V rows one step ahead (the loop is latency-bound at decode: few blocks, dependent math). A warp step takes
   // positions t + j W (j < P, W warps).
-  float kn[P][kAttnE], vn[P][kAttnE];
+  // Zero-filled: a position slot past the split's end is never loaded, and its p = 0 must not meet a garbage
+  // register (0 x NaN); later slots past the end hold the last (finite) rows. Found on the H200 (round 9: M = 1
+  // decode logits NaN with P = 2 before this).
+  float kn[P][kAttnE] = {}, vn[P][kAttnE] = {};
   auto load_kv = [&](int64_t t, int j) {
     const float* kr = kc + (t * a.Hkv + kvh) * a.D;
     const float* vr = vc + (t * a.Hkv + kvh) * a.D;
@@ -133,7 +136,8 @@ __global__ __launch_bounds__(kAttnWarps * 32) void attention_kernel(const Args a
         for (int e = 0; e < kAttnE; ++e) {
           float av = acc[hh][e] * corr + p[0] * vv[0][e];
 #pragma unroll
-          for (int j = 1; j < P; ++j) av += p[j] * vv[j][e];
+          for (int j = 1; j < P; ++j)
+            if (valid[j]) av += p[j] * vv[j][e];
           acc[hh][e] = av;
         }
         mx[hh] = mn;
