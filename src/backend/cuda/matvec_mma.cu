@@ -91,6 +91,43 @@ struct Mv6Stage {
   uint32_t sc2[RB];      // q8 only: group 2s + 1
 };
 
+// One step of a tile (both kernels): for each row block, the 16 mmas of the 4 words x 4 code positions (Horner
+// over j: the accumulator >> 2 between positions is exact, a multiple of 4), then the per-group combine
+// y += d_w u (sum(c Q) - S) into the rows g (yg) and g + 8 (yg8). Zero scales (a missing group or row) add nothing.
+// X: the lane's 4 transposed activation words; xv0 / xv1: {u, S, u, S} of its accumulator groups.
+template <int LV, int RB>
+__device__ __forceinline__ void mv6_step(const Mv6Stage<RB>& st, const uint4 (&X)[4], const float4& xv0, const float4& xv1,
+                                         float (&yg)[RB], float (&yg8)[RB]) {
+#pragma unroll
+  for (int b = 0; b < RB; ++b) {
+    int c[4] = {0, 0, 0, 0};
+    const uint32_t wa[4] = {st.wa[b].x, st.wa[b].y, st.wa[b].z, st.wa[b].w};
+    const uint32_t wb[4] = {st.wb[b].x, st.wb[b].y, st.wb[b].z, st.wb[b].w};
+#pragma unroll
+    for (int j = 3; j >= 0; --j) {
+      const uint32_t m = 0x03030303u << (2 * j);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) mma16_u8s8(c, wa[q] & m, wb[q] & m, comp(X[q], j));
+      if (j > 0)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) c[i] >>= 2;
+    }
+    const float2 dw = __half22float2(*reinterpret_cast<const __half2*>(&st.sc[b]));
+    if constexpr (LV == 2) {
+      const float S2 = xv0.y + xv0.w;
+      yg[b] += dw.x * xv0.x * (float(c[0] * 254 + c[1]) - S2);
+      yg8[b] += dw.y * xv0.x * (float(c[2] * 254 + c[3]) - S2);
+    } else {
+      const float S0 = xv0.y + xv0.w, S1 = xv1.y + xv1.w;
+      const float2 dw1 = __half22float2(*reinterpret_cast<const __half2*>(&st.sc2[b]));
+      yg[b] += dw.x * xv0.x * (float(c[0]) - S0);
+      yg8[b] += dw.y * xv0.x * (float(c[2]) - S0);
+      yg[b] += dw1.x * xv1.x * (float(c[1]) - S1);
+      yg8[b] += dw1.y * xv1.x * (float(c[3]) - S1);
+    }
+  }
+}
+
 // LV digits per activation element (2: q16, 1: q8), RB row blocks of 16 per tile (they share the B loads
 // and the loop), D steps in flight per warp, NW warps per block.
 template <int LV, int RB, int D, int NW>
@@ -261,35 +298,7 @@ __global__ __launch_bounds__(NW * 32, 1) void matvec6_kernel(const Mv6Args a) {
           xv0 = xd[LV == 2 ? 2 * cs + (t & 1) : 2 * cs];
           if (LV == 1 && 2 * cs + 1 < G) xv1 = xd[2 * cs + 1];
         }
-#pragma unroll
-        for (int b = 0; b < RB; ++b) {
-          int c[4] = {0, 0, 0, 0};
-          const uint32_t wa[4] = {st.wa[b].x, st.wa[b].y, st.wa[b].z, st.wa[b].w};
-          const uint32_t wb[4] = {st.wb[b].x, st.wb[b].y, st.wb[b].z, st.wb[b].w};
-#pragma unroll
-          for (int j = 3; j >= 0; --j) {
-            const uint32_t m = 0x03030303u << (2 * j);
-#pragma unroll
-            for (int q = 0; q < 4; ++q) mma16_u8s8(c, wa[q] & m, wb[q] & m, comp(X[q], j));
-            if (j > 0)
-#pragma unroll
-              for (int i = 0; i < 4; ++i) c[i] >>= 2;  // exact: a multiple of 4
-          }
-          // Per group: y += d_w u (sum(c Q) - S). Zero scales (a missing group or row) add nothing.
-          const float2 dw = __half22float2(*reinterpret_cast<const __half2*>(&st.sc[b]));
-          if constexpr (LV == 2) {
-            const float S2 = xv0.y + xv0.w;
-            yg[b] += dw.x * xv0.x * (float(c[0] * 254 + c[1]) - S2);
-            yg8[b] += dw.y * xv0.x * (float(c[2] * 254 + c[3]) - S2);
-          } else {
-            const float S0 = xv0.y + xv0.w, S1 = xv1.y + xv1.w;
-            const float2 dw1 = __half22float2(*reinterpret_cast<const __half2*>(&st.sc2[b]));
-            yg[b] += dw.x * xv0.x * (float(c[0]) - S0);
-            yg8[b] += dw.y * xv0.x * (float(c[2]) - S0);
-            yg[b] += dw1.x * xv1.x * (float(c[1]) - S1);
-            yg8[b] += dw1.y * xv1.x * (float(c[3]) - S1);
-          }
-        }
+        mv6_step<LV, RB>(st, X, xv0, xv1, yg, yg8);
         issue(ring[s]);  // refill: the step D ahead
         const bool last = base + s + 1 == x1;
         if (++cs == S || last) {
@@ -504,34 +513,7 @@ __global__ __launch_bounds__(kLsMaxWarps * 32, 1) void matvec6l_kernel(const Mv6
       if (base + s < total) {
         const Mv6Stage<RB>& st = ring[s];
         if (!hoist) load_b(cs);
-#pragma unroll
-        for (int b = 0; b < RB; ++b) {
-          int c[4] = {0, 0, 0, 0};
-          const uint32_t wa[4] = {st.wa[b].x, st.wa[b].y, st.wa[b].z, st.wa[b].w};
-          const uint32_t wb[4] = {st.wb[b].x, st.wb[b].y, st.wb[b].z, st.wb[b].w};
-#pragma unroll
-          for (int j = 3; j >= 0; --j) {
-            const uint32_t m = 0x03030303u << (2 * j);
-#pragma unroll
-            for (int q = 0; q < 4; ++q) mma16_u8s8(c, wa[q] & m, wb[q] & m, comp(X[q], j));
-            if (j > 0)
-#pragma unroll
-              for (int i = 0; i < 4; ++i) c[i] >>= 2;
-          }
-          const float2 dw = __half22float2(*reinterpret_cast<const __half2*>(&st.sc[b]));
-          if constexpr (LV == 2) {
-            const float S2 = xv0.y + xv0.w;
-            yg[b] += dw.x * xv0.x * (float(c[0] * 254 + c[1]) - S2);
-            yg8[b] += dw.y * xv0.x * (float(c[2] * 254 + c[3]) - S2);
-          } else {
-            const float S0 = xv0.y + xv0.w, S1 = xv1.y + xv1.w;
-            const float2 dw1 = __half22float2(*reinterpret_cast<const __half2*>(&st.sc2[b]));
-            yg[b] += dw.x * xv0.x * (float(c[0]) - S0);
-            yg8[b] += dw.y * xv0.x * (float(c[2]) - S0);
-            yg[b] += dw1.x * xv1.x * (float(c[1]) - S1);
-            yg8[b] += dw1.y * xv1.x * (float(c[3]) - S1);
-          }
-        }
+        mv6_step<LV, RB>(st, X, xv0, xv1, yg, yg8);
         issue(ring[s]);
         cs += NW;
         if (cs >= S) {  // this warp's part of tile ct is done
