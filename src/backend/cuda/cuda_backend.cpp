@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -1464,7 +1465,10 @@ CudaBackend::Options CudaBackend::options() const { return p_->opt; }
 CudaBackend::Stats CudaBackend::stats() const { return p_->st; }
 
 namespace {
-// "_ZN6bonsai4cuda<anon ns>11site_kernelENS1_8SiteArgsE" -> "site_kernel": the function's own name, at most 44 chars.
+// "_ZN6bonsai4cuda<anon ns>11site_kernelENS1_8SiteArgsE" -> "site_kernel": the last name of the mangled nested
+// name; a template keeps its arguments up to the first 'E' ("matvec6l_kernelILi2"), so instantiations stay apart.
+// At most 44 chars. (A list of known names matched by substring mislabelled head_norm_kernel as norm_kernel and
+// conv_dense_kernel as dense_kernel.)
 std::string short_kernel_name(const void* func) {
   const char* name = nullptr;
   if (cudaFuncGetName(&name, func) != cudaSuccess || !name) {
@@ -1472,17 +1476,16 @@ std::string short_kernel_name(const void* func) {
     name = "?";
   }
   std::string n = name;
-  for (const char* k : {"site_warp_kernel", "site_kernel", "matvec6l_kernel", "matvec6_kernel", "matvec_kernel",
-                        "gemm3_kernel", "gemm2_kernel", "gemm_kernel", "norm_kernel", "head_norm_kernel", "rope_kernel",
-                        "ew_kernel", "copy4_kernel", "copy_kernel", "embed_kernel", "dense_tile_kernel", "dense_kernel",
-                        "conv_seq_kernel", "conv_kernel", "gates_kernel", "argmax_rows_kernel", "argmax_kernel",
-                        "top_k_kernel", "splitk_sum_kernel", "probe_kernel", "kv_rows_kernel", "attn_prefill_kernel",
-                        "attention_kernel", "attn_prep_kernel", "delta_prep_kernel", "delta_scan_kernel", "delta_kernel",
-                        "matvec_batch_kernel", "site_kernel_cluster"})
-    if (const size_t at = n.find(k); at != std::string::npos) {
-      n = n.substr(at, n.find('E', at) - at);
-      break;
+  if (n.rfind("_ZN", 0) == 0) {
+    size_t i = 3, last = std::string::npos;  // last: where the last <length><identifier> starts its identifier
+    while (i < n.size() && std::isdigit(static_cast<unsigned char>(n[i]))) {
+      size_t len = 0;
+      while (i < n.size() && std::isdigit(static_cast<unsigned char>(n[i]))) len = len * 10 + size_t(n[i++] - '0');
+      last = i;
+      i += len;
     }
+    if (last < n.size()) n = n.substr(last, n.find('E', last) - last);
+  }
   return n.size() > 44 ? n.substr(0, 44) : n;
 }
 }  // namespace
