@@ -570,6 +570,19 @@ TEST(CudaOps, ConvAndDenseShareALaunchAtDecode) {
   EXPECT_EQ(launches[1] + 1, launches[0]);
 }
 
+// The delta rule's inputs as the forward prepares them, on the reference ops: q and k l2-normalised per head (in
+// place) and q times the returned 1/sqrt(Dk); g, beta [T, Nv] from the gates.
+float ref_delta_inputs(std::vector<float>& q, std::vector<float>& k, const std::vector<float>& a,
+                       const std::vector<float>& b, const std::vector<float>& A, const std::vector<float>& dtb,
+                       int64_t T, int64_t Nk, int64_t Nv, int64_t Dk, std::vector<float>& g, std::vector<float>& beta) {
+  ref::l2norm_heads(q.data(), T * Nk, Dk, 1e-6f);
+  ref::l2norm_heads(k.data(), T * Nk, Dk, 1e-6f);
+  const float qs = float(1.0 / std::sqrt(double(Dk)));
+  for (auto& x : q) x *= qs;
+  ref::gdn_gates(a.data(), b.data(), A.data(), dtb.data(), T, Nv, g.data(), beta.data());
+  return qs;
+}
+
 // The delta rule alone, and fused with the ops the forward issues before it (l2norm q, l2norm k, q scale,
 // gates): against ref::gdn_recurrent after the same ref ops.
 TEST(CudaOps, DeltaRuleAloneAndFused) {
@@ -588,11 +601,7 @@ TEST(CudaOps, DeltaRuleAloneAndFused) {
                  dtb = randn(size_t(c.Nv), 8);
       auto q = q0, k = k0, st = s0;
       std::vector<float> g(a.size()), beta(a.size()), want(nv);
-      ref::l2norm_heads(q.data(), c.T * c.Nk, c.Dk, 1e-6f);
-      ref::l2norm_heads(k.data(), c.T * c.Nk, c.Dk, 1e-6f);
-      const float qs = float(1.0 / std::sqrt(double(c.Dk)));
-      for (auto& x : q) x *= qs;
-      ref::gdn_gates(a.data(), b.data(), A.data(), dtb.data(), c.T, c.Nv, g.data(), beta.data());
+      const float qs = ref_delta_inputs(q, k, a, b, A, dtb, c.T, c.Nk, c.Nv, c.Dk, g, beta);
       ref::gdn_recurrent(st.data(), q.data(), k.data(), v.data(), g.data(), beta.data(), c.T, c.Nk, c.Nv, c.Dk, c.Dv,
                          want.data());
 
@@ -643,11 +652,7 @@ TEST(CudaOps, DeltaRuleChunkedMatchesRecurrent) {
                    A = uniform(size_t(c.Nv), seed++, -2.f, -0.1f), dtb = randn(size_t(c.Nv), seed++);
         auto q = q0, k = k0, st = s0;
         std::vector<float> g(a.size()), beta(a.size()), want(nv);
-        ref::l2norm_heads(q.data(), c.T * c.Nk, c.Dk, 1e-6f);
-        ref::l2norm_heads(k.data(), c.T * c.Nk, c.Dk, 1e-6f);
-        const float qs = float(1.0 / std::sqrt(double(c.Dk)));
-        for (auto& x : q) x *= qs;
-        ref::gdn_gates(a.data(), b.data(), A.data(), dtb.data(), c.T, c.Nv, g.data(), beta.data());
+        const float qs = ref_delta_inputs(q, k, a, b, A, dtb, c.T, c.Nk, c.Nv, c.Dk, g, beta);
         ref::gdn_recurrent(st.data(), q.data(), k.data(), v.data(), g.data(), beta.data(), c.T, c.Nk, c.Nv, c.Dk,
                            c.Dv, want.data());
 
@@ -708,11 +713,7 @@ TEST(CudaOps, DeltaRuleReadsQkvInPlaceFromTheConvOutput) {
       std::copy_n(conv.begin() + t * C + KD, KD, k.begin() + t * KD);
       std::copy_n(conv.begin() + t * C + 2 * KD, VD, v.begin() + t * VD);
     }
-    ref::l2norm_heads(q.data(), T * Nk, Dk, 1e-6f);
-    ref::l2norm_heads(k.data(), T * Nk, Dk, 1e-6f);
-    const float qs = float(1.0 / std::sqrt(double(Dk)));
-    for (auto& x : q) x *= qs;
-    ref::gdn_gates(a.data(), b.data(), A.data(), dtb.data(), T, Nv, g.data(), beta.data());
+    const float qs = ref_delta_inputs(q, k, a, b, A, dtb, T, Nk, Nv, Dk, g, beta);
     if (c.rows) {
       for (int64_t m = 0; m < T; ++m)
         ref::gdn_recurrent(st.data() + m * Nv * Dk * Dv, q.data() + m * KD, k.data() + m * KD, v.data() + m * VD,
