@@ -18,6 +18,41 @@
 using namespace bonsai;
 using namespace bonsai::cudatest;
 
+namespace {
+
+// What one site run gives: the fp32 site, the producer's own output, the linear's output, the inverse transform.
+struct SiteRun {
+  std::vector<float> site, prod, y, inv;
+};
+
+// On `be`: the producer op `kind` (0 silu*up, 1 x*sigmoid(g), 2 gated norm over Dv, 3 none, 4 gather) of a, b
+// [rows, K], then copy / permute -> sign + FWHT (block n) -> the linear over w that reads it, then the inverse.
+SiteRun run_site(CudaBackend& be, int kind, TernaryMatrix& w, const std::vector<int8_t>& s,
+                 const std::vector<int32_t>& perm, const std::vector<float>& gain, const std::vector<float>& a,
+                 const std::vector<float>& b, int64_t rows, int64_t K, int64_t Dv, int64_t n) {
+  be.prepare_matrix(w);
+  Buffer sd = up_bytes(be, s), pd = up_bytes(be, perm), gd = up(be, gain);
+  const auto* sp = reinterpret_cast<const int8_t*>(sd.data());
+  Buffer da = up(be, a), db = up(be, b), st = poisoned(be, size_t(rows * K)), yd = poisoned(be, size_t(rows * w.rows));
+  if (kind == 0) be.silu_mul(da.data(), db.data(), rows * K, da.data());
+  if (kind == 1) be.sigmoid_gate_mul(da.data(), db.data(), rows * K);
+  if (kind == 2) be.gated_rmsnorm(da.data(), db.data(), gd.data(), rows * K / Dv, Dv, 1e-6f, da.data());
+  if (kind == 4) be.permute_cols(da.data(), rows, K, reinterpret_cast<const int32_t*>(pd.data()), st.data());
+  else be.copy_rows(st.data(), K, da.data(), K, rows, K);
+  be.hadamard_forward(st.data(), rows, K, sp, n);
+  const LinearOut out{&w, yd.data()};
+  be.linear(&out, 1, K, st.data(), rows);
+  SiteRun r;
+  r.site = down(be, st);
+  r.prod = down(be, da);
+  r.y = down(be, yd);
+  be.hadamard_inverse(st.data(), rows, K, sp, n);
+  r.inv = down(be, st);
+  return r;
+}
+
+}  // namespace
+
 TEST(CudaSite, WarpSiteEqualsTheBlockSiteKernel) {
   BONSAI_REQUIRE_GPU();
   const int64_t rows = 70, K = 3072, Dv = 128;
@@ -35,38 +70,19 @@ TEST(CudaSite, WarpSiteEqualsTheBlockSiteKernel) {
     CudaBackend warp(on), block(off);
     for (int64_t n : {int64_t(1024), int64_t(128), int64_t(16)})
       for (int kind = 0; kind < 5; ++kind) {  // silu*up, x*sigmoid(g), gated norm, plain rotate, gather + rotate
-        std::vector<float> site[2], prod[2], y[2], inv[2];
-        for (CudaBackend* be : {&warp, &block}) {
-          be->prepare_matrix(w);
-          Buffer sd = up_bytes(*be, s), pd = up_bytes(*be, perm), gd = up(*be, gain);
-          const auto* sp = reinterpret_cast<const int8_t*>(sd.data());
-          Buffer da = up(*be, a), db = up(*be, b), st = poisoned(*be, size_t(rows * K)), yd = poisoned(*be, size_t(rows * w.rows));
-          if (kind == 0) be->silu_mul(da.data(), db.data(), rows * K, da.data());
-          if (kind == 1) be->sigmoid_gate_mul(da.data(), db.data(), rows * K);
-          if (kind == 2) be->gated_rmsnorm(da.data(), db.data(), gd.data(), rows * K / Dv, Dv, 1e-6f, da.data());
-          if (kind == 4) be->permute_cols(da.data(), rows, K, reinterpret_cast<const int32_t*>(pd.data()), st.data());
-          else be->copy_rows(st.data(), K, da.data(), K, rows, K);
-          be->hadamard_forward(st.data(), rows, K, sp, n);
-          const LinearOut out{&w, yd.data()};
-          be->linear(&out, 1, K, st.data(), rows);
-          const size_t i = be == &block;
-          site[i] = down(*be, st);
-          prod[i] = down(*be, da);
-          y[i] = down(*be, yd);
-          be->hadamard_inverse(st.data(), rows, K, sp, n);
-          inv[i] = down(*be, st);
-        }
+        const SiteRun r[2] = {run_site(warp, kind, w, s, perm, gain, a, b, rows, K, Dv, n),
+                              run_site(block, kind, w, s, perm, gain, a, b, rows, K, Dv, n)};
         const std::string what = "levels " + std::to_string(levels) + " n " + std::to_string(n) + " kind " + std::to_string(kind);
         if (kind == 2) {
-          EXPECT_LE(rel_err(site[0], site[1]), 1e-5) << what;
-          EXPECT_LE(rel_err(y[0], y[1]), 1e-3) << what;
-          EXPECT_LE(rel_err(inv[0], inv[1]), 1e-5) << what;
+          EXPECT_LE(rel_err(r[0].site, r[1].site), 1e-5) << what;
+          EXPECT_LE(rel_err(r[0].y, r[1].y), 1e-3) << what;
+          EXPECT_LE(rel_err(r[0].inv, r[1].inv), 1e-5) << what;
         } else {
-          EXPECT_EQ(site[0], site[1]) << what;
-          EXPECT_EQ(y[0], y[1]) << what;
-          EXPECT_EQ(inv[0], inv[1]) << what;
+          EXPECT_EQ(r[0].site, r[1].site) << what;
+          EXPECT_EQ(r[0].y, r[1].y) << what;
+          EXPECT_EQ(r[0].inv, r[1].inv) << what;
         }
-        EXPECT_LE(rel_err(prod[0], prod[1]), kind == 2 ? 1e-5 : 0.0) << what << " (producer output)";
+        EXPECT_LE(rel_err(r[0].prod, r[1].prod), kind == 2 ? 1e-5 : 0.0) << what << " (producer output)";
       }
   }
   // The switch decides, and small row counts keep the block kernel.
@@ -173,31 +189,13 @@ TEST(CudaSite, TransposedStagesEqualSharedMemoryStages) {
         for (const int64_t n : {int64_t(1024), int64_t(256), int64_t(64), int64_t(16)}) {
           if (K % n != 0) continue;
           for (int kind = 0; kind < 5; ++kind) {  // silu*up, x*sigmoid(g), gated norm, plain rotate, gather + rotate
-            std::vector<float> site[2], y[2], inv[2];
-            for (CudaBackend* be : {&xp, &sm}) {
-              be->prepare_matrix(w);
-              Buffer sd = up_bytes(*be, s), pd = up_bytes(*be, perm), gd = up(*be, gain);
-              const auto* sp = reinterpret_cast<const int8_t*>(sd.data());
-              Buffer da = up(*be, a), db = up(*be, b), st = poisoned(*be, size_t(rows * K)), yd = poisoned(*be, size_t(rows * w.rows));
-              if (kind == 0) be->silu_mul(da.data(), db.data(), rows * K, da.data());
-              if (kind == 1) be->sigmoid_gate_mul(da.data(), db.data(), rows * K);
-              if (kind == 2) be->gated_rmsnorm(da.data(), db.data(), gd.data(), rows * K / Dv, Dv, 1e-6f, da.data());
-              if (kind == 4) be->permute_cols(da.data(), rows, K, reinterpret_cast<const int32_t*>(pd.data()), st.data());
-              else be->copy_rows(st.data(), K, da.data(), K, rows, K);
-              be->hadamard_forward(st.data(), rows, K, sp, n);
-              const LinearOut out{&w, yd.data()};
-              be->linear(&out, 1, K, st.data(), rows);
-              const size_t i = be == &sm;
-              site[i] = down(*be, st);
-              y[i] = down(*be, yd);
-              be->hadamard_inverse(st.data(), rows, K, sp, n);
-              inv[i] = down(*be, st);
-            }
+            const SiteRun r[2] = {run_site(xp, kind, w, s, perm, gain, a, b, rows, K, Dv, n),
+                                  run_site(sm, kind, w, s, perm, gain, a, b, rows, K, Dv, n)};
             const std::string what = "xpose " + std::to_string(xpose) + " K " + std::to_string(K) + " rows " +
                                      std::to_string(rows) + " n " + std::to_string(n) + " kind " + std::to_string(kind);
-            EXPECT_EQ(site[0], site[1]) << what;
-            EXPECT_EQ(y[0], y[1]) << what;
-            EXPECT_EQ(inv[0], inv[1]) << what;
+            EXPECT_EQ(r[0].site, r[1].site) << what;
+            EXPECT_EQ(r[0].y, r[1].y) << what;
+            EXPECT_EQ(r[0].inv, r[1].inv) << what;
           }
         }
       }
