@@ -257,10 +257,11 @@ TEST(CudaModel, BatchedStepMatchesEachSequenceAlone) {
   for (auto& t : next) t = int32_t(rng() % uint32_t(V));
 
   // logits [steps, B, V] of the batched run (graphs on / off) and of each sequence alone
-  auto run = [&](bool batched, bool graphs, bool exact) {
+  auto run = [&](bool batched, bool graphs, bool exact, int pairs) {
     CudaBackend::Options o;
     o.graphs = graphs;
     o.exact = exact;
+    o.attn_pairs = pairs;
     CudaBackend be(o);
     Decoder dec(m, be);
     std::vector<DecoderState> st;
@@ -284,9 +285,15 @@ TEST(CudaModel, BatchedStepMatchesEachSequenceAlone) {
     }
     return out;
   };
+  // both decode-attention loops (Options::attn_pairs 1 and 2: one or two key positions per warp step)
+  for (const int pairs : {1, 2})
   for (const bool exact : {true, false}) {
-    const auto alone = run(false, true, exact), batch = run(true, true, exact), batch_eager = run(true, false, exact);
+    const auto alone = run(false, true, exact, pairs), batch = run(true, true, exact, pairs),
+               batch_eager = run(true, false, exact, pairs);
     EXPECT_EQ(batch, batch_eager);
+    // a NaN would slip through the max |dlogit| below (std::max drops it)
+    EXPECT_TRUE(std::all_of(alone.begin(), alone.end(), [](float x) { return std::isfinite(x); })) << "pairs " << pairs;
+    EXPECT_TRUE(std::all_of(batch.begin(), batch.end(), [](float x) { return std::isfinite(x); })) << "pairs " << pairs;
     double scale = 0, worst = 0;
     int argmax_same = 0;
     for (int64_t r = 0; r < steps * B; ++r) {
@@ -298,8 +305,8 @@ TEST(CudaModel, BatchedStepMatchesEachSequenceAlone) {
       }
       argmax_same += std::max_element(a, a + V) - a == std::max_element(b, b + V) - b;
     }
-    std::printf("[tiny batched vs alone, %s] B %lld x %lld steps: max|dlogit| %.6f (%.4f%% of %.2f), argmax %d/%lld\n",
-                exact ? "exact" : "q16", (long long)B, (long long)steps, worst, 100.0 * worst / scale, scale,
+    std::printf("[tiny batched vs alone, %s, attention pairs %d] B %lld x %lld steps: max|dlogit| %.6f (%.4f%% of %.2f), argmax %d/%lld\n",
+                exact ? "exact" : "q16", pairs, (long long)B, (long long)steps, worst, 100.0 * worst / scale, scale,
                 argmax_same, (long long)(steps * B));
     // exact (fp32 activations): summation order only; q16: rounding flips cascade as in walk vs chunk
     EXPECT_LE(worst, (exact ? 1e-3 : 0.001) * scale) << (exact ? "exact" : "q16");

@@ -390,9 +390,13 @@ TEST(CudaOps, RopeNeoxAtLargePositions) {
 
 TEST(CudaOps, AttentionDecodeAndPrefill) {
   BONSAI_REQUIRE_GPU();
-  for (int pairs : {2, 1}) {  // decode: two key positions per warp step (default) and one (round 6)
+  // decode: two key positions per warp step (Options::attn_pairs) and one (round 6); query heads spread over
+  // more blocks at short contexts (Options::attn_hsplit 0: G / hsplit heads per block) and not (1)
+  for (int pairs : {2, 1})
+  for (int hsplit : {0, 1}) {
     CudaBackend::Options opt;
     opt.attn_pairs = pairs;
+    opt.attn_hsplit = hsplit;
     CudaBackend be(opt);
     struct Case {
       int64_t M, p0, Hq, Hkv, D;
@@ -401,7 +405,9 @@ TEST(CudaOps, AttentionDecodeAndPrefill) {
                  {33, 600, 8, 1, 96},
                  // decode with 24 splits (between the prefill cap of 16 and the decode cap of 32); a prefill
                  // chunk at a long context (16 splits, the prefill cap)
-                 {1, 1500, 24, 4, 256}, {40, 5000, 12, 2, 128}};
+                 {1, 1500, 24, 4, 256}, {40, 5000, 12, 2, 128},
+                 // head splits of 3 (11 splits x 4 KV heads x 3 <= 132 SMs) and 2 (15 splits); G = 5 (split 5)
+                 {1, 700, 24, 4, 256}, {1, 900, 24, 4, 256}, {1, 37, 20, 4, 128}};
     for (const Case& c : cases) {
       const int64_t T = c.p0 + c.M;
       const auto q = randn(size_t(c.M * c.Hq * c.D), 1), k = randn(size_t(T * c.Hkv * c.D), 2),
@@ -413,10 +419,10 @@ TEST(CudaOps, AttentionDecodeAndPrefill) {
       Buffer dq = up(be, q), dk = up(be, k), dv = up(be, v), o = poisoned(be, q.size());
       be.attention(dq.data(), dk.data(), dv.data(), c.M, c.p0, c.Hq, c.Hkv, c.D, scale, o.data());
       EXPECT_LE(rel_err(down(be, o), want), 2e-5)
-          << "M " << c.M << " p0 " << c.p0 << " Hq " << c.Hq << " pairs " << pairs;
+          << "M " << c.M << " p0 " << c.p0 << " Hq " << c.Hq << " pairs " << pairs << " hsplit " << hsplit;
       // twice: the split counters must have been left at zero
       be.attention(dq.data(), dk.data(), dv.data(), c.M, c.p0, c.Hq, c.Hkv, c.D, scale, o.data());
-      EXPECT_LE(rel_err(down(be, o), want), 2e-5) << "second call, pairs " << pairs;
+      EXPECT_LE(rel_err(down(be, o), want), 2e-5) << "second call, pairs " << pairs << " hsplit " << hsplit;
     }
   }
 }

@@ -64,9 +64,14 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
     return !(e[0] == '0' && e[1] == 0);
   };
   o.exact = flag("BONSAI_CUDA_EXACT", o.exact);
+  if (const char* e = std::getenv("BONSAI_CUDA_SKIP"); e && *e) {
+    o.skip = e;
+    std::fprintf(stderr, "BONSAI_CUDA_SKIP=%s: those kernels are not launched; timings only, the results are wrong\n", e);
+  }
   o.fuse_norm = flag("BONSAI_CUDA_FUSE_NORM", o.fuse_norm);
   o.attn_prep = flag("BONSAI_CUDA_ATTN_PREP", o.attn_prep);
   if (const char* e = std::getenv("BONSAI_CUDA_ATTN_PAIRS"); e && *e) o.attn_pairs = std::atoi(e);
+  if (const char* e = std::getenv("BONSAI_CUDA_ATTN_HSPLIT"); e && *e) o.attn_hsplit = std::atoi(e);
   o.conv_dense = flag("BONSAI_CUDA_CONV_DENSE", o.conv_dense);
   o.graphs = flag("BONSAI_CUDA_GRAPHS", o.graphs);
   o.pdl = flag("BONSAI_CUDA_PDL", o.pdl);
@@ -122,6 +127,10 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
 
 struct CudaBackend::Impl {
   struct DevMatrix {
+namespace {
+std::string short_kernel_name(const void* func);
+}  // namespace
+
     const uint32_t* words = nullptr;   // u32 [N, K/16]
     const uint16_t* scales = nullptr;  // fp16 [N, K/128]
     int64_t N = 0, K = 0;
@@ -194,6 +203,28 @@ struct CudaBackend::Impl {
 
   // A one-row site that produces the int8 activation, held back so the M = 1 matvec that consumes it
   // can compute it as its prologue (Options::fuse_site); any other op launches it first (flush_pending).
+  std::map<std::pair<const void*, int>, bool> skip_cache;        // Options::skip: (func, site pre-op) -> not launched
+
+  // A prefix "name@P" skips only site_kernel launches whose pre-op (PreOp) is P, e.g. site_kernel@1 (the SwiGLU sites).
+  bool skipped(const cuda::Launch& l) {
+    const int pre = cuda::site_launch_pre(l);
+    const auto key = std::make_pair(l.func, pre);
+    auto it = skip_cache.find(key);
+    if (it != skip_cache.end()) return it->second;
+    const std::string name = short_kernel_name(l.func);
+    bool skip = false;
+    for (size_t b = 0; b <= opt.skip.size();) {
+      size_t e = opt.skip.find(',', b);
+      if (e == std::string::npos) e = opt.skip.size();
+      std::string tok = opt.skip.substr(b, e - b);
+      const size_t at = tok.find('@');
+      const int want = at == std::string::npos ? -2 : std::atoi(tok.c_str() + at + 1);
+      if (at != std::string::npos) tok.resize(at);
+      if (!tok.empty() && name.rfind(tok, 0) == 0 && (want == -2 || want == pre)) skip = true;
+      b = e + 1;
+    }
+    return skip_cache[key] = skip;
+  }
   bool deferred_site = false;
   cuda::SiteDesc site_desc;
   bool recording = false;
@@ -352,6 +383,7 @@ struct CudaBackend::Impl {
       case PK::Scale: emit(cuda::scale_launch(p.dst, p.cols, p.f)); break;
       case PK::Gates: emit(cuda::gdn_gates_launch(p.src, p.src2, p.gain, p.gain2, p.rows, p.cols, p.dst, p.dst2)); break;
       case PK::Dense: emit(cuda::dense_launch(p.dense, p.n_dense, p.bf16, p.cols, p.src, p.rows)); break;
+    if (!opt.skip.empty() && skipped(l)) return;
       case PK::Norm:
         emit(p.dst2 ? cuda::add_rmsnorm_launch(p.dst2, p.src, p.rows, p.cols, p.gain, p.f, p.dst)
                     : cuda::rmsnorm_launch(p.src, p.rows, p.cols, p.gain, p.f, p.dst));
@@ -380,7 +412,7 @@ struct CudaBackend::Impl {
       const int64_t M = d.M, S = d.splits;
       d.part_o = static_cast<float*>(ensure(attn_o, size_t(M * d.Hq * S * d.D) * 4, "attention partials"));
       d.part_ml = static_cast<float*>(ensure(attn_ml, size_t(M * d.Hq * S * 2) * 4, "attention partials"));
-      d.counters = static_cast<int32_t*>(ensure(attn_cnt, size_t(M * d.Hkv) * 4, "attention counters", true));
+      d.counters = static_cast<int32_t*>(ensure(attn_cnt, size_t(M * d.Hq) * 4, "attention counters", true));  // [M, Hkv * hsplit <= Hq]
     }
     emit(cuda::attention_launch(d));
   }
@@ -1118,12 +1150,28 @@ void CudaBackend::attention(const float* q, const float* k_cache, const float* v
   d.out = out;
   d.M = M;
   d.p0 = p0;
+namespace {
+// Query heads of a KV head spread over hsplit blocks at decode (AttnDesc::hsplit; Options::attn_hsplit: 1 = off,
+// 0 = auto): the largest divisor of G that keeps splits x Hkv x hsplit blocks within one wave. At short contexts
+// (one split per 64 positions) the grid was Hkv = 4 blocks, each walking G = 6 heads per position serially
+// (17 us per layer at depth 0 on the H200, ncu); a long context already fills the SMs with splits (and more
+// blocks per KV head would re-read its K / V rows from DRAM).
+int attention_head_split(int opt, int64_t splits, int64_t Hkv, int64_t G, int sms) {
+  if (opt == 1) return 1;
+  int best = 1;
+  for (int h = 1; h <= G; ++h)
+    if (G % h == 0 && splits * Hkv * h <= sms) best = h;
+  return best;
+}
+}  // namespace
+
   d.Hq = Hq;
   d.Hkv = Hkv;
   d.D = D;
   d.splits = S;
   d.scale = scale;
-  d.pairs = I.opt.attn_pairs == 2 ? 2 : 1;
+  d.pairs = I.opt.attn_pairs == 1 ? 1 : 2;
+  if (M == 1) d.hsplit = attention_head_split(I.opt.attn_hsplit, S, Hkv, Hq / Hkv, I.prop.multiProcessorCount);
   // Round 8b: 32 x 32 tiles for a prefill chunk (BONSAI_CUDA_ATTN=1 keeps the flash-decoding kernel); 4 rows per
   // thread by default (pp2048 3,828 vs 3,796 tok/s for 2, same run; docs/cuda-kernels.md round 8b).
   if (M > 1 && (I.opt.attn >= 2 || (I.opt.attn == 0 && M >= 16))) {
@@ -1350,7 +1398,7 @@ void CudaBackend::attention_rows(const float* q, const float* const* k_caches, c
   d.D = D;
   d.splits = S;
   d.scale = scale;
-  d.pairs = I.opt.attn_pairs == 2 ? 2 : 1;
+  d.pairs = I.opt.attn_pairs == 1 ? 1 : 2;
   d.rows = &t;
   I.emit_attention(d);
 }

@@ -41,10 +41,12 @@ class CudaBackend final : public Backend {
     bool graphs = true;        // decode steps as CUDA graphs
     bool pdl = true;           // programmatic dependent launch between kernels
     bool fuse = true;          // peephole fusion of deferred ops
-    int attn_pairs = 1;        // decode attention: key positions per warp step, 1 (round 6) or 2 (two independent
-                               // reductions in flight: +3 % tg128 at depth 8192, -1 % at depth 0 on the H200, but
-                               // measured with a since-fixed uninitialised-register bug and not re-verified: opt-in,
-                               // docs/cuda-kernels.md round 9; BONSAI_CUDA_ATTN_PAIRS=1|2)
+    int attn_pairs = 2;        // decode attention: key positions per warp step, 2 (two independent reductions in
+                               // flight, round 10's default: +1.5-1.7 % tg at depths 4096 / 8192, even at depth 0 on
+                               // the H200) or 1 (round 6); docs/cuda-kernels.md rounds 9-10; BONSAI_CUDA_ATTN_PAIRS=1|2
+    int attn_hsplit = 0;       // decode attention (one sequence): 0 = its query heads spread over more blocks while the
+                               // splits leave SMs idle (attention_head_split in cuda_backend.cpp), 1 = one block per
+                               // KV head and split (round 6); BONSAI_CUDA_ATTN_HSPLIT=0|1
     bool conv_dense = true;    // a decode token's GDN conv and dense a/b pair in one launch (needs fuse;
                                // BONSAI_CUDA_CONV_DENSE=0: two)
     bool attn_prep = true;     // the attention prologue as one launch (attn_prep.cu; needs fuse; BONSAI_CUDA_ATTN_PREP=0:
@@ -114,6 +116,10 @@ class CudaBackend final : public Backend {
                                // elsewhere (v2 / v3 need sm_90a: 1 is used in their place); docs/cuda-kernels.md
                                // rounds 5 and 7; BONSAI_CUDA_GEMM=0|1|2|3
     int gemm2_wgs = 2;         // v2 warpgroups per block: 1 (64 rows, 3-4 blocks per SM) or 2 (128 rows, 1-2 per SM,
+    std::string skip;          // DIAGNOSTIC ONLY, wrong results: kernels whose short name (as the profile prints it) starts
+                               // with one of these comma-separated prefixes are not launched, so a graph-mode timing
+                               // without them measures what they cost on the decode chain (leave-one-out; PDL overlap
+                               // makes eager per-kernel times overstate it). BONSAI_CUDA_SKIP=site_kernel,delta_kernel
                                // 128-token tiles for M > 64); BONSAI_CUDA_GEMM2_WGS
     int gemm3_cvt = 1;         // v3's per-group int -> float: 1 = I2FP.F32.S32 (one instruction), 0 = the 1.5 x 2^23
                                // mantissa add (two); bit-identical results; 1 measured faster (H200 round 7: gate+up

@@ -55,6 +55,7 @@ struct SiteDesc {
                                  // thread reads its own element, quantised straight from the transpose; bit-identical
 };
 Launch site_launch(const SiteDesc& d);
+int site_launch_pre(const Launch& l);  // SiteArgs::pre of a site_kernel launch, else -1 (Options::skip's diagnostic)
 // The warp-per-chunk site for prefill rows (site_warp_kernel): rows >= this, K % 1024 == 0, n <= 1024, no
 // AddNorm pre-op, no gather with a pre-op, a power-of-two gated-norm segment in [32, 1024], 16-byte aligned rows.
 constexpr int64_t kSiteWarpMinRows = 64;  // batched decode (<= 32 rows) keeps site_kernel: the warp grid is too small there (round 3)
@@ -239,6 +240,9 @@ Launch attention_launch(const AttnDesc& d);
 Launch attention_prefill_launch(const AttnDesc& d, int version);
 void init_attention_attributes();  // called by init_kernel_attributes
 constexpr int64_t kAttnMaxGroup = 8;    // Hq / Hkv
+  int32_t hsplit = 1;              // decode (M = 1, no rows): the G query heads of a KV head spread over this many
+                                   // blocks (a divisor of G): grid (splits, Hkv * hsplit); short contexts (few splits)
+                                   // otherwise run on Hkv blocks, each walking G heads per position serially
 constexpr int64_t kAttnMaxDim = 256;    // D (multiple of 32)
 constexpr int64_t kAttnMaxSplits = 32;  // decode (one query row per sequence); prefill chunks use at most 16
 

@@ -32,6 +32,8 @@ struct AttnArgs {
   int64_t M, p0, Hq, Hkv, D;
   int32_t splits;
   float scale;
+  int32_t hsplit;  // AttnDesc::hsplit: blockIdx.y = kvh * hsplit + (which G / hsplit query heads of KV head kvh)
+  int32_t pad_;
 };
 using AttnRowsArgs = WithRows<AttnArgs>;  // batched decode: per-row caches and positions
 
@@ -47,10 +49,11 @@ __global__ __launch_bounds__(kAttnWarps * 32) void attention_kernel(const Args a
   __shared__ bool last;
   pdl_trigger();
   pdl_wait();
-  const int split = blockIdx.x, kvh = blockIdx.y;
+  const int split = blockIdx.x, kvh = blockIdx.y / a.hsplit;
   const int64_t m = blockIdx.z;
   const int S = a.splits;
-  const int G = int(a.Hq / a.Hkv), E = int(a.D / 32), D = int(a.D);
+  const int G = int(a.Hq / a.Hkv) / a.hsplit, E = int(a.D / 32), D = int(a.D);  // G: this block's query heads
+  const int64_t h0 = int64_t(blockIdx.y) * G;  // its first query head (kvh * (Hq / Hkv) + its share)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const float* kc = a.k;  // this row's caches [T, Hkv, D]
   const float* vc = a.v;
@@ -71,7 +74,7 @@ __global__ __launch_bounds__(kAttnWarps * 32) void attention_kernel(const Args a
 #pragma unroll
     for (int e = 0; e < kAttnE; ++e) {
       acc[hh][e] = 0.f;
-      qv[hh][e] = (hh < G && e < E) ? a.q[(m * a.Hq + kvh * G + hh) * a.D + lane + 32 * e] * a.scale : 0.f;
+      qv[hh][e] = (hh < G && e < E) ? a.q[(m * a.Hq + h0 + hh) * a.D + lane + 32 * e] * a.scale : 0.f;
     }
   }
   // K/V rows one step ahead (the loop is latency-bound at decode: few blocks, dependent math). A warp step takes
@@ -170,7 +173,7 @@ __global__ __launch_bounds__(kAttnWarps * 32) void attention_kernel(const Args a
         A += s_acc[(w * G + hh) * D + d] * f;
       }
     }
-    const int64_t h = kvh * G + hh;
+    const int64_t h = h0 + hh;
     if (S == 1) {
       a.out[(m * a.Hq + h) * a.D + d] = A / L;
     } else {
@@ -184,13 +187,13 @@ __global__ __launch_bounds__(kAttnWarps * 32) void attention_kernel(const Args a
   if (S == 1) return;
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&a.counters[m * a.Hkv + kvh], 1) == S - 1;
+  if (threadIdx.x == 0) last = atomicAdd(&a.counters[m * gridDim.y + blockIdx.y], 1) == S - 1;
   __syncthreads();
   if (!last) return;
   __threadfence();
   for (int idx = threadIdx.x; idx < G * D; idx += kAttnWarps * 32) {
     const int hh = idx / D, d = idx % D;
-    const int64_t h = kvh * G + hh;
+    const int64_t h = h0 + hh;
     const float* ml = a.part_ml + (m * a.Hq + h) * S * 2;
     const float* po = a.part_o + (m * a.Hq + h) * S * a.D;
     // S <= kMaxSplits: fully unrolled so the L2 loads of all splits are in flight together (a runtime
@@ -215,7 +218,7 @@ __global__ __launch_bounds__(kAttnWarps * 32) void attention_kernel(const Args a
     }
     a.out[(m * a.Hq + h) * a.D + d] = A / L;
   }
-  if (threadIdx.x == 0) a.counters[m * a.Hkv + kvh] = 0;  // ready for the next launch (graph replays)
+  if (threadIdx.x == 0) a.counters[m * gridDim.y + blockIdx.y] = 0;  // ready for the next launch (graph replays)
 }
 
 // Dynamic shared memory of a launch: the warps' partial outputs, W x G x D floats (<= 64 KB).
@@ -237,9 +240,10 @@ void init_attention_attributes() {
 }
 
 Launch attention_launch(const AttnDesc& d) {
-  AttnArgs a{d.q, d.k, d.v, d.out, d.part_o, d.part_ml, d.counters, d.M, d.p0, d.Hq, d.Hkv, d.D, d.splits, d.scale};
-  const dim3 grid(unsigned(d.splits), unsigned(d.Hkv), unsigned(d.M));
-  const int64_t G = d.Hq / d.Hkv;
+  const int hsplit = !d.rows && d.M == 1 ? d.hsplit : 1;
+  AttnArgs a{d.q, d.k, d.v, d.out, d.part_o, d.part_ml, d.counters, d.M, d.p0, d.Hq, d.Hkv, d.D, d.splits, d.scale, hsplit, 0};
+  const dim3 grid(unsigned(d.splits), unsigned(d.Hkv * hsplit), unsigned(d.M));
+  const int64_t G = d.Hq / d.Hkv / hsplit;
   const bool pair = d.pairs == 2;
   if (d.rows) {
     AttnRowsArgs r{a, *d.rows};
@@ -413,7 +417,7 @@ void init_attn_prefill_attributes() {
 }
 
 Launch attention_prefill_launch(const AttnDesc& d, int version) {
-  AttnArgs a{d.q, d.k, d.v, d.out, nullptr, nullptr, nullptr, d.M, d.p0, d.Hq, d.Hkv, d.D, 1, d.scale};
+  AttnArgs a{d.q, d.k, d.v, d.out, nullptr, nullptr, nullptr, d.M, d.p0, d.Hq, d.Hkv, d.D, 1, d.scale, 1, 0};
   const dim3 grid(unsigned((d.M + kPaRows - 1) / kPaRows), unsigned(d.Hq));
   if (version == 2)
     return make_launch(reinterpret_cast<const void*>(&attn_prefill_kernel<4>), grid, dim3(16 * kPaRows / 4),

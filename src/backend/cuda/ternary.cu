@@ -550,6 +550,14 @@ Launch site_launch(const SiteDesc& d) {
                      uint32_t(a.tile * sizeof(float)), a);
 }
 
+// Options::skip's "site_kernel@<pre>" (a leave-one-out diagnostic): the pre-op of a site_kernel launch, -1 for others.
+int site_launch_pre(const Launch& l) {
+  if (l.func != reinterpret_cast<const void*>(&site_kernel) || l.size != sizeof(SiteArgs)) return -1;
+  SiteArgs a;
+  std::memcpy(&a, l.args, sizeof a);
+  return a.pre;
+}
+
 // ================================ dp4a matvec =====================================================
 // v2: persistent, software-pipelined. Work unit = a row PAIR (the pair shares the activation loads);
 // each warp owns a contiguous range of pairs (contiguous rows: sequential DRAM pages) and walks their
