@@ -125,12 +125,12 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
 
 // ---------------------------------------------------------------------------------------------------
 
-struct CudaBackend::Impl {
-  struct DevMatrix {
 namespace {
 std::string short_kernel_name(const void* func);
 }  // namespace
 
+struct CudaBackend::Impl {
+  struct DevMatrix {
     const uint32_t* words = nullptr;   // u32 [N, K/16]
     const uint16_t* scales = nullptr;  // fp16 [N, K/128]
     int64_t N = 0, K = 0;
@@ -200,9 +200,6 @@ std::string short_kernel_name(const void* func);
   std::vector<cudaEvent_t> ev_pool;
   std::map<const void*, std::pair<int64_t, double>> prof_acc;  // func -> launches, ms
   std::vector<std::pair<const void*, float>> prof_last;         // the last synchronised batch in order: func, ms
-
-  // A one-row site that produces the int8 activation, held back so the M = 1 matvec that consumes it
-  // can compute it as its prologue (Options::fuse_site); any other op launches it first (flush_pending).
   std::map<std::pair<const void*, int>, bool> skip_cache;        // Options::skip: (func, site pre-op) -> not launched
 
   // A prefix "name@P" skips only site_kernel launches whose pre-op (PreOp) is P, e.g. site_kernel@1 (the SwiGLU sites).
@@ -225,6 +222,9 @@ std::string short_kernel_name(const void* func);
     }
     return skip_cache[key] = skip;
   }
+
+  // A one-row site that produces the int8 activation, held back so the M = 1 matvec that consumes it
+  // can compute it as its prologue (Options::fuse_site); any other op launches it first (flush_pending).
   bool deferred_site = false;
   cuda::SiteDesc site_desc;
   bool recording = false;
@@ -366,6 +366,7 @@ std::string short_kernel_name(const void* func);
   }
 
   void emit(const cuda::Launch& l) {
+    if (!opt.skip.empty() && skipped(l)) return;
     ++st.kernels;
     if (recording) rec.push_back(l);
     else launch_now(l);
@@ -383,7 +384,6 @@ std::string short_kernel_name(const void* func);
       case PK::Scale: emit(cuda::scale_launch(p.dst, p.cols, p.f)); break;
       case PK::Gates: emit(cuda::gdn_gates_launch(p.src, p.src2, p.gain, p.gain2, p.rows, p.cols, p.dst, p.dst2)); break;
       case PK::Dense: emit(cuda::dense_launch(p.dense, p.n_dense, p.bf16, p.cols, p.src, p.rows)); break;
-    if (!opt.skip.empty() && skipped(l)) return;
       case PK::Norm:
         emit(p.dst2 ? cuda::add_rmsnorm_launch(p.dst2, p.src, p.rows, p.cols, p.gain, p.f, p.dst)
                     : cuda::rmsnorm_launch(p.src, p.rows, p.cols, p.gain, p.f, p.dst));
@@ -1131,6 +1131,21 @@ static void check_attention_shape(int64_t Hq, int64_t Hkv, int64_t D) {
          Hq, Hkv, D, cuda::kAttnMaxGroup, cuda::kAttnMaxDim);
 }
 
+namespace {
+// Query heads of a KV head spread over hsplit blocks at decode (AttnDesc::hsplit; Options::attn_hsplit: 1 = off,
+// 0 = auto): the largest divisor of G that keeps splits x Hkv x hsplit blocks within one wave. At short contexts
+// (one split per 64 positions) the grid was Hkv = 4 blocks, each walking G = 6 heads per position serially
+// (17 us per layer at depth 0 on the H200, ncu); a long context already fills the SMs with splits (and more
+// blocks per KV head would re-read its K / V rows from DRAM).
+int attention_head_split(int opt, int64_t splits, int64_t Hkv, int64_t G, int sms) {
+  if (opt == 1) return 1;
+  int best = 1;
+  for (int h = 1; h <= G; ++h)
+    if (G % h == 0 && splits * Hkv * h <= sms) best = h;
+  return best;
+}
+}  // namespace
+
 void CudaBackend::attention(const float* q, const float* k_cache, const float* v_cache, int64_t M, int64_t p0,
                             int64_t Hq, int64_t Hkv, int64_t D, float scale, float* out) {
   Impl& I = *p_;
@@ -1150,21 +1165,6 @@ void CudaBackend::attention(const float* q, const float* k_cache, const float* v
   d.out = out;
   d.M = M;
   d.p0 = p0;
-namespace {
-// Query heads of a KV head spread over hsplit blocks at decode (AttnDesc::hsplit; Options::attn_hsplit: 1 = off,
-// 0 = auto): the largest divisor of G that keeps splits x Hkv x hsplit blocks within one wave. At short contexts
-// (one split per 64 positions) the grid was Hkv = 4 blocks, each walking G = 6 heads per position serially
-// (17 us per layer at depth 0 on the H200, ncu); a long context already fills the SMs with splits (and more
-// blocks per KV head would re-read its K / V rows from DRAM).
-int attention_head_split(int opt, int64_t splits, int64_t Hkv, int64_t G, int sms) {
-  if (opt == 1) return 1;
-  int best = 1;
-  for (int h = 1; h <= G; ++h)
-    if (G % h == 0 && splits * Hkv * h <= sms) best = h;
-  return best;
-}
-}  // namespace
-
   d.Hq = Hq;
   d.Hkv = Hkv;
   d.D = D;

@@ -109,6 +109,10 @@ class CudaBackend final : public Backend {
                                // by a site kernel (needs fuse; BONSAI_CUDA_FUSE_SITE=1): 676 instead of 933 kernels
                                // per 27b decode step but slower (124 vs 150 tok/s, docs/cuda-kernels.md)
     bool exact = false;        // ternary products on the fp32 activation, no int8 step (BONSAI_CUDA_EXACT=1); slow
+    std::string skip;          // DIAGNOSTIC ONLY, wrong results: kernels whose short name (as the profile prints it) starts
+                               // with one of these comma-separated prefixes are not launched, so a graph-mode timing
+                               // without them measures what they cost on the decode chain (leave-one-out; PDL overlap
+                               // makes eager per-kernel times overstate it). BONSAI_CUDA_SKIP=site_kernel,delta_kernel
     bool gemm_wave_split = true;  // split K also when the GEMM grid just overflows the resident block slots
                                   // (BONSAI_CUDA_WAVE_SPLIT=0: only when it leaves SMs idle; round 4)
     int gemm = 0;              // tensor-core GEMM for M > 2: 3 = warp-specialised wgmma v3 (gemm_ws.cu), 2 = wgmma
@@ -116,10 +120,6 @@ class CudaBackend final : public Backend {
                                // elsewhere (v2 / v3 need sm_90a: 1 is used in their place); docs/cuda-kernels.md
                                // rounds 5 and 7; BONSAI_CUDA_GEMM=0|1|2|3
     int gemm2_wgs = 2;         // v2 warpgroups per block: 1 (64 rows, 3-4 blocks per SM) or 2 (128 rows, 1-2 per SM,
-    std::string skip;          // DIAGNOSTIC ONLY, wrong results: kernels whose short name (as the profile prints it) starts
-                               // with one of these comma-separated prefixes are not launched, so a graph-mode timing
-                               // without them measures what they cost on the decode chain (leave-one-out; PDL overlap
-                               // makes eager per-kernel times overstate it). BONSAI_CUDA_SKIP=site_kernel,delta_kernel
                                // 128-token tiles for M > 64); BONSAI_CUDA_GEMM2_WGS
     int gemm3_cvt = 1;         // v3's per-group int -> float: 1 = I2FP.F32.S32 (one instruction), 0 = the 1.5 x 2^23
                                // mantissa add (two); bit-identical results; 1 measured faster (H200 round 7: gate+up

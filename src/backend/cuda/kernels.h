@@ -230,6 +230,9 @@ struct AttnDesc {
   int32_t splits;
   float scale;
   int32_t pairs = 1;               // decode (M = 1 or rows): positions per warp step, 1 or 2 (Options::attn_pairs)
+  int32_t hsplit = 1;              // decode (M = 1, no rows): the G query heads of a KV head spread over this many
+                                   // blocks (a divisor of G): grid (splits, Hkv * hsplit); short contexts (few splits)
+                                   // otherwise run on Hkv blocks, each walking G heads per position serially
   const RowTable* rows = nullptr;  // set: row m of q attends over its own caches rows->a[m], rows->b[m] up to
                                    // position rows->pos[m] (k, v, p0 unused)
 };
@@ -240,9 +243,6 @@ Launch attention_launch(const AttnDesc& d);
 Launch attention_prefill_launch(const AttnDesc& d, int version);
 void init_attention_attributes();  // called by init_kernel_attributes
 constexpr int64_t kAttnMaxGroup = 8;    // Hq / Hkv
-  int32_t hsplit = 1;              // decode (M = 1, no rows): the G query heads of a KV head spread over this many
-                                   // blocks (a divisor of G): grid (splits, Hkv * hsplit); short contexts (few splits)
-                                   // otherwise run on Hkv blocks, each walking G heads per position serially
 constexpr int64_t kAttnMaxDim = 256;    // D (multiple of 32)
 constexpr int64_t kAttnMaxSplits = 32;  // decode (one query row per sequence); prefill chunks use at most 16
 
