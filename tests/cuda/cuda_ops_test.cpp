@@ -866,22 +866,34 @@ TEST(CudaOps, EmbeddingGatherAndInverseTransform) {
   }
 }
 
-// Per-row argmax for greedy batched decode: rows with ties, NaN, +inf and all-NaN, vs ref::argmax per row.
+// Per-row argmax for greedy decode: rows with ties (across the blocks of a row's chunks), NaN, +inf and all-NaN, vs
+// ref::argmax per row. Row counts give 64 chunks per row (one 248,320-entry row: batch 1), 25 (5 rows), 6 (40 rows)
+// and 1 (a short row); each shape twice (the split counters must be left at zero).
 TEST(CudaOps, DeviceArgmaxRows) {
   BONSAI_REQUIRE_GPU();
   CudaBackend& be = gpu();
-  const int64_t rows = 5, n = 100003;
-  auto x = randn(size_t(rows * n), 2);
-  x[size_t(1 * n + 70000)] = 40.f;
-  x[size_t(1 * n + 9)] = 40.f;  // tie: lowest index wins
-  x[size_t(2 * n + 3)] = std::numeric_limits<float>::quiet_NaN();
-  x[size_t(2 * n + 4)] = std::numeric_limits<float>::infinity();
-  std::fill(x.begin() + 3 * n, x.begin() + 4 * n, std::numeric_limits<float>::quiet_NaN());
-  Buffer d = up(be, x);
-  std::vector<int32_t> got(static_cast<size_t>(rows), -7);
-  ASSERT_TRUE(be.argmax_rows(d.data(), rows, n, got.data()));
-  for (int64_t r = 0; r < rows; ++r)
-    EXPECT_EQ(int64_t(got[size_t(r)]), ref::argmax(x.data() + r * n, n)) << "row " << r;
+  struct Case {
+    int64_t rows, n;
+  } cases[] = {{1, 248320}, {5, 100003}, {40, 30011}, {3, 1000}};
+  uint32_t seed = 2;
+  for (const Case& c : cases) {
+    const int64_t rows = c.rows, n = c.n;
+    auto x = randn(size_t(rows * n), seed++);
+    x[size_t((rows - 1) * n + n - 3)] = 40.f;  // the last chunk's tie partner
+    x[size_t((rows - 1) * n + 9)] = 40.f;      // tie across chunks: lowest index wins
+    if (rows > 2) {
+      x[size_t(1 * n + 3)] = std::numeric_limits<float>::quiet_NaN();
+      x[size_t(1 * n + 4)] = std::numeric_limits<float>::infinity();
+      std::fill(x.begin() + 2 * n, x.begin() + 3 * n, std::numeric_limits<float>::quiet_NaN());  // all NaN: 0
+    }
+    Buffer d = up(be, x);
+    for (int rep = 0; rep < 2; ++rep) {
+      std::vector<int32_t> got(static_cast<size_t>(rows), -7);
+      ASSERT_TRUE(be.argmax_rows(d.data(), rows, n, got.data()));
+      for (int64_t r = 0; r < rows; ++r)
+        EXPECT_EQ(int64_t(got[size_t(r)]), ref::argmax(x.data() + r * n, n)) << "rows " << rows << " row " << r << " rep " << rep;
+    }
+  }
 }
 
 TEST(CudaOps, DeviceArgmax) {

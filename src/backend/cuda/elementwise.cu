@@ -1,6 +1,8 @@
 // Norms, RoPE, elementwise ops, copies, the embedding gather, the dense a/b projections, the GDN conv and
 // gates, argmax and the bandwidth probe. All memory-light: written for few launches and coalesced access,
 // not for tricks.
+#include <algorithm>
+
 #include "backend/cuda/common.cuh"
 
 namespace bonsai::cuda {
@@ -590,38 +592,74 @@ __global__ __launch_bounds__(kThreads) void splitk_sum_kernel(const SplitSumArgs
   }
 }
 
-// One block per row: out[r] = argmax of x[r] [n] (lowest index on ties, NaN never wins, all-NaN -> 0).
+// out[r] = argmax of x[r] [n] (lowest index on ties, NaN never wins, all-NaN -> 0). Grid (C, rows): block c of row r
+// scans the r-th row's chunk c; with C > 1 each writes its best to part_v / part_i [rows, C] and the last of the row
+// (counters [rows], left at zero) takes the best of the C partials. better() is a total order (value down, index up),
+// so the result does not depend on which block comes last. One 1024-thread block per 248,320-entry row took ~32 us
+// (one SM's loads); C = 64 spreads a batch-1 row over 64 SMs.
 struct ArgmaxRowsArgs {
   const float* x;
   int32_t* out;
+  float* part_v;
+  int64_t* part_i;
+  int32_t* counters;
   int64_t n;
 };
 __global__ __launch_bounds__(kArgmaxRowThreads) void argmax_rows_kernel(const ArgmaxRowsArgs a) {
   __shared__ float sv[kArgmaxRowThreads / 32];
   __shared__ int64_t si[kArgmaxRowThreads / 32];
+  __shared__ bool last;
   pdl_trigger();
   pdl_wait();
-  const float* x = a.x + int64_t(blockIdx.x) * a.n;
+  const int64_t row = blockIdx.y;
+  const int C = int(gridDim.x), c = int(blockIdx.x);
+  const float* x = a.x + row * a.n;
+  const int64_t b = a.n * c / C, e = a.n * (c + 1) / C;  // this block's chunk [b, e)
   float bv = 0.f;
   int64_t bi = -1;
-  for (int64_t i = threadIdx.x; i < a.n; i += kArgmaxRowThreads) better(bv, bi, x[i], i);
+  for (int64_t i = b + threadIdx.x; i < e; i += kArgmaxRowThreads) better(bv, bi, x[i], i);
+  // block reduction into thread 0 (also the merge of the partials below)
+  auto reduce = [&]() {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float v = __shfl_xor_sync(0xffffffffu, bv, o);
-    const int64_t i = __shfl_xor_sync(0xffffffffu, bi, o);
-    better(bv, bi, v, i);
+    for (int o = 16; o > 0; o >>= 1) {
+      const float v = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int64_t i = __shfl_xor_sync(0xffffffffu, bi, o);
+      better(bv, bi, v, i);
+    }
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads();  // sv / si free (a second reduce reuses them)
+    if (lane == 0) {
+      sv[warp] = bv;
+      si[warp] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (int w = 1; w < kArgmaxRowThreads / 32; ++w) better(bv, bi, sv[w], si[w]);
+  };
+  reduce();
+  if (C == 1) {
+    if (threadIdx.x == 0) a.out[row] = int32_t(bi < 0 ? 0 : bi);
+    return;
   }
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (lane == 0) {
-    sv[warp] = bv;
-    si[warp] = bi;
+  if (threadIdx.x == 0) {
+    a.part_v[row * C + c] = bv;
+    a.part_i[row * C + c] = bi;
+    __threadfence();
+    last = atomicAdd(&a.counters[row], 1) == C - 1;
   }
   __syncthreads();
+  if (!last) return;
+  __threadfence();
+  bv = 0.f;
+  bi = -1;
+  if (int(threadIdx.x) < C) {
+    bv = __ldcg(a.part_v + row * C + threadIdx.x);
+    bi = __ldcg(a.part_i + row * C + threadIdx.x);
+  }
+  reduce();
   if (threadIdx.x == 0) {
-    float v = 0.f;
-    int64_t i = -1;
-    for (int w = 0; w < kArgmaxRowThreads / 32; ++w) better(v, i, sv[w], si[w]);
-    a.out[blockIdx.x] = int32_t(i < 0 ? 0 : i);
+    a.out[row] = int32_t(bi < 0 ? 0 : bi);
+    a.counters[row] = 0;  // ready for the next launch (graph replays)
   }
 }
 
@@ -856,10 +894,17 @@ Launch splitk_sum_launch(const float* part, int64_t stride, int ks, int64_t n, f
                      a);
 }
 
-Launch argmax_rows_launch(const float* x, int64_t rows, int64_t n, int32_t* out) {
-  ArgmaxRowsArgs a{x, out, n};
-  return make_launch(reinterpret_cast<const void*>(&argmax_rows_kernel), dim3(unsigned(rows)), dim3(kArgmaxRowThreads),
-                     0, a);
+int argmax_rows_chunks(int64_t rows, int64_t n, int sms) {
+  const int64_t by_size = (n + 4095) / 4096;             // >= 4 elements per thread
+  const int64_t by_grid = std::max<int64_t>(1, 2 * sms / rows);  // about two waves' worth of blocks
+  return int(std::clamp<int64_t>(std::min(by_size, by_grid), 1, kArgmaxRowMaxChunks));
+}
+
+Launch argmax_rows_launch(const float* x, int64_t rows, int64_t n, int32_t* out, int chunks, float* part_v,
+                          int64_t* part_i, int32_t* counters) {
+  ArgmaxRowsArgs a{x, out, part_v, part_i, counters, n};
+  return make_launch(reinterpret_cast<const void*>(&argmax_rows_kernel), dim3(unsigned(chunks), unsigned(rows)),
+                     dim3(kArgmaxRowThreads), 0, a);
 }
 
 Launch argmax_launch(const float* x, int64_t n, float* part_v, int64_t* part_i, int32_t* counter, int64_t* result) {
