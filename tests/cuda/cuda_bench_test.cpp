@@ -99,6 +99,9 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
       {"down M16", 17408, {5120}, 16},
       // round 9c (split-K v6): ffn_down at two tokens
       {"down M2", 17408, {5120}, 2},
+      // round 10 (batched decode at M 9..32)
+      {"gate+up M12", 5120, {17408, 17408}, 12}, {"gate+up M24", 5120, {17408, 17408}, 24},
+      {"gdn_out M32", 6144, {5120}, 32},        {"q+k+v M32", 5120, {12288, 1024, 1024}, 32},
   };
   report("bench_kernels.txt", "shape            M    K      N(s)                 MB/launch   us      GB/s   %probe  TOP/s");
   const char* only = std::getenv("BONSAI_BENCH_SHAPE");  // only these shapes: "ffn_down,down M2"
@@ -125,6 +128,7 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
     int mvb_pf = 1;      // its L2 prefetch (Options::matvec_batch_pf)
     int split = 0;       // v6 split-K (Options::matvec6_split: 1 = automatic, S = that many K slices; round 9c)
     bool ilv = true;     // its tile order (Options::matvec6_split_ilv: row tile major, else slice major)
+    int mvw = 1;         // Options::matvec_wgmma: 1 = off, 2 = the batched wgmma kernel (round 10)
   };
   const Variant variants[] = {{"q16 pdl", 3, true, 2, 1, 2, true},          {"q16 fixed pdl", 3, true, 2, 1, 2, true, true},
                               {"q16 v2 pdl", 3, true, 2, 2, 2, true},       {"q16 v3 pdl", 3, true, 2, 3, 2, true},
@@ -153,7 +157,10 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
                               {"q16 v6c5s2 pdl", 6, true, 2, 1, 2, true, false, 1, 5, 1, 0, 1, 2},
                               {"q16 v6c5s4 pdl", 6, true, 2, 1, 2, true, false, 1, 5, 1, 0, 1, 4},
                               {"q16 v6s2z pdl", 6, true, 2, 1, 2, true, false, 1, 0, 1, 0, 1, 2, false},
-                              {"q16 v6s4z pdl", 6, true, 2, 1, 2, true, false, 1, 0, 1, 0, 1, 4, false}};
+                              {"q16 v6s4z pdl", 6, true, 2, 1, 2, true, false, 1, 0, 1, 0, 1, 4, false},
+                              // round 10: the batched-decode wgmma kernel (matvec_wgmma_batch.cu)
+                              {"q16 mvw pdl", 6, true, 2, 3, 2, true, false, 1, 0, 1, 0, 1, 0, true, 2},
+                              {"q8 mvw pdl", 6, true, 1, 3, 2, true, false, 1, 0, 1, 0, 1, 0, true, 2}};
   const CudaBackend::Options base = be.options();
   for (const Shape& sh : shapes)
   for (const Variant& v : variants) {
@@ -166,7 +173,8 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
     if (v.gemm >= 2 && sh.M <= 2) continue;   // the matvec either way
     if (v.gemm >= 2 && v.levels == 1 && sh.M <= 4) continue;
     if (v.mvb == 2 && (sh.M <= (v.levels == 2 ? 2 : 4) || !cuda::matvec_batch_supported(sh.M, v.levels, sh.K))) continue;
-    if (v.mvb != 2 && v.matvec == 6 && !cuda::matvec6_supported(sh.M, v.levels, sh.K)) continue;  // the GEMM either way
+    if (v.mvw == 2 && (sh.M <= (v.levels == 2 ? 2 : 4) || !cuda::matvec_wgmma_supported(sh.M, v.levels, sh.K))) continue;
+    if (v.mvb != 2 && v.mvw != 2 && v.matvec == 6 && !cuda::matvec6_supported(sh.M, v.levels, sh.K)) continue;  // the GEMM either way
     CudaBackend::Options bo = base;
     bo.matvec = v.matvec;
     bo.act_levels = v.levels;
@@ -179,6 +187,7 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
     bo.matvec_batch = v.mvb;
     bo.matvec_batch_rb = v.mvb_rb;
     bo.matvec_batch_pf = v.mvb_pf;
+    bo.matvec_wgmma = v.mvw;
     bo.matvec6_split = v.split;
     bo.matvec6_split_ilv = v.ilv;
     be.set_options(bo);

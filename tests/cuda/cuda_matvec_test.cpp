@@ -202,5 +202,58 @@ TEST(CudaMatvecBatch, MatchesTheQuantisedReference) {
   }
 }
 
+// The batched-decode wgmma kernel (matvec_wgmma_batch.cu, round 10), forced at every M (matvec_wgmma = 2, v6 off):
+// M 1..32, q16 (N = 32 planes up to M 16, 64 above) and q8, against the exact int8 arithmetic and run to run EQUAL
+// twice (the second and third runs also prove the launch left its counters at zero: a stale count would leave the
+// poisoned output of a cut row block unwritten). Shapes that exercise the stream-K cut: few rows over a long K (one
+// row block cut between up to 132 blocks: N 37 / 70 at K 17,408), row blocks of several outputs (4 outputs whose 64-row
+// tiles share a 256-row block), ragged N (rows past N in a live tile), row blocks past the last tile, fewer units than
+// SMs (K 128), and many row blocks per block.
+void wgmma_cases(const std::vector<Case>& cases, uint32_t seed) {
+  for (const Case& c : cases) {
+    std::vector<TernaryMatrix*> ws;
+    for (int64_t N : c.N) ws.push_back(&random_matrix(N, c.K, seed++, 0.02));
+    const auto x = randn(size_t(c.M * c.K), seed++);
+    for (int levels : {2, 1}) {
+      if (!cuda::matvec_wgmma_supported(c.M, levels, c.K)) continue;
+      std::vector<std::vector<float>> exact;
+      for (TernaryMatrix* w : ws) exact.push_back(quantised_reference(*w, x, c.M, levels));
+      CudaBackend::Options o;
+      o.graphs = false;
+      o.act_levels = levels;
+      o.matvec = 3;        // no v6 at M <= 2
+      o.matvec_wgmma = 2;  // the wgmma kernel at every M
+      CudaBackend b(o);
+      std::vector<std::vector<float>> got;
+      const std::vector<float> all = run_linear(b, ws, x, c.M, c.K, got);
+      std::string shape = "M " + std::to_string(c.M) + " K " + std::to_string(c.K) + " N";
+      for (int64_t N : c.N) shape += " " + std::to_string(N);
+      const std::string what = shape + (levels == 2 ? " q16" : " q8");
+      for (size_t i = 0; i < ws.size(); ++i) EXPECT_LE(rel_err(got[i], exact[i]), 1e-5) << what << " output " << i;
+      for (int rep = 0; rep < 2; ++rep) {  // cut row blocks are summed in block order, never by atomics
+        std::vector<std::vector<float>> again_out;
+        EXPECT_EQ(run_linear(b, ws, x, c.M, c.K, again_out), all) << what << " run to run " << rep;
+      }
+    }
+  }
+}
+
+TEST(CudaMatvecBatch, WgmmaMatchesTheQuantisedReference) {
+  BONSAI_REQUIRE_GPU();
+  wgmma_cases({{1, 640, {300}},         {2, 5120, {77}},          {3, 128, {1}},
+               {8, 5120, {515, 1000}},  {9, 640, {65, 31, 7}},    {12, 384, {1001}},
+               {13, 5120, {1024, 1024, 16, 48}}, {16, 17408, {70}}, {17, 1152, {5, 3, 17, 2}},
+               {24, 256, {3000, 24}},   {31, 5120, {129, 33}},    {32, 6144, {1300}},
+               {32, 17408, {37}},       {32, 128, {20003}},       {32, 5120, {3000, 1000}},
+               {20, 384, {45001}},      {27, 6144, {64, 192, 100}}},
+              1500);
+}
+
+// A few small shapes for compute-sanitizer memcheck (a cut row block, several outputs, both plane counts, q8).
+TEST(CudaMatvecBatch, WgmmaSmall) {
+  BONSAI_REQUIRE_GPU();
+  wgmma_cases({{32, 1152, {37}}, {9, 384, {300, 5}}, {16, 5120, {129}}}, 1550);
+}
+
 }  // namespace
 }  // namespace bonsai

@@ -97,6 +97,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
   if (const char* e = std::getenv("BONSAI_CUDA_MVB"); e && *e) o.matvec_batch = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MVB_RB"); e && *e) o.matvec_batch_rb = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MVB_PF"); e && *e) o.matvec_batch_pf = std::atoi(e);
+  if (const char* e = std::getenv("BONSAI_CUDA_MVW"); e && *e) o.matvec_wgmma = std::atoi(e);
   o.profile = flag("BONSAI_CUDA_PROFILE", o.profile);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA"); e && *e) o.delta = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_ATTN"); e && *e) o.attn = std::atoi(e);
@@ -178,8 +179,8 @@ struct CudaBackend::Impl {
   Stats st;
 
   Scratch xq, xds, attn_o, attn_ml, attn_cnt, ids, am_v, am_i, am_cnt, am_res, amr_out, topk_out, gemm_part;
-  Scratch amr_v, amr_i, amr_cnt;  // argmax_rows partials: float / int64 [rows, chunks], counters int32 [rows] (zeroed)
   Scratch mv6_part, mv6_cnt;  // split-K v6: partials float [S, M, N], arrival counters int32 [N / 16] (zeroed)
+  Scratch mvw_part, mvw_cnt;  // batched wgmma: partials float [2 SMs, 16, 512], counters int32 [row blocks] (zeroed)
   Scratch delta_scratch;  // chunked delta rule: W, U, decayed Q/K, masked Q K^T per (V head, chunk)
   std::vector<cuda::Launch> launches;  // scratch list for one linear's launches (no allocation once warm)
   void* pinned = nullptr;
@@ -272,6 +273,19 @@ struct CudaBackend::Impl {
     // us, mvb / v3 at M8 q16: gate+up 46.9 / 71.6, qkv+z 17.9 / 24.0, head 252 / 360; slower on the 5,120-row
     // products: ffn_down 30.6 / 28.9, attn_o 12.6 / 12.2, and at M16 on all but gate+up; docs/cuda-kernels.md).
     // Options::matvec_batch 1: off, 2: every M <= 32 and every shape.
+    // Batched decode at M 9..32 (matvec_wgmma_batch.cu, round 10): 256-row blocks on wgmma, stream-K over the SMs.
+    // Off by default (Options::matvec_wgmma = 1): faster than v3 only on gate+up (M32 62.3 vs 77.4 us, M16 48.4 vs
+    // 73.6), slower on the other products and in the whole model (B = 32 1,840 vs 1,980 tok/s, H200 round 10).
+    int64_t mvw_rows = 0;
+    for (int i = 0; i < n; ++i) mvw_rows += t[i].N;
+    if (opt.tensor_cores && cuda::gemm2_supported(prop.major, prop.minor) && cuda::matvec_wgmma_supported(M, lv, K) &&
+        (opt.matvec_wgmma == 2 || (opt.matvec_wgmma == 0 && M > 8) ||
+         (opt.matvec_wgmma == 3 && M > 8 && mvw_rows >= 64 * int64_t(sms)))) {
+      auto* part = static_cast<float*>(ensure(mvw_part, size_t(cuda::matvec_wgmma_part_floats(sms)) * 4, "batched wgmma partials"));
+      auto* cnt = static_cast<int32_t*>(
+          ensure(mvw_cnt, size_t(cuda::matvec_wgmma_row_blocks(t, n)) * 4, "batched wgmma counters", true));
+      return out.push_back(cuda::matvec_wgmma_launch(t, n, K, xq, xds, M, lv, sms, part, cnt));
+    }
     const int64_t v6_max = lv == 2 ? 2 : 4;
     int64_t rows = 0;
     for (int i = 0; i < n; ++i) rows += t[i].N;
@@ -766,6 +780,7 @@ CudaBackend::CudaBackend(const Options& o) : p_(std::make_unique<Impl>()) {
          p_->prop.major, p_->prop.minor);
   CUDA_CHECK(cudaStreamCreateWithFlags(&p_->stream, cudaStreamNonBlocking));
   cuda::init_kernel_attributes();
+  cuda::init_matvec_wgmma_attributes();
 }
 
 CudaBackend::~CudaBackend() {
@@ -787,7 +802,8 @@ CudaBackend::~CudaBackend() {
   }
   for (void* q : p_->owned) cudaFree(q);
   for (Impl::Scratch* s : {&p_->xq, &p_->xds, &p_->attn_o, &p_->attn_ml, &p_->attn_cnt, &p_->ids, &p_->am_v, &p_->am_i,
-                           &p_->am_cnt, &p_->am_res, &p_->amr_out, &p_->amr_v, &p_->amr_i, &p_->amr_cnt, &p_->topk_out, &p_->gemm_part, &p_->mv6_part, &p_->mv6_cnt})
+                           &p_->am_cnt, &p_->am_res, &p_->amr_out, &p_->topk_out, &p_->gemm_part, &p_->mv6_part, &p_->mv6_cnt,
+                           &p_->mvw_part, &p_->mvw_cnt})
     if (s->p) cudaFree(s->p);
   if (p_->pinned) cudaFreeHost(p_->pinned);
   for (cudaEvent_t e : p_->ev_pool) cudaEventDestroy(e);
@@ -1463,16 +1479,7 @@ bool CudaBackend::argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* 
   if (rows < 1 || n < 1) fail("argmax_rows: {} rows of {}", rows, n);
   I.flush_pending();
   auto* out = static_cast<int32_t*>(I.ensure(I.amr_out, size_t(rows) * 4, "argmax rows"));
-  const int C = cuda::argmax_rows_chunks(rows, n, I.prop.multiProcessorCount);
-  float* pv = nullptr;
-  int64_t* pi = nullptr;
-  int32_t* cnt = nullptr;
-  if (C > 1) {
-    pv = static_cast<float*>(I.ensure(I.amr_v, size_t(rows * C) * 4, "argmax rows"));
-    pi = static_cast<int64_t*>(I.ensure(I.amr_i, size_t(rows * C) * 8, "argmax rows"));
-    cnt = static_cast<int32_t*>(I.ensure(I.amr_cnt, size_t(rows) * 4, "argmax rows", true));
-  }
-  I.emit(cuda::argmax_rows_launch(x, rows, n, out, C, pv, pi, cnt));  // part of the step's graph when one is recorded
+  I.emit(cuda::argmax_rows_launch(x, rows, n, out));  // part of the step's graph when one is recorded
   std::memcpy(host_out, I.read_back(out, size_t(rows) * 4), size_t(rows) * 4);  // the sync point launches it
   return true;
 }

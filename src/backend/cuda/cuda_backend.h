@@ -86,6 +86,12 @@ class CudaBackend final : public Backend {
                                // ones), 1 = never (v3 as before), 2 = every M <= 32 and shape (v6 first at M <= 2 / 4);
                                // BONSAI_CUDA_MVB=0|1|2; BONSAI_CUDA_MVB_RB=1|2 forces its 16-row blocks per warp tile
     int matvec_batch_rb = 0;   // (0: chosen per shape)
+    int matvec_wgmma = 1;      // batched-decode wgmma kernel (matvec_wgmma_batch.cu, round 10: 256-row blocks, one
+                               // wgmma per k-step over all 2 M digit planes, stream-K over the SMs): 1 = never (the
+                               // default: v3 / matvec_batch as before; measured slower in the whole model, B = 32
+                               // 1,840 vs 1,980 tok/s, docs/cuda-kernels.md round 10), 0 = M 9..32, 2 = every M <= 32
+                               // and shape (v6 first at M <= 2 / 4), 3 = M 9..32 on products of >= 64 rows per SM
+                               // (gate+up, qkv+z, q+k+v, head); sm_90a only; BONSAI_CUDA_MVW=0|1|2|3
     int matvec_batch_pf = 1;   // its L2 prefetch of the weights: 0 none, 1 a sector per row per group (default), 2
                                // 256-byte chunks per row; within noise of each other (round 9; BONSAI_CUDA_MVB_PF)
     int matvec_bulk_rows = 0;  // v4 rows per warp group: 1, 2, 4, or 0 = chosen per matrix for balance

@@ -130,6 +130,16 @@ int matvec6_split_for(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, 
 bool matvec_batch_supported(int64_t M, int levels, int64_t K);
 Launch matvec_batch_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                            int levels, int sms, int rb_cfg = 0, int prefetch = 1);
+// Batched-decode product on wgmma (matvec_wgmma_batch.cu, round 10; sm_90a): blocks of 4 warpgroups x 64 rows, one
+// per SM, the units (256-row block, 128-group) cut into one balanced range per block; a row block cut between blocks
+// is summed in block order by the last to reach it: part = float [matvec_wgmma_part_floats(sms)], counters = int32
+// [matvec_wgmma_row_blocks(outs)], zero before the first launch and left zero by every launch. M <= 32.
+bool matvec_wgmma_supported(int64_t M, int levels, int64_t K);
+void init_matvec_wgmma_attributes();
+int64_t matvec_wgmma_row_blocks(const TernaryDev* outs, int n_outs);
+int64_t matvec_wgmma_part_floats(int sms);
+Launch matvec_wgmma_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds,
+                           int64_t M, int levels, int sms, float* part, int32_t* counters);
 // Exact-activation product (Options::exact, BONSAI_CUDA_EXACT=1): fp32 x [M, K] as it is, no int8
 // quantisation; one warp per weight row, 4 tokens per pass, fp32 accumulation. For parity checks, not speed.
 Launch exact_linear_launch(const TernaryDev* outs, int n_outs, int64_t K, const float* x, int64_t M);
@@ -312,14 +322,9 @@ void init_delta_chunk_attributes();  // called by init_attention_attributes
 // ---- utilities -------------------------------------------------------------------------------------
 // Two-stage argmax over x [n]: blocks write partials, the last block reduces into *result (int64).
 constexpr int kArgmaxBlocks = 64;
-// Per-row argmax of x [rows, n] into out int32 [rows] (device): `chunks` blocks per row (argmax_rows_chunks); with
-// chunks > 1, part_v float [rows, chunks], part_i int64 [rows, chunks] and counters int32 [rows] (zero before the first
-// launch, left zero by every launch).
+// Per-row argmax of x [rows, n] into out int32 [rows] (device), one block per row.
 constexpr int kArgmaxRowThreads = 1024;
-constexpr int kArgmaxRowMaxChunks = 64;  // <= kArgmaxRowThreads (the last block merges one partial per thread)
-int argmax_rows_chunks(int64_t rows, int64_t n, int sms);
-Launch argmax_rows_launch(const float* x, int64_t rows, int64_t n, int32_t* out, int chunks, float* part_v,
-                          int64_t* part_i, int32_t* counters);
+Launch argmax_rows_launch(const float* x, int64_t rows, int64_t n, int32_t* out);
 Launch argmax_launch(const float* x, int64_t n, float* part_v, int64_t* part_i, int32_t* counter, int64_t* result);
 // Sampling's top-k pick (sampling.cu; Backend::top_k): the penalty on the n_pen listed tokens of x [n] (in
 // place), then the k largest (NaN dropped) by value descending, index ascending, into out int32 [1 + 2k] on
