@@ -179,6 +179,7 @@ struct CudaBackend::Impl {
   Stats st;
 
   Scratch xq, xds, attn_o, attn_ml, attn_cnt, ids, am_v, am_i, am_cnt, am_res, amr_out, topk_out, gemm_part;
+  Scratch amr_v, amr_i, amr_cnt;  // argmax_rows partials: float / int64 [rows, chunks], counters int32 [rows] (zeroed)
   Scratch mv6_part, mv6_cnt;  // split-K v6: partials float [S, M, N], arrival counters int32 [N / 16] (zeroed)
   Scratch mvw_part, mvw_cnt;  // batched wgmma: partials float [2 SMs, 16, 512], counters int32 [row blocks] (zeroed)
   Scratch delta_scratch;  // chunked delta rule: W, U, decayed Q/K, masked Q K^T per (V head, chunk)
@@ -802,7 +803,7 @@ CudaBackend::~CudaBackend() {
   }
   for (void* q : p_->owned) cudaFree(q);
   for (Impl::Scratch* s : {&p_->xq, &p_->xds, &p_->attn_o, &p_->attn_ml, &p_->attn_cnt, &p_->ids, &p_->am_v, &p_->am_i,
-                           &p_->am_cnt, &p_->am_res, &p_->amr_out, &p_->topk_out, &p_->gemm_part, &p_->mv6_part, &p_->mv6_cnt,
+                           &p_->am_cnt, &p_->am_res, &p_->amr_out, &p_->amr_v, &p_->amr_i, &p_->amr_cnt, &p_->topk_out, &p_->gemm_part, &p_->mv6_part, &p_->mv6_cnt,
                            &p_->mvw_part, &p_->mvw_cnt})
     if (s->p) cudaFree(s->p);
   if (p_->pinned) cudaFreeHost(p_->pinned);
@@ -1479,7 +1480,16 @@ bool CudaBackend::argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* 
   if (rows < 1 || n < 1) fail("argmax_rows: {} rows of {}", rows, n);
   I.flush_pending();
   auto* out = static_cast<int32_t*>(I.ensure(I.amr_out, size_t(rows) * 4, "argmax rows"));
-  I.emit(cuda::argmax_rows_launch(x, rows, n, out));  // part of the step's graph when one is recorded
+  const int C = cuda::argmax_rows_chunks(rows, n, I.prop.multiProcessorCount);
+  float* pv = nullptr;
+  int64_t* pi = nullptr;
+  int32_t* cnt = nullptr;
+  if (C > 1) {
+    pv = static_cast<float*>(I.ensure(I.amr_v, size_t(rows * C) * 4, "argmax rows"));
+    pi = static_cast<int64_t*>(I.ensure(I.amr_i, size_t(rows * C) * 8, "argmax rows"));
+    cnt = static_cast<int32_t*>(I.ensure(I.amr_cnt, size_t(rows) * 4, "argmax rows", true));
+  }
+  I.emit(cuda::argmax_rows_launch(x, rows, n, out, C, pv, pi, cnt));  // part of the step's graph when one is recorded
   std::memcpy(host_out, I.read_back(out, size_t(rows) * 4), size_t(rows) * 4);  // the sync point launches it
   return true;
 }
