@@ -281,7 +281,8 @@ struct CudaBackend::Impl {
     for (int i = 0; i < n; ++i) mvw_rows += t[i].N;
     if (opt.tensor_cores && cuda::gemm2_supported(prop.major, prop.minor) && cuda::matvec_wgmma_supported(M, lv, K) &&
         (opt.matvec_wgmma == 2 || (opt.matvec_wgmma == 0 && M > 8) ||
-         (opt.matvec_wgmma == 3 && M > 8 && mvw_rows >= 64 * int64_t(sms)))) {
+         (opt.matvec_wgmma == 3 && M > 8 && mvw_rows >= 64 * int64_t(sms)) ||
+         (opt.matvec_wgmma == 4 && M > 8 && mvw_rows >= 200 * int64_t(sms) && mvw_rows < 1000 * int64_t(sms)))) {
       auto* part = static_cast<float*>(ensure(mvw_part, size_t(cuda::matvec_wgmma_part_floats(sms)) * 4, "batched wgmma partials"));
       auto* cnt = static_cast<int32_t*>(
           ensure(mvw_cnt, size_t(cuda::matvec_wgmma_row_blocks(t, n)) * 4, "batched wgmma counters", true));

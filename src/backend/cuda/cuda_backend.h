@@ -91,7 +91,9 @@ class CudaBackend final : public Backend {
                                // default: v3 / matvec_batch as before; measured slower in the whole model, B = 32
                                // 1,840 vs 1,980 tok/s, docs/cuda-kernels.md round 10), 0 = M 9..32, 2 = every M <= 32
                                // and shape (v6 first at M <= 2 / 4), 3 = M 9..32 on products of >= 64 rows per SM
-                               // (gate+up, qkv+z, q+k+v, head); sm_90a only; BONSAI_CUDA_MVW=0|1|2|3
+                               // (gate+up, qkv+z, q+k+v, head), 4 = M 9..32 on 200..999 rows per SM (gate+up only, where
+                               // the kernel table has it faster; not yet timed in the whole model); sm_90a only;
+                               // BONSAI_CUDA_MVW=0|1|2|3|4
     int matvec_batch_pf = 1;   // its L2 prefetch of the weights: 0 none, 1 a sector per row per group (default), 2
                                // 256-byte chunks per row; within noise of each other (round 9; BONSAI_CUDA_MVB_PF)
     int matvec_bulk_rows = 0;  // v4 rows per warp group: 1, 2, 4, or 0 = chosen per matrix for balance
