@@ -3,8 +3,8 @@
 # GATE_ENVS entry, test_cuda (TEST_FILTER), the batched test_engine cases on cuda (ENGINE_FILTER), compute-sanitizer
 # memcheck (SAN_FILTER), the kernel table for M in [BENCH_MIN_M, BENCH_MAX_M] (TAGS: v3 / matvec_batch / the wgmma
 # kernel in the same process), optional ncu (NCU=1: one launch of SHAPE_NCU per NCU_KERNELS regex), then `bonsai bench`
-# per CONFIGS entry ("name:ENV=V,ENV=V"; default: the wgmma kernel at M 9..32 (BONSAI_CUDA_MVW=0), on the big
-# products only (3), off (1, the default)). Round 10 ran it 3 times (runs A-C, docs/cuda-kernels.md).
+# per CONFIGS entry ("name:ENV=V,ENV=V"; default: the wgmma kernel at M 9..32 (BONSAI_CUDA_MVW=0), on gate+up
+# only (4), off (1, the default); round-10 runs B and C had big:BONSAI_CUDA_MVW=3 in its place, run A neither).
 # Binaries built here and staged with DEVBIN=.devbin-b32 BUILD=build-cuda-b32 tests/cuda/stage_devbin.sh; run with
 # carry [".devbin-b32"]. $OUT: gate.txt, test_cuda.log, test_engine.log, sanitizer.txt, bench_kernels.txt, ncu.txt,
 # bench.txt.
@@ -61,7 +61,7 @@ if [ "${NCU:-0}" = 1 ] && command -v ncu > /dev/null; then
 fi
 if [ "${SKIP_27B:-0}" != 1 ]; then
   wait $MP
-  for cfg in ${CONFIGS:-mvw:BONSAI_CUDA_MVW=0 big:BONSAI_CUDA_MVW=3 off:BONSAI_CUDA_MVW=1}; do
+  for cfg in ${CONFIGS:-mvw:BONSAI_CUDA_MVW=0 gu:BONSAI_CUDA_MVW=4 off:BONSAI_CUDA_MVW=1}; do
     name=${cfg%%:*}; env=${cfg#*:}
     echo "== $name ($env): bonsai bench --backend cuda -m $P27 ${BENCH_ARGS:--p 0 -n 32 -r 2 --batch 8,32}" >> "$OUT/bench.txt"
     env ${env//,/ } timeout 150 $B/bonsai bench --backend cuda -m $P27 ${BENCH_ARGS:--p 0 -n 32 -r 2 --batch 8,32} >> "$OUT/bench.txt" 2>&1
