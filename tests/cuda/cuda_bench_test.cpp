@@ -142,6 +142,9 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
                               {"q16 v6c4 pdl", 6, true, 2, 1, 2, true, false, 1, 4}, {"q16 v6c5 pdl", 6, true, 2, 1, 2, true, false, 1, 5},
                               {"q16 v6c6 pdl", 6, true, 2, 1, 2, true, false, 1, 6}, {"q16 v6c7 pdl", 6, true, 2, 1, 2, true, false, 1, 7},
                               {"q8 v6 pdl", 6, true, 1, 1, 2, true, false, 1, 0},
+                              // round 10: v7 (the weights through a bulk-copy ring in shared memory): auto / 16 / 32 rows
+                              {"q16 v7 pdl", 6, true, 2, 1, 2, true, false, 1, 8},   {"q16 v7r1 pdl", 6, true, 2, 1, 2, true, false, 1, 9},
+                              {"q16 v7r2 pdl", 6, true, 2, 1, 2, true, false, 1, 10}, {"q8 v7 pdl", 6, true, 1, 1, 2, true, false, 1, 8},
                               // round 9: the batched-decode kernel (matvec_mma_batch.cu), auto tile / 1 / 2 row blocks
                               {"q16 mvb pdl", 6, true, 2, 3, 2, true, false, 1, 0, 2, 0},
                               {"q16 mvb1 pdl", 6, true, 2, 3, 2, true, false, 1, 0, 2, 1},
@@ -184,6 +187,7 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
     bo.gemm3_cvt = v.cvt;
     bo.matvec_balance = !v.fixed;
     bo.matvec6_cfg = v.mv6;
+    bo.matvec7 = false;  // cfg 0 ("v6" tags) = the round-8 default; v7 by its cfg (8-10)
     bo.matvec_batch = v.mvb;
     bo.matvec_batch_rb = v.mvb_rb;
     bo.matvec_batch_pf = v.mvb_pf;

@@ -47,14 +47,9 @@ std::vector<float> run_linear(CudaBackend& b, const std::vector<TernaryMatrix*>&
   return all;
 }
 
-TEST(CudaMatvec6, MatchesTheQuantisedReferenceAndV3) {
-  BONSAI_REQUIRE_GPU();
-  const Case cases[] = {{1, 128, {1}},          {1, 384, {37}},          {2, 640, {129}},
-                        {1, 1152, {300, 129, 7}}, {2, 1152, {65, 31}},   {2, 384, {5, 3, 17, 2}},
-                        {3, 1152, {65, 31}},    {4, 256, {17}},          {4, 640, {300}},
-                        {1, 5120, {1024}},      {2, 17408, {70}},        {1, 6144, {515}},
-                        {1, 5120, {20003}},     {1, 1024, {3000, 1000, 24}}};
-  uint32_t seed = 700;
+// Every case at every level v6 serves and every block shape of `cfgs`: against the exact int8 arithmetic, against v3,
+// and run to run EQUAL.
+void v6_cases(const std::vector<Case>& cases, uint32_t seed, const std::vector<int>& cfgs) {
   for (const Case& c : cases) {
     std::vector<TernaryMatrix*> ws;
     for (int64_t N : c.N) ws.push_back(&random_matrix(N, c.K, seed++, 0.02));
@@ -71,7 +66,7 @@ TEST(CudaMatvec6, MatchesTheQuantisedReferenceAndV3) {
       CudaBackend b3(o3);
       std::vector<std::vector<float>> v3_out;
       const std::vector<float> v3 = run_linear(b3, ws, x, c.M, c.K, v3_out);
-      for (int cfg : {1, 2, 3, 4, 5, 6, 7}) {
+      for (int cfg : cfgs) {
         CudaBackend::Options o6 = o3;
         o6.tensor_cores = true;
         o6.matvec = 6;
@@ -92,6 +87,24 @@ TEST(CudaMatvec6, MatchesTheQuantisedReferenceAndV3) {
       }
     }
   }
+}
+
+TEST(CudaMatvec6, MatchesTheQuantisedReferenceAndV3) {
+  BONSAI_REQUIRE_GPU();
+  v6_cases({{1, 128, {1}},          {1, 384, {37}},          {2, 640, {129}},
+            {1, 1152, {300, 129, 7}}, {2, 1152, {65, 31}},   {2, 384, {5, 3, 17, 2}},
+            {3, 1152, {65, 31}},    {4, 256, {17}},          {4, 640, {300}},
+            {1, 5120, {1024}},      {2, 17408, {70}},        {1, 6144, {515}},
+            {1, 5120, {20003}},     {1, 1024, {3000, 1000, 24}},
+            {1, 17408, {37, 5}},    {1, 6144, {3000}},       {2, 5120, {17, 1}}},
+           700, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10});  // 8-10: v7 (auto / 16 / 32-row stages)
+}
+
+// v7 (cfg 8-10: the bulk-copy ring) on a few small shapes, for compute-sanitizer memcheck: ragged last tiles whose
+// scales are not a multiple of 16 bytes (the warp copies them), an odd number of groups, several outputs, q8 M 4.
+TEST(CudaMatvec6, V7Small) {
+  BONSAI_REQUIRE_GPU();
+  v6_cases({{1, 640, {5, 129}}, {2, 1152, {37}}, {4, 384, {17, 3}}, {1, 17408, {20}}, {2, 5120, {100}}}, 1500, {8, 9, 10});
 }
 
 // Split-K v6 (Options::matvec6_split, round 9c): K cut into S slices that are tiles of their own, each slice's

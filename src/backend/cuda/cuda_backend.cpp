@@ -94,6 +94,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
   if (const char* e = std::getenv("BONSAI_CUDA_MV6_SPLIT"); e && *e) o.matvec6_split = std::atoi(e);
   o.matvec6_split_any = flag("BONSAI_CUDA_MV6_SPLIT_ANY", o.matvec6_split_any);
   o.matvec6_split_ilv = flag("BONSAI_CUDA_MV6_SPLIT_ILV", o.matvec6_split_ilv);
+  o.matvec7 = flag("BONSAI_CUDA_MV7", o.matvec7);
   if (const char* e = std::getenv("BONSAI_CUDA_MVB"); e && *e) o.matvec_batch = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MVB_RB"); e && *e) o.matvec_batch_rb = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MVB_PF"); e && *e) o.matvec_batch_pf = std::atoi(e);
@@ -267,8 +268,12 @@ struct CudaBackend::Impl {
             cuda::matvec6_launch(t, n, K, xq, xds, M, lv, sms, opt.matvec6_cfg, ks, part, cnt, opt.matvec6_split_ilv));
       }
     }
-    if (opt.matvec == 6 && cuda::matvec6_supported(M, lv, K) && (M > 1 || K <= 8192 || opt.matvec6_cfg != 0))
-      return out.push_back(cuda::matvec6_launch(t, n, K, xq, xds, M, lv, sms, opt.matvec6_cfg));
+    // v7 (Options::matvec7, round 10; BONSAI_CUDA_MV7=1): the same products through a bulk-copy ring in shared memory
+    // (matvec6_cfg 8), ffn_down included (H200, one call: ffn_down 14.4 vs v3 15.3 us; tg128 185-189 vs 170-171 tok/s
+    // without it; docs/cuda-kernels.md round 10).
+    const int cfg6 = opt.matvec6_cfg == 0 && opt.matvec7 ? 8 : opt.matvec6_cfg;
+    if (opt.matvec == 6 && cuda::matvec6_supported(M, lv, K) && (M > 1 || K <= 8192 || cfg6 != 0))
+      return out.push_back(cuda::matvec6_launch(t, n, K, xq, xds, M, lv, sms, cfg6));
     // Batched decode (matvec_mma_batch.cu): the tensor-core kernel with a column per activation plane, above v6's M
     // up to 8 tokens and for products of >= 4 row blocks of 16 per SM, where it measured faster than v3 (H200 round 9,
     // us, mvb / v3 at M8 q16: gate+up 46.9 / 71.6, qkv+z 17.9 / 24.0, head 252 / 360; slower on the 5,120-row

@@ -80,6 +80,10 @@ class CudaBackend final : public Backend {
                                      // BONSAI_CUDA_MV6_SPLIT_ANY=1)
     bool matvec6_split_ilv = true;   // split-K tiles in row tile major order (a block's tiles are contiguous stretches
                                      // of the same rows), else slice major (BONSAI_CUDA_MV6_SPLIT_ILV=0)
+    bool matvec7 = false;      // round 10: with matvec6_cfg 0, the bulk-copy-ring matvec v7 (matvec_mma.cu, cfg 8) wherever
+                               // v6 serves, and for one token over K > 8,192 (ffn_down) instead of v3. Off until a same-call
+                               // kernel table against v6 (tg128 185-189 vs 170-171 tok/s in one H200 call, but v7 vs v6 per
+                               // kernel only across runs; docs/cuda-kernels.md round 10); BONSAI_CUDA_MV7=1
     int matvec_batch = 0;      // batched-decode kernel (matvec_mma_batch.cu, round 9: mma.sync, a column per activation
                                // plane): 0 = where it measured faster than the GEMM v3 (the default: M 3..8 under q16,
                                // 5..8 under q8, products of >= 64 rows per SM: gate+up, qkv+z, head, not the 5,120-row
