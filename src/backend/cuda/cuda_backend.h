@@ -80,24 +80,23 @@ class CudaBackend final : public Backend {
                                      // BONSAI_CUDA_MV6_SPLIT_ANY=1)
     bool matvec6_split_ilv = true;   // split-K tiles in row tile major order (a block's tiles are contiguous stretches
                                      // of the same rows), else slice major (BONSAI_CUDA_MV6_SPLIT_ILV=0)
-    bool matvec7 = false;      // round 10: with matvec6_cfg 0, the bulk-copy-ring matvec v7 (matvec_mma.cu, cfg 8) wherever
-                               // v6 serves, and for one token over K > 8,192 (ffn_down) instead of v3. Off until a same-call
-                               // kernel table against v6 (tg128 185-189 vs 170-171 tok/s in one H200 call, but v7 vs v6 per
-                               // kernel only across runs; docs/cuda-kernels.md round 10); BONSAI_CUDA_MV7=1
+    bool matvec7 = true;       // round 10: with matvec6_cfg 0, the bulk-copy-ring matvec v7 (matvec_mma.cu, cfg 8) wherever
+                               // v6 serves, and for one token over K > 8,192 (ffn_down) instead of v3: the default since
+                               // the same-call A/B on the H200 (tg128 185.9 vs 163.3 / 172.0 tok/s for v6 + v3, 8k
+                               // context 159.3 vs 141.4 / 145.9; docs/cuda-kernels.md round 10); BONSAI_CUDA_MV7=0: v6 + v3
     int matvec_batch = 0;      // batched-decode kernel (matvec_mma_batch.cu, round 9: mma.sync, a column per activation
                                // plane): 0 = where it measured faster than the GEMM v3 (the default: M 3..8 under q16,
                                // 5..8 under q8, products of >= 64 rows per SM: gate+up, qkv+z, head, not the 5,120-row
                                // ones), 1 = never (v3 as before), 2 = every M <= 32 and shape (v6 first at M <= 2 / 4);
                                // BONSAI_CUDA_MVB=0|1|2; BONSAI_CUDA_MVB_RB=1|2 forces its 16-row blocks per warp tile
     int matvec_batch_rb = 0;   // (0: chosen per shape)
-    int matvec_wgmma = 1;      // batched-decode wgmma kernel (matvec_wgmma_batch.cu, round 10: 256-row blocks, one
-                               // wgmma per k-step over all 2 M digit planes, stream-K over the SMs): 1 = never (the
-                               // default: v3 / matvec_batch as before; measured slower in the whole model, B = 32
-                               // 1,840 vs 1,980 tok/s, docs/cuda-kernels.md round 10), 0 = M 9..32, 2 = every M <= 32
-                               // and shape (v6 first at M <= 2 / 4), 3 = M 9..32 on products of >= 64 rows per SM
-                               // (gate+up, qkv+z, q+k+v, head), 4 = M 9..32 on 200..999 rows per SM (gate+up only, where
-                               // the kernel table has it faster; not yet timed in the whole model); sm_90a only;
-                               // BONSAI_CUDA_MVW=0|1|2|3|4
+    int matvec_wgmma = 4;      // batched-decode wgmma kernel (matvec_wgmma_batch.cu, round 10: 256-row blocks, one
+                               // wgmma per k-step over all 2 M digit planes, stream-K over the SMs): 4 = M 9..32 on
+                               // 200..999 rows per SM (gate+up only, the one product the kernel table has it faster on;
+                               // the default: B = 32 2,069 vs 1,934 tok/s in one H200 call), 1 = never (v3 / matvec_batch
+                               // as before), 0 = M 9..32 on every product (B = 32 1,840 vs 1,980: slower), 2 = every
+                               // M <= 32 and shape (v6 first at M <= 2 / 4), 3 = M 9..32 on products of >= 64 rows per
+                               // SM; sm_90a only; BONSAI_CUDA_MVW=0|1|2|3|4 (docs/cuda-kernels.md round 10)
     int matvec_batch_pf = 1;   // its L2 prefetch of the weights: 0 none, 1 a sector per row per group (default), 2
                                // 256-byte chunks per row; within noise of each other (round 9; BONSAI_CUDA_MVB_PF)
     int matvec_bulk_rows = 0;  // v4 rows per warp group: 1, 2, 4, or 0 = chosen per matrix for balance
