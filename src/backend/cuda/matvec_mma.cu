@@ -48,6 +48,7 @@
 #include <string>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/mbarrier.cuh"
 
 namespace bonsai::cuda {
 namespace {
@@ -624,34 +625,6 @@ struct Mv7Args {
   int32_t xs_bytes, pad;       // activations staged in shared memory (0: read from global memory)
 };
 
-__device__ __forceinline__ unsigned mv7_smem(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void mv7_bar_init(uint64_t* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(mv7_smem(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mv7_expect_tx(uint64_t* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(mv7_smem(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mv7_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(mv7_smem(bar)) : "memory");
-}
-__device__ __forceinline__ void mv7_wait(uint64_t* bar, unsigned parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "MV7_WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra MV7_WAIT_%=;\n"
-      "}\n" ::"r"(mv7_smem(bar)),
-      "r"(parity)
-      : "memory");
-}
-// global -> shared, completion counted in bytes on `bar`; dst, src 16-byte aligned, bytes % 16 == 0.
-__device__ __forceinline__ void mv7_bulk(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   mv7_smem(dst)),
-               "l"(src), "r"(bytes), "r"(mv7_smem(bar))
-               : "memory");
-}
 
 template <int LV, int RB>
 __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(const Mv7Args a) {
@@ -691,8 +664,8 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
   unsigned char* xs = reinterpret_cast<unsigned char*>(red + size_t(ST + 1) * NW * kTok * TR);
   if (threadIdx.x == 0) {
     for (int s = 0; s < ST; ++s) {
-      mv7_bar_init(&full[s], 1);
-      mv7_bar_init(&empty[s], unsigned(NW));
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], unsigned(NW));
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -703,7 +676,7 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
     bool waited = false;
     int u_issue = ub0, u_sum = ub0;
     for (int i = 0; i < nt + ST; ++i) {
-      if (i >= ST) mv7_wait(&empty[(i - ST) % ST], unsigned(((i - ST) / ST) & 1));  // stage i - ST consumed
+      if (i >= ST) mbar_wait(&empty[(i - ST) % ST], unsigned(((i - ST) / ST) & 1));  // stage i - ST consumed
       if (i < nt) {
         const int s = i % ST;
         int o, nrow;
@@ -722,9 +695,9 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
         if (lane == 0) {
           // generic-proxy accesses of this stage (a warp copy above, the consumers' reads) before the async copy
           asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-          mv7_expect_tx(&full[s], wbytes + (sbulk ? sbytes : 0u));
-          mv7_bulk(st, O.words + r0 * (K >> 4), wbytes, &full[s]);
-          if (sbulk) mv7_bulk(st + a.words_bytes, O.scales + r0 * G, sbytes, &full[s]);
+          mbar_expect_tx(&full[s], wbytes + (sbulk ? sbytes : 0u));
+          bulk_load(st, O.words + r0 * (K >> 4), wbytes, &full[s]);
+          if (sbulk) bulk_load(st + a.words_bytes, O.scales + r0 * G, sbytes, &full[s]);
         }
         __syncwarp();
       }
@@ -808,7 +781,7 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
   const bool holder = c_on && (LV == 1 || (t & 1) == 0);
   for (int j = 0; j < nt; ++j) {
     const int s = j % ST;
-    mv7_wait(&full[s], unsigned((j / ST) & 1));
+    mbar_wait(&full[s], unsigned((j / ST) & 1));
     const unsigned char* wrow = ring + size_t(s) * a.stage_bytes + g * rs + 16 * t;  // row g, step 0
     const uint16_t* srow = reinterpret_cast<const uint16_t*>(ring + size_t(s) * a.stage_bytes + a.words_bytes) + g * G +
                            (LV == 2 ? (t & 1) : 0);  // row g: the lane's (first) accumulator group of step 0
@@ -845,7 +818,7 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
       }
     }
     __syncwarp();  // every lane's reads of the stage and writes of red before lane 0's arrive (a release)
-    if (lane == 0) mv7_arrive(&empty[s]);
+    if (lane == 0) mbar_arrive(&empty[s]);
   }
 }
 

@@ -36,6 +36,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/ternary_dot.cuh"
 #include "backend/cuda/wgmma.cuh"
+#include "backend/cuda/mbarrier.cuh"
 
 namespace bonsai::cuda {
 namespace {
@@ -77,28 +78,6 @@ struct MvwLayout {
   static constexpr int bytes = bar_off + 2 * S * 8;
 };
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void mvw_bar_init(uint32_t bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mvw_bar_arrive(uint32_t bar) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
-}
-// Waits until the phase with this parity has completed.
-__device__ __forceinline__ void mvw_bar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t ok = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(ok)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!ok);
-}
-// One arrival on bar once all of this thread's earlier cp.async copies have landed (counted in the init).
-__device__ __forceinline__ void mvw_cp_arrive(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
-}
 
 #ifdef BONSAI_WGMMA
 // wgmma m64nNk32 s32 += s8 x s8, A (64 rows x 32 k) from registers, B (N planes x 32 k) from shared memory via the
@@ -145,8 +124,8 @@ __global__ __launch_bounds__(kMvwThreads, 1) void mvw_kernel(const MvwArgs a) {
   constexpr int NV = NP / (2 * LV);  // float outputs per thread
   constexpr int TC = NP / LV;       // token columns of the tile
   extern __shared__ __align__(128) unsigned char mvw_smem[];
-  unsigned char* base = mvw_smem + ((1024 - (smem_addr(mvw_smem) & 1023)) & 1023);  // the launch adds 1 KB
-  const uint32_t x_s = smem_addr(base), w_s = x_s + Lay::w_off, u_s = x_s + Lay::u_off, bar_s = x_s + Lay::bar_off;
+  unsigned char* base = mvw_smem + ((1024 - (smem_u32(mvw_smem) & 1023)) & 1023);  // the launch adds 1 KB
+  const uint32_t x_s = smem_u32(base), w_s = x_s + Lay::w_off, u_s = x_s + Lay::u_off, bar_s = x_s + Lay::bar_off;
   const float* units = reinterpret_cast<const float*>(base + Lay::u_off);  // [S][32]
   auto full = [&](int s) { return bar_s + 8u * unsigned(s); };
   auto empty = [&](int s) { return bar_s + 8u * unsigned(S + s); };
@@ -166,8 +145,8 @@ __global__ __launch_bounds__(kMvwThreads, 1) void mvw_kernel(const MvwArgs a) {
 
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
-      mvw_bar_init(full(s), kMvwThreads);   // every thread's .noinc arrival once its copies of the stage landed
-      mvw_bar_init(empty(s), kMvwThreads);  // every thread, once its reads (and wgmmas) of the stage are done
+      mbar_init(full(s), kMvwThreads);   // every thread's .noinc arrival once its copies of the stage landed
+      mbar_init(empty(s), kMvwThreads);  // every thread, once its reads (and wgmmas) of the stage are done
     }
   }
   __syncthreads();
@@ -228,7 +207,7 @@ __global__ __launch_bounds__(kMvwThreads, 1) void mvw_kernel(const MvwArgs a) {
   for (int j = 0; j < P; ++j)
     if (j < n) {
       issue_x(j);
-      mvw_cp_arrive(full(j));
+      cp_async_arrive(full(j));
     }
 
   // ---- consumer (every warpgroup) ----
@@ -305,7 +284,7 @@ __global__ __launch_bounds__(kMvwThreads, 1) void mvw_kernel(const MvwArgs a) {
   const uint64_t desc0 = smem_desc(x_s, 0, 1);
   for (int64_t i = 0; i < n; ++i) {
     const int s = int(i % S);
-    mvw_bar_wait(full(s), uint32_t((i / S) & 1));
+    mbar_wait(full(s), uint32_t((i / S) & 1));
     // cp.async (generic proxy) writes, read by wgmma (async proxy).
     fence_async_smem();
     if (live) {
@@ -363,15 +342,15 @@ __global__ __launch_bounds__(kMvwThreads, 1) void mvw_kernel(const MvwArgs a) {
         }
       }
     }
-    mvw_bar_arrive(empty(s));  // this thread's reads of stage s (raw words, units; its wgmmas) are done
+    mbar_arrive(empty(s));  // this thread's reads of stage s (raw words, units; its wgmmas) are done
     // Refill: unit i + P into the stage unit i + P - S used (all 512 threads done with it).
     const int64_t j = i + P;
     if (j < n) {
       const int sj = int(j % S);
-      if (j >= S) mvw_bar_wait(empty(sj), uint32_t((j / S - 1) & 1));
+      if (j >= S) mbar_wait(empty(sj), uint32_t((j / S - 1) & 1));
       issue_w(sj);
       issue_x(sj);
-      mvw_cp_arrive(full(sj));
+      cp_async_arrive(full(sj));
     }
     // End of a row block's stretch (block-uniform: i, cg are the same in every thread).
     if (cg == G - 1 || i == n - 1) {
