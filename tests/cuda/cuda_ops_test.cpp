@@ -388,6 +388,34 @@ TEST(CudaOps, RopeNeoxAtLargePositions) {
   }
 }
 
+// The launch-shape policies are host code: these run without a GPU (in CI too).
+// Decode attention's head split: one wave of blocks at most, G divided evenly, nothing split once splits fill the SMs.
+TEST(CudaPolicy, AttentionHeadSplitKeepsOneWave) {
+  // the 27B shape on an H200 (132 SMs): Hkv 4, G 6
+  EXPECT_EQ(cuda::attention_head_split(1, 4, 6, 132), 6);   // depth 0: 24 blocks instead of 4
+  EXPECT_EQ(cuda::attention_head_split(5, 4, 6, 132), 6);   // 120 blocks
+  EXPECT_EQ(cuda::attention_head_split(6, 4, 6, 132), 3);   // 6 x 4 x 6 = 144 > 132: the next divisor
+  EXPECT_EQ(cuda::attention_head_split(11, 4, 6, 132), 3);  // 132 exactly
+  EXPECT_EQ(cuda::attention_head_split(12, 4, 6, 132), 2);
+  EXPECT_EQ(cuda::attention_head_split(17, 4, 6, 132), 1);  // 17 x 4 x 2 = 136
+  EXPECT_EQ(cuda::attention_head_split(32, 4, 6, 132), 1);  // long contexts: splits fill the SMs
+  EXPECT_EQ(cuda::attention_head_split(1, 4, 5, 132), 5);   // G prime: all or nothing
+  EXPECT_EQ(cuda::attention_head_split(7, 4, 5, 132), 1);   // 7 x 4 x 5 = 140
+  EXPECT_EQ(cuda::attention_head_split(1, 8, 1, 132), 1);   // MHA: nothing to split
+  EXPECT_EQ(cuda::attention_head_split(1, 200, 6, 132), 1); // more KV heads than SMs
+}
+
+// Per-row argmax chunks: >= ~4 elements per thread, about two waves of blocks, 1..64 per row.
+TEST(CudaPolicy, ArgmaxRowChunks) {
+  EXPECT_EQ(cuda::argmax_rows_chunks(1, 248320, 132), 61);  // batch-1 logits of the 27B vocabulary
+  EXPECT_EQ(cuda::argmax_rows_chunks(5, 100003, 132), 25);
+  EXPECT_EQ(cuda::argmax_rows_chunks(40, 30011, 132), 6);   // 264 / 40 blocks per row
+  EXPECT_EQ(cuda::argmax_rows_chunks(32, 248320, 132), 8);  // B = 32
+  EXPECT_EQ(cuda::argmax_rows_chunks(3, 1000, 132), 1);     // short rows: one block
+  EXPECT_EQ(cuda::argmax_rows_chunks(1000, 248320, 132), 1);
+  EXPECT_EQ(cuda::argmax_rows_chunks(1, int64_t(1) << 30, 132), int(cuda::kArgmaxRowMaxChunks));
+}
+
 TEST(CudaOps, AttentionDecodeAndPrefill) {
   BONSAI_REQUIRE_GPU();
   // decode: two key positions per warp step (Options::attn_pairs) and one (round 6); query heads spread over

@@ -1155,21 +1155,6 @@ static void check_attention_shape(int64_t Hq, int64_t Hkv, int64_t D) {
          Hq, Hkv, D, cuda::kAttnMaxGroup, cuda::kAttnMaxDim);
 }
 
-namespace {
-// Query heads of a KV head spread over hsplit blocks at decode (AttnDesc::hsplit; Options::attn_hsplit: 1 = off,
-// 0 = auto): the largest divisor of G that keeps splits x Hkv x hsplit blocks within one wave. At short contexts
-// (one split per 64 positions) the grid was Hkv = 4 blocks, each walking G = 6 heads per position serially
-// (17 us per layer at depth 0 on the H200, ncu); a long context already fills the SMs with splits (and more
-// blocks per KV head would re-read its K / V rows from DRAM).
-int attention_head_split(int opt, int64_t splits, int64_t Hkv, int64_t G, int sms) {
-  if (opt == 1) return 1;
-  int best = 1;
-  for (int h = 1; h <= G; ++h)
-    if (G % h == 0 && splits * Hkv * h <= sms) best = h;
-  return best;
-}
-}  // namespace
-
 void CudaBackend::attention(const float* q, const float* k_cache, const float* v_cache, int64_t M, int64_t p0,
                             int64_t Hq, int64_t Hkv, int64_t D, float scale, float* out) {
   Impl& I = *p_;
@@ -1195,7 +1180,9 @@ void CudaBackend::attention(const float* q, const float* k_cache, const float* v
   d.splits = S;
   d.scale = scale;
   d.pairs = I.opt.attn_pairs == 1 ? 1 : 2;
-  if (M == 1) d.hsplit = attention_head_split(I.opt.attn_hsplit, S, Hkv, Hq / Hkv, I.prop.multiProcessorCount);
+  // Options::attn_hsplit: 0 = the query heads of a KV head over several blocks at short contexts, 1 = off
+  if (M == 1 && I.opt.attn_hsplit != 1)
+    d.hsplit = cuda::attention_head_split(S, Hkv, Hq / Hkv, I.prop.multiProcessorCount);
   // Round 8b: 32 x 32 tiles for a prefill chunk (BONSAI_CUDA_ATTN=1 keeps the flash-decoding kernel); 4 rows per
   // thread by default (pp2048 3,828 vs 3,796 tok/s for 2, same run; docs/cuda-kernels.md round 8b).
   if (M > 1 && (I.opt.attn >= 2 || (I.opt.attn == 0 && M >= 16))) {

@@ -45,7 +45,7 @@ class CudaBackend final : public Backend {
                                // flight, round 10's default: +1.5-1.7 % tg at depths 4096 / 8192, even at depth 0 on
                                // the H200) or 1 (round 6); docs/cuda-kernels.md rounds 9-10; BONSAI_CUDA_ATTN_PAIRS=1|2
     int attn_hsplit = 0;       // decode attention (one sequence): 0 = its query heads spread over more blocks while the
-                               // splits leave SMs idle (attention_head_split in cuda_backend.cpp), 1 = one block per
+                               // splits leave SMs idle (cuda::attention_head_split, mixers.cu), 1 = one block per
                                // KV head and split (round 6); BONSAI_CUDA_ATTN_HSPLIT=0|1
     bool conv_dense = true;    // a decode token's GDN conv and dense a/b pair in one launch (needs fuse;
                                // BONSAI_CUDA_CONV_DENSE=0: two)

@@ -248,6 +248,11 @@ struct AttnDesc {
                                    // position rows->pos[m] (k, v, p0 unused)
 };
 Launch attention_launch(const AttnDesc& d);
+// AttnDesc::hsplit for one decode row: the largest divisor of G (query heads per KV head) that keeps splits x Hkv x
+// hsplit blocks within one wave of `sms`. Short contexts (one split per 64 positions) otherwise run on Hkv = 4 blocks
+// that walk G = 6 heads per position serially (17 us per layer at depth 0 on the H200); a long context fills the SMs
+// with splits already, and more blocks per KV head would re-read its K / V rows from DRAM.
+int attention_head_split(int64_t splits, int64_t Hkv, int64_t G, int sms);
 // Prefill (one sequence, M query rows at positions p0..p0+M-1; rows must be null, splits ignored): 32-row x
 // 32-position tiles in shared memory, grid (ceil(M / 32), Hq) (mixers.cu, round 8b); version 1: 2 rows per thread
 // (256 threads), 2: 4 rows per thread (128 threads).

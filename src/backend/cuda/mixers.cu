@@ -239,6 +239,13 @@ void init_attention_attributes() {
   init_delta_chunk_attributes();
 }
 
+int attention_head_split(int64_t splits, int64_t Hkv, int64_t G, int sms) {
+  int best = 1;
+  for (int h = 1; h <= G; ++h)
+    if (G % h == 0 && splits * Hkv * h <= sms) best = h;
+  return best;
+}
+
 Launch attention_launch(const AttnDesc& d) {
   const int hsplit = !d.rows && d.M == 1 ? d.hsplit : 1;
   AttnArgs a{d.q, d.k, d.v, d.out, d.part_o, d.part_ml, d.counters, d.M, d.p0, d.Hq, d.Hkv, d.D, d.splits, d.scale, hsplit, 0};
