@@ -63,7 +63,8 @@ class CudaBackend final : public Backend {
                                // M > 1), 0 = 4 rows per thread for M >= 16 (round 8b); BONSAI_CUDA_ATTN=0|1|2|3
     int matvec_rows = 4;       // weight rows per matvec warp step: 4 or 2 (see ternary.cu; BONSAI_CUDA_MATVEC_ROWS)
     int matvec = 6;            // M <= 2 (q16) / 4 (q8) kernel: 6 = tensor-core matvec v6 (matvec_mma.cu, the default
-                               // since round 8: faster than v3 on every kernel-table shape but ffn_down at M = 1, which keeps v3),
+                               // since round 8: faster than v3 on every kernel-table shape but ffn_down at M = 1, which keeps v3 unless
+                               // matvec7, the round-10 default, serves it),
                                // 3 = dp4a register ring v3 (ternary.cu), 4 = bulk-copy stream (matvec_bulk.cu, q8, M = 1,
                                // K % 1024 == 0; faster alone, slower inside the model); BONSAI_CUDA_MATVEC=3|4|6
     int matvec6_cfg = 0;       // v6 (matvec = 6) block shape, rows per tile x steps in flight x warps: 1 = 16 x 3 x 24,
