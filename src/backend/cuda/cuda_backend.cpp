@@ -268,9 +268,9 @@ struct CudaBackend::Impl {
             cuda::matvec6_launch(t, n, K, xq, xds, M, lv, sms, opt.matvec6_cfg, ks, part, cnt, opt.matvec6_split_ilv));
       }
     }
-    // v7 (Options::matvec7, round 10; BONSAI_CUDA_MV7=1): the same products through a bulk-copy ring in shared memory
-    // (matvec6_cfg 8), ffn_down included (H200, one call: ffn_down 14.4 vs v3 15.3 us; tg128 185-189 vs 170-171 tok/s
-    // without it; docs/cuda-kernels.md round 10).
+    // v7 (Options::matvec7, the default since round 10; BONSAI_CUDA_MV7=0: v6 + v3): the same products through a
+    // bulk-copy ring in shared memory (matvec6_cfg 8), ffn_down included (H200, one call: tg128 185.9 vs 163.3 / 172.0
+    // tok/s without it; ffn_down 14.4 vs v3 15.3 us; docs/cuda-kernels.md round 10).
     const int cfg6 = opt.matvec6_cfg == 0 && opt.matvec7 ? 8 : opt.matvec6_cfg;
     if (opt.matvec == 6 && cuda::matvec6_supported(M, lv, K) && (M > 1 || K <= 8192 || cfg6 != 0))
       return out.push_back(cuda::matvec6_launch(t, n, K, xq, xds, M, lv, sms, cfg6));
@@ -280,22 +280,20 @@ struct CudaBackend::Impl {
     // products: ffn_down 30.6 / 28.9, attn_o 12.6 / 12.2, and at M16 on all but gate+up; docs/cuda-kernels.md).
     // Options::matvec_batch 1: off, 2: every M <= 32 and every shape.
     // Batched decode at M 9..32 (matvec_wgmma_batch.cu, round 10): 256-row blocks on wgmma, stream-K over the SMs.
-    // Off by default (Options::matvec_wgmma = 1): faster than v3 only on gate+up (M32 62.3 vs 77.4 us, M16 48.4 vs
-    // 73.6), slower on the other products and in the whole model (B = 32 1,840 vs 1,980 tok/s, H200 round 10).
-    int64_t mvw_rows = 0;
-    for (int i = 0; i < n; ++i) mvw_rows += t[i].N;
+    // Faster than v3 only on gate+up (M32 62.3 vs 77.4 us, M16 48.4 vs 73.6), so by default (Options::matvec_wgmma = 4)
+    // only there: B = 32 2,069 vs 1,934 tok/s in one H200 call; on every product 1,840 vs 1,980 (round 10).
+    int64_t rows = 0;  // all outputs' rows
+    for (int i = 0; i < n; ++i) rows += t[i].N;
     if (opt.tensor_cores && cuda::gemm2_supported(prop.major, prop.minor) && cuda::matvec_wgmma_supported(M, lv, K) &&
         (opt.matvec_wgmma == 2 || (opt.matvec_wgmma == 0 && M > 8) ||
-         (opt.matvec_wgmma == 3 && M > 8 && mvw_rows >= 64 * int64_t(sms)) ||
-         (opt.matvec_wgmma == 4 && M > 8 && mvw_rows >= 200 * int64_t(sms) && mvw_rows < 1000 * int64_t(sms)))) {
+         (opt.matvec_wgmma == 3 && M > 8 && rows >= 64 * int64_t(sms)) ||
+         (opt.matvec_wgmma == 4 && M > 8 && rows >= 200 * int64_t(sms) && rows < 1000 * int64_t(sms)))) {
       auto* part = static_cast<float*>(ensure(mvw_part, size_t(cuda::matvec_wgmma_part_floats(sms)) * 4, "batched wgmma partials"));
       auto* cnt = static_cast<int32_t*>(
           ensure(mvw_cnt, size_t(cuda::matvec_wgmma_row_blocks(t, n)) * 4, "batched wgmma counters", true));
       return out.push_back(cuda::matvec_wgmma_launch(t, n, K, xq, xds, M, lv, sms, part, cnt));
     }
     const int64_t v6_max = lv == 2 ? 2 : 4;
-    int64_t rows = 0;
-    for (int i = 0; i < n; ++i) rows += t[i].N;
     const bool mvb_auto = M > v6_max && M <= 8 && rows >= 64 * int64_t(sms);
     if (opt.tensor_cores && cuda::matvec_batch_supported(M, lv, K) &&
         (opt.matvec_batch == 2 || (opt.matvec_batch == 0 && mvb_auto)))
