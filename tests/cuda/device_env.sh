@@ -43,3 +43,17 @@ run_test_cuda() {
     timeout "$1" $B/test_cuda --gtest_filter="${TEST_FILTER:--CudaBench.*}" > "$OUT/test_cuda.log" 2>&1
   echo "test_cuda rc=$?"
 }
+
+# The fixture gate (`bonsai gate --json` on the seed-7 tiny pack) once per entry of $1 ("ENV=V,ENV=V"; X=1: the
+# defaults), each at most $2 seconds (default 40); each entry's "overall" line into $OUT/gate.txt. A timeout is a hang:
+# the script stops there.
+run_gates() {
+  local e rc
+  for e in $1; do
+    env ${e//,/ } timeout "${2:-40}" $B/bonsai gate -m /tmp/tiny7/tiny-pq2_0.gguf --fixture "$FIX" --backend cuda --json \
+      > "$L/gate.json" 2> "$L/gate.err"
+    rc=$?
+    echo "gate $e rc=$rc $(tr -d '\n' < "$L/gate.json" | grep -oE '"overall"[^}]*}' | head -c 300)" | tee -a "$OUT/gate.txt"
+    [ $rc = 124 ] && { echo "gate timed out (a hang): stop"; tail -5 "$L/gate.err"; exit 1; }
+  done
+}

@@ -13,13 +13,7 @@ source "$(dirname "$0")/device_env.sh"
 device_header
 start_27b_pack
 make_tiny_packs
-for env in ${GATE_ENVS:-BONSAI_CUDA_MVW=0 BONSAI_CUDA_MVW=1}; do
-  env ${env//,/ } timeout 40 $B/bonsai gate -m /tmp/tiny7/tiny-pq2_0.gguf --fixture "$FIX" --backend cuda --json \
-    > "$L/gate.json" 2> "$L/gate.err"
-  rc=$?
-  echo "gate $env rc=$rc $(tr -d '\n' < "$L/gate.json" | grep -oE '"overall"[^}]*}' | head -c 300)" | tee -a "$OUT/gate.txt"
-  [ $rc = 124 ] && { echo "gate timed out (a hang): stop"; tail -5 "$L/gate.err"; exit 1; }
-done
+run_gates "${GATE_ENVS:-BONSAI_CUDA_MVW=0 BONSAI_CUDA_MVW=1}"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   TEST_FILTER=${TEST_FILTER:-CudaMatvecBatch.Wgmma*} run_test_cuda ${TEST_TIMEOUT:-120}
   grep -E "^\[  FAILED|^\[  PASSED|^\[       OK|Failure|Expected|Which is|run to run|output" "$OUT/test_cuda.log" | head -30

@@ -13,11 +13,7 @@ el() { echo $(( $(date +%s) - T0 )); }
 device_header
 start_27b_pack
 make_tiny_packs
-for env in ${GATE_ENVS:-BONSAI_CUDA_MV7=0 BONSAI_CUDA_MV7=1}; do
-  env ${env//,/ } timeout 40 $B/bonsai gate -m /tmp/tiny7/tiny-pq2_0.gguf --fixture "$FIX" --backend cuda --json \
-    > "$L/gate.json" 2> "$L/gate.err"
-  echo "gate $env rc=$? $(tr -d '\n' < "$L/gate.json" | grep -oE '"overall"[^}]*}' | head -c 300)" | tee -a "$OUT/gate.txt"
-done
+run_gates "${GATE_ENVS:-BONSAI_CUDA_MV7=0 BONSAI_CUDA_MV7=1}"
 echo "t=$(el) s"
 if [ -n "${TEST_FILTER-CudaMatvec6.MatchesTheQuantisedReferenceAndV3:CudaMatvec6.V7Small}" ]; then
   TEST_FILTER=${TEST_FILTER-CudaMatvec6.MatchesTheQuantisedReferenceAndV3:CudaMatvec6.V7Small} run_test_cuda ${TEST_TIMEOUT:-120}

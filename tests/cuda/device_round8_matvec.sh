@@ -11,13 +11,7 @@ source "$(dirname "$0")/device_env.sh"
 device_header
 start_27b_pack
 make_tiny_packs
-for env in ${GATE_ENVS:-X=1 BONSAI_CUDA_MATVEC=3 BONSAI_CUDA_MATVEC=6}; do
-  env ${env//,/ } timeout 40 $B/bonsai gate -m /tmp/tiny7/tiny-pq2_0.gguf --fixture "$FIX" --backend cuda --json \
-    > "$L/gate.json" 2> "$L/gate.err"
-  rc=$?
-  echo "gate $env rc=$rc $(tr -d '\n' < "$L/gate.json" | grep -oE '"overall"[^}]*}' | head -c 300)" | tee -a "$OUT/gate.txt"
-  [ $rc = 124 ] && { echo "gate timed out (a hang): stop"; tail -5 "$L/gate.err"; exit 1; }
-done
+run_gates "${GATE_ENVS:-X=1 BONSAI_CUDA_MATVEC=3 BONSAI_CUDA_MATVEC=6}"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   TEST_FILTER=${TEST_FILTER:-CudaMatvec6.*:CudaOps.Ternary*:CudaModel.*} run_test_cuda ${TEST_TIMEOUT:-120}
   grep -E "^\[  FAILED|^\[  PASSED|^\[       OK|Failure|Expected|Which is|vs v3|output" "$OUT/test_cuda.log" | head -30

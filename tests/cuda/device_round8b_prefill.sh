@@ -16,13 +16,7 @@ device_header
 start_27b_pack
 make_tiny_packs
 stamp "tiny packs"
-for env in ${GATE_ENVS:-X=1 BONSAI_CUDA_DELTA=1 BONSAI_CUDA_DELTA=2}; do
-  env ${env//,/ } timeout 60 $B/bonsai gate -m /tmp/tiny7/tiny-pq2_0.gguf --fixture "$FIX" --backend cuda --json \
-    > "$L/gate.json" 2> "$L/gate.err"
-  rc=$?
-  echo "gate $env rc=$rc $(tr -d '\n' < "$L/gate.json" | grep -oE '"overall"[^}]*}' | head -c 300)" | tee -a "$OUT/gate.txt"
-  [ $rc = 124 ] && { echo "gate timed out (a hang): stop"; tail -5 "$L/gate.err"; exit 1; }
-done
+run_gates "${GATE_ENVS:-X=1 BONSAI_CUDA_DELTA=1 BONSAI_CUDA_DELTA=2}" 60
 stamp "gates"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   run_test_cuda 200
