@@ -179,7 +179,7 @@ struct CudaBackend::Impl {
   std::vector<void*> retired;      // scratch replaced while work may still read it: freed at a sync
   Stats st;
 
-  Scratch xq, xds, attn_o, attn_ml, attn_cnt, ids, am_v, am_i, am_cnt, am_res, amr_out, topk_out, gemm_part;
+  Scratch xq, xds, attn_o, attn_ml, attn_cnt, ids, amr_out, topk_out, gemm_part;
   Scratch amr_v, amr_i, amr_cnt;  // argmax_rows partials: float / int64 [rows, chunks], counters int32 [rows] (zeroed)
   Scratch mv6_part, mv6_cnt;  // split-K v6: partials float [S, M, N], arrival counters int32 [N / 16] (zeroed)
   Scratch mvw_part, mvw_cnt;  // batched wgmma: partials float [2 SMs, 16, 512], counters int32 [row blocks] (zeroed)
@@ -806,8 +806,8 @@ CudaBackend::~CudaBackend() {
     cudaGraphDestroy(g.graph);
   }
   for (void* q : p_->owned) cudaFree(q);
-  for (Impl::Scratch* s : {&p_->xq, &p_->xds, &p_->attn_o, &p_->attn_ml, &p_->attn_cnt, &p_->ids, &p_->am_v, &p_->am_i,
-                           &p_->am_cnt, &p_->am_res, &p_->amr_out, &p_->amr_v, &p_->amr_i, &p_->amr_cnt, &p_->topk_out, &p_->gemm_part, &p_->mv6_part, &p_->mv6_cnt,
+  for (Impl::Scratch* s : {&p_->xq, &p_->xds, &p_->attn_o, &p_->attn_ml, &p_->attn_cnt, &p_->ids,
+                           &p_->amr_out, &p_->amr_v, &p_->amr_i, &p_->amr_cnt, &p_->topk_out, &p_->gemm_part, &p_->mv6_part, &p_->mv6_cnt,
                            &p_->mvw_part, &p_->mvw_cnt})
     if (s->p) cudaFree(s->p);
   if (p_->pinned) cudaFreeHost(p_->pinned);
@@ -1468,7 +1468,7 @@ void CudaBackend::gdn_delta_rule_rows(float* const* states, const float* q, cons
 bool CudaBackend::argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* host_out) {
   Impl& I = *p_;
   ++I.seq;
-  if (rows < 1 || n < 1) fail("argmax_rows: {} rows of {}", rows, n);
+  if (rows < 1 || n < 1 || n > INT32_MAX) fail("argmax_rows: {} rows of {} (want >= 1 rows of 1..{})", rows, n, INT32_MAX);
   I.flush_pending();
   auto* out = static_cast<int32_t*>(I.ensure(I.amr_out, size_t(rows) * 4, "argmax rows"));
   const int C = cuda::argmax_rows_chunks(rows, n, I.prop.multiProcessorCount);
@@ -1502,19 +1502,9 @@ int64_t CudaBackend::top_k(float* x, int64_t n, int32_t k, float penalty, const 
 }
 
 int64_t CudaBackend::argmax(const float* x, int64_t n) {
-  Impl& I = *p_;
-  I.drain();
-  auto* pv = static_cast<float*>(I.ensure(I.am_v, cuda::kArgmaxBlocks * 4, "argmax"));
-  auto* pi = static_cast<int64_t*>(I.ensure(I.am_i, cuda::kArgmaxBlocks * 8, "argmax"));
-  auto* cnt = static_cast<int32_t*>(I.ensure(I.am_cnt, 4, "argmax", true));
-  auto* res = static_cast<int64_t*>(I.ensure(I.am_res, 8, "argmax"));
-  I.emit(cuda::argmax_launch(x, n, pv, pi, cnt, res));
-  void* pin = I.pinned_buf(8);
-  CUDA_CHECK(cudaMemcpyAsync(pin, res, 8, cudaMemcpyDeviceToHost, I.stream));
-  CUDA_CHECK(cudaStreamSynchronize(I.stream));
-  int64_t r;
-  std::memcpy(&r, pin, 8);
-  return r;
+  int32_t i = 0;
+  argmax_rows(x, 1, n, &i);  // one row: up to 64 blocks, the last merges (argmax_rows_kernel)
+  return i;
 }
 
 void CudaBackend::synchronize() { p_->sync(); }

@@ -211,7 +211,8 @@ class CudaBackend final : public Backend {
                            float* out) override;
 
   // ---- CUDA extras (not in the Backend interface) ---------------------------------------------------
-  // Index of the largest element of x [n] on the device (ref::argmax semantics); one int64 comes back.
+  // Index of the largest element of x [n] on the device (ref::argmax semantics; argmax_rows of one row, n <=
+  // INT32_MAX); 4 bytes come back.
   int64_t argmax(const float* x, int64_t n);
   // Greedy batched decode: each row's argmax on the device (recorded into the step's graph), int32 [rows]
   // back to the host instead of the [rows, n] logits.

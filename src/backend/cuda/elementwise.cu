@@ -557,14 +557,6 @@ __global__ __launch_bounds__(kThreads) void gates_kernel(const GatesArgs a) {
 }
 
 // ---- argmax: lowest index among the maxima, NaN never wins ----------------------------------------
-struct ArgmaxArgs {
-  const float* x;
-  float* part_v;
-  int64_t* part_i;
-  int32_t* counter;
-  int64_t* result;
-  int64_t n;
-};
 
 __device__ __forceinline__ void better(float& bv, int64_t& bi, float v, int64_t i) {
   // (v, i) beats (bv, bi): bv is NaN-free by construction; bi < 0 means empty
@@ -660,47 +652,6 @@ __global__ __launch_bounds__(kArgmaxRowThreads) void argmax_rows_kernel(const Ar
   if (threadIdx.x == 0) {
     a.out[row] = int32_t(bi < 0 ? 0 : bi);
     a.counters[row] = 0;  // ready for the next launch (graph replays)
-  }
-}
-
-__global__ __launch_bounds__(kThreads) void argmax_kernel(const ArgmaxArgs a) {
-  __shared__ float sv[kThreads];
-  __shared__ int64_t si[kThreads];
-  __shared__ bool last;
-  pdl_trigger();
-  pdl_wait();
-  float bv = 0.f;
-  int64_t bi = -1;
-  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < a.n; i += int64_t(gridDim.x) * kThreads)
-    better(bv, bi, a.x[i], i);
-  sv[threadIdx.x] = bv;
-  si[threadIdx.x] = bi;
-  __syncthreads();
-  for (int s = kThreads / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) {
-      float v = sv[threadIdx.x];
-      int64_t i = si[threadIdx.x];
-      better(v, i, sv[threadIdx.x + s], si[threadIdx.x + s]);
-      sv[threadIdx.x] = v;
-      si[threadIdx.x] = i;
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) {
-    a.part_v[blockIdx.x] = sv[0];
-    a.part_i[blockIdx.x] = si[0];
-    __threadfence();
-    last = atomicAdd(a.counter, 1) == int(gridDim.x) - 1;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  if (threadIdx.x == 0) {
-    float v = 0.f;
-    int64_t i = -1;
-    for (unsigned b = 0; b < gridDim.x; ++b) better(v, i, ((volatile float*)a.part_v)[b], ((volatile int64_t*)a.part_i)[b]);
-    *a.result = i < 0 ? 0 : i;
-    *a.counter = 0;
   }
 }
 
@@ -907,10 +858,6 @@ Launch argmax_rows_launch(const float* x, int64_t rows, int64_t n, int32_t* out,
                      dim3(kArgmaxRowThreads), 0, a);
 }
 
-Launch argmax_launch(const float* x, int64_t n, float* part_v, int64_t* part_i, int32_t* counter, int64_t* result) {
-  ArgmaxArgs a{x, part_v, part_i, counter, result, n};
-  return make_launch(reinterpret_cast<const void*>(&argmax_kernel), dim3(kArgmaxBlocks), dim3(kThreads), 0, a);
-}
 
 Launch probe_launch(const void* buf, int64_t n16, uint32_t* sink, int blocks) {
   ProbeArgs a{reinterpret_cast<const uint4*>(buf), sink, n16};

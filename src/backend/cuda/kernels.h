@@ -326,9 +326,7 @@ void delta_chunk_launches(const DeltaDesc& d, float* scratch, Launch out[2]);
 void init_delta_chunk_attributes();  // called by init_attention_attributes
 
 // ---- utilities -------------------------------------------------------------------------------------
-// Two-stage argmax over x [n]: blocks write partials, the last block reduces into *result (int64).
-constexpr int kArgmaxBlocks = 64;
-// Per-row argmax of x [rows, n] into out int32 [rows] (device): `chunks` blocks per row (argmax_rows_chunks); with
+// Per-row argmax of x [rows, n] (n <= INT32_MAX) into out int32 [rows] (device): `chunks` blocks per row (argmax_rows_chunks); with
 // chunks > 1, part_v float [rows, chunks], part_i int64 [rows, chunks] and counters int32 [rows] (zero before the first
 // launch, left zero by every launch).
 constexpr int kArgmaxRowThreads = 1024;
@@ -336,7 +334,6 @@ constexpr int kArgmaxRowMaxChunks = 64;  // <= kArgmaxRowThreads (the last block
 int argmax_rows_chunks(int64_t rows, int64_t n, int sms);
 Launch argmax_rows_launch(const float* x, int64_t rows, int64_t n, int32_t* out, int chunks, float* part_v,
                           int64_t* part_i, int32_t* counters);
-Launch argmax_launch(const float* x, int64_t n, float* part_v, int64_t* part_i, int32_t* counter, int64_t* result);
 // Sampling's top-k pick (sampling.cu; Backend::top_k): the penalty on the n_pen listed tokens of x [n] (in
 // place), then the k largest (NaN dropped) by value descending, index ascending, into out int32 [1 + 2k] on
 // the device: the count of non-NaN values | ids [k] | values [k] (float bits). One block.
