@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <string>
@@ -73,6 +74,15 @@ TEST(CudaSite, WarpSiteEqualsTheBlockSiteKernel) {
         const SiteRun r[2] = {run_site(warp, kind, w, s, perm, gain, a, b, rows, K, Dv, n),
                               run_site(block, kind, w, s, perm, gain, a, b, rows, K, Dv, n)};
         const std::string what = "levels " + std::to_string(levels) + " n " + std::to_string(n) + " kind " + std::to_string(kind);
+        // Round 11: the warp site's loads / stores through shared memory (the default) or direct
+        // (BONSAI_CUDA_SITE_STAGE=0): only the memory access differs, every output EQUAL.
+        setenv("BONSAI_CUDA_SITE_STAGE", "0", 1);
+        const SiteRun direct = run_site(warp, kind, w, s, perm, gain, a, b, rows, K, Dv, n);
+        unsetenv("BONSAI_CUDA_SITE_STAGE");
+        EXPECT_EQ(direct.site, r[0].site) << what << " (staged vs direct)";
+        EXPECT_EQ(direct.y, r[0].y) << what << " (staged vs direct)";
+        EXPECT_EQ(direct.inv, r[0].inv) << what << " (staged vs direct)";
+        EXPECT_EQ(direct.prod, r[0].prod) << what << " (staged vs direct)";
         if (kind == 2) {
           EXPECT_LE(rel_err(r[0].site, r[1].site), 1e-5) << what;
           EXPECT_LE(rel_err(r[0].y, r[1].y), 1e-3) << what;
@@ -163,6 +173,82 @@ TEST(CudaSite, NormClusterEqualsUnfusedNormAndSite) {
   EXPECT_FALSE(cuda::site_cluster_shape_ok(9216, 1024));
   EXPECT_FALSE(cuda::site_cluster_shape_ok(5120, 2048));
   EXPECT_FALSE(cuda::site_cluster_shape_ok(1536, 128));
+}
+
+// Round 11: the add_rmsnorm / rmsnorm fused into the warp site of prefill rows (Options::site_norm_warp,
+// site_norm_warp_kernel) against the unfused norm_kernel + site_warp_kernel: the residual, the normed x, the fp32
+// site and the linear's outputs are EQUAL (norm_kernel's pass and sum order, then the warp site's stages), at 64 and
+// 131 rows, K from one 1024 chunk (a 256-thread norm block) to 8 chunks, FWHT blocks of 1024 and 128,
+// with and without the residual add, q16 and q8; the fused path launches one kernel fewer per norm.
+TEST(CudaSite, NormWarpEqualsUnfusedNormAndWarpSite) {
+  BONSAI_REQUIRE_GPU();
+  for (const int levels : {2, 1})
+    for (const int64_t K : {int64_t(5120), int64_t(1024), int64_t(8192)}) {
+      TernaryMatrix& w = random_matrix(96, K, uint32_t(300 + K / 1024), 0.02);
+      const auto s = random_signs(size_t(K), 301);
+      const auto gain = uniform(size_t(K), 302, 0.5f, 1.5f);
+      CudaBackend::Options on, off;
+      on.site_norm_warp = true;
+      off.site_norm_warp = false;
+      on.act_levels = off.act_levels = levels;
+      CudaBackend fused(on), plain(off);
+      for (const int64_t rows : {int64_t(64), int64_t(131)})
+        for (const int64_t n : {int64_t(1024), int64_t(128)})
+          for (const bool add : {true, false}) {
+            const auto h0 = randn(size_t(rows * K), uint32_t(303 + rows), 2.f), d0 = randn(size_t(rows * K), uint32_t(304 + rows));
+            std::vector<float> h[2], x[2], site[2], y[2];
+            uint64_t kernels[2];
+            for (CudaBackend* be : {&fused, &plain}) {
+              const size_t i = be == &plain;
+              be->prepare_matrix(w);
+              Buffer sd = up_bytes(*be, s), gd = up(*be, gain), hd = up(*be, h0), dd = up(*be, d0);
+              Buffer xd = poisoned(*be, size_t(rows * K)), st = poisoned(*be, size_t(rows * K)), yd = poisoned(*be, size_t(rows * w.rows));
+              const auto* sp = reinterpret_cast<const int8_t*>(sd.data());
+              const uint64_t k0 = be->stats().kernels;
+              if (add) be->add_rmsnorm(hd.data(), dd.data(), rows, K, gd.data(), 1e-6f, xd.data());
+              else be->rmsnorm(hd.data(), rows, K, gd.data(), 1e-6f, xd.data());
+              be->copy_rows(st.data(), K, xd.data(), K, rows, K);
+              be->hadamard_forward(st.data(), rows, K, sp, n);
+              const LinearOut out{&w, yd.data()};
+              be->linear(&out, 1, K, st.data(), rows);
+              kernels[i] = be->stats().kernels - k0;
+              h[i] = down(*be, hd);
+              x[i] = down(*be, xd);
+              site[i] = down(*be, st);
+              y[i] = down(*be, yd);
+            }
+            const std::string what = "levels " + std::to_string(levels) + " K " + std::to_string(K) + " rows " +
+                                     std::to_string(rows) + " n " + std::to_string(n) + (add ? " add" : " plain");
+            EXPECT_EQ(h[0], h[1]) << what << " (residual)";
+            EXPECT_EQ(x[0], x[1]) << what << " (normed x)";
+            EXPECT_EQ(site[0], site[1]) << what << " (site)";
+            EXPECT_EQ(y[0], y[1]) << what << " (linear)";
+            EXPECT_LE(rel_err(y[1], quantised_reference(w, site[1], rows, levels)), 1e-4) << what;
+            EXPECT_EQ(kernels[0] + 1, kernels[1]) << what << " (the norm launch folded)";
+          }
+    }
+  // Where it applies: prefill rows, K % 1024 == 0 up to 8 chunks, n <= 1024, a gain, the warp site on.
+  cuda::SiteDesc d;
+  d.pre = cuda::kPreAddNorm;
+  d.gain = reinterpret_cast<const float*>(uintptr_t(256));
+  d.rows = 64;
+  d.K = d.ld = 5120;
+  d.n = 1024;
+  EXPECT_TRUE(cuda::site_norm_warp_supported(d));
+  d.rows = 32;
+  EXPECT_FALSE(cuda::site_norm_warp_supported(d));
+  d.rows = 256;
+  d.K = d.ld = 9216;
+  EXPECT_FALSE(cuda::site_norm_warp_supported(d));
+  d.K = d.ld = 5120;
+  d.n = 2048;
+  EXPECT_FALSE(cuda::site_norm_warp_supported(d));
+  d.n = 1024;
+  d.warp = false;
+  EXPECT_FALSE(cuda::site_norm_warp_supported(d));
+  d.warp = true;
+  d.pre = cuda::kPreSiluMul;
+  EXPECT_FALSE(cuda::site_norm_warp_supported(d));
 }
 
 // Round 9: the site_kernel FWHT with strides 32..n/2 as shuffles after one transpose (Options::site_xpose 1; 2:

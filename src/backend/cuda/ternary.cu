@@ -20,6 +20,7 @@
 //   xds float2 [M, K/64] {u = d / 254, S = 254 sum(q0) + sum(q1) over the chunk's 64 elements}
 // (int8: u = d, S = sum(q0)); every kernel computes u * (sum(c Q) - S) per chunk / group.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
 
@@ -55,6 +56,7 @@ struct SiteArgs {
   int32_t norm_threads; // site_kernel_cluster: the block size of norm_kernel for this K (its sum order), 0 otherwise
   int32_t cluster;      // SiteDesc::cluster (site_kernel_cluster): 2 = the residual stored after the exchange and
                         // the second arrive relaxed (no GPU-scope fence waiting on global stores), 1 = before
+  int32_t stage;        // round 11: the warp sites' chunk loads / stores through shared memory (site_stage_on)
 };
 
 constexpr int kSiteThreads = 1024;  // one element per thread for a 1024 tile: short dependency chains at decode
@@ -336,63 +338,53 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kSiteThreads) site_k
   cluster_wait();
 }
 
-// The site for prefill rows (SiteDesc::warp, rows >= kSiteWarpMinRows): one WARP per 1024-element chunk of a
-// row, the chunk in registers (lane l holds elements 32 l .. 32 l + 31), no shared memory and no barriers.
-// site_kernel runs one 1024-thread block per chunk with a barrier per FWHT stage above 16: at 256 rows it
-// took 53.6 us per call (5 waves of 2 blocks per SM, each a chain of barriers), 20 % of a prefill chunk.
-// The same operations in the same order as site_kernel (pre-op, signs, butterflies a + b / a - b at
-// h = 1, 2, 4, ..., * norm, the same quantiser), so xq / xds / dst are bit-identical to it for every
-// pre-op but the gated norm, whose sum of squares is summed in another order.
-__global__ __launch_bounds__(kSiteWarpThreads) void site_warp_kernel(const SiteArgs a) {
-  pdl_trigger();
-  pdl_wait();
-  const int lane = threadIdx.x & 31;
-  const int64_t chunks = a.K >> 10;
-  const int64_t unit = int64_t(blockIdx.x) * (kSiteWarpThreads / 32) + (threadIdx.x >> 5);
-  if (unit >= a.rows * chunks) return;  // warp-uniform: whole warps only
-  const int64_t r = unit / chunks, c0 = (unit % chunks) << 10, e0 = c0 + 32 * lane;  // e0: lane's first element
-  const float* src = a.src + r * a.ld;
-  float v[32];
-  if (a.perm) {
+// Round 11: the warp site's global traffic through a per-warp shared-memory tile (buf: [32][33] floats, row l =
+// lane l's 32 elements, padded so both the row reads and the column writes hit 32 banks). Lane l owns elements
+// 32 l .. 32 l + 31 of the 1024 chunk, so its own 16-byte accesses are 128 bytes apart across the warp: each
+// load / store instruction touched 32 lines (half sectors). Through the tile every instruction moves 512
+// contiguous bytes. Values are only moved: the results stay bit-identical. chunk: the chunk's first element.
+__device__ __forceinline__ void warp_rows_load(const float* chunk, float* buf, int lane, float (&v)[32]) {
 #pragma unroll
-    for (int j = 0; j < 32; ++j) v[j] = src[a.perm[e0 + j]];
-  } else {
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const float4 f = *reinterpret_cast<const float4*>(src + e0 + 4 * k);
-      v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
-    }
+  for (int k = 0; k < 8; ++k) {
+    const float4 f = reinterpret_cast<const float4*>(chunk)[32 * k + lane];  // elements 128 k + 4 lane ..
+    float* p = buf + (4 * k + (lane >> 3)) * 33 + 4 * (lane & 7);
+    p[0] = f.x, p[1] = f.y, p[2] = f.z, p[3] = f.w;
   }
-  if (a.pre == kPreSiluMul || a.pre == kPreSigmoidMul || a.pre == kPreGatedNorm) {  // no perm with a pre-op
-    const float* src2 = a.src2 + r * a.ld;
-    float u[32];
+  __syncwarp();
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const float4 f = *reinterpret_cast<const float4*>(src2 + e0 + 4 * k);
-      u[4 * k] = f.x, u[4 * k + 1] = f.y, u[4 * k + 2] = f.z, u[4 * k + 3] = f.w;
-    }
-    if (a.pre == kPreSiluMul) {
+  for (int j = 0; j < 32; ++j) v[j] = buf[lane * 33 + j];
+  __syncwarp();  // buf free again
+}
+__device__ __forceinline__ void warp_rows_store(float* chunk, float* buf, int lane, const float (&v)[32]) {
 #pragma unroll
-      for (int j = 0; j < 32; ++j) v[j] = siluf_(v[j]) * u[j];
-    } else if (a.pre == kPreSigmoidMul) {
+  for (int j = 0; j < 32; ++j) buf[lane * 33 + j] = v[j];
+  __syncwarp();
 #pragma unroll
-      for (int j = 0; j < 32; ++j) v[j] = v[j] * sigmoidf_(u[j]);
-    } else {  // rmsnorm over each seg-long segment (seg / 32 adjacent lanes) * gain * silu(z)
-      float ss = 0.f;
-#pragma unroll
-      for (int j = 0; j < 32; ++j) ss += v[j] * v[j];
-      for (int o = 1; o < a.seg / 32; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      const float rr = rsqrtf(ss / float(a.seg) + a.eps);
-      const int64_t g0 = e0 % a.seg;
-#pragma unroll
-      for (int j = 0; j < 32; ++j) v[j] = v[j] * rr * a.gain[g0 + j] * siluf_(u[j]);
-    }
-    if (a.pre_out) {
-      float4* po = reinterpret_cast<float4*>(a.pre_out + r * a.ld + e0);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) po[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
-    }
+  for (int k = 0; k < 8; ++k) {
+    const float* p = buf + (4 * k + (lane >> 3)) * 33 + 4 * (lane & 7);
+    reinterpret_cast<float4*>(chunk)[32 * k + lane] = make_float4(p[0], p[1], p[2], p[3]);
   }
+  __syncwarp();
+}
+// One digit plane of the chunk (1024 bytes; lane l's 8 words at bytes 32 l ..), words padded 9 per lane.
+__device__ __forceinline__ void warp_words_store(int8_t* plane, uint32_t* buf, int lane, const uint32_t (&w)[8]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) buf[lane * 9 + i] = w[i];
+  __syncwarp();
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+    const uint32_t* p = buf + (16 * m + (lane >> 1)) * 9 + 4 * (lane & 1);  // words 128 m + 4 lane ..
+    reinterpret_cast<uint4*>(plane)[32 * m + lane] = make_uint4(p[0], p[1], p[2], p[3]);
+  }
+  __syncwarp();
+}
+
+// Stages after the pre-op of the warp site, for the chunk of row r whose lane-l elements start at e0 (v: the
+// pre-op's values, lane l elements e0 .. e0 + 31): signs, FWHT, * norm, fp32 store, the int8 quantiser.
+// Shared by site_warp_kernel and site_norm_warp_kernel (the same operations in the same order).
+// buf: the warp's [32][33] staging tile (warp_rows_*), or null: direct 16-byte stores.
+__device__ __forceinline__ void site_warp_tail(const SiteArgs& a, float (&v)[32], int64_t r, int64_t e0, int lane,
+                                               float* buf = nullptr) {
   float sg[32];  // the signs, applied before the transform (forward) or after it (inverse)
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
@@ -431,7 +423,9 @@ __global__ __launch_bounds__(kSiteWarpThreads) void site_warp_kernel(const SiteA
     if (a.inverse && a.signs) v[j] *= sg[j];
     amax = fmaxf(amax, fabsf(v[j]));
   }
-  if (a.dst) {
+  if (a.dst && buf) {
+    warp_rows_store(a.dst + r * a.K + e0 - 32 * lane, buf, lane, v);
+  } else if (a.dst) {
     float4* d = reinterpret_cast<float4*>(a.dst + r * a.K + e0);
 #pragma unroll
     for (int k = 0; k < 8; ++k) d[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
@@ -462,14 +456,152 @@ __global__ __launch_bounds__(kSiteWarpThreads) void site_warp_kernel(const SiteA
     }
   }
   int8_t* xq = a.xq + r * a.levels * a.K + e0;  // digit plane 0 of row r; plane 1 at + K
-  reinterpret_cast<uint4*>(xq)[0] = make_uint4(p0[0], p0[1], p0[2], p0[3]);
-  reinterpret_cast<uint4*>(xq)[1] = make_uint4(p0[4], p0[5], p0[6], p0[7]);
-  if (a.levels == 2) {
-    reinterpret_cast<uint4*>(xq + a.K)[0] = make_uint4(p1[0], p1[1], p1[2], p1[3]);
-    reinterpret_cast<uint4*>(xq + a.K)[1] = make_uint4(p1[4], p1[5], p1[6], p1[7]);
+  if (buf) {
+    uint32_t* wb = reinterpret_cast<uint32_t*>(buf);
+    warp_words_store(xq - 32 * lane, wb, lane, p0);
+    if (a.levels == 2) warp_words_store(xq - 32 * lane + a.K, wb, lane, p1);
+  } else {
+    reinterpret_cast<uint4*>(xq)[0] = make_uint4(p0[0], p0[1], p0[2], p0[3]);
+    reinterpret_cast<uint4*>(xq)[1] = make_uint4(p0[4], p0[5], p0[6], p0[7]);
+    if (a.levels == 2) {
+      reinterpret_cast<uint4*>(xq + a.K)[0] = make_uint4(p1[0], p1[1], p1[2], p1[3]);
+      reinterpret_cast<uint4*>(xq + a.K)[1] = make_uint4(p1[4], p1[5], p1[6], p1[7]);
+    }
   }
   sum += __shfl_xor_sync(0xffffffffu, sum, 1);  // a 64-chunk is two lanes
   if ((lane & 1) == 0) a.xds[r * (a.K >> 6) + (e0 >> 6)] = make_float2(a.levels == 2 ? d / 254.f : d, float(sum));
+}
+
+// The site for prefill rows (SiteDesc::warp, rows >= kSiteWarpMinRows): one WARP per 1024-element chunk of a
+// row, the chunk in registers (lane l holds elements 32 l .. 32 l + 31), no block barriers.
+// site_kernel runs one 1024-thread block per chunk with a barrier per FWHT stage above 16: at 256 rows it
+// took 53.6 us per call (5 waves of 2 blocks per SM, each a chain of barriers), 20 % of a prefill chunk.
+// The same operations in the same order as site_kernel (pre-op, signs, butterflies a + b / a - b at
+// h = 1, 2, 4, ..., * norm, the same quantiser), so xq / xds / dst are bit-identical to it for every
+// pre-op but the gated norm, whose sum of squares is summed in another order.
+// STAGE (round 11, the default; BONSAI_CUDA_SITE_STAGE=0: off): the loads and stores of whole chunks through the
+// warp's shared-memory tile (warp_rows_load / warp_rows_store / warp_words_store), coalesced; the gather (perm)
+// reads stay direct. Bit-identical to STAGE = false. H200, one call: pp2048 4,557 / 4,555 vs 4,337 / 4,354 tok/s
+// without it; the site 25.0 -> 18.0 us per launch on average (docs/cuda-kernels.md round 11).
+template <bool STAGE>
+__global__ __launch_bounds__(kSiteWarpThreads) void site_warp_kernel(const SiteArgs a) {
+  __shared__ float tiles[STAGE ? kSiteWarpThreads / 32 : 1][32 * 33];
+  pdl_trigger();
+  pdl_wait();
+  const int lane = threadIdx.x & 31;
+  const int64_t chunks = a.K >> 10;
+  const int64_t unit = int64_t(blockIdx.x) * (kSiteWarpThreads / 32) + (threadIdx.x >> 5);
+  if (unit >= a.rows * chunks) return;  // warp-uniform: whole warps only
+  const int64_t r = unit / chunks, c0 = (unit % chunks) << 10, e0 = c0 + 32 * lane;  // e0: lane's first element
+  const float* src = a.src + r * a.ld;
+  float* buf = STAGE ? tiles[threadIdx.x >> 5] : nullptr;
+  float v[32];
+  if (a.perm) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) v[j] = src[a.perm[e0 + j]];
+  } else if (STAGE) {
+    warp_rows_load(src + c0, buf, lane, v);
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float4 f = *reinterpret_cast<const float4*>(src + e0 + 4 * k);
+      v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
+    }
+  }
+  if (a.pre == kPreSiluMul || a.pre == kPreSigmoidMul || a.pre == kPreGatedNorm) {  // no perm with a pre-op
+    const float* src2 = a.src2 + r * a.ld;
+    float u[32];
+    if (STAGE) {
+      warp_rows_load(src2 + c0, buf, lane, u);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const float4 f = *reinterpret_cast<const float4*>(src2 + e0 + 4 * k);
+        u[4 * k] = f.x, u[4 * k + 1] = f.y, u[4 * k + 2] = f.z, u[4 * k + 3] = f.w;
+      }
+    }
+    if (a.pre == kPreSiluMul) {
+#pragma unroll
+      for (int j = 0; j < 32; ++j) v[j] = siluf_(v[j]) * u[j];
+    } else if (a.pre == kPreSigmoidMul) {
+#pragma unroll
+      for (int j = 0; j < 32; ++j) v[j] = v[j] * sigmoidf_(u[j]);
+    } else {  // rmsnorm over each seg-long segment (seg / 32 adjacent lanes) * gain * silu(z)
+      float ss = 0.f;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) ss += v[j] * v[j];
+      for (int o = 1; o < a.seg / 32; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      const float rr = rsqrtf(ss / float(a.seg) + a.eps);
+      const int64_t g0 = e0 % a.seg;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) v[j] = v[j] * rr * a.gain[g0 + j] * siluf_(u[j]);
+    }
+    if (a.pre_out && STAGE) {
+      warp_rows_store(a.pre_out + r * a.ld + c0, buf, lane, v);
+    } else if (a.pre_out) {
+      float4* po = reinterpret_cast<float4*>(a.pre_out + r * a.ld + e0);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) po[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+    }
+  }
+  site_warp_tail(a, v, r, e0, lane, buf);
+}
+
+// Round 11: the add_rmsnorm / rmsnorm fused into the warp site of prefill rows (SiteDesc::warp, kPreAddNorm, rows
+// >= kSiteWarpMinRows; Options::site_norm_warp). One block per row of norm_kernel's size (norm_block_threads(K)):
+// phase 1 is norm_kernel's float4 pass (v = src (+ resid), resid = v, the sum of squares in its order, the same
+// block_sum), phase 2 its output v * rr * g (written to pre_out, the normed x, and kept in shared memory), then warp
+// w < K / 1024 runs site_warp_kernel's stages on chunk w from shared memory. Bit-identical to norm_kernel followed by
+// site_warp_kernel (the unfused prefill path), one launch and one 4 K-byte pass over the row fewer. Shared memory:
+// the row padded by one float per 32 (element e at e + e / 32), so lane l's reads of its 32 elements hit 32 banks.
+// Off by default: slower on the H200 (26.2 us per launch against 8.9 + ~16 for the pair, pp2048 4,350 vs 4,398
+// tok/s; 1024-thread blocks at 64 registers spill 124 B, and 5 of the 32 warps run the site stages of a row).
+__global__ __launch_bounds__(1024) void site_norm_warp_kernel(const SiteArgs a) {
+  extern __shared__ float sv[];  // [K + K / 32]
+  __shared__ float red[32];
+  pdl_trigger();
+  const int tid = threadIdx.x;
+  const int64_t n4 = a.K >> 2;
+  const float4* gain4 = reinterpret_cast<const float4*>(a.gain);
+  const float4 g0 = tid < n4 ? gain4[tid] : make_float4(1.f, 1.f, 1.f, 1.f);  // a model constant: before the wait
+  pdl_wait();
+  const int64_t r = blockIdx.x;
+  const float4* x4 = reinterpret_cast<const float4*>(a.src + r * a.ld);
+  float4* h4 = a.resid ? reinterpret_cast<float4*>(a.resid + r * a.ld) : nullptr;
+  float ss = 0.f;
+  for (int64_t i = tid; i < n4; i += blockDim.x) {
+    float4 v = x4[i];
+    if (h4) {
+      const float4 hv = h4[i];
+      v = make_float4(hv.x + v.x, hv.y + v.y, hv.z + v.z, hv.w + v.w);
+      h4[i] = v;
+    }
+    ss += sq4(v);
+    float* p = sv + 4 * i + (i >> 3);  // elements 4i .. 4i + 3 lie in one padded run of 32
+    p[0] = v.x, p[1] = v.y, p[2] = v.z, p[3] = v.w;
+  }
+  ss = block_sum(ss, red);  // its barriers also order the shared-memory writes above before the reads below
+  const float rr = rsqrtf(ss / float(a.K) + a.eps);
+  float4* po = a.pre_out ? reinterpret_cast<float4*>(a.pre_out + r * a.ld) : nullptr;
+  for (int64_t i = tid; i < n4; i += blockDim.x) {  // each thread re-reads only the slots it wrote
+    float* p = sv + 4 * i + (i >> 3);
+    const float4 g = i == tid ? g0 : gain4[i];
+    const float4 o = make_float4(p[0] * rr * g.x, p[1] * rr * g.y, p[2] * rr * g.z, p[3] * rr * g.w);
+    if (po) po[i] = o;
+    p[0] = o.x, p[1] = o.y, p[2] = o.z, p[3] = o.w;
+  }
+  __syncthreads();
+  const int lane = tid & 31;
+  for (int64_t c = tid >> 5; c < (a.K >> 10); c += blockDim.x >> 5) {
+    const int64_t e0 = (c << 10) + 32 * lane;
+    const float* p = sv + e0 + (e0 >> 5);
+    float v[32];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) v[j] = p[j];
+    __syncwarp();
+    // the chunk's own padded region (1056 floats = a [32][33] tile) stages its stores (only this warp reads it)
+    site_warp_tail(a, v, r, e0, lane, a.stage ? sv + (c << 10) + (c << 5) : nullptr);
+  }
 }
 
 int ilog2(int64_t n) {
@@ -502,6 +634,21 @@ bool site_warp_supported(const SiteDesc& d) {
          (!d.signs || reinterpret_cast<uintptr_t>(d.signs) % 4 == 0);
 }
 
+// Round 11 A/B switch, read per warp-site launch (prefill only): BONSAI_CUDA_SITE_STAGE=0 turns the staging off.
+static bool site_stage_on() {
+  const char* e = std::getenv("BONSAI_CUDA_SITE_STAGE");
+  return !(e && e[0] == '0' && e[1] == 0);
+}
+
+bool site_norm_warp_supported(const SiteDesc& d) {
+  if (!d.warp || d.pre != kPreAddNorm || d.rows < kSiteWarpMinRows || d.inverse || d.perm || !d.gain) return false;
+  if (d.K % 1024 != 0 || d.K > kSiteNormWarpMaxK || d.n > 1024 || d.ld % 4 != 0 || d.rows > 0x7fffffff) return false;
+  // float4 access to src / resid / pre_out / gain, site_warp_tail's 16-byte stores of dst and xq
+  auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return al(d.src) && al(d.resid) && al(d.pre_out) && al(d.gain) && al(d.dst) && al(d.xq) &&
+         (!d.signs || reinterpret_cast<uintptr_t>(d.signs) % 4 == 0);
+}
+
 Launch site_launch(const SiteDesc& d) {
   SiteArgs a{};
   a.src = d.src;
@@ -527,6 +674,12 @@ Launch site_launch(const SiteDesc& d) {
   a.norm = float(1.0 / __builtin_sqrt(double(d.n)));
   a.levels = d.levels == 2 ? 2 : 1;
   a.xpose = d.xpose;
+  if (site_norm_warp_supported(d)) {  // before the cluster form, which would take these rows too
+    a.tile = kSiteThreads;
+    a.stage = site_stage_on();
+    return make_launch(reinterpret_cast<const void*>(&site_norm_warp_kernel), dim3(unsigned(d.rows)),
+                       dim3(unsigned(norm_block_threads(d.K))), uint32_t((d.K + d.K / 32) * sizeof(float)), a);
+  }
   if (site_cluster_supported(d)) {
     // one template instance per cluster width (__cluster_dims__ is a compile-time attribute)
     static const void* const kernels[kSiteMaxCluster] = {
@@ -542,7 +695,10 @@ Launch site_launch(const SiteDesc& d) {
   }
   if (site_warp_supported(d)) {
     const int64_t warps = d.rows * (d.K >> 10), per_block = kSiteWarpThreads / 32;
-    return make_launch(reinterpret_cast<const void*>(&site_warp_kernel), dim3(unsigned((warps + per_block - 1) / per_block)),
+    a.stage = site_stage_on();
+    const void* f = a.stage ? reinterpret_cast<const void*>(&site_warp_kernel<true>)
+                            : reinterpret_cast<const void*>(&site_warp_kernel<false>);
+    return make_launch(f, dim3(unsigned((warps + per_block - 1) / per_block)),
                        dim3(kSiteWarpThreads), 0, a);
   }
   const dim3 grid(unsigned((d.K + a.tile - 1) / a.tile), unsigned(d.rows));

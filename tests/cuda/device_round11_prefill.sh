@@ -1,0 +1,62 @@
+#!/bin/bash
+# Round 11 device run (prefill: the warp site staged through shared memory, the norm fused into it, the dense a/b tile
+# kernel's hoisted loads, the float4 split-K sum). Binaries built here (DEVBIN=.devbin-pf BUILD=build-cuda-pf [BASELINE=<an earlier bonsai>]
+# tests/cuda/stage_devbin.sh), carried in .devbin-pf. In order: the fixture gate per GATE_ENVS entry; test_cuda
+# (TEST_FILTER; SKIP_TESTS=1: none); compute-sanitizer memcheck on SANITIZE_FILTER (SANITIZE=0: none); the per-kernel
+# profile (BONSAI_CUDA_PROFILE=1) of one prefill of each size in PROF_SIZES per PROF_CONFIGS entry; then `bonsai
+# bench -p 512,2048 -n 0 -r 2` per CONFIGS entry in the order given (a name starting with base runs the staged
+# BASELINE binary, .devbin-pf/bonsai_r5).
+# $OUT: gate.txt, test_cuda.log, sanitizer.log, prof_<name>_<size>.txt, bench.txt.
+set -u
+source "$(dirname "$0")/device_env.sh"
+T0=$(date +%s)
+stamp() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
+device_header
+start_27b_pack
+make_tiny_packs
+stamp "tiny packs"
+run_gates "${GATE_ENVS:-X=1 BONSAI_CUDA_SITE_STAGE=0 BONSAI_CUDA_SITE_NORM_WARP=1 BONSAI_CUDA_DENSE_HOIST=0}" 60
+stamp "gates"
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  run_test_cuda "${TEST_TIMEOUT:-240}"
+  grep -E "^\[  FAILED|^\[  PASSED|Failure|Expected|Which is|rel_err" "$OUT/test_cuda.log" | head -30
+  stamp "test_cuda"
+fi
+if [ "${SANITIZE:-1}" = 1 ]; then
+  CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+  if [ -n "$CS" ]; then
+    timeout 200 "$CS" --tool memcheck $B/test_cuda \
+      --gtest_filter="${SANITIZE_FILTER:-CudaSite.NormWarpEqualsUnfusedNormAndWarpSite:CudaOps.DenseLinearSingleAndPaired}" \
+      > "$OUT/sanitizer.log" 2>&1
+    echo "sanitizer rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitizer.log" | head -5
+  else
+    echo "no compute-sanitizer"
+  fi
+  stamp "sanitizer"
+fi
+wait $MP
+stamp "27b pack"
+for cfg in ${PROF_CONFIGS:-new:X=1}; do
+  name=${cfg%%:*}; env=${cfg#*:}
+  for p in ${PROF_SIZES:-2048}; do
+    env ${env//,/ } BONSAI_CUDA_PROFILE=1 timeout 120 $B/bonsai bench --backend cuda -m $P27 -p $p -n 0 -r 1 \
+      > "$L/prof_bench.txt" 2> "$OUT/prof_${name}_$p.txt"
+    echo "== profile $name ($env) pp$p rc=$?: two prefills"
+    head -16 "$OUT/prof_${name}_$p.txt"
+  done
+done
+# PROF2=1: the per-launch list (BONSAI_CUDA_PROFILE=2) of one 256-token prefill chunk (the last synchronised batch).
+if [ "${PROF2:-0}" = 1 ]; then
+  BONSAI_CUDA_PROFILE=2 timeout 120 $B/bonsai bench --backend cuda -m $P27 -p 256 -n 0 -r 1 > "$L/prof_bench.txt" 2> "$OUT/prof2_256.txt"
+  echo "== launch list rc=$?"
+fi
+stamp "profiles"
+for cfg in ${CONFIGS:-new:X=1 base:X=1 new:X=1 base:X=1}; do
+  name=${cfg%%:*}; env=${cfg#*:}
+  bin=$B/bonsai; case $name in base*) bin=$B/bonsai_r5 ;; esac
+  echo "== $name ($env, $(basename $bin)): bonsai bench --backend cuda -m $P27 -p 512,2048 -n 0 -r 2" >> "$OUT/bench.txt"
+  env ${env//,/ } timeout 150 $bin bench --backend cuda -m $P27 -p 512,2048 -n 0 -r 2 >> "$OUT/bench.txt" 2>&1
+  echo "rc=$?" >> "$OUT/bench.txt"
+done
+stamp "bench"
+grep -E "==|^pp|rc=" "$OUT/bench.txt"
