@@ -481,7 +481,7 @@ __device__ __forceinline__ void site_warp_tail(const SiteArgs& a, float (&v)[32]
 // pre-op but the gated norm, whose sum of squares is summed in another order.
 // STAGE (round 11, the default; BONSAI_CUDA_SITE_STAGE=0: off): the loads and stores of whole chunks through the
 // warp's shared-memory tile (warp_rows_load / warp_rows_store / warp_words_store), coalesced; the gather (perm)
-// reads stay direct. Bit-identical to STAGE = false. H200, one call: pp2048 4,557 / 4,555 vs 4,337 / 4,354 tok/s
+// reads stay direct. Bit-identical to STAGE = false. H200, one call: pp2048 4,499 / 4,474 vs 4,337 / 4,354 tok/s
 // without it; the site 25.0 -> 18.0 us per launch on average (docs/cuda-kernels.md round 11).
 template <bool STAGE>
 __global__ __launch_bounds__(kSiteWarpThreads) void site_warp_kernel(const SiteArgs a) {
