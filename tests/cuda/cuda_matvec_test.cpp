@@ -107,6 +107,86 @@ TEST(CudaMatvec6, V7Small) {
   v6_cases({{1, 640, {5, 129}}, {2, 1152, {37}}, {4, 384, {17, 3}}, {1, 17408, {20}}, {2, 5120, {100}}}, 1500, {8, 9, 10});
 }
 
+// Round 11: the one-row site as the prologue of matvec v7 (Options::site_prologue; warp_site.cuh). The backend defers
+// the site and the v7 product computes it. Against the same backend with the switch off (the site kernel then v7):
+// the elementwise pre-ops (silu * up, x * sigmoid(g), plain rotate) give the site kernel's int8 digits bit for bit,
+// so the outputs are EQUAL; the norms (gated, add + rms, rms) sum their squares in another order (<= 1e-4
+// relative). AddNorm: h += delta is the same float add (h EQUAL after every step), the normed row within 1e-5; three
+// steps in a row (the counters must come back to zero: a stale arrival count would let a block write h before
+// another has read it). n 1024 (the packs' block) / 128 / 1, K 5120 (5 warps' chunks) and 3072, K = 17,408 (ffn_down:
+// 17 chunks over 17 warps), two outputs; K = 640 and 1536 (not multiples of 1024: the site kernel runs first) must
+// still be right.
+TEST(CudaMatvec7, SitePrologueMatchesTheSiteKernel) {
+  BONSAI_REQUIRE_GPU();
+  struct Shape {
+    int64_t K, n;
+    std::vector<int> kinds;
+  };
+  const std::vector<Shape> shapes = {{5120, 1024, {0, 1, 2, 3, 4, 5}}, {3072, 128, {0, 2, 3, 4}}, {3072, 1, {3, 5}},
+                                     {17408, 1024, {0}}, {640, 128, {0, 4}}, {1536, 512, {4}}};
+  uint32_t seed = 1700;
+  for (const int levels : {2, 1}) {
+    CudaBackend::Options on, off;
+    on.site_prologue = 1;
+    off.site_prologue = 0;
+    on.act_levels = off.act_levels = levels;
+    CudaBackend fused(on), plain(off);
+    for (const Shape& sh : shapes) {
+      const int64_t K = sh.K, Dv = 128;
+      TernaryMatrix& w0 = random_matrix(700, K, seed++, 0.02);
+      TernaryMatrix& w1 = random_matrix(129, K, seed++, 0.02);
+      const auto a = randn(size_t(K), seed++), b = randn(size_t(K), seed++), h0 = randn(size_t(K), seed++, 3.f);
+      const auto gain = uniform(size_t(K), seed++, 0.5f, 1.5f);
+      const auto s = random_signs(size_t(K), seed++);
+      for (const int kind : sh.kinds) {  // silu*up, x*sigmoid(g), gated norm, plain, add + rmsnorm, rmsnorm
+        const int steps = kind == 4 ? 3 : 1;
+        std::vector<float> y[2], h[2], xn[2];
+        for (CudaBackend* be : {&fused, &plain}) {
+          be->prepare_matrix(w0);
+          be->prepare_matrix(w1);
+          Buffer sd = up_bytes(*be, s), gd = up(*be, gain), hd = up(*be, h0);
+          Buffer da = up(*be, a), db = up(*be, b), site = poisoned(*be, size_t(K)), xd = poisoned(*be, size_t(K));
+          Buffer y0 = poisoned(*be, size_t(w0.rows)), y1 = poisoned(*be, size_t(w1.rows));
+          const auto* signs = reinterpret_cast<const int8_t*>(sd.data());
+          const LinearOut outs[2] = {{&w0, y0.data()}, {&w1, y1.data()}};
+          std::vector<float>& ys = y[be == &plain];
+          for (int step = 0; step < steps; ++step) {
+            if (kind == 0) be->silu_mul_rotate(da.data(), db.data(), 1, K, site.data(), signs, sh.n);
+            if (kind == 1 || kind == 2 || kind == 3) {
+              if (kind == 1) be->sigmoid_gate_mul(da.data(), db.data(), K);
+              if (kind == 2) be->gated_rmsnorm(da.data(), db.data(), gd.data(), K / Dv, Dv, 1e-6f, da.data());
+              be->copy_rows(site.data(), K, da.data(), K, 1, K);
+              be->hadamard_forward(site.data(), 1, K, signs, sh.n);
+            }
+            if (kind == 4 || kind == 5)
+              be->add_rmsnorm_rotate(hd.data(), kind == 4 ? da.data() : nullptr, 1, K, gd.data(), 1e-6f, xd.data(),
+                                     site.data(), signs, sh.n);
+            be->linear(outs, 2, K, site.data(), 1);
+            auto v0 = down(*be, y0), v1 = down(*be, y1);
+            ys.insert(ys.end(), v0.begin(), v0.end());
+            ys.insert(ys.end(), v1.begin(), v1.end());
+            if (kind >= 4) {  // the residual after the step and the normed row
+              const auto hv = down(*be, hd), xv = down(*be, xd);
+              h[be == &plain].insert(h[be == &plain].end(), hv.begin(), hv.end());
+              xn[be == &plain].insert(xn[be == &plain].end(), xv.begin(), xv.end());
+            }
+          }
+        }
+        const std::string what = (levels == 2 ? "q16" : "q8") + std::string(" K ") + std::to_string(K) + " n " +
+                                 std::to_string(sh.n) + " kind " + std::to_string(kind);
+        for (float v : y[0]) ASSERT_TRUE(std::isfinite(v)) << what;  // poison: every output written
+        ASSERT_EQ(y[0].size(), y[1].size()) << what;
+        if (kind == 2 || kind >= 4) EXPECT_LE(rel_err(y[0], y[1]), 1e-4) << what;
+        else EXPECT_EQ(y[0], y[1]) << what;
+        if (kind >= 4) {
+          EXPECT_EQ(h[0], h[1]) << what << ": the residual";
+          EXPECT_LE(rel_err(xn[0], xn[1]), 1e-5) << what << ": the normed row";
+        }
+      }
+    }
+  }
+}
+
 // Split-K v6 (Options::matvec6_split, round 9c): K cut into S slices that are tiles of their own, each slice's
 // partial y summed in slice order by the last block to finish the row tile (an arrival counter per row tile that
 // the launch leaves at zero). Against the exact int8 arithmetic, and run to run EQUAL (the second and third runs

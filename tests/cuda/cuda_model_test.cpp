@@ -125,7 +125,7 @@ TEST(CudaModel, TinyPackMatchesReference) {
     const char* name;
     CudaBackend::Options o;
   };
-  std::vector<Config> configs(14);
+  std::vector<Config> configs(16);
   configs[0].name = "default";  // q16
   configs[1].name = "no-graphs";
   configs[1].o.graphs = false;
@@ -157,6 +157,10 @@ TEST(CudaModel, TinyPackMatchesReference) {
   configs[12].o.gemm = 1;
   configs[13].name = "v3";  // the dp4a matvec v3 (round 8: the tensor-core v6 is the default)
   configs[13].o.matvec = 3;
+  configs[14].name = "site-prologue";  // round 11: the decode sites computed by the v7 matvec that reads them
+  configs[14].o.site_prologue = 1;
+  configs[15].name = "no-site-prologue";
+  configs[15].o.site_prologue = 0;
   std::vector<ModelRun> runs;
   for (const Config& cfg : configs) {
     CudaBackend be(cfg.o);

@@ -95,6 +95,8 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
   o.matvec6_split_any = flag("BONSAI_CUDA_MV6_SPLIT_ANY", o.matvec6_split_any);
   o.matvec6_split_ilv = flag("BONSAI_CUDA_MV6_SPLIT_ILV", o.matvec6_split_ilv);
   o.matvec7 = flag("BONSAI_CUDA_MV7", o.matvec7);
+  if (const char* e = std::getenv("BONSAI_CUDA_SITE_PROLOGUE"); e && *e) o.site_prologue = std::atoi(e);
+  if (const char* e = std::getenv("BONSAI_CUDA_SITE_EARLY"); e && *e) o.site_early = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MVB"); e && *e) o.matvec_batch = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MVB_RB"); e && *e) o.matvec_batch_rb = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MVB_PF"); e && *e) o.matvec_batch_pf = std::atoi(e);
@@ -108,6 +110,8 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
     else if (v == "q16") o.act_levels = 2;
     else fail("BONSAI_CUDA_ACT={}: expected q8 or q16 (fp32 activations: BONSAI_CUDA_EXACT=1)", v);
   }
+  // round 11, prefill
+  o.site_norm_warp = flag("BONSAI_CUDA_SITE_NORM_WARP", o.site_norm_warp);
   // --act overrides the environment.
   if (activations == "q8" || activations == "q16") {
     o.act_levels = activations == "q8" ? 1 : 2;
@@ -183,6 +187,7 @@ struct CudaBackend::Impl {
   Scratch amr_v, amr_i, amr_cnt;  // argmax_rows partials: float / int64 [rows, chunks], counters int32 [rows] (zeroed)
   Scratch mv6_part, mv6_cnt;  // split-K v6: partials float [S, M, N], arrival counters int32 [N / 16] (zeroed)
   Scratch mvw_part, mvw_cnt;  // batched wgmma: partials float [2 SMs, 16, 512], counters int32 [row blocks] (zeroed)
+  Scratch site_cnt;           // v7's fused AddNorm site: int32 [2] {prologues done, residual slices written} (zeroed)
   Scratch delta_scratch;  // chunked delta rule: W, U, decayed Q/K, masked Q K^T per (V head, chunk)
   std::vector<cuda::Launch> launches;  // scratch list for one linear's launches (no allocation once warm)
   void* pinned = nullptr;
@@ -248,8 +253,18 @@ struct CudaBackend::Impl {
   void ternary_launches(const cuda::TernaryDev* t, int n, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                         const cuda::SiteDesc* site, std::vector<cuda::Launch>& out) {
     const int sms = prop.multiProcessorCount, lv = levels();
-    if (site)
+    if (site && site->levels == 1 && !opt.site_prologue)  // the q8 experiment: the dp4a matvec computes it
       return out.push_back(cuda::matvec_launch(t, n, K, xq, xds, M, lv, sms, opt.matvec_rows, site, opt.matvec_balance));
+    if (site) {  // round 11: v7 computes it (warp_site.cuh), else the site kernel runs first after all
+      int32_t* cnt = nullptr;
+      if (site->pre == cuda::kPreAddNorm && site->resid)
+        cnt = static_cast<int32_t*>(ensure(site_cnt, 8, "fused-site counters", true));
+      const int cfg7 = opt.matvec6_cfg == 0 && opt.matvec7 ? 8 : opt.matvec6_cfg;
+      cuda::Launch l;
+      if (opt.matvec == 6 && cuda::matvec7_site_launch(t, n, K, *site, sms, cfg7, cnt, l, opt.site_early,
+                                                                      opt.site_prologue > 1 && (opt.site_prologue & 64))) return out.push_back(l);
+      out.push_back(cuda::site_launch(*site));
+    }
     if (opt.matvec == 4 && lv == 1 && cuda::matvec_bulk_supported(K, M))
       return out.push_back(cuda::matvec_bulk_launch(t, n, K, xq, xds, sms, opt.matvec_bulk_rows, opt.matvec_early));
     // v6 (matvec_mma.cu): the tensor-core matvec at M <= 2 (q16) / 4 (q8), except one token over a long K
@@ -671,8 +686,11 @@ struct CudaBackend::Impl {
 
   // ---- the site kernel with peephole fusion ----------------------------------------------------------
   // Options::norm_cluster: a norm of this many rows may wait for a site to fuse into (no warp site then).
+  // Round 11: at prefill rows (the warp site) Options::site_norm_warp fuses it instead (site_norm_warp_kernel; the
+  // same shape rule, site_cluster_shape_ok: K % 1024 == 0, at most 8 tiles, n <= 1024).
   bool norm_cluster_rows(int64_t rows) const {
-    return opt.norm_cluster > 0 && !(opt.site_warp && rows >= cuda::kSiteWarpMinRows);
+    const bool warp = opt.site_warp && rows >= cuda::kSiteWarpMinRows;
+    return warp ? opt.site_norm_warp : opt.norm_cluster > 0;
   }
   // Transforms (or just quantises, n = 1) x [rows, K] in place, fusing the producer ops at the tail of
   // the pending list. quantise: also write the int8 form and record it as the shadow of x.
@@ -754,8 +772,12 @@ struct CudaBackend::Impl {
     // Held back for the matvec prologue: one row, int8 output, a pre-op the prologue knows, no gather.
     // The fused form does not write d.dst / d.pre_out: the forward reads a site's outputs only through
     // the linear that follows (checked by the tiny-pack model tests against the reference).
-    if (may_defer && opt.fuse_site && opt.fuse && !opt.exact && levels() == 1 && quantise && rows == 1 && !inverse && !d.perm &&
-        d.ld == K && d.src != d.dst && cuda::matvec_site_supported(K, n, d.pre, d.seg)) {
+    // Round 11 (Options::site_prologue): q16 or q8, into matvec v7, AddNorm's residual and normed row included.
+    const bool v1_site = opt.fuse_site && levels() == 1 && d.src != d.dst && cuda::matvec_site_supported(K, n, d.pre, d.seg);
+    const bool v7_site = (opt.site_prologue == 1 || (opt.site_prologue > 1 && (opt.site_prologue >> (d.pre + 1)) & 1)) &&
+                         opt.matvec == 6 && cuda::matvec7_site_supported(d);
+    if (may_defer && opt.fuse && !opt.exact && quantise && rows == 1 && !inverse && !d.perm && d.ld == K &&
+        (v1_site || v7_site)) {
       deferred_site = true;
       site_desc = d;
       return;
@@ -807,7 +829,7 @@ CudaBackend::~CudaBackend() {
   }
   for (void* q : p_->owned) cudaFree(q);
   for (Impl::Scratch* s : {&p_->xq, &p_->xds, &p_->attn_o, &p_->attn_ml, &p_->attn_cnt, &p_->ids,
-                           &p_->amr_out, &p_->amr_v, &p_->amr_i, &p_->amr_cnt, &p_->topk_out, &p_->gemm_part, &p_->mv6_part, &p_->mv6_cnt,
+                           &p_->amr_out, &p_->amr_v, &p_->amr_i, &p_->amr_cnt, &p_->topk_out, &p_->gemm_part, &p_->mv6_part, &p_->mv6_cnt, &p_->site_cnt,
                            &p_->mvw_part, &p_->mvw_cnt})
     if (s->p) cudaFree(s->p);
   if (p_->pinned) cudaFreeHost(p_->pinned);
@@ -1012,7 +1034,8 @@ void CudaBackend::linear(const LinearOut* outs, int n_outs, int64_t K, const flo
   if (!fresh) I.site(const_cast<float*>(x), M, K, nullptr, 1, false, true, true);  // quantise (x unchanged)
   // The site producing x held back (one row): the matvec computes it as its prologue.
   cuda::SiteDesc site;
-  const bool fused = I.deferred_site && M == 1 && !I.opt.exact;
+  // (Ops deferred after the site would run before the product that computes it: then the site runs first.)
+  const bool fused = I.deferred_site && M == 1 && !I.opt.exact && I.pend.empty();
   if (fused) {
     site = I.site_desc;
     I.deferred_site = false;

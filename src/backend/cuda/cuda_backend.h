@@ -85,6 +85,13 @@ class CudaBackend final : public Backend {
                                // v6 serves, and for one token over K > 8,192 (ffn_down) instead of v3: the default since
                                // the same-call A/B on the H200 (tg128 185.9 vs 163.3 / 172.0 tok/s for v6 + v3, 8k
                                // context 159.3 vs 141.4 / 145.9; docs/cuda-kernels.md round 10); BONSAI_CUDA_MV7=0: v6 + v3
+    int site_prologue = 0;     // round 11: a one-row q16 / q8 site computed by the v7 matvec that reads it, as its
+                               // prologue (warp_site.cuh; every pre-op, AddNorm's residual included) instead of by a
+                               // site kernel before it: 0 off, 1 every pre-op, else a mask of bit (pre + 1) per pre-op
+                               // (2 none, 4 silu * up, 8 x * sigmoid(g), 16 gated norm, 32 add + rmsnorm);
+                               // BONSAI_CUDA_SITE_PROLOGUE=N
+    int site_early = -1;       // with site_prologue: weight stages copied before the prologue is done (-1: the whole
+                               // ring); BONSAI_CUDA_SITE_EARLY=N
     int matvec_batch = 0;      // batched-decode kernel (matvec_mma_batch.cu, round 9: mma.sync, a column per activation
                                // plane): 0 = where it measured faster than the GEMM v3 (the default: M 3..8 under q16,
                                // 5..8 under q8, products of >= 64 rows per SM: gate+up, qkv+z, head, not the 5,120-row
@@ -145,6 +152,11 @@ class CudaBackend final : public Backend {
                                // passes the fixture gate), 1 = q8 (faster, fails it); BONSAI_CUDA_ACT=q16|q8.
                                // q8 only: the bulk matvec (matvec = 4) and fuse_site (v3 / the site kernel run
                                // in their place under q16)
+    // ---- round 11, prefill (docs/cuda-kernels.md "Round 11: prefill") ----
+    bool site_norm_warp = false;  // rmsnorm / add_rmsnorm of >= 64 rows fused into the warp site that reads them
+                                  // (site_norm_warp_kernel, ternary.cu; needs fuse and site_warp): one launch instead
+                                  // of norm_kernel + site_warp_kernel, bit-identical, but slower on the H200 (pp2048
+                                  // 4,350 vs 4,398 tok/s, one call); BONSAI_CUDA_SITE_NORM_WARP=1: on
   };
 
   // Throws bonsai::Error when there is no usable CUDA device.

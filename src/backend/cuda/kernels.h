@@ -118,6 +118,16 @@ bool matvec6_supported(int64_t M, int levels, int64_t K);
 Launch matvec6_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                       int levels, int sms, int cfg = 0, int split = 1, float* part = nullptr, int32_t* counters = nullptr,
                       bool interleave = true);
+// Matvec v7 with the one-row activation site as its prologue (round 11; warp_site.cuh): every block's consumer warps
+// compute the site of d (pre-op, signs, FWHT, int8 digits) into shared memory while the producer's weight copies are in
+// flight; no site kernel, no fp32 site written. AddNorm writes h += delta (each block a slice, once all blocks have read
+// h: counters int32 [2], zero, left zero) and block 0 the normed row (d.pre_out). Supported: one row, no inverse / gather,
+// K % 1024 == 0, n <= 1024, gated-norm segments of 32..1024 dividing 1024, pre_out not aliasing an input. False (out
+// unchanged) where it does not apply, v7's two stages included; cfg as matvec6_launch's (0 and 8-10 give v7).
+bool matvec7_site_supported(const SiteDesc& d);
+// early: the weight stages copied before the prologue is done (-1: the whole ring; the rest wait for it).
+bool matvec7_site_launch(const TernaryDev* outs, int n_outs, int64_t K, const SiteDesc& d, int sms, int cfg,
+                         int32_t* counters, Launch& out, int early = -1, bool timing_only = false);
 // The K slices the backend gives matvec6_launch (1: none): req 0 = none, 1 = automatic (one token; the fewest serial
 // steps per warp over S = 1..4), 2..4 = that S where K % (128 S) == 0; only for ffn_down's shape (one output, K >
 // 8,192, M <= 2) unless `any` (every single-output product v6 serves).
@@ -346,5 +356,13 @@ Launch probe_launch(const void* buf, int64_t n16, uint32_t* sink, int blocks);
 
 // One-time function attributes (dynamic shared memory limits). Idempotent.
 void init_kernel_attributes();
+
+// ---- round 11 (prefill) ----------------------------------------------------------------------------------
+// The AddNorm site of prefill rows as one launch (site_norm_warp_kernel, ternary.cu; Options::site_norm_warp): a block
+// per row runs norm_kernel's pass, then the warp site's stages per 1024 chunk from shared memory; bit-identical to
+// norm_kernel + site_warp_kernel. site_launch takes it for SiteDesc::warp, kPreAddNorm, rows >= kSiteWarpMinRows,
+// K % 1024 == 0 up to kSiteNormWarpMaxK (the row in shared memory), n <= 1024, no gather, 16-byte aligned rows.
+constexpr int64_t kSiteNormWarpMaxK = 8192;
+bool site_norm_warp_supported(const SiteDesc& d);
 
 }  // namespace bonsai::cuda

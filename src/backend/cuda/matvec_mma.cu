@@ -44,11 +44,13 @@
 // slice's partial y goes to scratch, and the last block to arrive at a row tile (an int32 counter per row tile,
 // reset by that block) sums the slices in slice order: deterministic, no float atomics.
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/mbarrier.cuh"
+#include "backend/cuda/warp_site.cuh"
 
 namespace bonsai::cuda {
 namespace {
@@ -622,11 +624,14 @@ struct Mv7Args {
   int64_t K, M, units;         // units: 8-row units of all outputs
   int32_t n_outs, stages;      // stages: ST, the ring depth
   int32_t stage_bytes, words_bytes;  // one stage: words u32 [TR, K/16] then scales fp16 [TR, K/128]
-  int32_t xs_bytes, pad;       // activations staged in shared memory (0: read from global memory)
+  int32_t xs_bytes;            // activations staged in shared memory (0: read from global memory)
+  int32_t site_early;          // fused site: stages the producer issues before the prologue is done (the rest after)
+  SitePrologue site;           // active (M = 1): the consumers compute the activations into the staging area
 };
 
 
-template <int LV, int RB>
+// SITE: the instance with the fused site (a.site.active; its prologue's registers stay out of the plain instance).
+template <int LV, int RB, bool SITE>
 __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(const Mv7Args a) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kTok = LV == 2 ? 2 : 4;
@@ -660,13 +665,15 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
   unsigned char* ring = smem;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + size_t(ST) * a.stage_bytes);
   uint64_t* empty = full + ST;
-  float* red = reinterpret_cast<float*>(empty + ST);
+  uint64_t* xready = empty + ST;  // SITE: the consumers' prologue is done (16 bytes reserved: red stays 16-aligned)
+  float* red = reinterpret_cast<float*>(empty + ST + (SITE ? 2 : 0));
   unsigned char* xs = reinterpret_cast<unsigned char*>(red + size_t(ST + 1) * NW * kTok * TR);
   if (threadIdx.x == 0) {
     for (int s = 0; s < ST; ++s) {
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], unsigned(NW));
     }
+    if constexpr (SITE) mbar_init(xready, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -675,9 +682,24 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
   if (w == NW) {  // ---- producer: copies ST stages ahead; sums each stage once it is consumed ----
     bool waited = false;
     int u_issue = ub0, u_sum = ub0;
+    // The fused AddNorm site's h += delta (warp_site.cuh), once every copy is in flight.
+    const bool resid = SITE && a.site.resid;
+    auto write_resid = [&] {
+      if (!waited) {
+        pdl_wait();
+        waited = true;
+      }
+      site_prologue_resid(a.site, K, lane);
+    };
+    if (resid && nt == 0) write_resid();
+    bool ready = !SITE;
     for (int i = 0; i < nt + ST; ++i) {
       if (i >= ST) mbar_wait(&empty[(i - ST) % ST], unsigned(((i - ST) / ST) & 1));  // stage i - ST consumed
       if (i < nt) {
+        if (!ready && i >= a.site_early) {  // the rest of the copies once the prologue's loads are done
+          mbar_wait(xready, 0);
+          ready = true;
+        }
         const int s = i % ST;
         int o, nrow;
         int64_t r0;
@@ -700,6 +722,7 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
           if (sbulk) bulk_load(st + a.words_bytes, O.scales + r0 * G, sbytes, &full[s]);
         }
         __syncwarp();
+        if (resid && i == nt - 1) write_resid();
       }
       if (i >= ST) {
         if (!waited) {
@@ -739,7 +762,21 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
   const int64_t M = a.M;
   const int8_t* xq = a.xq;
   const float2* xds = a.xds;
-  if (a.xs_bytes > 0) {  // stage the activations: one L2 pass per block instead of one per warp step
+  if constexpr (SITE) {  // the site of this product's input, computed here into the staging area (warp_site.cuh)
+    auto* xs_q = reinterpret_cast<int8_t*>(xs);
+    auto* xs_d = reinterpret_cast<float2*>(xs + a.xs_bytes);
+    site_prologue<LV>(a.site, K, NW, w, lane, xs_q, xs_d, red);  // red: free until the first stage's partials
+    if (threadIdx.x == 0) {
+      if (a.site.resid) {  // this block has read h: count it in (the producers wait for all)
+        __threadfence();
+        atomicAdd(a.site.count, 1);
+      }
+      mbar_arrive(xready);
+    }
+    xq = xs_q;
+    xds = xs_d;
+  }
+  if (!SITE && a.xs_bytes > 0) {  // stage the activations: one L2 pass per block instead of one per warp step
     const int nq = int(M) * LV * K / 16, nd = int(M) * (K >> 6) / 2;  // uint4 of xq, float4 of xds
     for (int e = threadIdx.x; e < nq; e += NW * 32) reinterpret_cast<uint4*>(xs)[e] = reinterpret_cast<const uint4*>(xq)[e];
     float4* xds_s = reinterpret_cast<float4*>(xs + a.xs_bytes);
@@ -863,10 +900,10 @@ int mv6_lockstep_warps(int64_t steps) {
 // Matvec v7 (cfg 8 = the stage rows by shape, 9 = 16-row stages, 10 = 32-row stages): the smem ring as deep as fits in
 // kV7Smem (<= kV7MaxStages stages) beside the partials and, unless one step per warp, the staged activations.
 constexpr int kV7Smem = 200 * 1024;  // leaves >= 28 KB of L1 for the activations read from global memory
-template <int LV, int RB>
+template <int LV, int RB, bool SITE = false>
 const void* mv7_kernel() {
   static const void* const f = [] {
-    const void* k = reinterpret_cast<const void*>(&matvec7_kernel<LV, RB>);
+    const void* k = reinterpret_cast<const void*>(&matvec7_kernel<LV, RB, SITE>);
     if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kV7Smem) != cudaSuccess)
       (void)cudaGetLastError();  // no device here (host-only tests): the launch itself would report it
     return k;
@@ -877,16 +914,18 @@ struct Mv7Shape {
   int stages = 0, nw = 0;
   int64_t smem = 0, stage_bytes = 0, words_bytes = 0, xs_bytes = 0;
 };
-Mv7Shape mv7_shape(int64_t K, int64_t M, int lv, int rb) {
+// stage_x: the activations always staged (the fused site writes them there).
+Mv7Shape mv7_shape(int64_t K, int64_t M, int lv, int rb, bool stage_x = false) {  // stage_x: SITE's layout
   Mv7Shape s;
   const int64_t tr = 16 * rb, tok = lv == 2 ? 2 : 4, steps = (K / 128 + 1) / 2;
   s.words_bytes = tr * K / 4;
   s.stage_bytes = s.words_bytes + tr * K / 64;
   s.nw = mv6_lockstep_warps(steps);
-  s.xs_bytes = s.nw == steps ? 0 : (M * lv * K + 15) / 16 * 16;  // the kernel's `hoist` reads global memory
+  s.xs_bytes = s.nw == steps && !stage_x ? 0 : (M * lv * K + 15) / 16 * 16;  // `hoist` reads global memory
   const int64_t xds_bytes = s.xs_bytes ? M * K / 8 : 0;
   for (int st = kV7MaxStages; st >= 1; --st) {
-    const int64_t bytes = st * s.stage_bytes + 16 * st + (st + 1) * s.nw * tok * tr * 4 + s.xs_bytes + xds_bytes;
+    const int64_t bytes =
+        st * s.stage_bytes + 16 * st + (stage_x ? 16 : 0) + (st + 1) * s.nw * tok * tr * 4 + s.xs_bytes + xds_bytes;
     if (bytes <= kV7Smem) {
       s.stages = st;
       s.smem = bytes;
@@ -895,7 +934,83 @@ Mv7Shape mv7_shape(int64_t K, int64_t M, int lv, int rb) {
   }
   return s;
 }
+// The v7 launch (cfg 8-10), or false where two stages do not fit (the caller falls back to v6). site: the fused
+// site (M = 1), or null.
+bool mv7_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M, int lv,
+                int sms, int cfg, const SitePrologue* site, Launch& out, int site_early = -1) {
+  // Auto: 32-row stages where they leave >= 3 per SM and >= 3 fit (fewer per-stage overheads), else 16. (The
+  // kernel table of round 10 measured 32-row stages faster on every shape but attn_k; not yet the rule: its whole-
+  // model run is still to do, docs/cuda-kernels.md.)
+  int64_t units = 0;
+  for (int i = 0; i < n_outs; ++i) units += (outs[i].N + 7) / 8;
+  const bool sx = site != nullptr;
+  const Mv7Shape s2 = mv7_shape(K, M, lv, 2, sx), s1 = mv7_shape(K, M, lv, 1, sx);
+  const int rb = cfg == 10 ? (s2.stages >= 2 ? 2 : 1)
+                 : cfg == 9 ? 1
+                            : (units >= 12 * int64_t(sms) && s2.stages >= 3 ? 2 : 1);
+  const Mv7Shape sh = rb == 2 ? s2 : s1;
+  if (sh.stages < 2) return false;
+  Mv7Args b{};
+  int64_t u0 = 0;
+  for (int i = 0; i < n_outs; ++i) {
+    b.o[i] = {outs[i].words, outs[i].scales, outs[i].y, outs[i].N, u0, 0};
+    u0 += (outs[i].N + 7) / 8;
+  }
+  b.xq = xq;
+  b.xds = xds;
+  b.K = K;
+  b.M = M;
+  b.units = u0;
+  b.n_outs = n_outs;
+  b.stages = sh.stages;
+  b.stage_bytes = int32_t(sh.stage_bytes);
+  b.words_bytes = int32_t(sh.words_bytes);
+  b.xs_bytes = int32_t(sh.xs_bytes);
+  if (site) b.site = *site;
+  b.site_early = site_early < 0 ? sh.stages : site_early;
+  const void* f = site ? (lv == 2 ? (rb == 2 ? mv7_kernel<2, 2, true>() : mv7_kernel<2, 1, true>())
+                                  : (rb == 2 ? mv7_kernel<1, 2, true>() : mv7_kernel<1, 1, true>()))
+                  : (lv == 2 ? (rb == 2 ? mv7_kernel<2, 2>() : mv7_kernel<2, 1>())
+                             : (rb == 2 ? mv7_kernel<1, 2>() : mv7_kernel<1, 1>()));
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(sms, b.units));
+  out = make_launch(f, dim3(unsigned(blocks)), dim3(unsigned(32 * (sh.nw + 1))), uint32_t(sh.smem), b);
+  return true;
+}
 }  // namespace
+
+bool matvec7_site_supported(const SiteDesc& d) {
+  const int64_t K = d.K, n = d.n;
+  const bool aliased = d.pre_out && (d.pre_out == d.src || d.pre_out == d.resid || d.pre_out == d.src2);
+  return d.rows == 1 && !d.inverse && !d.perm && d.ld == K && K % 1024 == 0 && K <= (int64_t(1) << 20) && n >= 1 &&
+         n <= 1024 && (n & (n - 1)) == 0 && (d.levels == 1 || d.levels == 2) &&
+         (d.pre == kPreNone || d.pre == kPreSiluMul || d.pre == kPreSigmoidMul ||
+          (d.pre == kPreGatedNorm && d.gain && d.seg >= 32 && d.seg % 32 == 0 && 1024 % d.seg == 0) ||
+          (d.pre == kPreAddNorm && d.gain && !aliased));
+}
+
+bool matvec7_site_launch(const TernaryDev* outs, int n_outs, int64_t K, const SiteDesc& d, int sms, int cfg,
+                         int32_t* counters, Launch& out, int early, bool timing_only) {
+  if (!matvec7_site_supported(d) || d.K != K || (d.pre == kPreAddNorm && d.resid && !counters)) return false;
+  if (cfg == 0) cfg = 8;
+  if (cfg < 8 || cfg > 10) return false;
+  SitePrologue s{};
+  s.src = d.src;
+  s.src2 = d.src2;
+  s.gain = d.gain;
+  s.signs = d.signs;
+  s.pre = d.pre;
+  s.seg = d.seg;
+  s.eps = d.eps;
+  if (d.pre == kPreAddNorm) {
+    s.resid = d.resid;
+    s.pre_out = d.pre_out;
+    s.count = d.resid ? counters : nullptr;
+  }
+  while ((int64_t(1) << s.log2n) < d.n) ++s.log2n;
+  s.norm = float(1.0 / std::sqrt(double(d.n)));
+  s.active = timing_only ? 2 : 1;
+  return mv7_launch(outs, n_outs, K, nullptr, nullptr, 1, d.levels == 2 ? 2 : 1, sms, cfg, &s, out, early);
+}
 
 int matvec6_split_for(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms, int cfg, int req,
                       bool any) {
@@ -937,38 +1052,8 @@ Launch matvec6_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_
   const int lv = levels == 2 ? 2 : 1;
   cfg = mv6_resolve_cfg(rows, K, cfg);
   if (cfg >= 8 && cfg <= 10 && split <= 1) {
-    // Auto: 32-row stages where they leave >= 3 per SM and >= 3 fit (fewer per-stage overheads), else 16. (The
-    // kernel table of round 10 measured 32-row stages faster on every shape but attn_k; not yet the rule: its whole-
-    // model run is still to do, docs/cuda-kernels.md.)
-    int64_t units = 0;
-    for (int i = 0; i < n_outs; ++i) units += (outs[i].N + 7) / 8;
-    const Mv7Shape s2 = mv7_shape(K, M, lv, 2), s1 = mv7_shape(K, M, lv, 1);
-    const int rb = cfg == 10 ? (s2.stages >= 2 ? 2 : 1)
-                   : cfg == 9 ? 1
-                              : (units >= 12 * int64_t(sms) && s2.stages >= 3 ? 2 : 1);
-    const Mv7Shape sh = rb == 2 ? s2 : s1;
-    if (sh.stages >= 2) {
-      Mv7Args b{};
-      int64_t u0 = 0;
-      for (int i = 0; i < n_outs; ++i) {
-        b.o[i] = {outs[i].words, outs[i].scales, outs[i].y, outs[i].N, u0, 0};
-        u0 += (outs[i].N + 7) / 8;
-      }
-      b.xq = xq;
-      b.xds = xds;
-      b.K = K;
-      b.M = M;
-      b.units = u0;
-      b.n_outs = n_outs;
-      b.stages = sh.stages;
-      b.stage_bytes = int32_t(sh.stage_bytes);
-      b.words_bytes = int32_t(sh.words_bytes);
-      b.xs_bytes = int32_t(sh.xs_bytes);
-      const void* f = lv == 2 ? (rb == 2 ? mv7_kernel<2, 2>() : mv7_kernel<2, 1>())
-                              : (rb == 2 ? mv7_kernel<1, 2>() : mv7_kernel<1, 1>());
-      const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(sms, b.units));
-      return make_launch(f, dim3(unsigned(blocks)), dim3(unsigned(32 * (sh.nw + 1))), uint32_t(sh.smem), b);
-    }
+    Launch l;
+    if (mv7_launch(outs, n_outs, K, xq, xds, M, lv, sms, cfg, nullptr, l)) return l;
     cfg = mv6_resolve_cfg(rows, K, 0);  // a K too long for two stages: v6
   }
   if (split > 1) {
