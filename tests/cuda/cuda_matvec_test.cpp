@@ -113,17 +113,19 @@ TEST(CudaMatvec6, V7Small) {
 // so the outputs are EQUAL; the norms (gated, add + rms, rms) sum their squares in another order (<= 1e-4
 // relative). AddNorm: h += delta is the same float add (h EQUAL after every step), the normed row within 1e-5; three
 // steps in a row (the counters must come back to zero: a stale arrival count would let a block write h before
-// another has read it). n 1024 (the packs' block) / 128 / 1, K 5120 (5 warps' chunks) and 3072, K = 17,408 (ffn_down:
-// 17 chunks over 17 warps), two outputs; K = 640 and 1536 (not multiples of 1024: the site kernel runs first) must
-// still be right.
+// another has read it). n 1024 (the packs' block: both shared-memory stages) / 512 (one) / 128 / 1; K 5120 (one round of
+// 5 four-warp groups, AddNorm keeps its loads in registers), 6144 (2 rounds of 3 groups), 17,408 (ffn_down: 5 rounds of
+// 4 groups, AddNorm reloads), 3072; two outputs; K = 640 and 1536 (not multiples of 1024: the site kernel runs first)
+// must still be right.
 TEST(CudaMatvec7, SitePrologueMatchesTheSiteKernel) {
   BONSAI_REQUIRE_GPU();
   struct Shape {
     int64_t K, n;
     std::vector<int> kinds;
   };
-  const std::vector<Shape> shapes = {{5120, 1024, {0, 1, 2, 3, 4, 5}}, {3072, 128, {0, 2, 3, 4}}, {3072, 1, {3, 5}},
-                                     {17408, 1024, {0}}, {640, 128, {0, 4}}, {1536, 512, {4}}};
+  const std::vector<Shape> shapes = {{5120, 1024, {0, 1, 2, 3, 4, 5}}, {3072, 128, {0, 2, 3, 4}}, {3072, 512, {0, 4}},
+                                     {3072, 1, {3, 5}}, {6144, 1024, {1, 2}}, {17408, 1024, {0, 4}}, {640, 128, {0, 4}},
+                                     {1536, 512, {4}}};
   uint32_t seed = 1700;
   for (const int levels : {2, 1}) {
     CudaBackend::Options on, off;

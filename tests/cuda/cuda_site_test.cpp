@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <numeric>
 #include <random>
@@ -287,4 +288,64 @@ TEST(CudaSite, TransposedStagesEqualSharedMemoryStages) {
       }
     }
   }
+}
+
+// Round 11: the decode-row site (Options::site_row, site_row.cu: a 128-thread block per 1024 elements, 8 a thread,
+// strides 256 / 512 in one shared-memory exchange) against site_kernel at 1, 5 and 32 rows: the fp32 site, the
+// producer's own output (written by the row site as site_kernel writes it), the linear's outputs and the inverse are
+// EQUAL for the elementwise pre-ops and the plain rotate, the gated norm within 1e-5 / 1e-3 (its sum of squares in
+// another order); FWHT blocks 1024 (both exchange strides), 512 (one), 128 and 16 (none); q8 and q16; the gather
+// (not supported: site_kernel runs) equal as well.
+TEST(CudaSite, RowSiteEqualsTheBlockSiteKernel) {
+  BONSAI_REQUIRE_GPU();
+  const int64_t K = 3072, Dv = 128;
+  TernaryMatrix& w = random_matrix(300, K, 191, 0.02);
+  const auto s = random_signs(size_t(K), 195);
+  const auto gain = uniform(size_t(Dv), 194, 0.5f, 1.5f);
+  std::vector<int32_t> perm(static_cast<size_t>(K));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(196));
+  for (const int levels : {1, 2}) {
+    CudaBackend::Options on, off;
+    on.site_row = true;
+    off.site_row = false;
+    on.act_levels = off.act_levels = levels;
+    CudaBackend row(on), block(off);
+    for (const int64_t rows : {int64_t(1), int64_t(5), int64_t(32)}) {
+      const auto a = randn(size_t(rows * K), 192 + uint32_t(rows)), b = randn(size_t(rows * K), 193 + uint32_t(rows));
+      for (int64_t n : {int64_t(1024), int64_t(512), int64_t(128), int64_t(16)})
+        for (int kind = 0; kind < 5; ++kind) {  // silu*up, x*sigmoid(g), gated norm, plain rotate, gather + rotate
+          const SiteRun r[2] = {run_site(row, kind, w, s, perm, gain, a, b, rows, K, Dv, n),
+                                run_site(block, kind, w, s, perm, gain, a, b, rows, K, Dv, n)};
+          const std::string what = "levels " + std::to_string(levels) + " rows " + std::to_string(rows) + " n " +
+                                   std::to_string(n) + " kind " + std::to_string(kind);
+          for (float v : r[0].y) ASSERT_TRUE(std::isfinite(v)) << what;  // poison: every output written
+          if (kind == 2) {
+            EXPECT_LE(rel_err(r[0].site, r[1].site), 1e-5) << what;
+            EXPECT_LE(rel_err(r[0].y, r[1].y), 1e-3) << what;
+            EXPECT_LE(rel_err(r[0].prod, r[1].prod), 1e-5) << what << " (producer output)";
+          } else {
+            EXPECT_EQ(r[0].site, r[1].site) << what;
+            EXPECT_EQ(r[0].y, r[1].y) << what;
+            EXPECT_EQ(r[0].prod, r[1].prod) << what << " (producer output)";
+          }
+          EXPECT_LE(rel_err(r[0].inv, r[1].inv), kind == 2 ? 1e-5 : 0.0) << what << " (inverse)";
+        }
+    }
+  }
+  cuda::SiteDesc d;  // what the row site takes
+  d.rows = 1;
+  d.K = d.ld = 5120;
+  d.n = 1024;
+  d.xq = reinterpret_cast<int8_t*>(16);
+  d.xds = reinterpret_cast<float2*>(16);
+  EXPECT_TRUE(cuda::site_row_supported(d));
+  d.rows = 64;  // prefill rows: the warp site
+  EXPECT_FALSE(cuda::site_row_supported(d));
+  d.rows = 1;
+  d.pre = cuda::kPreAddNorm;  // the norm needs the whole row: the cluster site
+  EXPECT_FALSE(cuda::site_row_supported(d));
+  d.pre = cuda::kPreNone;
+  d.K = d.ld = 5120 + 128;  // not whole 1024-blocks
+  EXPECT_FALSE(cuda::site_row_supported(d));
 }

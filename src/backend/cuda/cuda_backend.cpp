@@ -97,6 +97,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
   o.matvec7 = flag("BONSAI_CUDA_MV7", o.matvec7);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_PROLOGUE"); e && *e) o.site_prologue = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_EARLY"); e && *e) o.site_early = std::atoi(e);
+  o.site_row = flag("BONSAI_CUDA_SITE_ROW", o.site_row);
   if (const char* e = std::getenv("BONSAI_CUDA_MVB"); e && *e) o.matvec_batch = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MVB_RB"); e && *e) o.matvec_batch_rb = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MVB_PF"); e && *e) o.matvec_batch_pf = std::atoi(e);
@@ -263,7 +264,7 @@ struct CudaBackend::Impl {
       cuda::Launch l;
       if (opt.matvec == 6 && cuda::matvec7_site_launch(t, n, K, *site, sms, cfg7, cnt, l, opt.site_early,
                                                                       opt.site_prologue > 1 && (opt.site_prologue & 64))) return out.push_back(l);
-      out.push_back(cuda::site_launch(*site));
+      out.push_back(site_kernel_launch(*site));
     }
     if (opt.matvec == 4 && lv == 1 && cuda::matvec_bulk_supported(K, M))
       return out.push_back(cuda::matvec_bulk_launch(t, n, K, xq, xds, sms, opt.matvec_bulk_rows, opt.matvec_early));
@@ -428,7 +429,7 @@ struct CudaBackend::Impl {
   void flush_pending() {
     if (deferred_site) {  // it precedes everything still pending (its producers were folded into it)
       deferred_site = false;
-      emit(cuda::site_launch(site_desc));
+      emit(site_kernel_launch(site_desc));
     }
     for (const Pending& p : pend) launch_pending(p);
     pend.clear();
@@ -782,7 +783,11 @@ struct CudaBackend::Impl {
       site_desc = d;
       return;
     }
-    emit(cuda::site_launch(d));
+    emit(site_kernel_launch(d));
+  }
+  // The site kernel for d: the decode-row site (Options::site_row) where it applies, else site_launch's choice.
+  cuda::Launch site_kernel_launch(const cuda::SiteDesc& d) const {
+    return opt.site_row && cuda::site_row_supported(d) ? cuda::site_row_launch(d) : cuda::site_launch(d);
   }
 };
 

@@ -92,6 +92,9 @@ class CudaBackend final : public Backend {
                                // BONSAI_CUDA_SITE_PROLOGUE=N
     int site_early = -1;       // with site_prologue: weight stages copied before the prologue is done (-1: the whole
                                // ring); BONSAI_CUDA_SITE_EARLY=N
+    bool site_row = true;      // round 11: decode-row sites (silu * up, x * sigmoid(g), gated norm, plain) on 128-thread
+                               // blocks per 1024 elements (site_row.cu) instead of site_kernel: tg128 194.3 / 193.9 vs
+                               // 189.0 / 188.6 tok/s in one H200 call (docs/cuda-kernels.md round 11); BONSAI_CUDA_SITE_ROW=0
     int matvec_batch = 0;      // batched-decode kernel (matvec_mma_batch.cu, round 9: mma.sync, a column per activation
                                // plane): 0 = where it measured faster than the GEMM v3 (the default: M 3..8 under q16,
                                // 5..8 under q8, products of >= 64 rows per SM: gate+up, qkv+z, head, not the 5,120-row

@@ -66,6 +66,12 @@ bool site_warp_supported(const SiteDesc& d);
 constexpr int64_t kSiteMaxCluster = 8;
 bool site_cluster_shape_ok(int64_t K, int64_t n);
 bool site_cluster_supported(const SiteDesc& d);
+// The decode-row site (site_row.cu, round 11): a 128-thread block per 1024-element block of a row (8 elements a
+// thread, strides 256 / 512 in one shared-memory exchange) instead of site_kernel's 1024-thread tile. Bit-identical to
+// site_kernel for the elementwise pre-ops. Supported: rows < kSiteWarpMinRows, no inverse / gather / AddNorm, K % 1024
+// == 0, n <= 1024, gated-norm segments of 8..256 dividing 256, 16-byte aligned rows, an int8 output.
+bool site_row_supported(const SiteDesc& d);
+Launch site_row_launch(const SiteDesc& d);
 // Largest Hadamard block the site kernel supports.
 constexpr int64_t kMaxHadamardBlock = 8192;
 
@@ -122,7 +128,7 @@ Launch matvec6_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_
 // compute the site of d (pre-op, signs, FWHT, int8 digits) into shared memory while the producer's weight copies are in
 // flight; no site kernel, no fp32 site written. AddNorm writes h += delta (each block a slice, once all blocks have read
 // h: counters int32 [2], zero, left zero) and block 0 the normed row (d.pre_out). Supported: one row, no inverse / gather,
-// K % 1024 == 0, n <= 1024, gated-norm segments of 32..1024 dividing 1024, pre_out not aliasing an input. False (out
+// K % 1024 == 0, n <= 1024, gated-norm segments of 8..256 dividing 256, pre_out not aliasing an input. False (out
 // unchanged) where it does not apply, v7's two stages included; cfg as matvec6_launch's (0 and 8-10 give v7).
 bool matvec7_site_supported(const SiteDesc& d);
 // early: the weight stages copied before the prologue is done (-1: the whole ring; the rest wait for it).

@@ -661,7 +661,8 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
   // Shared memory: ring [ST][stage_bytes] | full [ST], empty [ST] (mbarriers) | red float [ST + 1][NW][kTok][TR]
   // (partials of stage j in slot j % (ST + 1): the producer sums stage j before it issues stage j + ST + 1's copy,
   // and no consumer writes that slot again before that copy has landed) | xs int8 [M, LV, K] (xs_bytes, 16-aligned)
-  // then xds float2 [M, K/64] when the activations are staged.
+  // then xds float2 [M, K/64] when the activations are staged | SITE: the prologue's scratch float [NW / 4][128][8]
+  // (the xready barrier sits after empty[], 16 bytes).
   unsigned char* ring = smem;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + size_t(ST) * a.stage_bytes);
   uint64_t* empty = full + ST;
@@ -765,7 +766,8 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
   if constexpr (SITE) {  // the site of this product's input, computed here into the staging area (warp_site.cuh)
     auto* xs_q = reinterpret_cast<int8_t*>(xs);
     auto* xs_d = reinterpret_cast<float2*>(xs + a.xs_bytes);
-    site_prologue<LV>(a.site, K, NW, w, lane, xs_q, xs_d, red);  // red: free until the first stage's partials
+    auto* scratch = reinterpret_cast<float*>(xs + a.xs_bytes + (K >> 6) * 8);  // float [NW / 4][128][8]
+    site_prologue<LV>(a.site, K, NW, w, lane, xs_q, xs_d, red, scratch);  // red: free until the first stage's partials
     if (threadIdx.x == 0) {
       if (a.site.resid) {  // this block has read h: count it in (the producers wait for all)
         __threadfence();
@@ -900,11 +902,13 @@ int mv6_lockstep_warps(int64_t steps) {
 // Matvec v7 (cfg 8 = the stage rows by shape, 9 = 16-row stages, 10 = 32-row stages): the smem ring as deep as fits in
 // kV7Smem (<= kV7MaxStages stages) beside the partials and, unless one step per warp, the staged activations.
 constexpr int kV7Smem = 200 * 1024;  // leaves >= 28 KB of L1 for the activations read from global memory
+// The SITE instances read no activation from global memory in their loop: the most an sm_90 block may take.
+constexpr int kV7SmemSite = 227 * 1024 - 1024;  // (the kernel's 1 KB of static shared memory)
 template <int LV, int RB, bool SITE = false>
 const void* mv7_kernel() {
   static const void* const f = [] {
     const void* k = reinterpret_cast<const void*>(&matvec7_kernel<LV, RB, SITE>);
-    if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kV7Smem) != cudaSuccess)
+    if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SITE ? kV7SmemSite : kV7Smem) != cudaSuccess)
       (void)cudaGetLastError();  // no device here (host-only tests): the launch itself would report it
     return k;
   }();
@@ -923,10 +927,11 @@ Mv7Shape mv7_shape(int64_t K, int64_t M, int lv, int rb, bool stage_x = false) {
   s.nw = mv6_lockstep_warps(steps);
   s.xs_bytes = s.nw == steps && !stage_x ? 0 : (M * lv * K + 15) / 16 * 16;  // `hoist` reads global memory
   const int64_t xds_bytes = s.xs_bytes ? M * K / 8 : 0;
+  const int64_t site_bytes = stage_x ? 16 + (s.nw / 4) * 128 * 8 * 4 : 0;  // the xready barrier, the prologue's scratch
   for (int st = kV7MaxStages; st >= 1; --st) {
     const int64_t bytes =
-        st * s.stage_bytes + 16 * st + (stage_x ? 16 : 0) + (st + 1) * s.nw * tok * tr * 4 + s.xs_bytes + xds_bytes;
-    if (bytes <= kV7Smem) {
+        st * s.stage_bytes + 16 * st + (st + 1) * s.nw * tok * tr * 4 + s.xs_bytes + xds_bytes + site_bytes;
+    if (bytes <= (stage_x ? kV7SmemSite : kV7Smem)) {
       s.stages = st;
       s.smem = bytes;
       break;
@@ -984,7 +989,7 @@ bool matvec7_site_supported(const SiteDesc& d) {
   return d.rows == 1 && !d.inverse && !d.perm && d.ld == K && K % 1024 == 0 && K <= (int64_t(1) << 20) && n >= 1 &&
          n <= 1024 && (n & (n - 1)) == 0 && (d.levels == 1 || d.levels == 2) &&
          (d.pre == kPreNone || d.pre == kPreSiluMul || d.pre == kPreSigmoidMul ||
-          (d.pre == kPreGatedNorm && d.gain && d.seg >= 32 && d.seg % 32 == 0 && 1024 % d.seg == 0) ||
+          (d.pre == kPreGatedNorm && d.gain && d.seg >= 8 && d.seg <= 256 && 256 % d.seg == 0) ||
           (d.pre == kPreAddNorm && d.gain && !aliased));
 }
 

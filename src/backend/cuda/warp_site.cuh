@@ -143,82 +143,77 @@ struct SitePrologue {
   int32_t* count;        // AddNorm with resid: int32 [2] {prologues done, slices written}, zero between launches
   int32_t pre;           // PreOp: kPreNone, kPreSiluMul, kPreSigmoidMul, kPreGatedNorm, kPreAddNorm
   int32_t log2n;         // Hadamard block n = 1 << log2n, 0..10 (n <= 1024: one chunk)
-  int32_t seg;           // GatedNorm segment: a multiple of 32 dividing 1024
+  int32_t seg;           // GatedNorm segment: a power of two in [8, 256] (inside one warp's 256 elements)
   int32_t active;        // 0: no site (the kernel reads a ready int8 activation); 2: timing only, no site computed
   float eps, norm;       // norm eps; 1/sqrt(n)
 };
 
-__device__ __forceinline__ void load32(const float* p, float (&v)[32]) {
+// ---- one SLOT = 8 consecutive elements of a thread; 4 warps (128 slots) hold one 1024-block --------------------------
+// Why this shape: one warp per 1024-block (32 elements a lane) was measured at 8-10 us per row (a long dependent
+// chain per warp, few warps); with 8 elements a slot, strides 1-4 stay in the thread, 8-128 are shuffles, and 256 /
+// 512 go through shared memory in one exchange (4 x 8 floats per slot). Same operations in the same order as the
+// site kernels (pre-op, signs, a + b / a - b per stride from 1 up, * norm, the quantiser), so the digits are theirs bit
+// for bit for the elementwise pre-ops.
+__device__ __forceinline__ void load8(const float* p, float (&v)[8]) {
+  const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void store8(float* p, const float (&v)[8]) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+// src (+ resid for AddNorm) of the slot at element e of s's row.
+__device__ __forceinline__ void site_slot_load(const SitePrologue& s, int e, float (&v)[8]) {
+  load8(s.src + e, v);
+  if (s.pre == kPreAddNorm && s.resid) {
+    float r[8];
+    load8(s.resid + e, r);
 #pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    const float4 f = *reinterpret_cast<const float4*>(p + 4 * k);
-    v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
+    for (int j = 0; j < 8; ++j) v[j] = v[j] + r[j];
   }
 }
-
-// Chunk [c0, c0 + 1024) of the row -> xq (LV digit planes of K bytes, transposed words) and xds [K/64] in shared
-// memory. rr: AddNorm's 1 / rms of the row. All 32 lanes call it together.
-template <int LV>
-__device__ __forceinline__ void site_chunk1024(const SitePrologue& s, int K, int c0, int lane, float rr, bool write_pre,
-                                               int8_t* xq, float2* xds) {
-  const int e0 = c0 + 32 * lane;
-  float v[32];
-  load32(s.src + e0, v);
+// The slot up to the shared-memory strides: its values (loaded unless `held`), the pre-op (AddNorm: * rr * gain),
+// pre_out (the pre-op's result, when asked), signs, FWHT strides 1..min(n, 256) / 2.
+__device__ __forceinline__ void site_slot_front(const SitePrologue& s, int e, int lane, float rr, bool held,
+                                                float* pre_out, float (&v)[8]) {
+  if (!held) site_slot_load(s, e, v);
   if (s.pre == kPreAddNorm) {  // v = src (+ resid); v * rr * gain (site_kernel's order)
-    if (s.resid) {
+    float gn[8];
+    load8(s.gain + e, gn);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const float4 f = *reinterpret_cast<const float4*>(s.resid + e0 + 4 * k);
-        v[4 * k] += f.x, v[4 * k + 1] += f.y, v[4 * k + 2] += f.z, v[4 * k + 3] += f.w;
-      }
-    }
+    for (int j = 0; j < 8; ++j) v[j] = v[j] * rr * gn[j];
+  } else if (s.pre != kPreNone) {
+    float u[8];
+    load8(s.src2 + e, u);
+    if (s.pre == kPreSiluMul) {
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const float4 g = *reinterpret_cast<const float4*>(s.gain + e0 + 4 * k);
-      v[4 * k] = v[4 * k] * rr * g.x, v[4 * k + 1] = v[4 * k + 1] * rr * g.y;
-      v[4 * k + 2] = v[4 * k + 2] * rr * g.z, v[4 * k + 3] = v[4 * k + 3] * rr * g.w;
-    }
-    if (write_pre) {
-      float4* po = reinterpret_cast<float4*>(s.pre_out + e0);
+      for (int j = 0; j < 8; ++j) v[j] = siluf_(v[j]) * u[j];
+    } else if (s.pre == kPreSigmoidMul) {
 #pragma unroll
-      for (int k = 0; k < 8; ++k) po[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
-    }
-  } else if (s.pre != kPreNone) {  // the second operand a float4 at a time (registers: v[] stays the only array)
-    float r = 1.f;
-    if (s.pre == kPreGatedNorm) {  // rmsnorm over each seg-long segment (seg / 32 adjacent lanes) * gain * silu(z)
+      for (int j = 0; j < 8; ++j) v[j] = v[j] * sigmoidf_(u[j]);
+    } else {  // GatedNorm: rmsnorm over each seg-long segment (seg / 8 adjacent slots, <= 32) * gain * silu(z)
       float ss = 0.f;
 #pragma unroll
-      for (int j = 0; j < 32; ++j) ss += v[j] * v[j];
-      for (int o = 1; o < s.seg / 32; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      r = rsqrtf(ss / float(s.seg) + s.eps);
-    }
-    const int g0 = s.pre == kPreGatedNorm ? e0 % s.seg : 0;
+      for (int j = 0; j < 8; ++j) ss += v[j] * v[j];
+      for (int o = 1; o < s.seg / 8; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      const float rg = rsqrtf(ss / float(s.seg) + s.eps);
+      const int g0 = e % s.seg;
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const float4 f = *reinterpret_cast<const float4*>(s.src2 + e0 + 4 * k);
-      const float u[4] = {f.x, f.y, f.z, f.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int j = 4 * k + i;
-        if (s.pre == kPreSiluMul) v[j] = siluf_(v[j]) * u[i];
-        else if (s.pre == kPreSigmoidMul) v[j] = v[j] * sigmoidf_(u[i]);
-        else v[j] = v[j] * r * s.gain[g0 + j] * siluf_(u[i]);
-      }
+      for (int j = 0; j < 8; ++j) v[j] = v[j] * rg * s.gain[g0 + j] * siluf_(u[j]);
     }
   }
+  if (pre_out && s.pre != kPreNone) store8(pre_out + e, v);
   if (s.signs) {
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const char4 g = *reinterpret_cast<const char4*>(s.signs + e0 + 4 * k);
-      v[4 * k] *= float(g.x), v[4 * k + 1] *= float(g.y), v[4 * k + 2] *= float(g.z), v[4 * k + 3] *= float(g.w);
-    }
+    const char4 a = *reinterpret_cast<const char4*>(s.signs + e), b = *reinterpret_cast<const char4*>(s.signs + e + 4);
+    v[0] *= float(a.x), v[1] *= float(a.y), v[2] *= float(a.z), v[3] *= float(a.w);
+    v[4] *= float(b.x), v[5] *= float(b.y), v[6] *= float(b.z), v[7] *= float(b.w);
   }
   const int n = 1 << s.log2n;
 #pragma unroll
-  for (int h = 1; h < 32; h <<= 1) {
+  for (int h = 1; h < 8; h <<= 1) {
     if (h < n) {
 #pragma unroll
-      for (int j = 0; j < 32; ++j)
+      for (int j = 0; j < 8; ++j)
         if ((j & h) == 0) {
           const float a = v[j], b = v[j + h];
           v[j] = a + b;
@@ -226,80 +221,143 @@ __device__ __forceinline__ void site_chunk1024(const SitePrologue& s, int K, int
         }
     }
   }
-  for (int h = 32; h < n; h <<= 1) {
-    const int m = h / 32;
+  for (int h = 8; h < n && h < 256; h <<= 1) {
+    const int m = h >> 3;
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
+    for (int j = 0; j < 8; ++j) {
       const float p = __shfl_xor_sync(0xffffffffu, v[j], m);
       v[j] = (lane & m) ? p - v[j] : v[j] + p;
     }
   }
+}
+// Strides 256 (warps wq ^ 1) and 512 (wq ^ 2) of an n > 256 transform, after every slot of the group stored its values
+// at gs0 + slot * 8 and a barrier: a + b / a - b in stride order. Own values are read back from shared memory too, so
+// no register array is indexed by the warp number; a float4 half at a time.
+__device__ __forceinline__ void site_slot_exchange(int n, int wq, int lane, const float* gs0, float (&v)[8]) {
+  const float* gs = gs0 + lane * 8;  // slot `lane` of warp k at gs + 256 k
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float4 x[4];
+    if (n > 512) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) x[k] = reinterpret_cast<const float4*>(gs + k * 256)[hf];
+    } else {
+      x[0] = reinterpret_cast<const float4*>(gs + (wq & 2) * 256)[hf];
+      x[1] = reinterpret_cast<const float4*>(gs + ((wq & 2) | 1) * 256)[hf];
+    }
+    const float* a = reinterpret_cast<const float*>(&x[0]);
+    const float* b = reinterpret_cast<const float*>(&x[1]);
+    const float* c = reinterpret_cast<const float*>(&x[2]);
+    const float* d = reinterpret_cast<const float*>(&x[3]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (n > 512) {
+        const float s0 = a[i] + b[i], d0 = a[i] - b[i], s1 = c[i] + d[i], d1 = c[i] - d[i];
+        v[4 * hf + i] = wq == 0 ? s0 + s1 : wq == 1 ? d0 + d1 : wq == 2 ? s0 - s1 : d0 - d1;
+      } else {
+        v[4 * hf + i] = (wq & 1) ? a[i] - b[i] : a[i] + b[i];
+      }
+    }
+  }
+}
+// * norm, the fp32 site (dst, when asked), the quantiser per 128-group (16 slots): d = amax / 127, q0 = rint(v 127 /
+// amax), q1 = the residual * 254 (q16); xq: the row's LV digit planes of K bytes; xds: its [K/64]. The slot holds half
+// of a 16-element word: element 4b + j of the word (b = 2 (slot & 1) + (i >> 2), j = i & 3 for the slot's i) goes to
+// byte 4j + b, so bytes 4j + 2 (slot & 1) and + 1 are one u16. All 32 lanes of the warp call it together.
+template <int LV>
+__device__ __forceinline__ void site_slot_quantise(const SitePrologue& s, int K, int e, int lane, float* dst,
+                                                   int8_t* xq, float2* xds, float (&v)[8]) {
   float amax = 0.f;
 #pragma unroll
-  for (int j = 0; j < 32; ++j) {
+  for (int j = 0; j < 8; ++j) {
     v[j] *= s.norm;
     amax = fmaxf(amax, fabsf(v[j]));
   }
-  // Per 128-group (4 lanes), the site kernel's quantiser: d = amax / 127, q0 = rint(v 127 / amax), q1 = the
-  // residual * 254 (q16); element 16w + 4b + t of the lane -> byte 16w + 4t + b.
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  if (dst) store8(dst + e, v);
+#pragma unroll
+  for (int o = 1; o < 16; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   const float d = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
   int sum = 0;
+  int8_t* wb = xq + (e & ~15) + 2 * ((e >> 3) & 1);
 #pragma unroll
-  for (int k = 0; k < 8; ++k) {  // output word k = 4w + t holds elements 16w + 4b + t, b = 0..3 (no packing arrays)
-    uint32_t w0 = 0, w1 = 0;
+  for (int j = 0; j < 4; ++j) {
+    uint32_t h0 = 0, h1 = 0;
 #pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      const float vs = v[16 * (k >> 2) + 4 * b + (k & 3)] * inv;
+    for (int hi = 0; hi < 2; ++hi) {
+      const float vs = v[j + 4 * hi] * inv;
       const float q0f = rintf(vs);
       const int q0 = max(-127, min(127, int(q0f)));
-      w0 |= uint32_t(q0 & 0xff) << (8 * b);
+      h0 |= uint32_t(q0 & 0xff) << (8 * hi);
       if constexpr (LV == 2) {
         const int q1 = max(-127, min(127, __float2int_rn((vs - q0f) * 254.f)));
-        w1 |= uint32_t(q1 & 0xff) << (8 * b);
+        h1 |= uint32_t(q1 & 0xff) << (8 * hi);
         sum += 254 * q0 + q1;
       } else {
         sum += q0;
       }
     }
-    reinterpret_cast<uint32_t*>(xq + e0)[k] = w0;
-    if constexpr (LV == 2) reinterpret_cast<uint32_t*>(xq + K + e0)[k] = w1;
+    *reinterpret_cast<uint16_t*>(wb + 4 * j) = uint16_t(h0);
+    if constexpr (LV == 2) *reinterpret_cast<uint16_t*>(wb + K + 4 * j) = uint16_t(h1);
   }
-  sum += __shfl_xor_sync(0xffffffffu, sum, 1);  // a 64-chunk is two lanes
-  if ((lane & 1) == 0) xds[e0 >> 6] = make_float2(LV == 2 ? d / 254.f : d, float(sum));
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);  // a 64-chunk is 8 slots
+  if ((lane & 7) == 0) xds[e >> 6] = make_float2(LV == 2 ? d / 254.f : d, float(sum));
 }
 
-// The whole row's site by the NW consumer warps of a block (warp w, named barrier 1 over NW warps): xq / xds into
-// shared memory; red: shared float [NW] (AddNorm's sums of squares). Ends with the barrier: xq / xds are complete.
+// The whole row's site by the NW consumer warps of a v7 block (named barrier 1 over NW warps) into shared memory: xq,
+// xds; 4-warp groups, a 1024-block each per round. scratch: float [NW / 4][128][8]; red: float [NW] (AddNorm's sum of
+// squares). Ends with the barrier: xq / xds are complete.
 template <int LV>
 __device__ __forceinline__ void site_prologue(const SitePrologue& s, int K, int NW, int w, int lane, int8_t* xq,
-                                              float2* xds, float* red) {
+                                              float2* xds, float* red, float* scratch) {
+  auto bar = [&] { asm volatile("bar.sync 1, %0;" ::"r"(NW * 32) : "memory"); };
   if (s.active == 2) {  // timing only (Options::site_prologue bit 64): no site computed, the results are wrong
-    asm volatile("bar.sync 1, %0;" ::"r"(NW * 32) : "memory");
+    bar();
     return;
   }
+  const int groups = NW >> 2, g = w >> 2, wq = w & 3, t = (wq << 5) | lane;  // t: slot in the group, 0..127
+  const int blocks = K >> 10, rounds = (blocks + groups - 1) / groups;
+  const int n = 1 << s.log2n;
+  float v[8];
   float rr = 0.f;
+  bool held = false;  // v already holds round 0's src (+ resid)
   if (s.pre == kPreAddNorm) {  // the row's sum of squares (src + resid), warp partials summed in warp order
     float ss = 0.f;
-    for (int e = 4 * (w * 32 + lane); e < K; e += 4 * 32 * NW) {
-      float4 a = *reinterpret_cast<const float4*>(s.src + e);
-      if (s.resid) {
-        const float4 b = *reinterpret_cast<const float4*>(s.resid + e);
-        a = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+    for (int r = 0; r < rounds; ++r) {
+      const int blk = r * groups + g;
+      if (g < groups && blk < blocks) {
+        site_slot_load(s, (blk << 10) + 8 * t, v);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) ss += v[j] * v[j];
       }
-      ss += sq4(a);
     }
+    held = rounds == 1;
     ss = warp_sum(ss);
     if (lane == 0) red[w] = ss;
-    asm volatile("bar.sync 1, %0;" ::"r"(NW * 32) : "memory");
-    float t = 0.f;
-    for (int i = 0; i < NW; ++i) t += red[i];
-    rr = rsqrtf(t / float(K) + s.eps);
+    bar();
+    float tot = 0.f;
+    for (int i = 0; i < NW; ++i) tot += red[i];
+    rr = rsqrtf(tot / float(K) + s.eps);
   }
-  const bool write_pre = s.pre_out && blockIdx.x == 0;
-  for (int c = w; c < (K >> 10); c += NW) site_chunk1024<LV>(s, K, c << 10, lane, rr, write_pre, xq, xds);
-  asm volatile("bar.sync 1, %0;" ::"r"(NW * 32) : "memory");
+  // AddNorm: block 0 writes the normed row (the GDN a/b projections read it).
+  float* pre_out = s.pre == kPreAddNorm && blockIdx.x == 0 ? s.pre_out : nullptr;
+  float* gs = scratch + g * 128 * 8;
+  for (int r = 0; r < rounds; ++r) {
+    const int blk = r * groups + g;
+    const bool act = g < groups && blk < blocks;
+    const int e = (blk << 10) + 8 * t;
+    if (act) {
+      site_slot_front(s, e, lane, rr, held, pre_out, v);
+      if (n > 256) store8(gs + t * 8, v);
+    }
+    if (n > 256) {
+      bar();
+      if (act) site_slot_exchange(n, wq, lane, gs, v);
+      if (r + 1 < rounds) bar();  // the scratch is rewritten next round
+    }
+    if (act) site_slot_quantise<LV>(s, K, e, lane, nullptr, xq, xds, v);
+  }
+  bar();
 }
 
 // AddNorm with a residual, by the producer warp of every block once its last copy is issued: wait until every
