@@ -5,7 +5,9 @@
 # (TEST_FILTER; SKIP_TESTS=1: none); compute-sanitizer memcheck on SANITIZE_FILTER (SANITIZE=0: none); the per-kernel
 # profile (BONSAI_CUDA_PROFILE=1) of one prefill of each size in PROF_SIZES per PROF_CONFIGS entry; then `bonsai
 # bench -p 512,2048 -n 0 -r 2` per CONFIGS entry in the order given (a name starting with base runs the staged
-# BASELINE binary, .devbin-pf/bonsai_r5).
+# BASELINE binary, .devbin-pf/bonsai_r5). Round 11b (GEMM v3's folded split, BONSAI_CUDA_GEMM3_FOLD=0: off) ran it as
+# GATE_ENVS="X=1 BONSAI_CUDA_GEMM3_FOLD=0" TEST_FILTER=... SANITIZE_FILTER=CudaOps.GemmV3Folded* SANITIZE_TIMEOUT=...
+# PROF_CONFIGS="on:X=1 off:BONSAI_CUDA_GEMM3_FOLD=0" CONFIGS="on:X=1 off:BONSAI_CUDA_GEMM3_FOLD=0 on:X=1".
 # $OUT: gate.txt, test_cuda.log, sanitizer.log, prof_<name>_<size>.txt, bench.txt.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -25,7 +27,7 @@ fi
 if [ "${SANITIZE:-1}" = 1 ]; then
   CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
   if [ -n "$CS" ]; then
-    timeout 200 "$CS" --tool memcheck $B/test_cuda \
+    timeout "${SANITIZE_TIMEOUT:-200}" "$CS" --tool memcheck $B/test_cuda \
       --gtest_filter="${SANITIZE_FILTER:-CudaSite.NormWarpEqualsUnfusedNormAndWarpSite:CudaOps.DenseLinearSingleAndPaired}" \
       > "$OUT/sanitizer.log" 2>&1
     echo "sanitizer rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitizer.log" | head -5

@@ -21,6 +21,7 @@
 //     accumulators at 128 tokens); 40 x 128 + 232 x 256 = 64,512 of the SM's 65,536 (ptxas, nvcc 13.0: no
 //     spills; at 56 / 224 the consumers spilled 20-48 B).
 #include "backend/cuda/async_copy.cuh"
+#include "backend/cuda/gemm3_fold.h"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/ternary_dot.cuh"
 #include "backend/cuda/wgmma.cuh"
@@ -80,8 +81,23 @@ __device__ __forceinline__ void wgmma_rs(int (&d)[64], const uint32_t (&a)[4], u
 // TOK tokens per block (32, 64 or 128), L digit planes, S ring stages; CVT: the scaling's int -> float as
 // I2FP.F32.S32 (one instruction; 1) or the 1.5 x 2^23 mantissa add (i2f22, two full-rate ones; 0). Both exact:
 // the outputs are bit-identical (|254 I0 + I1| < 2^24).
+// Round 11b (Options::gemm3_fold): Gemm3Args::kt > 0 is the folded split, a 1-D grid of tiles (tile t = row block
+// t % rb of token tile t / rb): tiles < nfull run all of K as one block each; every later tile runs as kt blocks, one
+// K slice each, that write their partials to part [split tile][slice][R][256 consumer threads] and count themselves
+// on cnt [split tile]; the last of a tile's kt blocks sums the kt partials in slice order (its own from registers)
+// and writes y, and puts the counter back to zero. The same sum, in the same order, as splitk_sum_kernel over the
+// same slices, so a GEMM whose every tile is split (nfull 0) is bit-identical to gemm3 + the sum kernel.
+struct Gemm3Args {
+  Gemm2Args g;
+  float* part;
+  int32_t* cnt;
+  int64_t nfull, rb;
+  int32_t kt, pad;
+};
+
 template <int TOK, int L, int S, int CVT>
-__global__ __launch_bounds__(kWsThreads, 1) void gemm3_kernel(const Gemm2Args a) {
+__global__ __launch_bounds__(kWsThreads, 1) void gemm3_kernel(const Gemm3Args fa) {
+  const Gemm2Args& a = fa.g;
   static_assert(TOK == 32 || TOK == 64 || TOK == 128);
   using Lay = WsLayout<TOK, L, S>;
   constexpr int R = TOK / 2;  // int32 accumulators per thread and plane (64 x TOK / 128)
@@ -94,14 +110,25 @@ __global__ __launch_bounds__(kWsThreads, 1) void gemm3_kernel(const Gemm2Args a)
   auto full = [&](int s) { return bar_s + 8u * unsigned(s); };
   auto empty = [&](int s) { return bar_s + 8u * unsigned(S + s); };
 
+  // The block's tile (row block bx, token tile by) and K slice kz of ksl.
+  int64_t bx = blockIdx.x, by = blockIdx.y, kz = blockIdx.z, ksl = a.ks, split = -1;  // split: split tile index
+  if (fa.kt > 0) {
+    int64_t t = blockIdx.x;
+    kz = 0, ksl = 1;
+    if (t >= fa.nfull) {
+      split = (t - fa.nfull) / fa.kt;
+      kz = (t - fa.nfull) - split * fa.kt, ksl = fa.kt, t = fa.nfull + split;
+    }
+    by = t / fa.rb, bx = t - by * fa.rb;
+  }
   int o = 0;
 #pragma unroll
   for (int i = 1; i < kMaxOuts; ++i)
-    if (i < a.n_outs && int64_t(blockIdx.x) >= a.o[i].b0) o = i;
+    if (i < a.n_outs && bx >= a.o[i].b0) o = i;
   const int64_t N = a.o[o].N, K = a.K, M = a.M, KW = K / 16, G = K / 128, C = K / 64;
-  const int64_t kz = blockIdx.z, k0 = G * kz / a.ks, NG = G * (kz + 1) / a.ks - k0;
-  const int64_t row0 = (int64_t(blockIdx.x) - a.o[o].b0) * kWsRows;
-  const int64_t tok0 = int64_t(blockIdx.y) * TOK;
+  const int64_t k0 = G * kz / ksl, NG = G * (kz + 1) / ksl - k0;
+  const int64_t row0 = (bx - a.o[o].b0) * kWsRows;
+  const int64_t tok0 = by * TOK;
   const int tid = threadIdx.x;
 
   if (tid == 0) {
@@ -184,7 +211,7 @@ __global__ __launch_bounds__(kWsThreads, 1) void gemm3_kernel(const Gemm2Args a)
     pdl_wait();
     const int c = (tid >> 7) - 1, ct = tid & 127, warp = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
     const __half* scales = reinterpret_cast<const __half*>(a.o[o].scales);
-    float* y = a.o[o].y + kz * a.part_stride;
+    float* y = a.o[o].y + (fa.kt > 0 ? 0 : kz * a.part_stride);
     // Rows of this thread's A fragment and accumulators (wgmma D layout: warp w rows 16 w + g and + 8;
     // register 4 j + i: column 8 j + 2 q + (i & 1), row + 8 when i >= 2).
     const int wrow = c * 64 + warp * 16 + g;
@@ -253,6 +280,28 @@ __global__ __launch_bounds__(kWsThreads, 1) void gemm3_kernel(const Gemm2Args a)
     (void)slo, (void)shi, (void)acc;
     __trap();  // built without sm_90a: gemm3_supported() keeps the backend off this kernel
 #endif
+    if (split >= 0) {  // folded split: partials, then the tile's last block sums them
+      __shared__ int g3_last;
+      float* pt = fa.part + split * ksl * (256 * R) + (tid - 128);  // + z 256 R + 256 i
+#pragma unroll
+      for (int i = 0; i < R; ++i) __stcg(pt + kz * (256 * R) + 256 * i, f[i]);
+      __threadfence();
+      named_sync(3, 256);
+      if (tid == 128) {
+        const int last = atomicAdd(&fa.cnt[split], 1) == int(ksl) - 1;
+        if (last) fa.cnt[split] = 0;  // every slice has counted: nothing else touches it in this launch
+        g3_last = last;
+      }
+      named_sync(3, 256);
+      if (!g3_last) return;
+      __threadfence();
+      // Slice by slice (its own partial too: the same value as f), R independent loads in flight per slice.
+#pragma unroll
+      for (int i = 0; i < R; ++i) f[i] = __ldcg(pt + 256 * i);
+      for (int z = 1; z < ksl; ++z)
+#pragma unroll
+        for (int i = 0; i < R; ++i) f[i] += __ldcg(pt + z * (256 * R) + 256 * i);
+    }
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       const int64_t row = i & 2 ? rhi : rlo;
@@ -300,8 +349,43 @@ int gemm3_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int l
 Launch gemm3_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                     int levels, int ks, int64_t part_stride, int cvt) {
   const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, cvt);
-  const Gemm2Args a = gemm_args(outs, n_outs, K, xq, xds, M, ks, part_stride, /*swizzle=*/true, kWsRows);
+  Gemm3Args a{};
+  a.g = gemm_args(outs, n_outs, K, xq, xds, M, ks, part_stride, /*swizzle=*/true, kWsRows);
   const dim3 grid{unsigned(gemm_row_blocks(outs, n_outs, kWsRows)), unsigned((M + p.tok - 1) / p.tok), unsigned(ks)};
+  return make_launch(p.func, grid, dim3(kWsThreads), p.smem, a);
+}
+
+Gemm3Fold gemm3_fold_plan(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms) {
+  const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, 0);
+  const int64_t B = gemm_blocks(outs, n_outs, M, kWsRows, p.tok), G = K / 128;
+  Gemm3Fold f{B, B, 1, int64_t(kWsRows) * p.tok};
+  if (B < sms) {  // all tiles split, as the unfused rule (wave_ksplit) cuts them: bit-identical to it
+    f.kt = wave_ksplit(B, sms, G);
+    if (f.kt > 1) f.nfull = 0;
+    return f;
+  }
+  const int64_t T = B % sms;  // the last, partial wave: its tiles cut in K over the idle SMs
+  const int64_t kt = T == 0 ? 1 : std::min<int64_t>({sms / T, kGemm3FoldMaxSlices, G / kGemm3FoldMinGroups});
+  if (kt >= 2) {
+    f.kt = int(kt), f.nfull = B - T;
+  } else {  // a tail of more than half a wave: every tile split where the unfused rule splits them (bit-identical)
+    f.kt = wave_ksplit(B, sms, G);
+    if (f.kt > 1) f.nfull = 0;
+  }
+  return f;
+}
+
+Launch gemm3_fold_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
+                         int levels, const Gemm3Fold& f, float* part, int32_t* cnt, int cvt) {
+  const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, cvt);
+  Gemm3Args a{};
+  a.g = gemm_args(outs, n_outs, K, xq, xds, M, f.kt, 0, /*swizzle=*/true, kWsRows);
+  a.part = part;
+  a.cnt = cnt;
+  a.nfull = f.nfull;
+  a.rb = gemm_row_blocks(outs, n_outs, kWsRows);
+  a.kt = f.kt;
+  const dim3 grid{unsigned(f.nfull + (f.tiles - f.nfull) * f.kt)};
   return make_launch(p.func, grid, dim3(kWsThreads), p.smem, a);
 }
 
