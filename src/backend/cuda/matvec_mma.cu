@@ -44,7 +44,6 @@
 // slice's partial y goes to scratch, and the last block to arrive at a row tile (an int32 counter per row tile,
 // reset by that block) sums the slices in slice order: deterministic, no float atomics.
 #include <algorithm>
-#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -998,22 +997,10 @@ bool matvec7_site_launch(const TernaryDev* outs, int n_outs, int64_t K, const Si
   if (!matvec7_site_supported(d) || d.K != K || (d.pre == kPreAddNorm && d.resid && !counters)) return false;
   if (cfg == 0) cfg = 8;
   if (cfg < 8 || cfg > 10) return false;
-  SitePrologue s{};
-  s.src = d.src;
-  s.src2 = d.src2;
-  s.gain = d.gain;
-  s.signs = d.signs;
-  s.pre = d.pre;
-  s.seg = d.seg;
-  s.eps = d.eps;
-  if (d.pre == kPreAddNorm) {
-    s.resid = d.resid;
-    s.pre_out = d.pre_out;
-    s.count = d.resid ? counters : nullptr;
-  }
-  while ((int64_t(1) << s.log2n) < d.n) ++s.log2n;
-  s.norm = float(1.0 / std::sqrt(double(d.n)));
-  s.active = timing_only ? 2 : 1;
+  SitePrologue s = site_prologue_of(d);
+  if (d.pre != kPreAddNorm) s.resid = s.pre_out = nullptr;  // only AddNorm's outputs are written (warp_site.cuh)
+  s.count = s.resid ? counters : nullptr;
+  if (timing_only) s.active = 2;
   return mv7_launch(outs, n_outs, K, nullptr, nullptr, 1, d.levels == 2 ? 2 : 1, sms, cfg, &s, out, early);
 }
 

@@ -62,17 +62,7 @@ bool site_row_supported(const SiteDesc& d) {
 
 Launch site_row_launch(const SiteDesc& d) {
   SiteRowArgs a{};
-  a.s.src = d.src;
-  a.s.src2 = d.src2;
-  a.s.gain = d.gain;
-  a.s.signs = d.signs;
-  a.s.pre_out = d.pre_out;
-  a.s.pre = d.pre;
-  a.s.seg = d.seg;
-  a.s.eps = d.eps;
-  while ((int64_t(1) << a.s.log2n) < d.n) ++a.s.log2n;
-  a.s.norm = float(1.0 / __builtin_sqrt(double(d.n)));
-  a.s.active = 1;
+  a.s = site_prologue_of(d);  // resid: none (no AddNorm here)
   a.dst = d.dst;
   a.xq = d.xq;
   a.xds = d.xds;

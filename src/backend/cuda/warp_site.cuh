@@ -154,6 +154,25 @@ struct SitePrologue {
 // 512 go through shared memory in one exchange (4 x 8 floats per slot). Same operations in the same order as the
 // site kernels (pre-op, signs, a + b / a - b per stride from 1 up, * norm, the quantiser), so the digits are theirs bit
 // for bit for the elementwise pre-ops.
+// The kernel-argument form of a site description (host side): its operands, pre-op, Hadamard block; pre_out and resid
+// as given (the launcher decides which it lets the kernel write), count unset.
+inline SitePrologue site_prologue_of(const SiteDesc& d) {
+  SitePrologue s{};
+  s.src = d.src;
+  s.src2 = d.src2;
+  s.gain = d.gain;
+  s.signs = d.signs;
+  s.resid = d.resid;
+  s.pre_out = d.pre_out;
+  s.pre = d.pre;
+  s.seg = d.seg;
+  s.eps = d.eps;
+  while ((int64_t(1) << s.log2n) < d.n) ++s.log2n;
+  s.norm = float(1.0 / __builtin_sqrt(double(d.n)));
+  s.active = 1;
+  return s;
+}
+
 __device__ __forceinline__ void load8(const float* p, float (&v)[8]) {
   const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
   v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
