@@ -13,11 +13,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <numeric>
 #include <tuple>
+#include <utility>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/gemm3_fold.h"
 #include "backend/cuda/kernels.h"
 #include "backend/ref/ops.h"
 #include "backend/ref/ref_backend.h"
@@ -193,6 +196,116 @@ TEST(CudaOps, GemmV3ConversionsAgree) {
       }
       EXPECT_EQ(y[0], y[1]) << "levels " << levels << " M " << M << " K " << K;
     }
+  }
+}
+
+// Round 11b: GEMM v3 with its split-K folded in (Options::gemm3_fold). Below one wave of tiles (and at a last wave of
+// more than half the SMs: 200 tiles) every tile is split as the unfused path splits it and the last block of each tile
+// sums the slices in the sum kernel's order: EQUAL to the unfused GEMM + splitk_sum. From one wave up (shapes sized for
+// 132 SMs: 134 tiles) only the last wave's tiles are split (2-8 slices): another fp32 summation order, so vs the exact
+// int8 product (quantised_reference) <= 1e-5 and vs the unfused GEMM <= 2e-6. Ragged M and N, paired outputs, token
+// tiles 32, 64 and 128, q16 and q8; every output written (poison); two runs EQUAL (the counters are left at zero, the
+// sum order does not depend on which block is last).
+TEST(CudaOps, GemmV3FoldedSplitMatchesUnfusedAndQuantisedReference) {
+  BONSAI_REQUIRE_GPU();
+  for (const int levels : {2, 1}) {
+    CudaBackend::Options on, off;
+    on.gemm = off.gemm = 3;
+    on.gemm3_fold = true;
+    off.gemm3_fold = false;
+    on.act_levels = off.act_levels = levels;
+    CudaBackend bon(on), boff(off);
+    uint32_t seed = 1900;
+    struct Case {
+      int64_t M, K, N0, N1;
+      bool tail;  // >= one wave of tiles on 132 SMs: checked against quantised_reference
+    } cases[] = {{40, 8192, 200, 40, false}, {130, 4096, 200, 40, false}, {29, 8192, 257, 75, false},
+                 {20, 8192, 25400, 100, false},
+                 {20, 4096, 17000, 100, true}, {40, 1024, 17000, 100, true}, {130, 1024, 8300, 129, true}};
+    for (const Case& c : cases) {
+      TernaryMatrix& w0 = random_matrix(c.N0, c.K, seed++, 0.02);
+      TernaryMatrix& w1 = random_matrix(c.N1, c.K, seed++, 0.02);
+      const auto x = randn(size_t(c.M * c.K), seed++);
+      const std::string what = "levels " + std::to_string(levels) + " M " + std::to_string(c.M) + " K " +
+                               std::to_string(c.K) + " N " + std::to_string(c.N0) + "+" + std::to_string(c.N1);
+      auto run = [&](CudaBackend& be) {
+        be.prepare_matrix(w0);
+        be.prepare_matrix(w1);
+        Buffer dx = up(be, x), y0 = poisoned(be, size_t(c.M * c.N0)), y1 = poisoned(be, size_t(c.M * c.N1));
+        const LinearOut outs[2] = {{&w0, y0.data()}, {&w1, y1.data()}};
+        be.linear(outs, 2, c.K, dx.data(), c.M);
+        std::vector<float> v[2] = {down(be, y0), down(be, y1)};
+        int64_t unwritten = 0;  // poison: every output written
+        for (const auto& u : v)
+          unwritten += std::count_if(u.begin(), u.end(), [](float e) { return !std::isfinite(e); });
+        EXPECT_EQ(unwritten, 0) << what;
+        return std::make_pair(v[0], v[1]);
+      };
+      const auto a = run(bon), b = run(bon), u = run(boff);
+      EXPECT_TRUE(a == b) << "run to run, " << what;
+      if (!c.tail) {
+        EXPECT_TRUE(a == u) << "folded vs unfused, " << what;
+        continue;
+      }
+      const auto e0 = quantised_reference(w0, x, c.M, levels), e1 = quantised_reference(w1, x, c.M, levels);
+      const double r0 = rel_err(a.first, e0), r1 = rel_err(a.second, e1);
+      const double d0 = rel_err(a.first, u.first), d1 = rel_err(a.second, u.second);
+      EXPECT_LE(r0, 1e-5) << what;
+      EXPECT_LE(r1, 1e-5) << what;
+      EXPECT_LE(d0, 2e-6) << what;
+      EXPECT_LE(d1, 2e-6) << what;
+      std::printf("[fold] %s: vs quantised %.2e / %.2e (unfused %.2e / %.2e), vs unfused %.2e / %.2e\n",
+                  what.c_str(), r0, r1, rel_err(u.first, e0), rel_err(u.second, e1), d0, d1);
+    }
+  }
+}
+
+// The folded split's plan (host only, no device): the 27b prefill products at 256 tokens on 132 SMs, and the grid's
+// (tile, slice) -> 128-group cover of each tile exactly once, as gemm3_kernel maps its 1-D grid.
+TEST(CudaOps, GemmV3FoldPlan) {
+  auto plan = [](std::vector<int64_t> Ns, int64_t K, int64_t M) {
+    std::vector<cuda::TernaryDev> t;
+    for (int64_t N : Ns) t.push_back({nullptr, nullptr, nullptr, N});
+    return std::make_pair(cuda::gemm3_fold_plan(t.data(), int(t.size()), K, M, 2, 132),
+                          cuda::gemm3_ksplit(t.data(), int(t.size()), K, M, 2, 132));
+  };
+  // gate+up: 544 tiles = 4 waves + 16: those 16 in 8 slices of 5 groups over 128 idle SMs
+  auto [gu, gu_ks] = plan({17408, 17408}, 5120, 256);
+  EXPECT_EQ(gu.tiles, 544);
+  EXPECT_EQ(gu.nfull, 528);
+  EXPECT_EQ(gu.kt, 8);
+  EXPECT_EQ(gu.tile_floats, 128 * 128);
+  EXPECT_EQ(gu_ks, 1);
+  // ffn_down / the out projection: 80 tiles, every one in the unfused path's 3 slices (the sum folded in)
+  for (const int64_t K : {17408, 6144}) {
+    auto [d, d_ks] = plan({5120}, K, 256);
+    EXPECT_EQ(d.nfull, 0);
+    EXPECT_EQ(d.kt, 3);
+    EXPECT_EQ(d_ks, 3);
+  }
+  // qkv+z: 256 tiles, a last wave of 124 of 132: no split
+  EXPECT_EQ(plan({10240, 6144}, 5120, 256).first.kt, 1);
+  // a last wave of 68 (> half): every tile split as the unfused rule splits them
+  auto [h, h_ks] = plan({25400, 100}, 8192, 20);
+  EXPECT_EQ(h.nfull, 0);
+  EXPECT_EQ(h.kt, h_ks);
+  for (const auto& [Ns, K, M] : {std::tuple<std::vector<int64_t>, int64_t, int64_t>{{17408, 17408}, 5120, 256},
+                                 {{17000, 100}, 4096, 20}, {{8300, 129}, 1024, 130}, {{5120}, 17408, 256},
+                                 {{17408, 17408}, 5120, 64}}) {
+    const cuda::Gemm3Fold f = plan(Ns, K, M).first;
+    const int64_t G = K / 128, grid = f.nfull + (f.tiles - f.nfull) * f.kt;
+    std::vector<int> cover(size_t(f.tiles * G), 0);
+    for (int64_t b = 0; b < grid; ++b) {
+      int64_t t = b, kz = 0, ksl = 1;
+      if (f.kt > 1 && t >= f.nfull) {
+        const int64_t split = (t - f.nfull) / f.kt;
+        kz = t - f.nfull - split * f.kt, ksl = f.kt, t = f.nfull + split;
+      }
+      const int64_t k0 = G * kz / ksl, ng = G * (kz + 1) / ksl - k0;
+      EXPECT_GE(ng, f.kt > 1 && t >= f.nfull && f.nfull > 0 ? cuda::kGemm3FoldMinGroups : 1);
+      for (int64_t g = k0; g < k0 + ng; ++g) ++cover[size_t(t * G + g)];
+    }
+    EXPECT_EQ(std::count(cover.begin(), cover.end(), 1), int64_t(cover.size())) << "K " << K << " M " << M;
   }
 }
 

@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backend/cuda/gemm3_fold.h"
 #include "backend/cuda/kernels.h"
 #include "util/error.h"
 #include "util/half.h"
@@ -113,6 +114,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
   }
   // round 11, prefill
   o.site_norm_warp = flag("BONSAI_CUDA_SITE_NORM_WARP", o.site_norm_warp);
+  o.gemm3_fold = flag("BONSAI_CUDA_GEMM3_FOLD", o.gemm3_fold);
   // --act overrides the environment.
   if (activations == "q8" || activations == "q16") {
     o.act_levels = activations == "q8" ? 1 : 2;
@@ -336,12 +338,26 @@ struct CudaBackend::Impl {
              : v2 ? cuda::gemm2_launch(o, n, K, xq, xds, M, lv, wgs, kslices, stride, opt.gemm2_swizzle)
                   : cuda::gemm_launch(o, n, K, xq, xds, M, lv, sms, kslices, stride);
     };
+    // gemm_part: kFoldHead int32 arrival counters of the folded split (zero: zeroed when allocated, left zero by
+    // every launch; the unfused split's partials start after them, so neither path disturbs the other's), then the
+    // partials.
+    constexpr int64_t kFoldHead = 1024;
+    if (v3 && opt.gemm3_fold) {  // round 11b: the split-K sums inside the GEMM, and the last wave split in K
+      const cuda::Gemm3Fold f = cuda::gemm3_fold_plan(t, n, K, M, lv, sms);
+      if (f.kt > 1 && f.tiles - f.nfull <= kFoldHead) {
+        const int64_t pf = (f.tiles - f.nfull) * f.kt * f.tile_floats;
+        auto* buf = static_cast<float*>(ensure(gemm_part, size_t(kFoldHead + pf) * 4, "split-K partials", true));
+        return out.push_back(cuda::gemm3_fold_launch(t, n, K, xq, xds, M, lv, f, buf + kFoldHead,
+                                                     reinterpret_cast<int32_t*>(buf), opt.gemm3_cvt));
+      }
+    }  // else (no split, or more split tiles than counters) as before
     if (ks == 1) return out.push_back(gemm(t, 1, 0));
     // Partials [ks][M * sum N]: output i's slice z at part + z * stride + M * (N_0 + .. + N_{i-1}).
     int64_t ntot = 0;
     for (int i = 0; i < n; ++i) ntot += t[i].N;
     const int64_t stride = M * ntot;
-    auto* part = static_cast<float*>(ensure(gemm_part, size_t(ks * stride) * 4, "split-K partials"));
+    auto* part = static_cast<float*>(ensure(gemm_part, size_t(kFoldHead + ks * stride) * 4, "split-K partials", true)) +
+                 kFoldHead;
     cuda::TernaryDev tp[cuda::kMaxOuts];
     int64_t off = 0;
     for (int i = 0; i < n; ++i) {
