@@ -160,10 +160,10 @@ class CudaBackend final : public Backend {
                                   // (site_norm_warp_kernel, ternary.cu; needs fuse and site_warp): one launch instead
                                   // of norm_kernel + site_warp_kernel, bit-identical, but slower on the H200 (pp2048
                                   // 4,350 vs 4,398 tok/s, one call); BONSAI_CUDA_SITE_NORM_WARP=1: on
-    bool gemm3_fold = false;      // round 11b: GEMM v3's split-K summed inside the GEMM by each split tile's last block
+    bool gemm3_fold = true;       // round 11b: GEMM v3's split-K summed inside the GEMM by each split tile's last block
                                   // (no splitk_sum launch), and at >= one wave of tiles the last partial wave's tiles
-                                  // split in K over the idle SMs (gemm3_fold_plan, gemm3_fold.h). Off: not yet run on a
-                                  // device (no device time was left); BONSAI_CUDA_GEMM3_FOLD=1: on
+                                  // split in K over the idle SMs (gemm3_fold_plan, gemm3_fold.h): pp2048 4,578 / 4,588
+                                  // vs 4,513 / 4,536 tok/s in one H200 call (round 11's end); BONSAI_CUDA_GEMM3_FOLD=0: off
   };
 
   // Throws bonsai::Error when there is no usable CUDA device.
