@@ -1,13 +1,13 @@
-// The activation site of ONE row computed by one warp per 1024 elements, in registers: pre-op, sign,
-// blockwise FWHT (n <= 1024), 1/sqrt(n), int8 quantisation per 128-group in the transposed layout the
-// ternary kernels read (ternary.cu's header). Used as the prologue of the M = 1 matvec (every block
-// computes the site of its own input, no site kernel and no dependency hop in between).
-//
-// Lane l holds elements 32 l .. 32 l + 31 of the 1024-chunk: butterflies at stride h < 32 stay inside
-// the lane's registers, strides 32..512 pair lane l with lane l ^ (h / 32) through shuffles. Every
-// element goes through the same operations in the same order as site_kernel (stages h = 1, 2, 4, ...,
-// a + b / a - b, then * norm; the same quantiser), so the int8 activation is bit-identical to the
-// unfused path for the elementwise pre-ops (the gated norm's sum of squares is summed in another order).
+// Device code for the activation site of a few rows (pre-op, sign, blockwise FWHT, 1/sqrt(n), int8 quantisation per
+// 128-group in the transposed layout the ternary kernels read: ternary.cu's header). Every element goes through the
+// same operations in the same order as site_kernel (strides h = 1, 2, 4, ..., a + b / a - b, then * norm; the same
+// quantiser), so the int8 activation is bit-identical to the site kernel's for the elementwise pre-ops (the norms'
+// sums of squares are summed in other orders).
+// - warp_site_chunk (q8): one warp per 1024 elements, 32 a lane (strides < 32 in the lane, 32..512 by
+//   shuffles), the prologue of the dp4a matvec v3 (Options::fuse_site).
+// - the slot functions (round 11): 8 elements a thread, 4 warps per 1024-block (strides 1-4 in the thread, 8-128 by
+//   shuffles, 256 / 512 in one shared-memory exchange): the decode-row site kernel (site_row.cu) and the v7 matvec's
+//   prologue (site_prologue, Options::site_prologue; its AddNorm residual protocol: site_prologue_resid).
 #pragma once
 #include <cstdint>
 
