@@ -10,6 +10,9 @@ L=/tmp/logs
 FIX=$PWD/tests/data/fixtures/tiny_seed7.safetensors
 P27=/tmp/p27/27b-pq2_0.gguf
 mkdir -p "$OUT" "$L"
+# stamp MSG: "[t+Ns] MSG", N the seconds since the script sourced this file.
+T0=$(date +%s)
+stamp() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
 
 # The GPU and its clocks (optionally also into file $1), and stop if bonsai cannot start (a missing library).
 device_header() {

@@ -7,8 +7,6 @@
 # PROF: per-kernel profiles (below). $OUT: gate.txt, test_cuda.log, sanitizer.txt, ab.txt, prof_<name>.txt.
 set -u
 source "$(dirname "$0")/device_env.sh"
-T0=$(date +%s)
-stamp() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
 device_header
 start_27b_pack
 make_tiny_packs

@@ -10,8 +10,6 @@
 # $OUT: gate.txt, test_cuda.log, sanitizer.log, prof_<name>_<size>.txt, bench.txt.
 set -u
 source "$(dirname "$0")/device_env.sh"
-T0=$(date +%s)
-stamp() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
 device_header
 start_27b_pack
 make_tiny_packs

@@ -13,8 +13,6 @@
 # the default; a "q8" there from a binary whose objects disagree on CudaBackend::Options, see round 9 notes).
 set -u
 source "$(dirname "$0")/device_env.sh"
-T0=$(date +%s)
-stamp() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
 device_header
 env | grep "^BONSAI" || true
 start_27b_pack
