@@ -53,6 +53,44 @@ SiteRun run_site(CudaBackend& be, int kind, TernaryMatrix& w, const std::vector<
   return r;
 }
 
+// One norm site of `rows` x K on a backend that folds the norm into the site (fused) and on one that launches it
+// apart (plain): the forward's norm_site + hadamard_site (Backend::add_rmsnorm_rotate's default body) then the linear
+// that reads it. The residual, the normed x, the fp32 site and the linear's outputs must be EQUAL, the linear right
+// against the exact int8 arithmetic, and the fused path one launch shorter.
+void expect_norm_folded(CudaBackend& fused, CudaBackend& plain, TernaryMatrix& w, const std::vector<int8_t>& s,
+                        const std::vector<float>& gain, const std::vector<float>& h0, const std::vector<float>& d0,
+                        int64_t rows, int64_t K, int64_t n, bool add, int levels) {
+  std::vector<float> h[2], x[2], site[2], y[2];
+  uint64_t kernels[2];
+  for (CudaBackend* be : {&fused, &plain}) {
+    const size_t i = be == &plain;
+    be->prepare_matrix(w);
+    Buffer sd = up_bytes(*be, s), gd = up(*be, gain), hd = up(*be, h0), dd = up(*be, d0);
+    Buffer xd = poisoned(*be, size_t(rows * K)), st = poisoned(*be, size_t(rows * K)), yd = poisoned(*be, size_t(rows * w.rows));
+    const auto* sp = reinterpret_cast<const int8_t*>(sd.data());
+    const uint64_t k0 = be->stats().kernels;
+    if (add) be->add_rmsnorm(hd.data(), dd.data(), rows, K, gd.data(), 1e-6f, xd.data());
+    else be->rmsnorm(hd.data(), rows, K, gd.data(), 1e-6f, xd.data());
+    be->copy_rows(st.data(), K, xd.data(), K, rows, K);
+    be->hadamard_forward(st.data(), rows, K, sp, n);
+    const LinearOut out{&w, yd.data()};
+    be->linear(&out, 1, K, st.data(), rows);
+    kernels[i] = be->stats().kernels - k0;
+    h[i] = down(*be, hd);
+    x[i] = down(*be, xd);
+    site[i] = down(*be, st);
+    y[i] = down(*be, yd);
+  }
+  const std::string what = "levels " + std::to_string(levels) + " K " + std::to_string(K) + " rows " +
+                           std::to_string(rows) + " n " + std::to_string(n) + (add ? " add" : " plain");
+  EXPECT_EQ(h[0], h[1]) << what << " (residual)";
+  EXPECT_EQ(x[0], x[1]) << what << " (normed x)";
+  EXPECT_EQ(site[0], site[1]) << what << " (site)";
+  EXPECT_EQ(y[0], y[1]) << what << " (linear)";
+  EXPECT_LE(rel_err(y[1], quantised_reference(w, site[1], rows, levels)), 1e-4) << what;
+  EXPECT_EQ(kernels[0] + 1, kernels[1]) << what << " (the norm launch folded)";
+}
+
 }  // namespace
 
 TEST(CudaSite, WarpSiteEqualsTheBlockSiteKernel) {
@@ -136,36 +174,7 @@ TEST(CudaSite, NormClusterEqualsUnfusedNormAndSite) {
         for (const int64_t n : {int64_t(1024), int64_t(128)})
           for (const bool add : {true, false}) {
             const auto h0 = randn(size_t(rows * K), uint32_t(203 + rows), 2.f), d0 = randn(size_t(rows * K), uint32_t(204 + rows));
-            std::vector<float> h[2], x[2], site[2], y[2];
-            uint64_t kernels[2];
-            for (CudaBackend* be : {&fused, &plain}) {
-              const size_t i = be == &plain;
-              be->prepare_matrix(w);
-              Buffer sd = up_bytes(*be, s), gd = up(*be, gain), hd = up(*be, h0), dd = up(*be, d0);
-              Buffer xd = poisoned(*be, size_t(rows * K)), st = poisoned(*be, size_t(rows * K)), yd = poisoned(*be, size_t(rows * w.rows));
-              const auto* sp = reinterpret_cast<const int8_t*>(sd.data());
-              const uint64_t k0 = be->stats().kernels;
-              // the forward's norm_site + hadamard_site (Backend::add_rmsnorm_rotate's default body)
-              if (add) be->add_rmsnorm(hd.data(), dd.data(), rows, K, gd.data(), 1e-6f, xd.data());
-              else be->rmsnorm(hd.data(), rows, K, gd.data(), 1e-6f, xd.data());
-              be->copy_rows(st.data(), K, xd.data(), K, rows, K);
-              be->hadamard_forward(st.data(), rows, K, sp, n);
-              const LinearOut out{&w, yd.data()};
-              be->linear(&out, 1, K, st.data(), rows);
-              kernels[i] = be->stats().kernels - k0;
-              h[i] = down(*be, hd);
-              x[i] = down(*be, xd);
-              site[i] = down(*be, st);
-              y[i] = down(*be, yd);
-            }
-            const std::string what = "levels " + std::to_string(levels) + " K " + std::to_string(K) + " rows " +
-                                     std::to_string(rows) + " n " + std::to_string(n) + (add ? " add" : " plain");
-            EXPECT_EQ(h[0], h[1]) << what << " (residual)";
-            EXPECT_EQ(x[0], x[1]) << what << " (normed x)";
-            EXPECT_EQ(site[0], site[1]) << what << " (site)";
-            EXPECT_EQ(y[0], y[1]) << what << " (linear)";
-            EXPECT_LE(rel_err(y[1], quantised_reference(w, site[1], rows, levels)), 1e-4) << what;
-            EXPECT_EQ(kernels[0] + 1, kernels[1]) << what << " (the norm launch folded)";
+            expect_norm_folded(fused, plain, w, s, gain, h0, d0, rows, K, n, add, levels);
           }
     }
   // Shapes: at most 8 tiles of 1024, FWHT blocks up to 1024.
@@ -197,35 +206,7 @@ TEST(CudaSite, NormWarpEqualsUnfusedNormAndWarpSite) {
         for (const int64_t n : {int64_t(1024), int64_t(128)})
           for (const bool add : {true, false}) {
             const auto h0 = randn(size_t(rows * K), uint32_t(303 + rows), 2.f), d0 = randn(size_t(rows * K), uint32_t(304 + rows));
-            std::vector<float> h[2], x[2], site[2], y[2];
-            uint64_t kernels[2];
-            for (CudaBackend* be : {&fused, &plain}) {
-              const size_t i = be == &plain;
-              be->prepare_matrix(w);
-              Buffer sd = up_bytes(*be, s), gd = up(*be, gain), hd = up(*be, h0), dd = up(*be, d0);
-              Buffer xd = poisoned(*be, size_t(rows * K)), st = poisoned(*be, size_t(rows * K)), yd = poisoned(*be, size_t(rows * w.rows));
-              const auto* sp = reinterpret_cast<const int8_t*>(sd.data());
-              const uint64_t k0 = be->stats().kernels;
-              if (add) be->add_rmsnorm(hd.data(), dd.data(), rows, K, gd.data(), 1e-6f, xd.data());
-              else be->rmsnorm(hd.data(), rows, K, gd.data(), 1e-6f, xd.data());
-              be->copy_rows(st.data(), K, xd.data(), K, rows, K);
-              be->hadamard_forward(st.data(), rows, K, sp, n);
-              const LinearOut out{&w, yd.data()};
-              be->linear(&out, 1, K, st.data(), rows);
-              kernels[i] = be->stats().kernels - k0;
-              h[i] = down(*be, hd);
-              x[i] = down(*be, xd);
-              site[i] = down(*be, st);
-              y[i] = down(*be, yd);
-            }
-            const std::string what = "levels " + std::to_string(levels) + " K " + std::to_string(K) + " rows " +
-                                     std::to_string(rows) + " n " + std::to_string(n) + (add ? " add" : " plain");
-            EXPECT_EQ(h[0], h[1]) << what << " (residual)";
-            EXPECT_EQ(x[0], x[1]) << what << " (normed x)";
-            EXPECT_EQ(site[0], site[1]) << what << " (site)";
-            EXPECT_EQ(y[0], y[1]) << what << " (linear)";
-            EXPECT_LE(rel_err(y[1], quantised_reference(w, site[1], rows, levels)), 1e-4) << what;
-            EXPECT_EQ(kernels[0] + 1, kernels[1]) << what << " (the norm launch folded)";
+            expect_norm_folded(fused, plain, w, s, gain, h0, d0, rows, K, n, add, levels);
           }
     }
   // Where it applies: prefill rows, K % 1024 == 0 up to 8 chunks, n <= 1024, a gain, the warp site on.
