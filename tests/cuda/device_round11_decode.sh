@@ -31,11 +31,12 @@ for cfg in ${AB:-}; do
   env ${env//,/ } timeout 150 $B/bonsai bench --backend cuda -m "$P27" -p 0 -n 128 -r 2 -d ${DEPTHS:-0} 2>&1 \
     | grep -E "^tg|error|rror" | tee -a "$OUT/ab.txt"
 done
-# PROF="name:ENV=V,... ...": the per-kernel profile of 16 decode tokens (eager launches, events around each) per entry.
+# PROF="name:ENV=V,... ...": the per-kernel profile of 16 decode tokens (eager launches, events around each) per entry;
+# PROF_BATCH=B: of B sequences stepped together instead of one.
 for cfg in ${PROF:-}; do
   name=${cfg%%:*}; env=${cfg#*:}
   env ${env//,/ } BONSAI_CUDA_PROFILE=1 BONSAI_CUDA_GRAPHS=0 timeout 120 $B/bonsai bench --backend cuda -m "$P27" -p 0 -n 16 \
-    -r 1 > "$L/prof_bench.txt" 2> "$OUT/prof_$name.txt"
+    -r 1 ${PROF_BATCH:+--batch $PROF_BATCH} > "$L/prof_bench.txt" 2> "$OUT/prof_$name.txt"
   echo "== profile $name ($env) rc=$?"; head -12 "$OUT/prof_$name.txt"
 done
 stamp "done"
