@@ -105,6 +105,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
   if (const char* e = std::getenv("BONSAI_CUDA_MVW"); e && *e) o.matvec_wgmma = std::atoi(e);
   o.profile = flag("BONSAI_CUDA_PROFILE", o.profile);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA"); e && *e) o.delta = std::atoi(e);
+  o.delta_mma = flag("BONSAI_CUDA_DELTA_MMA", o.delta_mma);
   if (const char* e = std::getenv("BONSAI_CUDA_ATTN"); e && *e) o.attn = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_ACT"); e && *e) {
     const std::string v = e;
@@ -1378,7 +1379,7 @@ void CudaBackend::Impl::emit_delta(float* state, const cuda::RowTable* rows, con
     auto* scratch = static_cast<float*>(
         ensure(delta_scratch, cuda::delta_chunk_scratch_floats(T, Nv, Dk, Dv) * 4, "delta rule chunk scratch"));
     cuda::Launch l[2];
-    cuda::delta_chunk_launches(d, scratch, l);
+    cuda::delta_chunk_launches(d, scratch, opt.delta_mma, l);
     emit(l[0]);
     emit(l[1]);
     return;

@@ -58,6 +58,9 @@ class CudaBackend final : public Backend {
     int delta = 0;             // delta rule of one sequence: 1 = token by token (delta_kernel), 2 = the chunked WY
                                // form (delta_chunk.cu) for every T, 0 = chunked for T >= 16 (docs/cuda-kernels.md
                                // round 8b); batched rows always token by token; BONSAI_CUDA_DELTA=0|1|2
+    bool delta_mma = true;     // round 12: the chunked form's products on tensor cores (3xTF32) and its solve one column
+                               // per thread (delta_prep2 / delta_scan2_kernel); BONSAI_CUDA_DELTA_MMA=0: round 8b's FFMA
+                               // kernels (docs/cuda-kernels.md round 12)
     int attn = 0;              // prefill attention: 1 = the flash-decoding kernel (one position per warp step), 2 = the
                                // 32 x 32 tile kernel with 2 rows per thread, 3 = with 4 rows per thread (both for every
                                // M > 1), 0 = 4 rows per thread for M >= 16 (round 8b); BONSAI_CUDA_ATTN=0|1|2|3

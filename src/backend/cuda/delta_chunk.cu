@@ -12,7 +12,9 @@
 // kernel 1 (delta_prep_kernel, grid (Nv, chunks)) builds them for every chunk at once; only the three state
 // products (V', O, S_C) are sequential, in kernel 2 (delta_scan_kernel, grid (Nv, Dv/32): columns of S are
 // independent, so each block carries a 32-column slice of one head's state through the chunks). Everything
-// is fp32 FFMA from shared memory (no tensor cores: the fp32 state and the gate's bound, round 8b notes).
+// is fp32 FFMA from shared memory in these two (round 8b). Round 12's pair (delta_prep2_kernel, delta_scan2_kernel,
+// the default; `mma` below) computes the same products on tensor cores in 3xTF32 (fp32-level accuracy) and the
+// solve as one barrier-free forward substitution per column of W and U; same grids and scratch.
 #include <cmath>
 
 #include "backend/cuda/async_copy.cuh"
@@ -58,38 +60,22 @@ __host__ __device__ inline int64_t per_block(int64_t Dk, int64_t Dv) { return kC
 uint32_t prep_smem() { return uint32_t((2 * kC * kLd + 2 * kC * kLdC + 3 * kC) * sizeof(float)); }
 uint32_t scan_smem() { return uint32_t((kMaxD * kSW + 2 * kC * kLd4 + kC * kLdP + kC * kSW) * sizeof(float)); }
 
-__global__ __launch_bounds__(kThreads) void delta_prep_kernel(const DeltaChunkArgs a) {
-  extern __shared__ float sm[];
-  float* Ks = sm;                // [C][kLd] k rows (normalised)
-  float* QV = Ks + kC * kLd;     // [C][kLd] q rows, later v rows
-  float* Am = QV + kC * kLd;     // [C][kLdC] A
-  float* Tm = Am + kC * kLdC;    // [C][kLdC] T = (I + A)^-1
-  float* gam = Tm + kC * kLdC;   // [C] Gamma
-  float* bet = gam + kC;         // [C] beta
-  float* coef = bet + kC;        // [C] beta e^Gamma
-  pdl_trigger();
-  pdl_wait();
+// Steps 1-2 of both prep kernels: the chunk's q, k rows into Ks / QV ([C][LD], l2-normalised, q scaled), the gates
+// (computed and written back when fused), Gamma, beta and beta e^Gamma into gam / bet / coef [C], e^{Gamma_C} to eLg.
+// Ends with a barrier.
+template <int LD>
+__device__ void chunk_inputs(const DeltaChunkArgs& a, int64_t h, int64_t t0, int L, float* Ks, float* QV, float* gam,
+                             float* bet, float* coef, float* eLg) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int64_t h = blockIdx.x, c = blockIdx.y;
   const int64_t kh = h / (a.Nv / a.Nk);
-  const int64_t t0 = c * kC;
-  const int L = int(min(int64_t(kC), a.T - t0));
-  const int Dk = int(a.Dk), Dv = int(a.Dv);
-  float* blk = a.scratch + (h * a.NC + c) * per_block(a.Dk, a.Dv);
-  float* Wg = blk;
-  float* Qg = Wg + kC * Dk;
-  float* Kg = Qg + kC * Dk;
-  float* Ug = Kg + kC * Dk;
-  float* Pg = Ug + kC * Dv;
-  float* eLg = Pg + kC * kC;
-
+  const int Dk = int(a.Dk);
   // 1. q, k rows of the chunk (zero rows past the end: beta = 0 and g = 0 there make them inert), 4-byte cp.async
   // (the padded rows are not 16-byte aligned) so that all of a thread's copies are in flight at once.
   for (int idx = tid; idx < kC * Dk; idx += kThreads) {
     const int r = idx / Dk, i = idx % Dk;
     const int64_t tok = t0 + (r < L ? r : 0), col = kh * a.Dk + i;
-    cp_async4(Ks + r * kLd + i, a.k + tok * a.ldk + col, r < L ? 4 : 0);
-    cp_async4(QV + r * kLd + i, a.q + tok * a.ldq + col, r < L ? 4 : 0);
+    cp_async4(Ks + r * LD + i, a.k + tok * a.ldk + col, r < L ? 4 : 0);
+    cp_async4(QV + r * LD + i, a.q + tok * a.ldq + col, r < L ? 4 : 0);
   }
   cp_async_commit();
   if (tid < kC) {
@@ -116,17 +102,17 @@ __global__ __launch_bounds__(kThreads) void delta_prep_kernel(const DeltaChunkAr
   for (int r = warp; r < kC; r += kThreads / 32) {
     if (a.l2_k) {
       float ss = 0.f;
-      for (int i = lane; i < Dk; i += 32) ss += Ks[r * kLd + i] * Ks[r * kLd + i];
+      for (int i = lane; i < Dk; i += 32) ss += Ks[r * LD + i] * Ks[r * LD + i];
       const float f = rsqrtf(warp_sum(ss) + a.eps_k);
-      for (int i = lane; i < Dk; i += 32) Ks[r * kLd + i] *= f;
+      for (int i = lane; i < Dk; i += 32) Ks[r * LD + i] *= f;
     }
     float f = a.q_scale;
     if (a.l2_q) {
       float ss = 0.f;
-      for (int i = lane; i < Dk; i += 32) ss += QV[r * kLd + i] * QV[r * kLd + i];
+      for (int i = lane; i < Dk; i += 32) ss += QV[r * LD + i] * QV[r * LD + i];
       f *= rsqrtf(warp_sum(ss) + a.eps_q);
     }
-    for (int i = lane; i < Dk; i += 32) QV[r * kLd + i] *= f;
+    for (int i = lane; i < Dk; i += 32) QV[r * LD + i] *= f;
   }
   // Gamma: inclusive scan of g over the chunk (warp 0, two tokens per lane).
   if (warp == 0) {
@@ -147,6 +133,33 @@ __global__ __launch_bounds__(kThreads) void delta_prep_kernel(const DeltaChunkAr
     if (lane == 31) *eLg = expf(v1);
   }
   __syncthreads();
+}
+
+__global__ __launch_bounds__(kThreads) void delta_prep_kernel(const DeltaChunkArgs a) {
+  extern __shared__ float sm[];
+  float* Ks = sm;                // [C][kLd] k rows (normalised)
+  float* QV = Ks + kC * kLd;     // [C][kLd] q rows, later v rows
+  float* Am = QV + kC * kLd;     // [C][kLdC] A
+  float* Tm = Am + kC * kLdC;    // [C][kLdC] T = (I + A)^-1
+  float* gam = Tm + kC * kLdC;   // [C] Gamma
+  float* bet = gam + kC;         // [C] beta
+  float* coef = bet + kC;        // [C] beta e^Gamma
+  pdl_trigger();
+  pdl_wait();
+  const int tid = threadIdx.x;
+  const int64_t h = blockIdx.x, c = blockIdx.y;
+  const int64_t t0 = c * kC;
+  const int L = int(min(int64_t(kC), a.T - t0));
+  const int Dk = int(a.Dk), Dv = int(a.Dv);
+  float* blk = a.scratch + (h * a.NC + c) * per_block(a.Dk, a.Dv);
+  float* Wg = blk;
+  float* Qg = Wg + kC * Dk;
+  float* Kg = Qg + kC * Dk;
+  float* Ug = Kg + kC * Dk;
+  float* Pg = Ug + kC * Dv;
+  float* eLg = Pg + kC * kC;
+
+  chunk_inputs<kLd>(a, h, t0, L, Ks, QV, gam, bet, coef, eLg);
 
   // 3. A (into Am) and P (to global) from K K^T and Q K^T: thread tile rows ty + 16 a, columns tx + 16 b.
   const int tx = tid & 15, ty = tid >> 4;
@@ -370,6 +383,360 @@ __global__ __launch_bounds__(kThreads, 2) void delta_scan_kernel(const DeltaChun
   for (int idx = tid; idx < Dk * kSW; idx += kThreads) Sg[(idx / kSW) * a.Dv + idx % kSW] = S[idx];
 }
 
+// ---- Round 12: the products on tensor cores (3xTF32), the solve one column per thread --------------------------
+//
+// mma.sync m16n8k8 with tf32 operands, each fp32 operand x split as hi = tf32(x), lo = tf32(x - hi) and the product
+// taken as hi hi + hi lo + lo hi (the lo lo term is under fp32's rounding): fp32-level accuracy (3xTF32) at 3 mma
+// per product. Fragments (PTX ISA, m16n8k8 .tf32; gid = lane / 4, tig = lane % 4): A a0 (gid, tig), a1 (gid + 8,
+// tig), a2 (gid, tig + 4), a3 (gid + 8, tig + 4); B b0 (k tig, n gid), b1 (k tig + 4, n gid); C c0 / c1 (gid, 2 tig
+// + 0 / 1), c2 / c3 (gid + 8, 2 tig + 0 / 1).
+constexpr int kLdM = kMaxD + 4;  // [C][<=128] tiles read as A fragments (row gid, column tig): 32 distinct banks
+constexpr int kLdA = kC + 4;     // [C][C] tiles: A fragments, and float4 rows in the solve
+constexpr int kSW2 = 32;         // scan v2: state columns per block
+
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
+}
+// An A fragment of the row-major tile X (row stride ld) at rows m0.., columns k0.., split into hi / lo.
+__device__ __forceinline__ void load_a(const float* X, int ld, int m0, int k0, int gid, int tig, uint32_t hi[4],
+                                       uint32_t lo[4]) {
+  const float* p = X + (m0 + gid) * ld + k0 + tig;
+  split_tf32(p[0], hi[0], lo[0]);
+  split_tf32(p[8 * ld], hi[1], lo[1]);
+  split_tf32(p[4], hi[2], lo[2]);
+  split_tf32(p[8 * ld + 4], hi[3], lo[3]);
+}
+// d += A B, 3xTF32 (the small terms first).
+__device__ __forceinline__ void mma3(float d[4], const uint32_t ah[4], const uint32_t al[4], const uint32_t bh[2],
+                                     const uint32_t bl[2]) {
+  auto mma = [&](const uint32_t* x, const uint32_t* y) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3]), "r"(y[0]), "r"(y[1]));
+  };
+  mma(al, bh);
+  mma(ah, bl);
+  mma(ah, bh);
+}
+// [rows][32] tiles read as B fragments (k = row, n = column), swizzled instead of padded (shared memory is tight):
+// element (k, n) at k * 32 + (n ^ 8 (k % 4)), so the four k rows of a fragment hit four different 8-bank groups; a
+// column pair (n even, n + 1) stays adjacent.
+__device__ __forceinline__ int swz(int k, int n) { return k * 32 + (n ^ ((k & 3) << 3)); }
+
+// Lower-triangular (and diagonal) 16 x 8 tiles of a [C][C] product: m-tile mi has n-tiles 0 .. 2 mi + 1; 20 in all.
+constexpr int kTriTiles = 20;
+__device__ __forceinline__ void tri_tile(int t, int& mi, int& ni) {
+  mi = t < 2 ? 0 : t < 6 ? 1 : t < 12 ? 2 : 3;
+  ni = t - (mi == 0 ? 0 : mi == 1 ? 2 : mi == 2 ? 6 : 12);
+}
+
+uint32_t prep2_smem() { return uint32_t((2 * kC * kLdM + kC * kLdA + 3 * kC) * sizeof(float)); }
+uint32_t scan2_smem() { return uint32_t((kMaxD * kSW2 + 2 * kC * kLdM + kC * kLdA + kC * kSW2) * sizeof(float)); }
+
+// Prep v2 (grid (Nv, chunks)): the same scratch as delta_prep_kernel. Q K^T and K K^T on tensor cores (only the 20
+// lower tiles), then W = (I + A)^-1 diag(beta e^Gamma) K and U = (I + A)^-1 diag(beta) V by forward substitution,
+// one column per thread (128 W columns, 128 U columns: no barrier inside the solve and no T matrix).
+__global__ __launch_bounds__(kThreads, 2) void delta_prep2_kernel(const DeltaChunkArgs a) {
+  extern __shared__ __align__(16) float sm[];
+  float* Ks = sm;                // [C][kLdM] k rows (normalised)
+  float* QV = Ks + kC * kLdM;    // [C][kLdM] q rows, later v rows
+  float* Am = QV + kC * kLdM;    // [C][kLdA] A (strictly lower; the solve reads j < r only)
+  float* gam = Am + kC * kLdA;   // [C] Gamma
+  float* bet = gam + kC;         // [C] beta
+  float* coef = bet + kC;        // [C] beta e^Gamma
+  pdl_trigger();
+  pdl_wait();
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
+  const int64_t h = blockIdx.x, c = blockIdx.y;
+  const int64_t t0 = c * kC;
+  const int L = int(min(int64_t(kC), a.T - t0));
+  const int Dk = int(a.Dk), Dv = int(a.Dv);
+  float* blk = a.scratch + (h * a.NC + c) * per_block(a.Dk, a.Dv);
+  float* Wg = blk;             // [C, Dk]
+  float* Qg = Wg + kC * Dk;    // [C, Dk]
+  float* Kg = Qg + kC * Dk;    // [C, Dk]
+  float* Ug = Kg + kC * Dk;    // [C, Dv]
+  float* Pg = Ug + kC * Dv;    // [C, C]
+  float* eLg = Pg + kC * kC;   // [1]
+
+  chunk_inputs<kLdM>(a, h, t0, L, Ks, QV, gam, bet, coef, eLg);
+
+  // 3. P = decay-masked Q K^T (to global; the scan reads whole 16-row blocks, so the upper tiles are written as 0)
+  // and the decayed Q and K rows for the scan.
+  for (int t = warp; t < kTriTiles; t += kThreads / 32) {
+    int mi, ni;
+    tri_tile(t, mi, ni);
+    float qk[4] = {};
+    for (int k0 = 0; k0 < Dk; k0 += 8) {
+      uint32_t ah[4], al[4], bh[2], bl[2];
+      load_a(QV, kLdM, 16 * mi, k0, gid, tig, ah, al);
+      const float* kb = Ks + (8 * ni + gid) * kLdM + k0 + tig;  // B (k, n) = K[n][k]
+      split_tf32(kb[0], bh[0], bl[0]);
+      split_tf32(kb[4], bh[1], bl[1]);
+      mma3(qk, ah, al, bh, bl);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = 16 * mi + gid + 8 * (e >> 1), j = 8 * ni + 2 * tig + (e & 1);
+      Pg[r * kC + j] = j <= r ? expf(gam[r] - gam[j]) * qk[e] : 0.f;
+    }
+  }
+  for (int idx = tid; idx < kC * kC; idx += kThreads) {
+    const int r = idx / kC, j = idx % kC;
+    if (j / 8 > 2 * (r / 16) + 1) Pg[idx] = 0.f;
+  }
+  for (int idx = tid; idx < kC * Dk; idx += kThreads) {
+    const int r = idx / Dk, i = idx % Dk;
+    Qg[idx] = QV[r * kLdM + i] * expf(gam[r]);
+    Kg[idx] = Ks[r * kLdM + i] * expf(gam[kC - 1] - gam[r]);
+  }
+  __syncthreads();
+  // v rows into QV (q is done); they land during the K K^T tiles.
+  for (int idx = tid; idx < kC * Dv; idx += kThreads) {
+    const int r = idx / Dv, j = idx % Dv;
+    cp_async4(QV + r * kLdM + j, a.v + (t0 + (r < L ? r : 0)) * a.ldv + h * a.Dv + j, r < L ? 4 : 0);
+  }
+  cp_async_commit();
+  // 4. A_rj = beta_r e^{Gamma_r - Gamma_j} k_r.k_j (j < r) into Am.
+  for (int t = warp; t < kTriTiles; t += kThreads / 32) {
+    int mi, ni;
+    tri_tile(t, mi, ni);
+    float kk[4] = {};
+    for (int k0 = 0; k0 < Dk; k0 += 8) {
+      uint32_t ah[4], al[4], bh[2], bl[2];
+      load_a(Ks, kLdM, 16 * mi, k0, gid, tig, ah, al);
+      const float* kb = Ks + (8 * ni + gid) * kLdM + k0 + tig;
+      split_tf32(kb[0], bh[0], bl[0]);
+      split_tf32(kb[4], bh[1], bl[1]);
+      mma3(kk, ah, al, bh, bl);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = 16 * mi + gid + 8 * (e >> 1), j = 8 * ni + 2 * tig + (e & 1);
+      Am[r * kLdA + j] = j < r ? bet[r] * expf(gam[r] - gam[j]) * kk[e] : 0.f;
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  // 5. Forward substitution, thread = one column x of X = diag(beta e^Gamma) K (threads 0..127: W) or diag(beta) V
+  // (128..255: U): x_r -= sum_{j < r} A_rj x_j, row by row, the column in registers (fully unrolled: A_r. is a
+  // broadcast float4 read, the columns are independent, so there is no barrier).
+  {
+    const bool isU = tid >= kThreads / 2;
+    const int i = tid % (kThreads / 2);
+    if (i < (isU ? Dv : Dk)) {
+      const float* X = isU ? QV : Ks;
+      const float* sc = isU ? bet : coef;
+      float x[kC];
+#pragma unroll
+      for (int r = 0; r < kC; ++r) x[r] = sc[r] * X[r * kLdM + i];
+#pragma unroll
+      for (int r = 1; r < kC; ++r) {
+        const float* ar = Am + r * kLdA;
+        float s = x[r];
+#pragma unroll
+        for (int j = 0; j < r; j += 4) {
+          const float4 av = *reinterpret_cast<const float4*>(ar + j);
+          s -= av.x * x[j];
+          if (j + 1 < r) s -= av.y * x[j + 1];
+          if (j + 2 < r) s -= av.z * x[j + 2];
+          if (j + 3 < r) s -= av.w * x[j + 3];
+        }
+        x[r] = s;
+      }
+      float* dst = isU ? Ug + i : Wg + i;
+      const int ld = isU ? Dv : Dk;
+#pragma unroll
+      for (int r = 0; r < kC; ++r) dst[r * ld] = x[r];
+    }
+  }
+}
+
+// Scan v2 (grid (Nv, Dv / 32)): per chunk, V' = U - W S0, O = Qd S0 + P V', S = e^{Gamma_C} S0 + Kd^T V' on tensor
+// cores (3xTF32). The block's 128 x 32 state slice lives in registers (fp32, C-fragment layout: warp w rows 16 w ..
+// 16 w + 15, all 32 columns) and is mirrored into shared memory once per chunk for the B fragments of the next.
+// Phases A and B: warp w owns rows 16 (w % 4) .., columns 16 (w / 4) ... Tiles double-buffered as in delta_scan_kernel.
+__global__ __launch_bounds__(kThreads, 2) void delta_scan2_kernel(const DeltaChunkArgs a) {
+  extern __shared__ __align__(16) float sm[];
+  float* S = sm;                     // [Dk][32] swz: the state slice at the start of the chunk
+  float* bufs = S + kMaxD * kSW2;    // 2 x [C][kLdM]: W, Qd, Kd of chunk 0, 1, ... alternate (tile n in n & 1)
+  float* Ps = bufs + 2 * kC * kLdM;  // [C][kLdA] P
+  float* Vp = Ps + kC * kLdA;        // [C][32] swz: V' = U - W S0
+  pdl_trigger();
+  pdl_wait();
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
+  const int64_t h = blockIdx.x, j0 = int64_t(blockIdx.y) * kSW2;
+  const int Dk = int(a.Dk), Dv = int(a.Dv), Dk4 = Dk / 4;
+  const int mA = 16 * (warp & 3), nA = 16 * (warp >> 2);  // phases A, B: this warp's rows and columns
+  const bool owner = 16 * warp < Dk;                       // phase C: this warp's 16 state rows exist
+  float* Sg = a.state + h * a.Dk * a.Dv + j0;
+  const int64_t per = per_block(a.Dk, a.Dv);
+  const float* base = a.scratch + h * a.NC * per;
+  auto issue = [&](float* dst, const float* src) {
+    for (int idx = tid; idx < kC * Dk4; idx += kThreads) {
+      const int r = idx / Dk4, i4 = idx % Dk4;
+      cp_async16(dst + r * kLdM + 4 * i4, src + 4 * idx, 16);
+    }
+  };
+  issue(bufs, base);  // W of chunk 0
+  cp_async_commit();
+  // st[nt][e]: state row 16 warp + gid + 8 (e / 2), column 8 nt + 2 tig + e % 2.
+  float st[4][4];
+  if (owner) {
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int i = 16 * warp + gid + 8 * hr, n = 8 * nt + 2 * tig;
+        const float2 v = *reinterpret_cast<const float2*>(Sg + int64_t(i) * a.Dv + n);
+        st[nt][2 * hr] = v.x;
+        st[nt][2 * hr + 1] = v.y;
+        *reinterpret_cast<float2*>(S + swz(i, n)) = v;
+      }
+  }
+  int cur = 0;
+  for (int64_t c = 0; c < a.NC; ++c) {
+    const float* blk = base + c * per;
+    const float* Qg = blk + kC * Dk;
+    const float* Kg = Qg + kC * Dk;
+    const float* Ug = Kg + kC * Dk;
+    const float* Pg = Ug + kC * Dv;
+    const float eL = __ldcg(Pg + kC * kC);
+    const int64_t t0 = c * kC;
+    const int L = int(min(int64_t(kC), a.T - t0));
+    // ---- phase A: V' = U - W S0 (accumulators start at U; A = -W, negation being exact in the split)
+    float acc[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const float2 u = __ldcg(reinterpret_cast<const float2*>(Ug + (mA + gid + 8 * hr) * Dv + j0 + nA + 8 * nt +
+                                                                2 * tig));
+        acc[nt][2 * hr] = u.x;
+        acc[nt][2 * hr + 1] = u.y;
+      }
+    cp_async_wait<0>();
+    __syncthreads();  // W landed; S written (chunk 0) / updated (phase C); the other buffer, Ps and Vp are free
+    issue(bufs + (cur ^ 1) * kC * kLdM, Qg);
+    for (int idx = tid; idx < kC * kC / 4; idx += kThreads) {
+      const int r = idx / (kC / 4), j4 = idx % (kC / 4);
+      cp_async16(Ps + r * kLdA + 4 * j4, Pg + 4 * idx, 16);
+    }
+    cp_async_commit();
+    {
+      const float* W = bufs + cur * kC * kLdM;
+      for (int k0 = 0; k0 < Dk; k0 += 8) {
+        uint32_t ah[4], al[4];
+        const float* p = W + (mA + gid) * kLdM + k0 + tig;
+        split_tf32(-p[0], ah[0], al[0]);
+        split_tf32(-p[8 * kLdM], ah[1], al[1]);
+        split_tf32(-p[4], ah[2], al[2]);
+        split_tf32(-p[8 * kLdM + 4], ah[3], al[3]);
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          uint32_t bh[2], bl[2];
+          split_tf32(S[swz(k0 + tig, nA + 8 * nt + gid)], bh[0], bl[0]);
+          split_tf32(S[swz(k0 + tig + 4, nA + 8 * nt + gid)], bh[1], bl[1]);
+          mma3(acc[nt], ah, al, bh, bl);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr)
+          *reinterpret_cast<float2*>(Vp + swz(mA + gid + 8 * hr, nA + 8 * nt + 2 * tig)) =
+              make_float2(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
+    }
+    cur ^= 1;
+    // ---- phase B: O = Qd S0 + P V' (P is zero right of this warp's 16-row diagonal block)
+    cp_async_wait<0>();
+    __syncthreads();  // Qd and P landed, V' complete, W's buffer free
+    issue(bufs + (cur ^ 1) * kC * kLdM, Kg);
+    cp_async_commit();
+    {
+      const float* Qd = bufs + cur * kC * kLdM;
+      float o[2][4] = {};
+      for (int k0 = 0; k0 < Dk; k0 += 8) {
+        uint32_t ah[4], al[4];
+        load_a(Qd, kLdM, mA, k0, gid, tig, ah, al);
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          uint32_t bh[2], bl[2];
+          split_tf32(S[swz(k0 + tig, nA + 8 * nt + gid)], bh[0], bl[0]);
+          split_tf32(S[swz(k0 + tig + 4, nA + 8 * nt + gid)], bh[1], bl[1]);
+          mma3(o[nt], ah, al, bh, bl);
+        }
+      }
+      for (int k0 = 0; k0 < mA + 16; k0 += 8) {
+        uint32_t ah[4], al[4];
+        load_a(Ps, kLdA, mA, k0, gid, tig, ah, al);
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          uint32_t bh[2], bl[2];
+          split_tf32(Vp[swz(k0 + tig, nA + 8 * nt + gid)], bh[0], bl[0]);
+          split_tf32(Vp[swz(k0 + tig + 4, nA + 8 * nt + gid)], bh[1], bl[1]);
+          mma3(o[nt], ah, al, bh, bl);
+        }
+      }
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int r = mA + gid + 8 * hr;
+        if (r < L)
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt)
+            *reinterpret_cast<float2*>(a.out + ((t0 + r) * a.Nv + h) * a.Dv + j0 + nA + 8 * nt + 2 * tig) =
+                make_float2(o[nt][2 * hr], o[nt][2 * hr + 1]);
+      }
+    }
+    cur ^= 1;
+    // ---- phase C: S = e^{Gamma_C} S0 + Kd^T V' (A (i, r) = Kd[r][i]: a transposed read, 2-way bank conflicts)
+    cp_async_wait<0>();
+    __syncthreads();  // Kd landed; every thread is done reading S, Qd, P
+    if (c + 1 < a.NC) issue(bufs + (cur ^ 1) * kC * kLdM, blk + per);  // W of the next chunk
+    cp_async_commit();
+    if (owner) {
+      const float* Kd = bufs + cur * kC * kLdM;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[nt][e] *= eL;
+      for (int k0 = 0; k0 < kC; k0 += 8) {
+        uint32_t ah[4], al[4];
+        const float* p = Kd + (k0 + tig) * kLdM + 16 * warp + gid;
+        split_tf32(p[0], ah[0], al[0]);
+        split_tf32(p[8], ah[1], al[1]);
+        split_tf32(p[4 * kLdM], ah[2], al[2]);
+        split_tf32(p[4 * kLdM + 8], ah[3], al[3]);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          uint32_t bh[2], bl[2];
+          split_tf32(Vp[swz(k0 + tig, 8 * nt + gid)], bh[0], bl[0]);
+          split_tf32(Vp[swz(k0 + tig + 4, 8 * nt + gid)], bh[1], bl[1]);
+          mma3(st[nt], ah, al, bh, bl);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr)
+          *reinterpret_cast<float2*>(S + swz(16 * warp + gid + 8 * hr, 8 * nt + 2 * tig)) =
+              make_float2(st[nt][2 * hr], st[nt][2 * hr + 1]);
+    }
+    cur ^= 1;
+  }
+  cp_async_wait<0>();
+  if (owner) {
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr)
+        *reinterpret_cast<float2*>(Sg + int64_t(16 * warp + gid + 8 * hr) * a.Dv + 8 * nt + 2 * tig) =
+            make_float2(st[nt][2 * hr], st[nt][2 * hr + 1]);
+  }
+}
+
 }  // namespace
 
 size_t delta_chunk_scratch_floats(int64_t T, int64_t Nv, int64_t Dk, int64_t Dv) {
@@ -382,9 +749,13 @@ void init_delta_chunk_attributes() {
                        int(prep_smem()));
   cudaFuncSetAttribute(reinterpret_cast<const void*>(&delta_scan_kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
                        int(scan_smem()));
+  cudaFuncSetAttribute(reinterpret_cast<const void*>(&delta_prep2_kernel),
+                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(prep2_smem()));
+  cudaFuncSetAttribute(reinterpret_cast<const void*>(&delta_scan2_kernel),
+                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(scan2_smem()));
 }
 
-void delta_chunk_launches(const DeltaDesc& d, float* scratch, Launch out[2]) {
+void delta_chunk_launches(const DeltaDesc& d, float* scratch, bool mma, Launch out[2]) {
   const int64_t NC = (d.T + kC - 1) / kC;
   DeltaChunkArgs a{d.state,
                    d.q,
@@ -413,6 +784,13 @@ void delta_chunk_launches(const DeltaDesc& d, float* scratch, Launch out[2]) {
                    d.eps_k,
                    d.q_scale,
                    0};
+  if (mma && d.Dk % 16 == 0) {
+    out[0] = make_launch(reinterpret_cast<const void*>(&delta_prep2_kernel), dim3(unsigned(d.Nv), unsigned(NC)),
+                         dim3(kThreads), prep2_smem(), a);
+    out[1] = make_launch(reinterpret_cast<const void*>(&delta_scan2_kernel),
+                         dim3(unsigned(d.Nv), unsigned(d.Dv / kSW2)), dim3(kThreads), scan2_smem(), a);
+    return;
+  }
   out[0] = make_launch(reinterpret_cast<const void*>(&delta_prep_kernel), dim3(unsigned(d.Nv), unsigned(NC)),
                        dim3(kThreads), prep_smem(), a);
   out[1] = make_launch(reinterpret_cast<const void*>(&delta_scan_kernel), dim3(unsigned(d.Nv), unsigned(d.Dv / kSW)),
