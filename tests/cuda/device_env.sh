@@ -10,6 +10,8 @@ L=/tmp/logs
 FIX=$PWD/tests/data/fixtures/tiny_seed7.safetensors
 P27=/tmp/p27/27b-pq2_0.gguf
 mkdir -p "$OUT" "$L"
+# Binaries staged gzipped (stage_devbin.sh STAGE_GZ=1: a carry is at most 64 MiB with the working tree) are unpacked here.
+for z in "$B"/*.gz; do [ -e "$z" ] && { [ -e "${z%.gz}" ] || { gunzip -k "$z" && chmod +x "${z%.gz}"; }; }; done
 # stamp MSG: "[t+Ns] MSG", N the seconds since the script sourced this file.
 T0=$(date +%s)
 stamp() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }

@@ -22,5 +22,7 @@ for lib in $(ldd $BUILD/tests/test_cuda $BUILD/tests/test_engine $BUILD/bonsai |
   esac
 done
 cp tests/cuda/device_*.sh "$D"/
+# STAGE_GZ=1: the binaries gzipped (device_env.sh unpacks them), for a carry near the 64 MiB limit (a baseline binary).
+if [ "${STAGE_GZ:-0}" = 1 ]; then for f in test_cuda test_engine bonsai bonsai_r5; do [ -e "$D/$f" ] && gzip -9 "$D/$f"; done; fi
 du -sh "$D"
 ls "$D"
