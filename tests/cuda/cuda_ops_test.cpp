@@ -616,6 +616,62 @@ TEST(CudaOps, AttentionPrefillTiles) {
   }
 }
 
+// Round 12: the tensor-core prefill kernel (attn_prefill_mma.cu; Options::attn_prefill_mma, here with attn = 3 so it
+// runs at every M > 1) against the fp32 reference and the fp32 tile kernel it replaces (attn_prefill_mma = 0): ragged
+// chunks (8-row blocks with tails), KV prefixes (p0 > 0, contexts ending inside a 32-position tile), D 32 .. 256, G 1
+// / 2 / 5 / 6 / 8 (odd G: a half-empty head pair; G 8: the 512-thread instance). Bounds, max |x - ref| / max |ref|:
+// hi + lo operands 2e-5 (fp32-level, as the fp32 kernels), f16 operands 2e-3. Two runs bit-identical. p0 5,000: most
+// probabilities ~1e-4, where f16's subnormal floor showed before P was scaled (2.1e-5 in AttentionDecodeAndPrefill).
+TEST(CudaOps, AttentionPrefillMma) {
+  BONSAI_REQUIRE_GPU();
+  struct Case {
+    int64_t M, p0, Hq, Hkv, D;
+  } cases[] = {{2, 0, 24, 4, 256},   {5, 3, 12, 2, 256},    {7, 0, 6, 6, 64},      {9, 30, 24, 4, 256},
+               {31, 0, 24, 4, 256},  {33, 40, 6, 6, 64},    {70, 3, 12, 2, 256},   {33, 600, 8, 1, 96},
+               {40, 500, 12, 2, 128}, {17, 100, 20, 4, 128}, {50, 77, 4, 2, 32},   {200, 1000, 24, 4, 256},
+               {40, 5000, 12, 2, 128}, {256, 1792, 24, 4, 256}};
+  const int modes[3] = {1, 2, 0};              // attn_prefill_mma: hi + lo, f16, off (the fp32 kernel)
+  const double bound[3] = {2e-5, 2e-3, 2e-5};  // per mode, max |x - ref| / max |ref|
+  std::vector<std::unique_ptr<CudaBackend>> bes;
+  for (int mode : modes) {
+    CudaBackend::Options o;
+    o.attn = 3;
+    o.attn_prefill_mma = mode;
+    bes.push_back(std::make_unique<CudaBackend>(o));
+  }
+  double worst[3] = {}, worst_abs[3] = {};
+  uint32_t seed = 90;
+  for (const Case& c : cases) {
+    const int64_t T = c.p0 + c.M;
+    const auto q = randn(size_t(c.M * c.Hq * c.D), seed++), k = randn(size_t(T * c.Hkv * c.D), seed++),
+               v = randn(size_t(T * c.Hkv * c.D), seed++);
+    const float scale = float(1.0 / std::sqrt(double(c.D)));
+    std::vector<float> want(q.size());
+    ref::attention_prefill(q.data(), k.data(), v.data(), c.M, c.p0, c.Hq, c.Hkv, c.D, scale, want.data());
+    for (int i = 0; i < 3; ++i) {
+      CudaBackend& be = *bes[size_t(i)];
+      Buffer dq = up(be, q), dk = up(be, k), dv = up(be, v), out = poisoned(be, q.size());
+      be.attention(dq.data(), dk.data(), dv.data(), c.M, c.p0, c.Hq, c.Hkv, c.D, scale, out.data());
+      const auto got = down(be, out);
+      const std::string what = "M " + std::to_string(c.M) + " p0 " + std::to_string(c.p0) + " Hq " +
+                               std::to_string(c.Hq) + " Hkv " + std::to_string(c.Hkv) + " D " + std::to_string(c.D) +
+                               " attn_prefill_mma " + std::to_string(modes[i]);
+      const double e = rel_err(got, want);
+      EXPECT_LE(e, bound[i]) << what;
+      const size_t row = size_t(c.Hq * c.D);  // the first and the last query row alone
+      EXPECT_LE(rel_err({got.begin(), got.begin() + row}, {want.begin(), want.begin() + row}), bound[i]) << what;
+      EXPECT_LE(rel_err({got.end() - row, got.end()}, {want.end() - row, want.end()}), bound[i]) << what;
+      worst[i] = std::max(worst[i], e);
+      for (size_t j = 0; j < got.size(); ++j) worst_abs[i] = std::max(worst_abs[i], double(std::fabs(got[j] - want[j])));
+      be.attention(dq.data(), dk.data(), dv.data(), c.M, c.p0, c.Hq, c.Hkv, c.D, scale, out.data());
+      EXPECT_EQ(down(be, out), got) << what << ": second run";
+    }
+  }
+  for (int i = 0; i < 3; ++i)
+    std::printf("attn_prefill_mma %d: max rel err %.3g, max |x - ref| %.3g over %zu cases\n", modes[i], worst[i],
+                worst_abs[i], std::size(cases));
+}
+
 TEST(CudaOps, ElementwiseAndCopies) {
   BONSAI_REQUIRE_GPU();
   CudaBackend& be = gpu();

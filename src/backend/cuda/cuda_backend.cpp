@@ -107,6 +107,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA"); e && *e) o.delta = std::atoi(e);
   o.delta_mma = flag("BONSAI_CUDA_DELTA_MMA", o.delta_mma);
   if (const char* e = std::getenv("BONSAI_CUDA_ATTN"); e && *e) o.attn = std::atoi(e);
+  if (const char* e = std::getenv("BONSAI_CUDA_ATTN_MMA"); e && *e) o.attn_prefill_mma = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_ACT"); e && *e) {
     const std::string v = e;
     if (v == "q8") o.act_levels = 1;
@@ -1229,7 +1230,10 @@ void CudaBackend::attention(const float* q, const float* k_cache, const float* v
   // Round 8b: 32 x 32 tiles for a prefill chunk (BONSAI_CUDA_ATTN=1 keeps the flash-decoding kernel); 4 rows per
   // thread by default (pp2048 3,828 vs 3,796 tok/s for 2, same run; docs/cuda-kernels.md round 8b).
   if (M > 1 && (I.opt.attn >= 2 || (I.opt.attn == 0 && M >= 16))) {
-    I.emit(cuda::attention_prefill_launch(d, I.opt.attn == 2 ? 1 : 2));
+    if (I.opt.attn != 2 && I.opt.attn_prefill_mma != 0)  // round 12: on the tensor cores
+      I.emit(cuda::attention_prefill_mma_launch(d, I.opt.attn_prefill_mma == 1));
+    else
+      I.emit(cuda::attention_prefill_launch(d, I.opt.attn == 2 ? 1 : 2));
     return;
   }
   I.emit_attention(d);

@@ -273,6 +273,10 @@ int attention_head_split(int64_t splits, int64_t Hkv, int64_t G, int sms);
 // 32-position tiles in shared memory, grid (ceil(M / 32), Hq) (mixers.cu, round 8b); version 1: 2 rows per thread
 // (256 threads), 2: 4 rows per thread (128 threads).
 Launch attention_prefill_launch(const AttnDesc& d, int version);
+// Round 12 (attn_prefill_mma.cu): the same on the tensor cores, mma.sync f16 -> f32, grid (ceil(M / 8), Hkv), one
+// block per KV head and 8 query positions. split: each operand as f16 hi + lo, 3 mmas a product (fp32-level); else
+// hi only. Operands must stay within f16 range (|scale q|, |k|, |v| < 65,504).
+Launch attention_prefill_mma_launch(const AttnDesc& d, bool split);
 void init_attention_attributes();  // called by init_kernel_attributes
 constexpr int64_t kAttnMaxGroup = 8;    // Hq / Hkv
 constexpr int64_t kAttnMaxDim = 256;    // D (multiple of 32)

@@ -8,6 +8,7 @@
 namespace bonsai::cuda {
 
 void init_attn_prefill_attributes();  // below, with its kernel
+void init_attn_prefill_mma_attributes();  // attn_prefill_mma.cu
 
 // ================================ attention ========================================================
 
@@ -421,6 +422,7 @@ void init_attn_prefill_attributes() {
   for (const void* f : {reinterpret_cast<const void*>(&attn_prefill_kernel<2>),
                         reinterpret_cast<const void*>(&attn_prefill_kernel<4>)})
     cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attn_prefill_smem()));
+  init_attn_prefill_mma_attributes();
 }
 
 Launch attention_prefill_launch(const AttnDesc& d, int version) {
