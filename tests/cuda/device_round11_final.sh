@@ -3,8 +3,8 @@
 # BUILD=build-cuda tests/cuda/stage_devbin.sh; run `bash .devbin-me/device_round11_final.sh` with carry [".devbin-me"].
 # GATE_ENVS: the fixture gate per entry; TEST_FILTER / SAN_FILTER / ENGINE_FILTER as device_final.sh; then `bonsai
 # bench` pp512, pp2048, tg128 at depth 0 and 8192 (defaults), batched B = 4 / 8 / 32, and `bonsai bench -p 512,2048 -n 0
-# -r 2` per PAB entry ("name:ENV=V,ENV=V"). $OUT: gate.txt, test_cuda.log, sanitizer.txt, test_engine.log, bench.json,
-# bench.txt, batch.txt, pab.txt.
+# -r 2` per PAB entry ("name:ENV=V,ENV=V"), B = 32 per BAB entry. $OUT: gate.txt, test_cuda.log, sanitizer.txt,
+# test_engine.log, bench.json, bench.txt, batch.txt, pab.txt, bab.txt.
 set -u
 source "$(dirname "$0")/device_env.sh"
 device_header
@@ -36,5 +36,11 @@ for cfg in ${PAB:-}; do
   name=${cfg%%:*}; env=${cfg#*:}
   echo "== $name ($env)" | tee -a "$OUT/pab.txt"
   env ${env//,/ } timeout 120 $B/bonsai bench --backend cuda -m "$P27" -p 512,2048 -n 0 -r 2 2>&1 | grep -E "^pp|rror" | tee -a "$OUT/pab.txt"
+done
+# BAB: the same for batched decode at B = 32 (`-p 0 -n 32 -r 2 --batch 32`).
+for cfg in ${BAB:-}; do
+  name=${cfg%%:*}; env=${cfg#*:}
+  echo "== $name ($env)" | tee -a "$OUT/bab.txt"
+  env ${env//,/ } timeout 120 $B/bonsai bench --backend cuda -m "$P27" -p 0 -n 32 -r 2 --batch 32 2>&1 | grep -E "^tg|rror" | tee -a "$OUT/bab.txt"
 done
 stamp "done"
