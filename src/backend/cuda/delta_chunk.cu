@@ -62,13 +62,13 @@ uint32_t scan_smem() { return uint32_t((kMaxD * kSW + 2 * kC * kLd4 + kC * kLdP 
 
 // Steps 1-2 of both prep kernels: the chunk's q, k rows into Ks / QV ([C][LD], l2-normalised, q scaled), the gates
 // (computed and written back when fused), Gamma, beta and beta e^Gamma into gam / bet / coef [C], e^{Gamma_C} to eLg.
-// Ends with a barrier.
-template <int LD>
+// Ends with a barrier. DK: Dk at compile time (0: a.Dk).
+template <int LD, int DK>
 __device__ void chunk_inputs(const DeltaChunkArgs& a, int64_t h, int64_t t0, int L, float* Ks, float* QV, float* gam,
                              float* bet, float* coef, float* eLg) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t kh = h / (a.Nv / a.Nk);
-  const int Dk = int(a.Dk);
+  const int Dk = DK ? DK : int(a.Dk);
   // 1. q, k rows of the chunk (zero rows past the end: beta = 0 and g = 0 there make them inert), 4-byte cp.async
   // (the padded rows are not 16-byte aligned) so that all of a thread's copies are in flight at once.
   for (int idx = tid; idx < kC * Dk; idx += kThreads) {
@@ -159,7 +159,7 @@ __global__ __launch_bounds__(kThreads) void delta_prep_kernel(const DeltaChunkAr
   float* Pg = Ug + kC * Dv;
   float* eLg = Pg + kC * kC;
 
-  chunk_inputs<kLd>(a, h, t0, L, Ks, QV, gam, bet, coef, eLg);
+  chunk_inputs<kLd, 0>(a, h, t0, L, Ks, QV, gam, bet, coef, eLg);
 
   // 3. A (into Am) and P (to global) from K K^T and Q K^T: thread tile rows ty + 16 a, columns tx + 16 b.
   const int tx = tid & 15, ty = tid >> 4;
@@ -385,44 +385,57 @@ __global__ __launch_bounds__(kThreads, 2) void delta_scan_kernel(const DeltaChun
 
 // ---- Round 12: the products on tensor cores (3xTF32), the solve one column per thread --------------------------
 //
-// mma.sync m16n8k8 with tf32 operands, each fp32 operand x split as hi = tf32(x), lo = tf32(x - hi) and the product
-// taken as hi hi + hi lo + lo hi (the lo lo term is under fp32's rounding): fp32-level accuracy (3xTF32) at 3 mma
-// per product. Fragments (PTX ISA, m16n8k8 .tf32; gid = lane / 4, tig = lane % 4): A a0 (gid, tig), a1 (gid + 8,
-// tig), a2 (gid, tig + 4), a3 (gid + 8, tig + 4); B b0 (k tig, n gid), b1 (k tig + 4, n gid); C c0 / c1 (gid, 2 tig
-// + 0 / 1), c2 / c3 (gid + 8, 2 tig + 0 / 1).
+// mma.sync m16n8k8 with tf32 operands; each fp32 operand x is split as x = hi + lo (split_tf32) and a product taken
+// as hi hi + lo hi + hi lo (the lo lo term is under fp32's rounding): fp32-level accuracy (3xTF32) at 3 mma per
+// product. Fragments (PTX ISA, m16n8k8 .tf32; gid = lane / 4, tig = lane % 4): A a0 (gid, tig), a1 (gid + 8, tig),
+// a2 (gid, tig + 4), a3 (gid + 8, tig + 4); B b0 (k tig, n gid), b1 (k tig + 4, n gid); C c0 / c1 (gid, 2 tig + 0 /
+// 1), c2 / c3 (gid + 8, 2 tig + 0 / 1). Dk is a template parameter (64 or 128): the k loops unroll and the fragment
+// addresses become constant offsets.
 constexpr int kLdM = kMaxD + 4;  // [C][<=128] tiles read as A fragments (row gid, column tig): 32 distinct banks
 constexpr int kLdA = kC + 4;     // [C][C] tiles: A fragments, and float4 rows in the solve
 constexpr int kSW2 = 32;         // scan v2: state columns per block
 
+// hi = x with its low 13 mantissa bits cleared (a tf32 value), lo = x - hi (exact in fp32); the mma reads a .tf32
+// operand's top 19 bits, so lo enters truncated: |x - hi - lo'| < 2^-20 |x|. Two instructions; cvt.rna.tf32.f32
+// compiles to five, and they took most of the issue slots of this pair's first version (round 12 notes).
 __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
+  hi = __float_as_uint(x) & 0xffffe000u;
+  lo = __float_as_uint(x - __uint_as_float(hi));
 }
-// An A fragment of the row-major tile X (row stride ld) at rows m0.., columns k0.., split into hi / lo.
-__device__ __forceinline__ void load_a(const float* X, int ld, int m0, int k0, int gid, int tig, uint32_t hi[4],
-                                       uint32_t lo[4]) {
-  const float* p = X + (m0 + gid) * ld + k0 + tig;
+// A fragment at p = tile + (m0 + gid) * LD + k0 + tig of a row-major tile, split.
+template <int LD>
+__device__ __forceinline__ void frag_a(const float* p, uint32_t hi[4], uint32_t lo[4]) {
   split_tf32(p[0], hi[0], lo[0]);
-  split_tf32(p[8 * ld], hi[1], lo[1]);
+  split_tf32(p[8 * LD], hi[1], lo[1]);
   split_tf32(p[4], hi[2], lo[2]);
-  split_tf32(p[8 * ld + 4], hi[3], lo[3]);
+  split_tf32(p[8 * LD + 4], hi[3], lo[3]);
 }
-// d += A B, 3xTF32 (the small terms first).
-__device__ __forceinline__ void mma3(float d[4], const uint32_t ah[4], const uint32_t al[4], const uint32_t bh[2],
+// B fragment (k rows tig, tig + 4 below p's row, one column) of a tile with row stride LD, split.
+template <int LD>
+__device__ __forceinline__ void frag_b(const float* p, uint32_t hi[2], uint32_t lo[2]) {
+  split_tf32(p[0], hi[0], lo[0]);
+  split_tf32(p[4 * LD], hi[1], lo[1]);
+}
+// The three products of 3xTF32 in three accumulators (d[0] += ah bh, d[1] += al bh, d[2] += ah bl): three
+// independent mma chains instead of one; sum3 adds them, the small terms first.
+struct Acc3 {
+  float d[3][4];
+};
+__device__ __forceinline__ void mma_tf32(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ void mma3(Acc3& c, const uint32_t ah[4], const uint32_t al[4], const uint32_t bh[2],
                                      const uint32_t bl[2]) {
-  auto mma = [&](const uint32_t* x, const uint32_t* y) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3]), "r"(y[0]), "r"(y[1]));
-  };
-  mma(al, bh);
-  mma(ah, bl);
-  mma(ah, bh);
+  mma_tf32(c.d[0], ah, bh);
+  mma_tf32(c.d[1], al, bh);
+  mma_tf32(c.d[2], ah, bl);
 }
+__device__ __forceinline__ float sum3(const Acc3& c, int e) { return c.d[0][e] + (c.d[1][e] + c.d[2][e]); }
 // [rows][32] tiles read as B fragments (k = row, n = column), swizzled instead of padded (shared memory is tight):
 // element (k, n) at k * 32 + (n ^ 8 (k % 4)), so the four k rows of a fragment hit four different 8-bank groups; a
-// column pair (n even, n + 1) stays adjacent.
+// column pair (n even, n + 1) stays adjacent, and swz(k + 4 j, n) = swz(k, n) + 128 j.
 __device__ __forceinline__ int swz(int k, int n) { return k * 32 + (n ^ ((k & 3) << 3)); }
 
 // Lower-triangular (and diagonal) 16 x 8 tiles of a [C][C] product: m-tile mi has n-tiles 0 .. 2 mi + 1; 20 in all.
@@ -431,6 +444,22 @@ __device__ __forceinline__ void tri_tile(int t, int& mi, int& ni) {
   mi = t < 2 ? 0 : t < 6 ? 1 : t < 12 ? 2 : 3;
   ni = t - (mi == 0 ? 0 : mi == 1 ? 2 : mi == 2 ? 6 : 12);
 }
+// Rows 16 mi .. of X times rows 8 ni .. of K, transposed (a 16 x 8 tile of X K^T), over DK columns.
+template <int DK>
+__device__ __forceinline__ Acc3 tile_xkt(const float* X, const float* K, int mi, int ni, int gid, int tig) {
+  Acc3 c = {};
+  const float* pa = X + (16 * mi + gid) * kLdM + tig;
+  const float* pb = K + (8 * ni + gid) * kLdM + tig;  // B (k, n) = K[n][k]
+#pragma unroll
+  for (int k0 = 0; k0 < DK; k0 += 8) {
+    uint32_t ah[4], al[4], bh[2], bl[2];
+    frag_a<kLdM>(pa + k0, ah, al);
+    split_tf32(pb[k0], bh[0], bl[0]);
+    split_tf32(pb[k0 + 4], bh[1], bl[1]);
+    mma3(c, ah, al, bh, bl);
+  }
+  return c;
+}
 
 uint32_t prep2_smem() { return uint32_t((2 * kC * kLdM + kC * kLdA + 3 * kC) * sizeof(float)); }
 uint32_t scan2_smem() { return uint32_t((kMaxD * kSW2 + 2 * kC * kLdM + kC * kLdA + kC * kSW2) * sizeof(float)); }
@@ -438,6 +467,7 @@ uint32_t scan2_smem() { return uint32_t((kMaxD * kSW2 + 2 * kC * kLdM + kC * kLd
 // Prep v2 (grid (Nv, chunks)): the same scratch as delta_prep_kernel. Q K^T and K K^T on tensor cores (only the 20
 // lower tiles), then W = (I + A)^-1 diag(beta e^Gamma) K and U = (I + A)^-1 diag(beta) V by forward substitution,
 // one column per thread (128 W columns, 128 U columns: no barrier inside the solve and no T matrix).
+template <int DK>
 __global__ __launch_bounds__(kThreads, 2) void delta_prep2_kernel(const DeltaChunkArgs a) {
   extern __shared__ __align__(16) float sm[];
   float* Ks = sm;                // [C][kLdM] k rows (normalised)
@@ -452,70 +482,56 @@ __global__ __launch_bounds__(kThreads, 2) void delta_prep2_kernel(const DeltaChu
   const int64_t h = blockIdx.x, c = blockIdx.y;
   const int64_t t0 = c * kC;
   const int L = int(min(int64_t(kC), a.T - t0));
-  const int Dk = int(a.Dk), Dv = int(a.Dv);
-  float* blk = a.scratch + (h * a.NC + c) * per_block(a.Dk, a.Dv);
-  float* Wg = blk;             // [C, Dk]
-  float* Qg = Wg + kC * Dk;    // [C, Dk]
-  float* Kg = Qg + kC * Dk;    // [C, Dk]
-  float* Ug = Kg + kC * Dk;    // [C, Dv]
+  const int Dv = int(a.Dv);
+  float* blk = a.scratch + (h * a.NC + c) * per_block(DK, a.Dv);
+  float* Wg = blk;             // [C, DK]
+  float* Qg = Wg + kC * DK;    // [C, DK]
+  float* Kg = Qg + kC * DK;    // [C, DK]
+  float* Ug = Kg + kC * DK;    // [C, Dv]
   float* Pg = Ug + kC * Dv;    // [C, C]
   float* eLg = Pg + kC * kC;   // [1]
 
-  chunk_inputs<kLdM>(a, h, t0, L, Ks, QV, gam, bet, coef, eLg);
+  chunk_inputs<kLdM, DK>(a, h, t0, L, Ks, QV, gam, bet, coef, eLg);
 
   // 3. P = decay-masked Q K^T (to global; the scan reads whole 16-row blocks, so the upper tiles are written as 0)
   // and the decayed Q and K rows for the scan.
   for (int t = warp; t < kTriTiles; t += kThreads / 32) {
     int mi, ni;
     tri_tile(t, mi, ni);
-    float qk[4] = {};
-    for (int k0 = 0; k0 < Dk; k0 += 8) {
-      uint32_t ah[4], al[4], bh[2], bl[2];
-      load_a(QV, kLdM, 16 * mi, k0, gid, tig, ah, al);
-      const float* kb = Ks + (8 * ni + gid) * kLdM + k0 + tig;  // B (k, n) = K[n][k]
-      split_tf32(kb[0], bh[0], bl[0]);
-      split_tf32(kb[4], bh[1], bl[1]);
-      mma3(qk, ah, al, bh, bl);
-    }
+    const Acc3 qk = tile_xkt<DK>(QV, Ks, mi, ni, gid, tig);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = 16 * mi + gid + 8 * (e >> 1), j = 8 * ni + 2 * tig + (e & 1);
-      Pg[r * kC + j] = j <= r ? expf(gam[r] - gam[j]) * qk[e] : 0.f;
+      Pg[r * kC + j] = j <= r ? expf(gam[r] - gam[j]) * sum3(qk, e) : 0.f;
     }
   }
   for (int idx = tid; idx < kC * kC; idx += kThreads) {
     const int r = idx / kC, j = idx % kC;
     if (j / 8 > 2 * (r / 16) + 1) Pg[idx] = 0.f;
   }
-  for (int idx = tid; idx < kC * Dk; idx += kThreads) {
-    const int r = idx / Dk, i = idx % Dk;
-    Qg[idx] = QV[r * kLdM + i] * expf(gam[r]);
-    Kg[idx] = Ks[r * kLdM + i] * expf(gam[kC - 1] - gam[r]);
+  for (int r = warp; r < kC; r += kThreads / 32) {
+    const float eq = expf(gam[r]), ek = expf(gam[kC - 1] - gam[r]);
+    for (int i = lane; i < DK; i += 32) {
+      Qg[r * DK + i] = QV[r * kLdM + i] * eq;
+      Kg[r * DK + i] = Ks[r * kLdM + i] * ek;
+    }
   }
   __syncthreads();
   // v rows into QV (q is done); they land during the K K^T tiles.
-  for (int idx = tid; idx < kC * Dv; idx += kThreads) {
-    const int r = idx / Dv, j = idx % Dv;
-    cp_async4(QV + r * kLdM + j, a.v + (t0 + (r < L ? r : 0)) * a.ldv + h * a.Dv + j, r < L ? 4 : 0);
+  for (int r = warp; r < kC; r += kThreads / 32) {
+    const float* src = a.v + (t0 + (r < L ? r : 0)) * a.ldv + h * a.Dv;
+    for (int j = lane; j < Dv; j += 32) cp_async4(QV + r * kLdM + j, src + j, r < L ? 4 : 0);
   }
   cp_async_commit();
   // 4. A_rj = beta_r e^{Gamma_r - Gamma_j} k_r.k_j (j < r) into Am.
   for (int t = warp; t < kTriTiles; t += kThreads / 32) {
     int mi, ni;
     tri_tile(t, mi, ni);
-    float kk[4] = {};
-    for (int k0 = 0; k0 < Dk; k0 += 8) {
-      uint32_t ah[4], al[4], bh[2], bl[2];
-      load_a(Ks, kLdM, 16 * mi, k0, gid, tig, ah, al);
-      const float* kb = Ks + (8 * ni + gid) * kLdM + k0 + tig;
-      split_tf32(kb[0], bh[0], bl[0]);
-      split_tf32(kb[4], bh[1], bl[1]);
-      mma3(kk, ah, al, bh, bl);
-    }
+    const Acc3 kk = tile_xkt<DK>(Ks, Ks, mi, ni, gid, tig);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = 16 * mi + gid + 8 * (e >> 1), j = 8 * ni + 2 * tig + (e & 1);
-      Am[r * kLdA + j] = j < r ? bet[r] * expf(gam[r] - gam[j]) * kk[e] : 0.f;
+      Am[r * kLdA + j] = j < r ? bet[r] * expf(gam[r] - gam[j]) * sum3(kk, e) : 0.f;
     }
   }
   cp_async_wait<0>();
@@ -526,7 +542,7 @@ __global__ __launch_bounds__(kThreads, 2) void delta_prep2_kernel(const DeltaChu
   {
     const bool isU = tid >= kThreads / 2;
     const int i = tid % (kThreads / 2);
-    if (i < (isU ? Dv : Dk)) {
+    if (i < (isU ? Dv : DK)) {
       const float* X = isU ? QV : Ks;
       const float* sc = isU ? bet : coef;
       float x[kC];
@@ -547,7 +563,7 @@ __global__ __launch_bounds__(kThreads, 2) void delta_prep2_kernel(const DeltaChu
         x[r] = s;
       }
       float* dst = isU ? Ug + i : Wg + i;
-      const int ld = isU ? Dv : Dk;
+      const int ld = isU ? Dv : DK;
 #pragma unroll
       for (int r = 0; r < kC; ++r) dst[r * ld] = x[r];
     }
@@ -555,12 +571,13 @@ __global__ __launch_bounds__(kThreads, 2) void delta_prep2_kernel(const DeltaChu
 }
 
 // Scan v2 (grid (Nv, Dv / 32)): per chunk, V' = U - W S0, O = Qd S0 + P V', S = e^{Gamma_C} S0 + Kd^T V' on tensor
-// cores (3xTF32). The block's 128 x 32 state slice lives in registers (fp32, C-fragment layout: warp w rows 16 w ..
+// cores (3xTF32). The block's DK x 32 state slice lives in registers (fp32, C-fragment layout: warp w rows 16 w ..
 // 16 w + 15, all 32 columns) and is mirrored into shared memory once per chunk for the B fragments of the next.
 // Phases A and B: warp w owns rows 16 (w % 4) .., columns 16 (w / 4) ... Tiles double-buffered as in delta_scan_kernel.
+template <int DK>
 __global__ __launch_bounds__(kThreads, 2) void delta_scan2_kernel(const DeltaChunkArgs a) {
   extern __shared__ __align__(16) float sm[];
-  float* S = sm;                     // [Dk][32] swz: the state slice at the start of the chunk
+  float* S = sm;                     // [DK][32] swz: the state slice at the start of the chunk
   float* bufs = S + kMaxD * kSW2;    // 2 x [C][kLdM]: W, Qd, Kd of chunk 0, 1, ... alternate (tile n in n & 1)
   float* Ps = bufs + 2 * kC * kLdM;  // [C][kLdA] P
   float* Vp = Ps + kC * kLdA;        // [C][32] swz: V' = U - W S0
@@ -568,15 +585,24 @@ __global__ __launch_bounds__(kThreads, 2) void delta_scan2_kernel(const DeltaChu
   pdl_wait();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
   const int64_t h = blockIdx.x, j0 = int64_t(blockIdx.y) * kSW2;
-  const int Dk = int(a.Dk), Dv = int(a.Dv), Dk4 = Dk / 4;
+  const int Dv = int(a.Dv);
   const int mA = 16 * (warp & 3), nA = 16 * (warp >> 2);  // phases A, B: this warp's rows and columns
-  const bool owner = 16 * warp < Dk;                       // phase C: this warp's 16 state rows exist
-  float* Sg = a.state + h * a.Dk * a.Dv + j0;
-  const int64_t per = per_block(a.Dk, a.Dv);
+  const bool owner = 16 * warp < DK;                       // phase C: this warp's 16 state rows exist
+  // Fragment offsets (floats): A of W / Qd and of P (rows mA + gid), B of S / V' in phases A, B (columns nA + 8 nt +
+  // gid) and of V' in phase C (columns 8 nt + gid), A of Kd^T (A (i, r) = Kd[r][i]: a transposed read, 2-way bank
+  // conflicts). The k step k0 adds k0 (A, row-major), 32 k0 (B, swizzled) or kLdM k0 (Kd^T).
+  const int offA = (mA + gid) * kLdM + tig, offP = (mA + gid) * kLdA + tig, offK = tig * kLdM + 16 * warp + gid;
+  int offB[2], offC[4];
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) offB[nt] = swz(tig, nA + 8 * nt + gid);
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) offC[nt] = swz(tig, 8 * nt + gid);
+  float* Sg = a.state + h * DK * a.Dv + j0;
+  const int64_t per = per_block(DK, a.Dv);
   const float* base = a.scratch + h * a.NC * per;
   auto issue = [&](float* dst, const float* src) {
-    for (int idx = tid; idx < kC * Dk4; idx += kThreads) {
-      const int r = idx / Dk4, i4 = idx % Dk4;
+    for (int idx = tid; idx < kC * DK / 4; idx += kThreads) {
+      const int r = idx / (DK / 4), i4 = idx % (DK / 4);
       cp_async16(dst + r * kLdM + 4 * i4, src + 4 * idx, 16);
     }
   };
@@ -599,23 +625,23 @@ __global__ __launch_bounds__(kThreads, 2) void delta_scan2_kernel(const DeltaChu
   int cur = 0;
   for (int64_t c = 0; c < a.NC; ++c) {
     const float* blk = base + c * per;
-    const float* Qg = blk + kC * Dk;
-    const float* Kg = Qg + kC * Dk;
-    const float* Ug = Kg + kC * Dk;
+    const float* Qg = blk + kC * DK;
+    const float* Kg = Qg + kC * DK;
+    const float* Ug = Kg + kC * DK;
     const float* Pg = Ug + kC * Dv;
     const float eL = __ldcg(Pg + kC * kC);
     const int64_t t0 = c * kC;
     const int L = int(min(int64_t(kC), a.T - t0));
-    // ---- phase A: V' = U - W S0 (accumulators start at U; A = -W, negation being exact in the split)
-    float acc[2][4];
+    // ---- phase A: V' = U - W S0
+    float u[2][4];
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        const float2 u = __ldcg(reinterpret_cast<const float2*>(Ug + (mA + gid + 8 * hr) * Dv + j0 + nA + 8 * nt +
+        const float2 v = __ldcg(reinterpret_cast<const float2*>(Ug + (mA + gid + 8 * hr) * Dv + j0 + nA + 8 * nt +
                                                                 2 * tig));
-        acc[nt][2 * hr] = u.x;
-        acc[nt][2 * hr + 1] = u.y;
+        u[nt][2 * hr] = v.x;
+        u[nt][2 * hr + 1] = v.y;
       }
     cp_async_wait<0>();
     __syncthreads();  // W landed; S written (chunk 0) / updated (phase C); the other buffer, Ps and Vp are free
@@ -626,20 +652,17 @@ __global__ __launch_bounds__(kThreads, 2) void delta_scan2_kernel(const DeltaChu
     }
     cp_async_commit();
     {
-      const float* W = bufs + cur * kC * kLdM;
-      for (int k0 = 0; k0 < Dk; k0 += 8) {
+      const float* W = bufs + cur * kC * kLdM + offA;
+      Acc3 ws[2] = {};
+#pragma unroll
+      for (int k0 = 0; k0 < DK; k0 += 8) {
         uint32_t ah[4], al[4];
-        const float* p = W + (mA + gid) * kLdM + k0 + tig;
-        split_tf32(-p[0], ah[0], al[0]);
-        split_tf32(-p[8 * kLdM], ah[1], al[1]);
-        split_tf32(-p[4], ah[2], al[2]);
-        split_tf32(-p[8 * kLdM + 4], ah[3], al[3]);
+        frag_a<kLdM>(W + k0, ah, al);
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           uint32_t bh[2], bl[2];
-          split_tf32(S[swz(k0 + tig, nA + 8 * nt + gid)], bh[0], bl[0]);
-          split_tf32(S[swz(k0 + tig + 4, nA + 8 * nt + gid)], bh[1], bl[1]);
-          mma3(acc[nt], ah, al, bh, bl);
+          frag_b<32>(S + offB[nt] + 32 * k0, bh, bl);
+          mma3(ws[nt], ah, al, bh, bl);
         }
       }
 #pragma unroll
@@ -647,7 +670,7 @@ __global__ __launch_bounds__(kThreads, 2) void delta_scan2_kernel(const DeltaChu
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr)
           *reinterpret_cast<float2*>(Vp + swz(mA + gid + 8 * hr, nA + 8 * nt + 2 * tig)) =
-              make_float2(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
+              make_float2(u[nt][2 * hr] - sum3(ws[nt], 2 * hr), u[nt][2 * hr + 1] - sum3(ws[nt], 2 * hr + 1));
     }
     cur ^= 1;
     // ---- phase B: O = Qd S0 + P V' (P is zero right of this warp's 16-row diagonal block)
@@ -656,27 +679,28 @@ __global__ __launch_bounds__(kThreads, 2) void delta_scan2_kernel(const DeltaChu
     issue(bufs + (cur ^ 1) * kC * kLdM, Kg);
     cp_async_commit();
     {
-      const float* Qd = bufs + cur * kC * kLdM;
-      float o[2][4] = {};
-      for (int k0 = 0; k0 < Dk; k0 += 8) {
+      const float* Qd = bufs + cur * kC * kLdM + offA;
+      Acc3 o[2] = {};
+#pragma unroll
+      for (int k0 = 0; k0 < DK; k0 += 8) {
         uint32_t ah[4], al[4];
-        load_a(Qd, kLdM, mA, k0, gid, tig, ah, al);
+        frag_a<kLdM>(Qd + k0, ah, al);
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           uint32_t bh[2], bl[2];
-          split_tf32(S[swz(k0 + tig, nA + 8 * nt + gid)], bh[0], bl[0]);
-          split_tf32(S[swz(k0 + tig + 4, nA + 8 * nt + gid)], bh[1], bl[1]);
+          frag_b<32>(S + offB[nt] + 32 * k0, bh, bl);
           mma3(o[nt], ah, al, bh, bl);
         }
       }
-      for (int k0 = 0; k0 < mA + 16; k0 += 8) {
+#pragma unroll
+      for (int k0 = 0; k0 < kC; k0 += 8) {
+        if (k0 >= mA + 16) break;
         uint32_t ah[4], al[4];
-        load_a(Ps, kLdA, mA, k0, gid, tig, ah, al);
+        frag_a<kLdA>(Ps + offP + k0, ah, al);
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           uint32_t bh[2], bl[2];
-          split_tf32(Vp[swz(k0 + tig, nA + 8 * nt + gid)], bh[0], bl[0]);
-          split_tf32(Vp[swz(k0 + tig + 4, nA + 8 * nt + gid)], bh[1], bl[1]);
+          frag_b<32>(Vp + offB[nt] + 32 * k0, bh, bl);
           mma3(o[nt], ah, al, bh, bl);
         }
       }
@@ -687,24 +711,26 @@ __global__ __launch_bounds__(kThreads, 2) void delta_scan2_kernel(const DeltaChu
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt)
             *reinterpret_cast<float2*>(a.out + ((t0 + r) * a.Nv + h) * a.Dv + j0 + nA + 8 * nt + 2 * tig) =
-                make_float2(o[nt][2 * hr], o[nt][2 * hr + 1]);
+                make_float2(sum3(o[nt], 2 * hr), sum3(o[nt], 2 * hr + 1));
       }
     }
     cur ^= 1;
-    // ---- phase C: S = e^{Gamma_C} S0 + Kd^T V' (A (i, r) = Kd[r][i]: a transposed read, 2-way bank conflicts)
+    // ---- phase C: S = e^{Gamma_C} S0 + Kd^T V'
     cp_async_wait<0>();
     __syncthreads();  // Kd landed; every thread is done reading S, Qd, P
     if (c + 1 < a.NC) issue(bufs + (cur ^ 1) * kC * kLdM, blk + per);  // W of the next chunk
     cp_async_commit();
     if (owner) {
-      const float* Kd = bufs + cur * kC * kLdM;
+      const float* Kd = bufs + cur * kC * kLdM + offK;
+      Acc3 sn[4] = {};
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) st[nt][e] *= eL;
+        for (int e = 0; e < 4; ++e) sn[nt].d[0][e] = eL * st[nt][e];
+#pragma unroll
       for (int k0 = 0; k0 < kC; k0 += 8) {
         uint32_t ah[4], al[4];
-        const float* p = Kd + (k0 + tig) * kLdM + 16 * warp + gid;
+        const float* p = Kd + k0 * kLdM;
         split_tf32(p[0], ah[0], al[0]);
         split_tf32(p[8], ah[1], al[1]);
         split_tf32(p[4 * kLdM], ah[2], al[2]);
@@ -712,17 +738,19 @@ __global__ __launch_bounds__(kThreads, 2) void delta_scan2_kernel(const DeltaChu
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
           uint32_t bh[2], bl[2];
-          split_tf32(Vp[swz(k0 + tig, 8 * nt + gid)], bh[0], bl[0]);
-          split_tf32(Vp[swz(k0 + tig + 4, 8 * nt + gid)], bh[1], bl[1]);
-          mma3(st[nt], ah, al, bh, bl);
+          frag_b<32>(Vp + offC[nt] + 32 * k0, bh, bl);
+          mma3(sn[nt], ah, al, bh, bl);
         }
       }
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
+      for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[nt][e] = sum3(sn[nt], e);
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr)
           *reinterpret_cast<float2*>(S + swz(16 * warp + gid + 8 * hr, 8 * nt + 2 * tig)) =
               make_float2(st[nt][2 * hr], st[nt][2 * hr + 1]);
+      }
     }
     cur ^= 1;
   }
@@ -749,10 +777,12 @@ void init_delta_chunk_attributes() {
                        int(prep_smem()));
   cudaFuncSetAttribute(reinterpret_cast<const void*>(&delta_scan_kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
                        int(scan_smem()));
-  cudaFuncSetAttribute(reinterpret_cast<const void*>(&delta_prep2_kernel),
-                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(prep2_smem()));
-  cudaFuncSetAttribute(reinterpret_cast<const void*>(&delta_scan2_kernel),
-                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(scan2_smem()));
+  for (const void* f : {reinterpret_cast<const void*>(&delta_prep2_kernel<64>),
+                        reinterpret_cast<const void*>(&delta_prep2_kernel<128>)})
+    cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(prep2_smem()));
+  for (const void* f : {reinterpret_cast<const void*>(&delta_scan2_kernel<64>),
+                        reinterpret_cast<const void*>(&delta_scan2_kernel<128>)})
+    cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(scan2_smem()));
 }
 
 void delta_chunk_launches(const DeltaDesc& d, float* scratch, bool mma, Launch out[2]) {
@@ -784,10 +814,13 @@ void delta_chunk_launches(const DeltaDesc& d, float* scratch, bool mma, Launch o
                    d.eps_k,
                    d.q_scale,
                    0};
-  if (mma && d.Dk % 16 == 0) {
-    out[0] = make_launch(reinterpret_cast<const void*>(&delta_prep2_kernel), dim3(unsigned(d.Nv), unsigned(NC)),
-                         dim3(kThreads), prep2_smem(), a);
-    out[1] = make_launch(reinterpret_cast<const void*>(&delta_scan2_kernel),
+  if (mma && (d.Dk == 128 || d.Dk == 64)) {
+    const bool k128 = d.Dk == 128;
+    out[0] = make_launch(k128 ? reinterpret_cast<const void*>(&delta_prep2_kernel<128>)
+                              : reinterpret_cast<const void*>(&delta_prep2_kernel<64>),
+                         dim3(unsigned(d.Nv), unsigned(NC)), dim3(kThreads), prep2_smem(), a);
+    out[1] = make_launch(k128 ? reinterpret_cast<const void*>(&delta_scan2_kernel<128>)
+                              : reinterpret_cast<const void*>(&delta_scan2_kernel<64>),
                          dim3(unsigned(d.Nv), unsigned(d.Dv / kSW2)), dim3(kThreads), scan2_smem(), a);
     return;
   }

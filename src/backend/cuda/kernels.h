@@ -342,8 +342,8 @@ constexpr int64_t kDeltaMaxDk = 128;
 // the chunks in order on the state slice. Dk <= 128, Dv <= 128 and a multiple of 32.
 constexpr int64_t kDeltaChunk = 64;
 size_t delta_chunk_scratch_floats(int64_t T, int64_t Nv, int64_t Dk, int64_t Dv);
-// mma (round 12): the products on tensor cores (3xTF32) and the solve per column (needs Dk % 16 == 0, else the
-// round-8b FFMA kernels run).
+// mma (round 12): the products on tensor cores (3xTF32) and the solve per column (Dk 64 or 128; other Dk run the
+// round-8b FFMA kernels).
 void delta_chunk_launches(const DeltaDesc& d, float* scratch, bool mma, Launch out[2]);
 void init_delta_chunk_attributes();  // called by init_attention_attributes
 
