@@ -622,6 +622,20 @@ __global__ __launch_bounds__(kThreads, 2) void delta_scan2_kernel(const DeltaChu
         *reinterpret_cast<float2*>(S + swz(i, n)) = v;
       }
   }
+  // acc[nt] += A S: A = this warp's 16 rows (kLdM-strided, k < DK) of W or Qd, S = the state's two 8-column tiles nt.
+  auto rows_times_state = [&](const float* A, Acc3 (&acc)[2]) {
+#pragma unroll
+    for (int k0 = 0; k0 < DK; k0 += 8) {
+      uint32_t ah[4], al[4];
+      frag_a<kLdM>(A + k0, ah, al);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        uint32_t bh[2], bl[2];
+        frag_b<32>(S + offB[nt] + 32 * k0, bh, bl);
+        mma3(acc[nt], ah, al, bh, bl);
+      }
+    }
+  };
   int cur = 0;
   for (int64_t c = 0; c < a.NC; ++c) {
     const float* blk = base + c * per;
@@ -652,19 +666,8 @@ __global__ __launch_bounds__(kThreads, 2) void delta_scan2_kernel(const DeltaChu
     }
     cp_async_commit();
     {
-      const float* W = bufs + cur * kC * kLdM + offA;
       Acc3 ws[2] = {};
-#pragma unroll
-      for (int k0 = 0; k0 < DK; k0 += 8) {
-        uint32_t ah[4], al[4];
-        frag_a<kLdM>(W + k0, ah, al);
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          uint32_t bh[2], bl[2];
-          frag_b<32>(S + offB[nt] + 32 * k0, bh, bl);
-          mma3(ws[nt], ah, al, bh, bl);
-        }
-      }
+      rows_times_state(bufs + cur * kC * kLdM + offA, ws);  // W S0
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -679,19 +682,8 @@ __global__ __launch_bounds__(kThreads, 2) void delta_scan2_kernel(const DeltaChu
     issue(bufs + (cur ^ 1) * kC * kLdM, Kg);
     cp_async_commit();
     {
-      const float* Qd = bufs + cur * kC * kLdM + offA;
       Acc3 o[2] = {};
-#pragma unroll
-      for (int k0 = 0; k0 < DK; k0 += 8) {
-        uint32_t ah[4], al[4];
-        frag_a<kLdM>(Qd + k0, ah, al);
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          uint32_t bh[2], bl[2];
-          frag_b<32>(S + offB[nt] + 32 * k0, bh, bl);
-          mma3(o[nt], ah, al, bh, bl);
-        }
-      }
+      rows_times_state(bufs + cur * kC * kLdM + offA, o);  // Qd S0
 #pragma unroll
       for (int k0 = 0; k0 < kC; k0 += 8) {
         if (k0 >= mA + 16) break;
