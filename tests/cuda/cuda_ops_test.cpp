@@ -580,7 +580,8 @@ TEST(CudaOps, AttentionDecodeAndPrefill) {
 }
 
 // Round 8b: the prefill tile kernel (attn_prefill_kernel, Options::attn = 2 / default at M >= 16; 3: 4 rows per
-// thread) and the flash-decoding kernel it replaces (attn = 1) on prefill chunks with tails: rows 2..256 (partial
+// thread, since round 12 the tensor-core kernel unless attn_prefill_mma = 0: AttentionPrefillMma) and the
+// flash-decoding kernel it replaces (attn = 1) on prefill chunks with tails: rows 2..256 (partial
 // 32-row tiles), contexts that end inside a 32-position tile, D 64 / 96 / 128 / 256, GQA 1 / 4 / 6 / 8.
 TEST(CudaOps, AttentionPrefillTiles) {
   BONSAI_REQUIRE_GPU();

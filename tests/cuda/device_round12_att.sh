@@ -26,7 +26,7 @@ if [ "${SANITIZE:-1}" = 1 ]; then
   if [ -n "$CS" ]; then
     timeout "${SANITIZE_TIMEOUT:-80}" "$CS" --tool memcheck $B/test_cuda \
       --gtest_filter="${SANITIZE_FILTER:-CudaOps.AttentionPrefillMma}" > "$OUT/sanitizer.log" 2>&1
-    echo "sanitizer rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitizer.log" | head -5
+    echo "sanitizer rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED|Failure|attn_prefill_mma [0-9]" "$OUT/sanitizer.log" | head -12
   else
     echo "no compute-sanitizer"
   fi
@@ -34,7 +34,7 @@ if [ "${SANITIZE:-1}" = 1 ]; then
 fi
 wait $MP
 stamp "27b pack"
-for cfg in ${PROF_CONFIGS:-mma1:BONSAI_CUDA_ATTN_MMA=1 fp32:BONSAI_CUDA_ATTN_MMA=0}; do
+for cfg in ${PROF_CONFIGS:-mma1:BONSAI_CUDA_ATTN_MMA=1 mma2:BONSAI_CUDA_ATTN_MMA=2 fp32:BONSAI_CUDA_ATTN_MMA=0}; do
   name=${cfg%%:*}; env=${cfg#*:}
   env ${env//,/ } BONSAI_CUDA_PROFILE=1 BONSAI_CUDA_GRAPHS=0 timeout 120 $B/bonsai bench --backend cuda -m $P27 -p 2048 \
     -n 0 -r 1 > "$L/prof_bench.txt" 2> "$OUT/prof_$name.txt"

@@ -99,13 +99,19 @@ __global__ __launch_bounds__(kMaxPairs * kQuarters * 32, 1) void attn_prefill_mm
   const int64_t hA = kvh * G + 2 * pair, hB = hA + 1;
 
   // K / V tile -> stage by cp.async, positions past qlast zero-filled (masked anyway; zero keeps 0 * V finite).
+  // The tile's 2 x kKeys rows (K then V) go to the warps in turn, a row's float4s to the lanes: no index division
+  // (a flat index split by runtime divisions cost ~2,000 instructions per thread and tile: device call 2).
+  const int nwarps = nthr >> 5;
+  const int64_t pos_stride = a.Hkv * a.D;  // floats from one cache position to the next
+  const float* kbase = a.k + kvh * a.D;
+  const float* vbase = a.v + kvh * a.D;
   auto issue = [&](int tile) {
-    for (int idx = tid; idx < 2 * kKeys * D4; idx += nthr) {
-      const int plane = idx / (kKeys * D4), key = idx / D4 % kKeys, d4 = idx % D4;
+    for (int row = warp; row < 2 * kKeys; row += nwarps) {
+      const int key = row % kKeys;
       const int64_t pos = int64_t(tile) * kKeys + key;
       const bool ok = pos <= qlast;
-      const float* src = (plane ? a.v : a.k) + ((ok ? pos : 0) * a.Hkv + kvh) * a.D + 4 * d4;
-      cp_async16(stage + (plane * kKeys + key) * D + 4 * d4, src, ok ? 16 : 0);
+      const float* src = (row < kKeys ? kbase : vbase) + (ok ? pos : 0) * pos_stride;
+      for (int d4 = lane; d4 < D4; d4 += 32) cp_async16(stage + row * D + 4 * d4, src + 4 * d4, ok ? 16 : 0);
     }
     cp_async_commit();
   };
@@ -142,15 +148,17 @@ __global__ __launch_bounds__(kMaxPairs * kQuarters * 32, 1) void attn_prefill_mm
   for (int tile = 0; tile < ntiles; ++tile) {
     cp_async_wait<0>();
     __syncthreads();  // the stage is complete; every warp is done with the planes and partial scores of tile - 1
-    for (int idx = tid; idx < 2 * kKeys * D4; idx += nthr) {
-      const int plane = idx / (kKeys * D4), key = idx / D4 % kKeys, d4 = idx % D4;
-      const float4 x = *reinterpret_cast<const float4*>(stage + (plane * kKeys + key) * D + 4 * d4);
-      uint2 hi, lo;
-      split2(x.x, x.y, hi.x, lo.x);
-      split2(x.z, x.w, hi.y, lo.y);
-      __half* dst = planes + (2 * plane * kKeys + key) * kLdH + 4 * d4;
-      *reinterpret_cast<uint2*>(dst) = hi;
-      if (kSplit) *reinterpret_cast<uint2*>(dst + kKeys * kLdH) = lo;
+    for (int row = warp; row < 2 * kKeys; row += nwarps) {
+      // stage row (K rows 0 .. kKeys - 1, then V) -> its hi plane (0: K, 2: V) and the lo plane after it
+      __half* dst = planes + (row < kKeys ? row : row + kKeys) * kLdH;
+      for (int d4 = lane; d4 < D4; d4 += 32) {
+        const float4 x = *reinterpret_cast<const float4*>(stage + row * D + 4 * d4);
+        uint2 hi, lo;
+        split2(x.x, x.y, hi.x, lo.x);
+        split2(x.z, x.w, hi.y, lo.y);
+        *reinterpret_cast<uint2*>(dst + 4 * d4) = hi;
+        if (kSplit) *reinterpret_cast<uint2*>(dst + kKeys * kLdH + 4 * d4) = lo;
+      }
     }
     __syncthreads();  // planes written; the stage is free
     if (tile + 1 < ntiles) issue(tile + 1);

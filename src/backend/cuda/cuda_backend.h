@@ -64,9 +64,11 @@ class CudaBackend final : public Backend {
     int attn = 0;              // prefill attention: 1 = the flash-decoding kernel (one position per warp step), 2 = the
                                // 32 x 32 tile kernel with 2 rows per thread, 3 = with 4 rows per thread (both for every
                                // M > 1), 0 = 4 rows per thread for M >= 16 (round 8b); BONSAI_CUDA_ATTN=0|1|2|3
-    int attn_prefill_mma = 0;  // round 12: where the 4-row tile kernel would run (attn 0 at M >= 16, attn 3), the
+    int attn_prefill_mma = 1;  // round 12: where the 4-row tile kernel would run (attn 0 at M >= 16, attn 3), the
                                // tensor-core kernel instead (attn_prefill_mma.cu): 1 = f16 hi + lo operands, 3 mmas a
-                               // product (fp32-level), 2 = f16 hi only, 0 = off; BONSAI_CUDA_ATTN_MMA=0|1|2
+                               // product (fp32-level; the default: pp2048 5,754 vs 5,012 tok/s in one H200 call), 2 = f16
+                               // only (1.3 % faster, 6e-4 op error), 0 = off; docs/cuda-kernels.md round 12;
+                               // BONSAI_CUDA_ATTN_MMA=0|1|2
     int matvec_rows = 4;       // weight rows per matvec warp step: 4 or 2 (see ternary.cu; BONSAI_CUDA_MATVEC_ROWS)
     int matvec = 6;            // M <= 2 (q16) / 4 (q8) kernel: 6 = tensor-core matvec v6 (matvec_mma.cu, the default
                                // since round 8: faster than v3 on every kernel-table shape but ffn_down at M = 1, which keeps v3 unless
