@@ -300,8 +300,8 @@ struct CudaBackend::Impl {
     // products: ffn_down 30.6 / 28.9, attn_o 12.6 / 12.2, and at M16 on all but gate+up; docs/cuda-kernels.md).
     // Options::matvec_batch 1: off, 2: every M <= 32 and every shape.
     // Batched decode at M 9..32 (matvec_wgmma_batch.cu, round 10): 256-row blocks on wgmma, stream-K over the SMs.
-    // Faster than v3 only on gate+up (M32 62.3 vs 77.4 us, M16 48.4 vs 73.6), so by default (Options::matvec_wgmma = 4)
-    // only there: B = 32 2,069 vs 1,934 tok/s in one H200 call; on every product 1,840 vs 1,980 (round 10).
+    // Round 10 measured it faster than v3 only on gate+up (M32 62.3 vs 77.4 us); since round 11b's folded split-K v3 is
+    // faster there too (57.4 vs 65.4 us), so it is off by default (Options::matvec_wgmma = 1; round 12).
     int64_t rows = 0;  // all outputs' rows
     for (int i = 0; i < n; ++i) rows += t[i].N;
     if (opt.tensor_cores && cuda::gemm2_supported(prop.major, prop.minor) && cuda::matvec_wgmma_supported(M, lv, K) &&

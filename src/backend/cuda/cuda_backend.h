@@ -109,11 +109,12 @@ class CudaBackend final : public Backend {
                                // ones), 1 = never (v3 as before), 2 = every M <= 32 and shape (v6 first at M <= 2 / 4);
                                // BONSAI_CUDA_MVB=0|1|2; BONSAI_CUDA_MVB_RB=1|2 forces its 16-row blocks per warp tile
     int matvec_batch_rb = 0;   // (0: chosen per shape)
-    int matvec_wgmma = 4;      // batched-decode wgmma kernel (matvec_wgmma_batch.cu, round 10: 256-row blocks, one
-                               // wgmma per k-step over all 2 M digit planes, stream-K over the SMs): 4 = M 9..32 on
-                               // 200..999 rows per SM (gate+up only, the one product the kernel table has it faster on;
-                               // the default: B = 32 2,069 vs 1,934 tok/s in one H200 call), 1 = never (v3 / matvec_batch
-                               // as before), 0 = M 9..32 on every product (B = 32 1,840 vs 1,980: slower), 2 = every
+    int matvec_wgmma = 1;      // batched-decode wgmma kernel (matvec_wgmma_batch.cu, round 10: 256-row blocks, one
+                               // wgmma per k-step over all 2 M digit planes, stream-K over the SMs): 1 = never (v3 /
+                               // matvec_batch; the default since round 12: GEMM v3 with its folded split-K beats it on
+                               // gate+up M32 too, 57.4 vs 65.4 us, and B = 32 2,192 / 2,200 vs 2,069 / 2,125 tok/s in one
+                               // H200 call), 4 = M 9..32 on 200..999 rows per SM (gate+up only; round 10's default: B = 32
+                               // 2,069 vs 1,934 then), 0 = M 9..32 on every product (B = 32 1,840 vs 1,980: slower), 2 = every
                                // M <= 32 and shape (v6 first at M <= 2 / 4), 3 = M 9..32 on products of >= 64 rows per
                                // SM; sm_90a only; BONSAI_CUDA_MVW=0|1|2|3|4 (docs/cuda-kernels.md round 10)
     int matvec_batch_pf = 1;   // its L2 prefetch of the weights: 0 none, 1 a sector per row per group (default), 2
