@@ -62,3 +62,44 @@ run_gates() {
     [ $rc = 124 ] && { echo "gate timed out (a hang): stop"; tail -5 "$L/gate.err"; exit 1; }
   done
 }
+
+# compute-sanitizer memcheck of test_cuda on gtest filter $1 (at most $2 seconds) into $OUT/sanitizer.log, then its
+# summary lines (and those matching the extra pattern $3, if given).
+run_sanitizer() {
+  local cs
+  cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+  if [ -z "$cs" ]; then echo "no compute-sanitizer"; return 0; fi
+  timeout "$2" "$cs" --tool memcheck $B/test_cuda --gtest_filter="$1" > "$OUT/sanitizer.log" 2>&1
+  echo "sanitizer rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED${3:+|$3}" "$OUT/sanitizer.log" | head -12
+}
+
+# The per-kernel profile (BONSAI_CUDA_PROFILE=1, eager launches) of one prefill of each size in $2 per entry of $1
+# ("name:ENV=V,ENV=V"; X=1: the defaults) into $OUT/prof_<name>_<size>.txt; prints the lines matching $3 (default:
+# the table's first 16 lines). Needs the 27b pack.
+run_prefill_profiles() {
+  local cfg name env p
+  for cfg in $1; do
+    name=${cfg%%:*}; env=${cfg#*:}
+    for p in $2; do
+      env ${env//,/ } BONSAI_CUDA_PROFILE=1 BONSAI_CUDA_GRAPHS=0 timeout 120 $B/bonsai bench --backend cuda -m $P27 -p $p \
+        -n 0 -r 1 > "$L/prof_bench.txt" 2> "$OUT/prof_${name}_$p.txt"
+      echo "== profile $name ($env) pp$p rc=$?: two prefills"
+      if [ -n "${3:-}" ]; then grep -E "$3" "$OUT/prof_${name}_$p.txt" | head -8; else head -16 "$OUT/prof_${name}_$p.txt"; fi
+    done
+  done
+}
+
+# `bonsai bench --backend cuda -m $P27 -p 512,2048 -n 0 -r 2` per entry of $1 ("name:ENV=V,ENV=V" in the order given;
+# a name starting with base runs the BASELINE binary that stage_devbin.sh staged as bonsai_r5) into $OUT/bench.txt,
+# then the pp lines. Needs the 27b pack.
+run_prefill_bench() {
+  local cfg name env bin
+  for cfg in $1; do
+    name=${cfg%%:*}; env=${cfg#*:}
+    bin=$B/bonsai; case $name in base*) bin=$B/bonsai_r5 ;; esac
+    echo "== $name ($env, $(basename $bin)): bonsai bench --backend cuda -m $P27 -p 512,2048 -n 0 -r 2" >> "$OUT/bench.txt"
+    env ${env//,/ } timeout 150 $bin bench --backend cuda -m $P27 -p 512,2048 -n 0 -r 2 >> "$OUT/bench.txt" 2>&1
+    echo "rc=$?" >> "$OUT/bench.txt"
+  done
+  grep -E "==|^pp|rc=" "$OUT/bench.txt"
+}

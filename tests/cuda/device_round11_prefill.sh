@@ -23,40 +23,18 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   stamp "test_cuda"
 fi
 if [ "${SANITIZE:-1}" = 1 ]; then
-  CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-  if [ -n "$CS" ]; then
-    timeout "${SANITIZE_TIMEOUT:-200}" "$CS" --tool memcheck $B/test_cuda \
-      --gtest_filter="${SANITIZE_FILTER:-CudaSite.NormWarpEqualsUnfusedNormAndWarpSite:CudaOps.DenseLinearSingleAndPaired}" \
-      > "$OUT/sanitizer.log" 2>&1
-    echo "sanitizer rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitizer.log" | head -5
-  else
-    echo "no compute-sanitizer"
-  fi
+  run_sanitizer "${SANITIZE_FILTER:-CudaSite.NormWarpEqualsUnfusedNormAndWarpSite:CudaOps.DenseLinearSingleAndPaired}" \
+    "${SANITIZE_TIMEOUT:-200}"
   stamp "sanitizer"
 fi
 wait $MP
 stamp "27b pack"
-for cfg in ${PROF_CONFIGS:-new:X=1}; do
-  name=${cfg%%:*}; env=${cfg#*:}
-  for p in ${PROF_SIZES:-2048}; do
-    env ${env//,/ } BONSAI_CUDA_PROFILE=1 timeout 120 $B/bonsai bench --backend cuda -m $P27 -p $p -n 0 -r 1 \
-      > "$L/prof_bench.txt" 2> "$OUT/prof_${name}_$p.txt"
-    echo "== profile $name ($env) pp$p rc=$?: two prefills"
-    head -16 "$OUT/prof_${name}_$p.txt"
-  done
-done
+run_prefill_profiles "${PROF_CONFIGS:-new:X=1}" "${PROF_SIZES:-2048}"
 # PROF2=1: the per-launch list (BONSAI_CUDA_PROFILE=2) of one 256-token prefill chunk (the last synchronised batch).
 if [ "${PROF2:-0}" = 1 ]; then
   BONSAI_CUDA_PROFILE=2 timeout 120 $B/bonsai bench --backend cuda -m $P27 -p 256 -n 0 -r 1 > "$L/prof_bench.txt" 2> "$OUT/prof2_256.txt"
   echo "== launch list rc=$?"
 fi
 stamp "profiles"
-for cfg in ${CONFIGS:-new:X=1 base:X=1 new:X=1 base:X=1}; do
-  name=${cfg%%:*}; env=${cfg#*:}
-  bin=$B/bonsai; case $name in base*) bin=$B/bonsai_r5 ;; esac
-  echo "== $name ($env, $(basename $bin)): bonsai bench --backend cuda -m $P27 -p 512,2048 -n 0 -r 2" >> "$OUT/bench.txt"
-  env ${env//,/ } timeout 150 $bin bench --backend cuda -m $P27 -p 512,2048 -n 0 -r 2 >> "$OUT/bench.txt" 2>&1
-  echo "rc=$?" >> "$OUT/bench.txt"
-done
+run_prefill_bench "${CONFIGS:-new:X=1 base:X=1 new:X=1 base:X=1}"
 stamp "bench"
-grep -E "==|^pp|rc=" "$OUT/bench.txt"

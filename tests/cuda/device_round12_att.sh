@@ -5,7 +5,7 @@
 # of CudaOps.AttentionPrefillMma; compute-sanitizer memcheck on SANITIZE_FILTER (SANITIZE=0: none); the per-kernel
 # profile (BONSAI_CUDA_PROFILE=1 BONSAI_CUDA_GRAPHS=0) of one pp2048 per PROF_CONFIGS entry; then `bonsai bench -p
 # 512,2048 -n 0 -r 2` per CONFIGS entry in the order given (entries name:ENV=V,ENV=V; X=1: the defaults).
-# $OUT: gate.txt, test_cuda.log, sanitizer.log, prof_<name>.txt, bench.txt.
+# $OUT: gate.txt, test_cuda.log, sanitizer.log, prof_<name>_2048.txt, bench.txt.
 set -u
 source "$(dirname "$0")/device_env.sh"
 device_header
@@ -22,32 +22,14 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   grep -q "^\[  FAILED" "$OUT/test_cuda.log" && [ "${STOP_ON_FAIL:-1}" = 1 ] && { cat "$OUT/gate.txt"; exit 1; }
 fi
 if [ "${SANITIZE:-1}" = 1 ]; then
-  CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-  if [ -n "$CS" ]; then
-    timeout "${SANITIZE_TIMEOUT:-80}" "$CS" --tool memcheck $B/test_cuda \
-      --gtest_filter="${SANITIZE_FILTER:-CudaOps.AttentionPrefillMma}" > "$OUT/sanitizer.log" 2>&1
-    echo "sanitizer rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED|Failure|attn_prefill_mma [0-9]" "$OUT/sanitizer.log" | head -12
-  else
-    echo "no compute-sanitizer"
-  fi
+  run_sanitizer "${SANITIZE_FILTER:-CudaOps.AttentionPrefillMma}" "${SANITIZE_TIMEOUT:-80}" "Failure|attn_prefill_mma [0-9]"
   stamp "sanitizer"
 fi
 wait $MP
 stamp "27b pack"
-for cfg in ${PROF_CONFIGS:-mma1:BONSAI_CUDA_ATTN_MMA=1 mma2:BONSAI_CUDA_ATTN_MMA=2 fp32:BONSAI_CUDA_ATTN_MMA=0}; do
-  name=${cfg%%:*}; env=${cfg#*:}
-  env ${env//,/ } BONSAI_CUDA_PROFILE=1 BONSAI_CUDA_GRAPHS=0 timeout 120 $B/bonsai bench --backend cuda -m $P27 -p 2048 \
-    -n 0 -r 1 > "$L/prof_bench.txt" 2> "$OUT/prof_$name.txt"
-  echo "== profile $name ($env) pp2048 rc=$?: two prefills"
-  grep -E "attn|total" "$OUT/prof_$name.txt" | head -6
-done
+run_prefill_profiles "${PROF_CONFIGS:-mma1:BONSAI_CUDA_ATTN_MMA=1 mma2:BONSAI_CUDA_ATTN_MMA=2 fp32:BONSAI_CUDA_ATTN_MMA=0}" 2048 \
+  "attn|total"
 stamp "profiles"
-for cfg in ${CONFIGS:-mma1:BONSAI_CUDA_ATTN_MMA=1 fp32:BONSAI_CUDA_ATTN_MMA=0 mma2:BONSAI_CUDA_ATTN_MMA=2 mma1:BONSAI_CUDA_ATTN_MMA=1 fp32:BONSAI_CUDA_ATTN_MMA=0}; do
-  name=${cfg%%:*}; env=${cfg#*:}
-  echo "== $name ($env): bonsai bench --backend cuda -m $P27 -p 512,2048 -n 0 -r 2" >> "$OUT/bench.txt"
-  env ${env//,/ } timeout 150 $B/bonsai bench --backend cuda -m $P27 -p 512,2048 -n 0 -r 2 >> "$OUT/bench.txt" 2>&1
-  echo "rc=$?" >> "$OUT/bench.txt"
-done
+run_prefill_bench "${CONFIGS:-mma1:BONSAI_CUDA_ATTN_MMA=1 fp32:BONSAI_CUDA_ATTN_MMA=0 mma2:BONSAI_CUDA_ATTN_MMA=2 mma1:BONSAI_CUDA_ATTN_MMA=1 fp32:BONSAI_CUDA_ATTN_MMA=0}"
 stamp "bench"
-grep -E "==|^pp|rc=" "$OUT/bench.txt"
 cat "$OUT/gate.txt"

@@ -22,14 +22,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   stamp "test_cuda"
 fi
 if [ "${SANITIZE:-1}" = 1 ]; then
-  CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-  if [ -n "$CS" ]; then
-    timeout 150 "$CS" --tool memcheck $B/test_cuda --gtest_filter="${SANITIZE_FILTER:-CudaOps.DeltaRuleChunkedMatchesRecurrent}" \
-      > "$OUT/sanitizer.log" 2>&1
-    echo "sanitizer rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitizer.log" | head -5
-  else
-    echo "no compute-sanitizer"
-  fi
+  run_sanitizer "${SANITIZE_FILTER:-CudaOps.DeltaRuleChunkedMatchesRecurrent}" 150
   stamp "sanitizer"
 fi
 # NCU="kernel-regex:launches-to-skip:gtest-filter ..." (one launch each, from the op tests: no 27b pack needed)
@@ -46,23 +39,7 @@ if [ -n "${NCU:-}" ] && command -v ncu > /dev/null; then
 fi
 wait $MP
 stamp "27b pack"
-for cfg in ${PROF_CONFIGS:-old:BONSAI_CUDA_DELTA=1 new:X=1}; do
-  name=${cfg%%:*}; env=${cfg#*:}
-  for p in ${PROF_SIZES:-512 2048}; do
-    # -r 1: two prefills (the warm-up and one timed); the report covers both
-    env ${env//,/ } BONSAI_CUDA_PROFILE=1 timeout 120 $B/bonsai bench --backend cuda -m $P27 -p $p -n 0 -r 1 \
-      > "$L/prof_bench.txt" 2> "$OUT/prof_${name}_$p.txt"
-    echo "== profile $name ($env) pp$p rc=$?: two prefills"
-    head -14 "$OUT/prof_${name}_$p.txt"
-  done
-done
+run_prefill_profiles "${PROF_CONFIGS:-old:BONSAI_CUDA_DELTA=1 new:X=1}" "${PROF_SIZES:-512 2048}"
 stamp "profiles"
-for cfg in ${CONFIGS:-new:X=1 old:BONSAI_CUDA_DELTA=1 new:X=1 old:BONSAI_CUDA_DELTA=1}; do
-  name=${cfg%%:*}; env=${cfg#*:}
-  bin=$B/bonsai; case $name in base*) bin=$B/bonsai_r5 ;; esac
-  echo "== $name ($env, $(basename $bin)): bonsai bench --backend cuda -m $P27 -p 512,2048 -n 0 -r 2" >> "$OUT/bench.txt"
-  env ${env//,/ } timeout 150 $bin bench --backend cuda -m $P27 -p 512,2048 -n 0 -r 2 >> "$OUT/bench.txt" 2>&1
-  echo "rc=$?" >> "$OUT/bench.txt"
-done
+run_prefill_bench "${CONFIGS:-new:X=1 old:BONSAI_CUDA_DELTA=1 new:X=1 old:BONSAI_CUDA_DELTA=1}"
 stamp "bench"
-grep -E "==|^pp|rc=" "$OUT/bench.txt"
