@@ -4,12 +4,14 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <deque>
 #include <limits>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
@@ -132,21 +134,31 @@ inline std::vector<float> quantised_reference(const TernaryMatrix& w, const std:
         xd[size_t(m * K + g * 128 + i)] = q;
       }
     }
-  std::vector<float> y(size_t(M * N));
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < N; ++n) {
-      double acc = 0;
-      for (int64_t g = 0; g < G; ++g) {
-        double s = 0;
-        for (int64_t i = 0; i < 128; ++i) {
-          const int64_t e = g * 128 + i;
-          const int code = w.code(n, e);
-          s += double(code - 1) * xd[size_t(m * K + e)];
+  std::vector<float> y(size_t(M * N));  // [M, N]
+  // Rows [n0, n1) of every token. The rows are independent, so they are split over the host's threads (this reference
+  // took most of the wall time of the big-shape GPU tests, and the device machine's time is the scarce one); each y is
+  // the same serial sum whoever computes it.
+  auto rows = [&](int64_t n0, int64_t n1) {
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = n0; n < n1; ++n) {
+        double acc = 0;
+        for (int64_t g = 0; g < G; ++g) {
+          double s = 0;
+          for (int64_t i = 0; i < 128; ++i) {
+            const int64_t e = g * 128 + i;
+            const int code = w.code(n, e);
+            s += double(code - 1) * xd[size_t(m * K + e)];
+          }
+          acc += s * double(fp16_to_f32(w.group_scale(n, g))) * dx[size_t(m * G + g)];
         }
-        acc += s * double(fp16_to_f32(w.group_scale(n, g))) * dx[size_t(m * G + g)];
+        y[size_t(m * N + n)] = float(acc);
       }
-      y[size_t(m * N + n)] = float(acc);
-    }
+  };
+  const int64_t nt = std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()), std::max<int64_t>(1, N / 64));
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < nt; ++t) pool.emplace_back(rows, N * t / nt, N * (t + 1) / nt);
+  rows(0, N / nt);
+  for (std::thread& th : pool) th.join();
   return y;
 }
 
