@@ -12,7 +12,7 @@ start_27b_pack
 make_tiny_packs
 run_gates "${GATE_ENVS:-X=1}" 60
 stamp "gates"
-run_test_cuda ${TEST_TIMEOUT:-150}
+run_test_cuda ${TEST_TIMEOUT:-300}
 grep -E "^\[  FAILED|^\[  PASSED|Failure|Expected|Which is" "$OUT/test_cuda.log" | head -20
 stamp "test_cuda"
 if [ -n "${SAN_FILTER:-}" ] && command -v compute-sanitizer > /dev/null; then
