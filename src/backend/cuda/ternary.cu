@@ -502,40 +502,14 @@ __global__ __launch_bounds__(kSiteWarpThreads) void site_warp_kernel(const SiteA
   } else if (STAGE) {
     warp_rows_load(src + c0, buf, lane, v);
   } else {
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const float4 f = *reinterpret_cast<const float4*>(src + e0 + 4 * k);
-      v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
-    }
+    lane_load32(src + e0, v);
   }
   if (a.pre == kPreSiluMul || a.pre == kPreSigmoidMul || a.pre == kPreGatedNorm) {  // no perm with a pre-op
     const float* src2 = a.src2 + r * a.ld;
     float u[32];
-    if (STAGE) {
-      warp_rows_load(src2 + c0, buf, lane, u);
-    } else {
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const float4 f = *reinterpret_cast<const float4*>(src2 + e0 + 4 * k);
-        u[4 * k] = f.x, u[4 * k + 1] = f.y, u[4 * k + 2] = f.z, u[4 * k + 3] = f.w;
-      }
-    }
-    if (a.pre == kPreSiluMul) {
-#pragma unroll
-      for (int j = 0; j < 32; ++j) v[j] = siluf_(v[j]) * u[j];
-    } else if (a.pre == kPreSigmoidMul) {
-#pragma unroll
-      for (int j = 0; j < 32; ++j) v[j] = v[j] * sigmoidf_(u[j]);
-    } else {  // rmsnorm over each seg-long segment (seg / 32 adjacent lanes) * gain * silu(z)
-      float ss = 0.f;
-#pragma unroll
-      for (int j = 0; j < 32; ++j) ss += v[j] * v[j];
-      for (int o = 1; o < a.seg / 32; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      const float rr = rsqrtf(ss / float(a.seg) + a.eps);
-      const int64_t g0 = e0 % a.seg;
-#pragma unroll
-      for (int j = 0; j < 32; ++j) v[j] = v[j] * rr * a.gain[g0 + j] * siluf_(u[j]);
-    }
+    if (STAGE) warp_rows_load(src2 + c0, buf, lane, u);
+    else lane_load32(src2 + e0, u);
+    lane_pre_op32(a.pre, v, u, a.seg, a.eps, a.gain, e0);
     if (a.pre_out && STAGE) {
       warp_rows_store(a.pre_out + r * a.ld + c0, buf, lane, v);
     } else if (a.pre_out) {

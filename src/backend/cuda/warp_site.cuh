@@ -28,39 +28,46 @@ struct WarpSite {
   int32_t active, pad;  // active = 0: no fused site (the consumer reads a ready int8 activation)
 };
 
+// A lane's 32 consecutive floats from p (16-byte aligned) as 8 float4 loads.
+__device__ __forceinline__ void lane_load32(const float* p, float (&v)[32]) {
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const float4 f = *reinterpret_cast<const float4*>(p + 4 * k);
+    v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
+  }
+}
+// The two-operand pre-ops on a lane's 32 elements (row elements e0 .. e0 + 31, the warp's lanes adjacent): v = silu(v)
+// u, v sigmoid(u), or (GatedNorm) rmsnorm over each seg-long segment (seg / 32 adjacent lanes) * gain * silu(u).
+__device__ __forceinline__ void lane_pre_op32(int32_t pre, float (&v)[32], const float (&u)[32], int32_t seg, float eps,
+                                              const float* gain, int64_t e0) {
+  if (pre == kPreSiluMul) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) v[j] = siluf_(v[j]) * u[j];
+  } else if (pre == kPreSigmoidMul) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) v[j] = v[j] * sigmoidf_(u[j]);
+  } else {
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) ss += v[j] * v[j];
+    for (int o = 1; o < seg / 32; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float rr = rsqrtf(ss / float(seg) + eps);
+    const int64_t g0 = e0 % seg;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) v[j] = v[j] * rr * gain[g0 + j] * siluf_(u[j]);
+  }
+}
+
 // Chunk [c0, c0 + 1024) of the row -> xq [c0 .. c0+1024) int8 and xds [c0/64 .. c0/64 + 16) (smem or
 // global). All 32 lanes of the warp call it together.
 __device__ __forceinline__ void warp_site_chunk(const WarpSite& s, int64_t c0, int lane, int8_t* xq, float2* xds) {
   const int64_t base = c0 + 32 * lane;
   float v[32];
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    const float4 f = *reinterpret_cast<const float4*>(s.src + base + 4 * k);
-    v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
-  }
+  lane_load32(s.src + base, v);
   if (s.pre == kPreSiluMul || s.pre == kPreSigmoidMul || s.pre == kPreGatedNorm) {
     float u[32];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const float4 f = *reinterpret_cast<const float4*>(s.src2 + base + 4 * k);
-      u[4 * k] = f.x, u[4 * k + 1] = f.y, u[4 * k + 2] = f.z, u[4 * k + 3] = f.w;
-    }
-    if (s.pre == kPreSiluMul) {
-#pragma unroll
-      for (int j = 0; j < 32; ++j) v[j] = siluf_(v[j]) * u[j];
-    } else if (s.pre == kPreSigmoidMul) {
-#pragma unroll
-      for (int j = 0; j < 32; ++j) v[j] = v[j] * sigmoidf_(u[j]);
-    } else {  // rmsnorm over each seg-long segment (seg / 32 adjacent lanes) * gain * silu(z)
-      float ss = 0.f;
-#pragma unroll
-      for (int j = 0; j < 32; ++j) ss += v[j] * v[j];
-      for (int o = 1; o < s.seg / 32; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      const float rr = rsqrtf(ss / float(s.seg) + s.eps);
-      const int64_t g0 = base % s.seg;
-#pragma unroll
-      for (int j = 0; j < 32; ++j) v[j] = v[j] * rr * s.gain[g0 + j] * siluf_(u[j]);
-    }
+    lane_load32(s.src2 + base, u);
+    lane_pre_op32(s.pre, v, u, s.seg, s.eps, s.gain, base);
   }
   if (s.signs) {
 #pragma unroll
