@@ -69,7 +69,8 @@ run_sanitizer() {
   local cs
   cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
   if [ -z "$cs" ]; then echo "no compute-sanitizer"; return 0; fi
-  timeout "$2" "$cs" --tool memcheck $B/test_cuda --gtest_filter="$1" > "$OUT/sanitizer.log" 2>&1
+  BONSAI_TINY_PACK=/tmp/tiny/tiny-pq2_0.gguf timeout "$2" "$cs" --tool memcheck --print-limit 20 $B/test_cuda \
+    --gtest_filter="$1" > "$OUT/sanitizer.log" 2>&1
   echo "sanitizer rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED${3:+|$3}" "$OUT/sanitizer.log" | head -12
 }
 

@@ -4,7 +4,7 @@
 # fixture gate per GATE_ENVS entry; test_cuda (TEST_FILTER); compute-sanitizer memcheck (SAN_FILTER); then
 # `bonsai bench --backend cuda -m $P27 -p 0 -n 128 -r 2 -d $DEPTHS` per AB entry ("name:ENV=V,ENV=V"; X=1: the defaults),
 # in the order given: repeat an entry to bracket the machine's drift.
-# PROF: per-kernel profiles (below). $OUT: gate.txt, test_cuda.log, sanitizer.txt, ab.txt, prof_<name>.txt.
+# PROF: per-kernel profiles (below). $OUT: gate.txt, test_cuda.log, sanitizer.log, ab.txt, prof_<name>.txt.
 set -u
 source "$(dirname "$0")/device_env.sh"
 device_header
@@ -17,10 +17,8 @@ if [ -n "${TEST_FILTER:-}" ]; then
   grep -E "^\[  FAILED|^\[  PASSED|Failure|Expected|Which is|^\[tiny" "$OUT/test_cuda.log" | head -40
   stamp "test_cuda"
 fi
-if [ -n "${SAN_FILTER:-}" ] && command -v compute-sanitizer > /dev/null; then
-  BONSAI_TINY_PACK=/tmp/tiny/tiny-pq2_0.gguf timeout ${SAN_TIMEOUT:-150} compute-sanitizer --tool memcheck \
-    --print-limit 20 $B/test_cuda --gtest_filter="$SAN_FILTER" > "$OUT/sanitizer.txt" 2>&1
-  echo "sanitizer rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitizer.txt" | head -6
+if [ -n "${SAN_FILTER:-}" ]; then
+  run_sanitizer "$SAN_FILTER" ${SAN_TIMEOUT:-150}
   stamp "sanitizer"
 fi
 wait $MP

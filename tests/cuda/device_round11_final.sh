@@ -3,7 +3,7 @@
 # BUILD=build-cuda tests/cuda/stage_devbin.sh; run `bash .devbin-me/device_round11_final.sh` with carry [".devbin-me"].
 # GATE_ENVS: the fixture gate per entry; TEST_FILTER / SAN_FILTER / ENGINE_FILTER as device_final.sh; then `bonsai
 # bench` pp512, pp2048, tg128 at depth 0 and 8192 (defaults), batched B = 4 / 8 / 32, and `bonsai bench -p 512,2048 -n 0
-# -r 2` per PAB entry ("name:ENV=V,ENV=V"), B = 32 per BAB entry. $OUT: gate.txt, test_cuda.log, sanitizer.txt,
+# -r 2` per PAB entry ("name:ENV=V,ENV=V"), B = 32 per BAB entry. $OUT: gate.txt, test_cuda.log, sanitizer.log,
 # test_engine.log, bench.json, bench.txt, batch.txt, pab.txt, bab.txt.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -15,10 +15,8 @@ stamp "gates"
 run_test_cuda ${TEST_TIMEOUT:-300}
 grep -E "^\[  FAILED|^\[  PASSED|Failure|Expected|Which is" "$OUT/test_cuda.log" | head -20
 stamp "test_cuda"
-if [ -n "${SAN_FILTER:-}" ] && command -v compute-sanitizer > /dev/null; then
-  BONSAI_TINY_PACK=/tmp/tiny/tiny-pq2_0.gguf timeout ${SAN_TIMEOUT:-90} compute-sanitizer --tool memcheck \
-    --print-limit 20 $B/test_cuda --gtest_filter="$SAN_FILTER" > "$OUT/sanitizer.txt" 2>&1
-  echo "sanitizer rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitizer.txt" | head -6
+if [ -n "${SAN_FILTER:-}" ]; then
+  run_sanitizer "$SAN_FILTER" ${SAN_TIMEOUT:-90}
   stamp "sanitizer"
 fi
 if [ -n "${ENGINE_FILTER:-}" ]; then

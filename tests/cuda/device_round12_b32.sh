@@ -4,7 +4,7 @@
 # (v3 and the wgmma kernel in one process), then `bonsai bench --backend cuda -m $P27 -p 0 -n 32 -r 2 --batch 32` per
 # CONFIGS entry ("name:ENV=V,ENV=V"; a name starting with "base" runs the BASELINE binary staged as bonsai_r5 by
 # stage_devbin.sh), in the order given. Binaries: DEVBIN=.devbin-b32 BUILD=build-cuda BASELINE=<old bonsai>
-# tests/cuda/stage_devbin.sh; carry [".devbin-b32"]. $OUT: gate.txt, test_cuda.log, test_engine.log, sanitizer.txt,
+# tests/cuda/stage_devbin.sh; carry [".devbin-b32"]. $OUT: gate.txt, test_cuda.log, test_engine.log, sanitizer.log,
 # bench_kernels.txt, bench.txt.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -17,11 +17,7 @@ grep -E "^\[  FAILED|^\[  PASSED|Failure|Expected|Which is" "$OUT/test_cuda.log"
 BONSAI_TINY_PACK=/tmp/tiny/tiny-pq2_0.gguf timeout 90 $B/test_engine --gtest_filter='*BatchDecode*/cuda' \
   > "$OUT/test_engine.log" 2>&1
 echo "test_engine rc=$?"; grep -E "^\[  FAILED|^\[  PASSED|Failure" "$OUT/test_engine.log" | head -6
-if [ -n "${SAN_FILTER-CudaMatvecBatch.WgmmaSmall}" ] && command -v compute-sanitizer > /dev/null; then
-  timeout 90 compute-sanitizer --tool memcheck --print-limit 20 $B/test_cuda --gtest_filter="${SAN_FILTER-CudaMatvecBatch.WgmmaSmall}" \
-    > "$OUT/sanitizer.txt" 2>&1
-  echo "sanitizer rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/sanitizer.txt" | head -4
-fi
+[ -n "${SAN_FILTER-CudaMatvecBatch.WgmmaSmall}" ] && run_sanitizer "${SAN_FILTER-CudaMatvecBatch.WgmmaSmall}" 90
 stamp "tests"
 BONSAI_CUDA_BENCH=1 BONSAI_BENCH_OUT=$OUT BONSAI_BENCH_MIN_M=32 BONSAI_BENCH_MAX_M=32 \
   BONSAI_BENCH_TAGS="${TAGS:-q16 v3 pdl,q16 mvw pdl}" timeout 150 $B/test_cuda --gtest_filter='CudaBench.ProbeAndTernaryKernels' \
