@@ -125,7 +125,7 @@ void bench(const BenchArgs& a) {
     read_gbs = cuda->probe_read_gbs(8ull << 30, 10);
     j["device"] = cuda->device_name();
     const CudaBackend::Options co = cuda->options();
-    act_name = co.exact ? "exact" : co.act_levels == 1 ? "q8" : "q16";
+    act_name = co.exact ? "exact" : co.act_levels == 1 ? "q8" : co.gemm_f16 > 0 ? "f16" : "q16";
     j["cuda_activation"] = act_name;  // --act / BONSAI_CUDA_ACT / BONSAI_CUDA_EXACT
 #endif
   } else {
@@ -329,7 +329,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("-r,--repetitions", a->reps, "Repetitions of each test (after one warm-up)")->capture_default_str();
   cmd->add_option("--threads", a->threads, "CPU threads (0: all)")->capture_default_str();
   cmd->add_option("--act", a->act,
-                  "Activation precision of the ternary products: cpu f32|q8|q16|q24 (default q16), cuda q8|q16|exact "
+                  "Activation precision of the ternary products: cpu f32|q8|q16|q24 (default q16), cuda q8|q16|f16|exact "
                   "(default q16); q8 is the fastest and fails the fixture gate (README, Parity)");
   cmd->add_option("--backend", a->backend, "ref, cpu or cuda")->capture_default_str();
   cmd->add_option("--batch", a->batch,

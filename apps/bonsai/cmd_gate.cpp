@@ -114,7 +114,7 @@ void register_gate(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--threads", a->threads, "CPU threads (0: all)")->capture_default_str();
   cmd->add_option("--act", a->act,
-                  "Activation precision of the ternary products: cpu f32|q8|q16|q24 (default q16), cuda q8|q16|exact "
+                  "Activation precision of the ternary products: cpu f32|q8|q16|q24 (default q16), cuda q8|q16|f16|exact "
                   "(default q16); q8 is the fastest and fails the fixture gate (README, Parity)");
   cmd->add_flag("--json", a->json, "Print JSON");
   cmd->callback([a] { gate(*a); });

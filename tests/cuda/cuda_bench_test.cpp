@@ -129,6 +129,8 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
     int split = 0;       // v6 split-K (Options::matvec6_split: 1 = automatic, S = that many K slices; round 9c)
     bool ilv = true;     // its tile order (Options::matvec6_split_ilv: row tile major, else slice major)
     int mvw = 1;         // Options::matvec_wgmma: 1 = off, 2 = the batched wgmma kernel (round 10)
+    int h = 0;           // Options::gemm_f16: GEMM v4 from this M (round 13; its xh_pack launch included in the time)
+    int h_tile = 0;      // Options::gemm_f16_tile (0: chosen per shape; 2 = 256 x 64, 3 = 256 x 128, 4 = 128 x 128)
   };
   const Variant variants[] = {{"q16 pdl", 3, true, 2, 1, 2, true},          {"q16 fixed pdl", 3, true, 2, 1, 2, true, true},
                               {"q16 v2 pdl", 3, true, 2, 2, 2, true},       {"q16 v3 pdl", 3, true, 2, 3, 2, true},
@@ -163,7 +165,12 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
                               {"q16 v6s4z pdl", 6, true, 2, 1, 2, true, false, 1, 0, 1, 0, 1, 4, false},
                               // round 10: the batched-decode wgmma kernel (matvec_wgmma_batch.cu)
                               {"q16 mvw pdl", 6, true, 2, 3, 2, true, false, 1, 0, 1, 0, 1, 0, true, 2},
-                              {"q8 mvw pdl", 6, true, 1, 3, 2, true, false, 1, 0, 1, 0, 1, 0, true, 2}};
+                              {"q8 mvw pdl", 6, true, 1, 3, 2, true, false, 1, 0, 1, 0, 1, 0, true, 2},
+                              // round 13: GEMM v4 (fp16 activations, gemm_f16.cu) at every M > 2
+                              {"q16 h pdl", 3, true, 2, 3, 2, true, false, 1, 0, 1, 0, 1, 0, true, 1, 3},
+                              {"q16 h64 pdl", 3, true, 2, 3, 2, true, false, 1, 0, 1, 0, 1, 0, true, 1, 3, 2},
+                              {"q16 h128 pdl", 3, true, 2, 3, 2, true, false, 1, 0, 1, 0, 1, 0, true, 1, 3, 3},
+                              {"q16 h128r pdl", 3, true, 2, 3, 2, true, false, 1, 0, 1, 0, 1, 0, true, 1, 3, 4}};
   const CudaBackend::Options base = be.options();
   for (const Shape& sh : shapes)
   for (const Variant& v : variants) {
@@ -174,6 +181,7 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
     if (v.fixed && sh.M > 2) continue;  // the GEMM either way
     if (sh.M > 1 && v.matvec == 4) continue;  // M > 1: one kernel (v3 or the GEMM), timed once per pdl mode
     if (v.gemm >= 2 && sh.M <= 2) continue;   // the matvec either way
+    if (v.h > 0 && sh.M < v.h) continue;
     if (v.gemm >= 2 && v.levels == 1 && sh.M <= 4) continue;
     if (v.mvb == 2 && (sh.M <= (v.levels == 2 ? 2 : 4) || !cuda::matvec_batch_supported(sh.M, v.levels, sh.K))) continue;
     if (v.mvw == 2 && (sh.M <= (v.levels == 2 ? 2 : 4) || !cuda::matvec_wgmma_supported(sh.M, v.levels, sh.K))) continue;
@@ -192,6 +200,8 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
     bo.matvec_batch_rb = v.mvb_rb;
     bo.matvec_batch_pf = v.mvb_pf;
     bo.matvec_wgmma = v.mvw;
+    bo.gemm_f16 = v.h;
+    bo.gemm_f16_tile = v.h_tile;
     bo.matvec6_split = v.split;
     bo.matvec6_split_ilv = v.ilv;
     be.set_options(bo);

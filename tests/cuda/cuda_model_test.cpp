@@ -346,8 +346,9 @@ TEST(CudaModel, BatchedStepMatchesEachSequenceAlone) {
 
 // The fixture gate (`bonsai gate --backend cuda` on the committed HF fixture) with the q16 default, chunked
 // prefill (64, 16) and the token walk (matvec only): 100% argmax outside the 1e-3 tie band, max |dlogit|
-// <= 5e-3, mean KL <= 1e-7 (measured on the H200: 726/726, 2.07e-3, 4.3e-8; walk 2.08e-3, 4.4e-8). The q8
-// form is run too and only reported (it fails: 690/726, 0.484).
+// <= 5e-3, mean KL <= 1e-7 (measured on the H200: 726/726, 2.07e-3, 4.3e-8; walk 2.08e-3, 4.4e-8). GEMM v4's fp16
+// activations (--act f16) are held to their looser stated bound; the q8 form is run too and only reported (it fails:
+// 690/726, 0.484).
 // The seed-7 tiny pack: $BONSAI_TINY7_PACK, else written by the bonsai binary of this build; the fixture:
 // $BONSAI_GATE_FIXTURE, else tests/data/fixtures/tiny_seed7.safetensors.
 TEST(CudaModel, Q16PassesTheFixtureGate) {
@@ -368,24 +369,35 @@ TEST(CudaModel, Q16PassesTheFixtureGate) {
   if (pack.empty() || !std::filesystem::exists(pack)) GTEST_SKIP() << "no seed-7 tiny pack (set BONSAI_TINY7_PACK)";
   const GateFixture fx = read_gate_fixture(fixture);
   const Model m = load_model(pack);
-  GateOptions bounds;
-  bounds.max_delta = 5e-3;
-  bounds.max_kl = 1e-7;
-  for (const int levels : {2, 1}) {
+  struct Mode {
+    const char* name;
+    int levels, f16;          // Options::act_levels, Options::gemm_f16
+    double max_delta, max_kl;  // the bound it is held to (0: reported only)
+  } modes[] = {{"q16", 2, 0, 5e-3, 1e-7},
+               // GEMM v4 on every product of >= 3 rows (the 64 / 16 chunks here; --act f16 takes >= 65): the stated looser
+               // bound of fp16 activations (H200, round 13: 726/726, 0.0164, 2.5e-6 through `bonsai gate`)
+               {"f16", 2, 3, 0.03, 5e-6},
+               {"q8", 1, 0, 0, 0}};
+  for (const Mode& md : modes) {
+    GateOptions bounds;
+    bounds.max_delta = md.max_delta > 0 ? md.max_delta : 1.0;
+    bounds.max_kl = md.max_kl > 0 ? md.max_kl : 1.0;
     CudaBackend::Options o;
-    o.act_levels = levels;
+    o.act_levels = md.levels;
+    o.gemm_f16 = md.f16;
     CudaBackend be(o);
     Decoder dec(m, be);
     for (const bool walk : {false, true}) {
+      if (walk && md.f16) continue;  // the walk is all M = 1 matvecs: q16's
       SessionOptions so;
       if (walk) so.chunks = {};
       const GateReport r = run_gate(dec, fx, bounds, so);
       const GateStats& t = r.overall;
-      std::printf("[gate %s %s] agree %lld/%lld counted of %lld, max|dlogit| %.3g, mean KL %.3g -> %s\n",
-                  levels == 2 ? "q16" : "q8", walk ? "walk" : "chunks 64,16", (long long)t.agree, (long long)t.counted,
-                  (long long)t.positions, t.max_delta, t.mean_kl(), r.pass() ? "pass" : "FAIL");
-      if (levels == 2) {
-        EXPECT_TRUE(r.pass()) << (walk ? "walk" : "chunks");
+      std::printf("[gate %s %s] agree %lld/%lld counted of %lld, max|dlogit| %.3g, mean KL %.3g -> %s\n", md.name,
+                  walk ? "walk" : "chunks 64,16", (long long)t.agree, (long long)t.counted, (long long)t.positions,
+                  t.max_delta, t.mean_kl(), r.pass() ? "pass" : "FAIL");
+      if (md.max_delta > 0) {
+        EXPECT_TRUE(r.pass()) << md.name << (walk ? " walk" : " chunks");
         EXPECT_GE(t.counted, t.positions - 5);
       }
     }

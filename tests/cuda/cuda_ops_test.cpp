@@ -260,6 +260,91 @@ TEST(CudaOps, GemmV3FoldedSplitMatchesUnfusedAndQuantisedReference) {
   }
 }
 
+// GEMM v4 (round 13, Options::gemm_f16): the fp16 activation tiles (xh_pack) and the fp16 wgmma product with the scales
+// folded into the weights, against f16_reference (the same digits in fp16, exact weights, double sums): every token
+// tile shape (32 x 256 rows, 64, 128), ragged M and N, paired outputs, split K (small grids over a long K), q16 and q8,
+// every output written, two runs EQUAL. Also within fp16's precision of the q16 product (quantised_reference).
+struct GemmF16Case {
+  int64_t M, K, N0, N1;  // N1 = 0: one output
+};
+// M >= 5: the f16 path under q8 too (M <= 4 is the q8 matvec's).
+void check_gemm_f16(const std::vector<GemmF16Case>& cases) {
+  for (const int levels : {2, 1})
+  for (const int tile : {0, 2, 3, 4}) {  // the shape gemmh_plan picks, then each M > 32 shape forced (q16 only)
+    if (levels == 1 && tile > 0) continue;
+    CudaBackend::Options on;
+    on.gemm_f16 = 1;
+    on.gemm_f16_tile = tile;
+    on.act_levels = levels;
+    CudaBackend be(on);
+    uint32_t seed = 2600;
+    for (const GemmF16Case& c : cases) {
+      if (tile > 0 && c.M <= 32) continue;
+      TernaryMatrix& w0 = random_matrix(c.N0, c.K, seed++, 0.02);
+      TernaryMatrix& w1 = random_matrix(c.N1 > 0 ? c.N1 : 1, c.K, seed++, 0.02);
+      const int n = c.N1 > 0 ? 2 : 1;
+      const auto x = randn(size_t(c.M * c.K), seed++);
+      const std::string what = "levels " + std::to_string(levels) + " tile " + std::to_string(tile) + " M " +
+                               std::to_string(c.M) + " K " + std::to_string(c.K) + " N " + std::to_string(c.N0) + "+" +
+                               std::to_string(c.N1);
+      auto run = [&] {
+        be.prepare_matrix(w0);
+        be.prepare_matrix(w1);
+        Buffer dx = up(be, x), y0 = poisoned(be, size_t(c.M * c.N0)), y1 = poisoned(be, size_t(c.M * w1.rows));
+        const LinearOut outs[2] = {{&w0, y0.data()}, {&w1, y1.data()}};
+        be.linear(outs, n, c.K, dx.data(), c.M);
+        std::vector<float> v[2] = {down(be, y0), down(be, y1)};
+        int64_t unwritten = 0;  // poison: every output written
+        for (int i = 0; i < n; ++i)
+          unwritten += std::count_if(v[i].begin(), v[i].end(), [](float e) { return !std::isfinite(e); });
+        EXPECT_EQ(unwritten, 0) << what;
+        return std::make_pair(v[0], v[1]);
+      };
+      const auto a = run(), b = run();
+      EXPECT_TRUE(a.first == b.first && (n == 1 || a.second == b.second)) << "run to run, " << what;
+      const auto e0 = f16_reference(w0, x, c.M, levels), q0 = quantised_reference(w0, x, c.M, levels);
+      const double r0 = rel_err(a.first, e0), d0 = rel_err(a.first, q0);
+      EXPECT_LE(r0, 1e-5) << what;  // fp32 sums of exact fp16 products (measured <= 3.6e-6)
+      EXPECT_LE(d0, 3e-3) << what;  // the activation's fp16 rounding against the int8 digits' exact product
+      double r1 = 0;
+      if (n == 2) {
+        r1 = rel_err(a.second, f16_reference(w1, x, c.M, levels));
+        EXPECT_LE(r1, 1e-5) << what;
+      }
+      std::printf("[gemm f16] %s: vs f16 reference %.2e / %.2e, vs the int8 product %.2e\n", what.c_str(), r0, r1, d0);
+    }
+  }
+}
+TEST(CudaOps, GemmF16MatchesTheF16Reference) {
+  BONSAI_REQUIRE_GPU();
+  check_gemm_f16({{5, 128, 70, 0}, {17, 1024, 300, 45}, {32, 5120, 1000, 257}, {33, 1024, 129, 0}, {64, 2048, 520, 40},
+                  {65, 1024, 200, 3}, {130, 1024, 700, 129}, {256, 5120, 384, 128}, {300, 256, 1030, 0},
+                  {40, 8192, 200, 40}, {29, 17408, 257, 75}});
+}
+// Small shapes of the same for compute-sanitizer: each tile shape, a ragged tail, a split K.
+TEST(CudaOps, GemmF16Small) {
+  BONSAI_REQUIRE_GPU();
+  check_gemm_f16({{5, 128, 70, 0}, {33, 1024, 129, 0}, {65, 1024, 200, 3}, {40, 4096, 130, 0}});
+}
+
+// GEMM v4's block shape and K slices (host only): the 27b prefill products at 256 tokens and a batched step on 132 SMs.
+// The picks the round-13 kernel table measured fastest: gate+up M256 on 128 x 128 unsplit (198.8 us; 256 x 128 in 2
+// slices 214.1), ffn_down on 256 x 128 in 3 slices (87.1; 128 x 128 98.9), qkv+z on 256 x 128 (72.0; 128 x 128 81.1).
+TEST(CudaOps, GemmF16Plan) {
+  auto plan = [](std::vector<int64_t> Ns, int64_t K, int64_t M, int tile = 0) {
+    std::vector<cuda::TernaryDev> t;
+    for (int64_t N : Ns) t.push_back({nullptr, nullptr, nullptr, N});
+    const cuda::GemmHPlan p = cuda::gemmh_plan(t.data(), int(t.size()), K, M, 132, tile);
+    return std::make_pair(p.cfg, p.ks);
+  };
+  EXPECT_EQ(plan({17408, 17408}, 5120, 256), std::make_pair(3, 1));
+  EXPECT_EQ(plan({5120}, 17408, 256), std::make_pair(2, 3));
+  EXPECT_EQ(plan({10240, 6144}, 5120, 256), std::make_pair(2, 1));
+  EXPECT_EQ(plan({17408, 17408}, 5120, 64).first, 1);
+  EXPECT_EQ(plan({17408, 17408}, 5120, 32).first, 0);
+  EXPECT_EQ(plan({17408, 17408}, 5120, 256, 3).first, 2);  // forced
+}
+
 // The folded split's plan (host only, no device): the 27b prefill products at 256 tokens on 132 SMs, and the grid's
 // (tile, slice) -> 128-group cover of each tile exactly once, as gemm3_kernel maps its 1-D grid.
 TEST(CudaOps, GemmV3FoldPlan) {

@@ -112,32 +112,38 @@ inline TernaryMatrix& random_matrix(int64_t N, int64_t K, uint32_t seed, double 
   return t;
 }
 
-// The exact result of the CUDA ternary kernels' arithmetic: x quantised per 128-group the way the site
-// kernel does it (d = amax / 127, v = x * (127 / amax), q0 = rint(v); q16 (levels 2) adds the second
-// digit q1 = rint((v - q0) * 254), x ~= d (q0 + q1 / 254)), then exact sums in double.
-inline std::vector<float> quantised_reference(const TernaryMatrix& w, const std::vector<float>& x, int64_t M,
-                                              int levels = 2) {
-  const int64_t K = w.cols, N = w.rows, G = K / 128;
-  std::vector<double> xd(size_t(M * K));
-  std::vector<double> dx(size_t(M * G));
+// The activation as the CUDA ternary kernels see it, per element: x quantised per 128-group the way the site kernel
+// does it (d = amax / 127, v = x * (127 / amax), q0 = rint(v); q16 (levels 2) adds the second digit
+// q1 = rint((v - q0) * 254), x ~= d (q0 + q1 / 254)); fp16: then as GEMM v4's xh_pack_kernel forms it from those
+// digits, fp16(u * (254 q0 + q1)) with the unit u = d / 254 (q16) or fp16(d q0) (q8), in float arithmetic.
+inline std::vector<double> site_activation(const std::vector<float>& x, int64_t M, int64_t K, int levels, bool fp16) {
+  std::vector<double> xv(size_t(M * K));
   for (int64_t m = 0; m < M; ++m)
-    for (int64_t g = 0; g < G; ++g) {
+    for (int64_t g = 0; g < K / 128; ++g) {
       float amax = 0.f;
       for (int64_t i = 0; i < 128; ++i) amax = std::max(amax, std::fabs(x[size_t(m * K + g * 128 + i)]));
       const float d = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
-      dx[size_t(m * G + g)] = d;
       for (int64_t i = 0; i < 128; ++i) {
-        const float v = x[size_t(m * K + g * 128 + i)] * inv;
+        const size_t e = size_t(m * K + g * 128 + i);
+        const float v = x[e] * inv;
         const float q0 = std::max(-127.f, std::min(127.f, std::nearbyint(v)));
-        double q = q0;
-        if (levels == 2) q += double(std::max(-127.f, std::min(127.f, std::nearbyint((v - q0) * 254.f)))) / 254.0;
-        xd[size_t(m * K + g * 128 + i)] = q;
+        const float q1 = levels == 2 ? std::max(-127.f, std::min(127.f, std::nearbyint((v - q0) * 254.f))) : 0.f;
+        if (fp16)
+          xv[e] = fp16_to_f32(f32_to_fp16(levels == 2 ? (d / 254.f) * (254.f * q0 + q1) : d * q0));
+        else
+          xv[e] = double(d) * (double(q0) + double(q1) / 254.0);
       }
     }
-  std::vector<float> y(size_t(M * N));  // [M, N]
-  // Rows [n0, n1) of every token. The rows are independent, so they are split over the host's threads (this reference
-  // took most of the wall time of the big-shape GPU tests, and the device machine's time is the scarce one); each y is
-  // the same serial sum whoever computes it.
+  return xv;
+}
+
+// y [M, N] = the product with the exact weights (code - 1) d_w over the activation `xv` (site_activation), summed in
+// double. The rows are independent, so they are split over the host's threads (this reference took most of the wall
+// time of the big-shape GPU tests, and the device machine's time is the scarce one); each y is the same serial sum
+// whoever computes it.
+inline std::vector<float> ternary_reference(const TernaryMatrix& w, const std::vector<double>& xv, int64_t M) {
+  const int64_t K = w.cols, N = w.rows, G = K / 128;
+  std::vector<float> y(size_t(M * N));
   auto rows = [&](int64_t n0, int64_t n1) {
     for (int64_t m = 0; m < M; ++m)
       for (int64_t n = n0; n < n1; ++n) {
@@ -146,10 +152,9 @@ inline std::vector<float> quantised_reference(const TernaryMatrix& w, const std:
           double s = 0;
           for (int64_t i = 0; i < 128; ++i) {
             const int64_t e = g * 128 + i;
-            const int code = w.code(n, e);
-            s += double(code - 1) * xd[size_t(m * K + e)];
+            s += double(w.code(n, e) - 1) * xv[size_t(m * K + e)];
           }
-          acc += s * double(fp16_to_f32(w.group_scale(n, g))) * dx[size_t(m * G + g)];
+          acc += s * double(fp16_to_f32(w.group_scale(n, g)));
         }
         y[size_t(m * N + n)] = float(acc);
       }
@@ -160,6 +165,16 @@ inline std::vector<float> quantised_reference(const TernaryMatrix& w, const std:
   rows(0, N / nt);
   for (std::thread& th : pool) th.join();
   return y;
+}
+
+// The exact result of the int8 ternary kernels' arithmetic (q16 / q8 digits, exact integer dots).
+inline std::vector<float> quantised_reference(const TernaryMatrix& w, const std::vector<float>& x, int64_t M,
+                                              int levels = 2) {
+  return ternary_reference(w, site_activation(x, M, w.cols, levels, false), M);
+}
+// What GEMM v4 (Options::gemm_f16) computes: the same digits in fp16 times the exact weights.
+inline std::vector<float> f16_reference(const TernaryMatrix& w, const std::vector<float>& x, int64_t M, int levels = 2) {
+  return ternary_reference(w, site_activation(x, M, w.cols, levels, true), M);
 }
 
 }  // namespace bonsai::cudatest

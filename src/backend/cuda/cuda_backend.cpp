@@ -112,19 +112,24 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
     const std::string v = e;
     if (v == "q8") o.act_levels = 1;
     else if (v == "q16") o.act_levels = 2;
-    else fail("BONSAI_CUDA_ACT={}: expected q8 or q16 (fp32 activations: BONSAI_CUDA_EXACT=1)", v);
+    else if (v == "f16") o.act_levels = 2, o.gemm_f16 = CudaBackend::kF16MinRows;
+    else fail("BONSAI_CUDA_ACT={}: expected q8, q16 or f16 (fp32 activations: BONSAI_CUDA_EXACT=1)", v);
   }
   // round 11, prefill
   o.site_norm_warp = flag("BONSAI_CUDA_SITE_NORM_WARP", o.site_norm_warp);
   o.gemm3_fold = flag("BONSAI_CUDA_GEMM3_FOLD", o.gemm3_fold);
+  if (const char* e = std::getenv("BONSAI_CUDA_GEMMH"); e && *e) o.gemm_f16 = std::atoi(e);
+  o.gemm_f16_head = flag("BONSAI_CUDA_GEMMH_HEAD", o.gemm_f16_head);
+  if (const char* e = std::getenv("BONSAI_CUDA_GEMMH_TILE"); e && *e) o.gemm_f16_tile = std::atoi(e);
   // --act overrides the environment.
-  if (activations == "q8" || activations == "q16") {
+  if (activations == "q8" || activations == "q16" || activations == "f16") {
     o.act_levels = activations == "q8" ? 1 : 2;
+    o.gemm_f16 = activations == "f16" ? CudaBackend::kF16MinRows : 0;
     o.exact = false;
   } else if (activations == "exact") {
     o.exact = true;
   } else if (!activations.empty()) {
-    fail("--act '{}' is not an activation precision of the cuda backend: q8, q16 or exact", activations);
+    fail("--act '{}' is not an activation precision of the cuda backend: q8, q16, f16 or exact", activations);
   }
   // The two one-digit experiments say so when q16 replaces them (they are not wrong, just not used).
   if (o.act_levels == 2 && !o.exact && (o.matvec == 4 || o.fuse_site))
@@ -192,6 +197,8 @@ struct CudaBackend::Impl {
   Scratch amr_v, amr_i, amr_cnt;  // argmax_rows partials: float / int64 [rows, chunks], counters int32 [rows] (zeroed)
   Scratch mv6_part, mv6_cnt;  // split-K v6: partials float [S, M, N], arrival counters int32 [N / 16] (zeroed)
   Scratch mvw_part, mvw_cnt;  // batched wgmma: partials float [2 SMs, 16, 512], counters int32 [row blocks] (zeroed)
+  Scratch xh;                 // GEMM v4's fp16 activation tiles [ceil(M / 8)][K / 64][1024 B]
+  const uint32_t* head_words = nullptr;  // the output head's device words (GEMM v4 leaves it to q16 unless gemm_f16_head)
   Scratch site_cnt;           // v7's fused AddNorm site: int32 [2] {prologues done, residual slices written} (zeroed)
   Scratch delta_scratch;  // chunked delta rule: W, U, decayed Q/K, masked Q K^T per (V head, chunk)
   std::vector<cuda::Launch> launches;  // scratch list for one linear's launches (no allocation once warm)
@@ -302,6 +309,16 @@ struct CudaBackend::Impl {
     // Batched decode at M 9..32 (matvec_wgmma_batch.cu, round 10): 256-row blocks on wgmma, stream-K over the SMs.
     // Round 10 measured it faster than v3 only on gate+up (M32 62.3 vs 77.4 us); since round 11b's folded split-K v3 is
     // faster there too (57.4 vs 65.4 us), so it is off by default (Options::matvec_wgmma = 1; round 12).
+    // GEMM v4 (gemm_f16.cu, round 13): fp16 activations and weights with their scales folded in, opt-in by M.
+    if (opt.gemm_f16 > 0 && M >= opt.gemm_f16 && opt.tensor_cores && cuda::gemm2_supported(prop.major, prop.minor) &&
+        (opt.gemm_f16_head || t[0].words != head_words)) {
+      void* x16 = ensure(xh, size_t(cuda::gemmh_xh_bytes(M, K)), "fp16 activation tiles");
+      out.push_back(cuda::xh_pack_launch(xq, xds, M, K, lv, x16));
+      const cuda::GemmHPlan plan = cuda::gemmh_plan(t, n, K, M, sms, opt.gemm_f16_tile);
+      return split_k_launches(t, n, M, plan.ks, out, [&](const cuda::TernaryDev* o, int kslices, int64_t stride) {
+        return cuda::gemmh_launch(o, n, K, x16, M, {plan.cfg, kslices}, stride);
+      });
+    }
     int64_t rows = 0;  // all outputs' rows
     for (int i = 0; i < n; ++i) rows += t[i].N;
     if (opt.tensor_cores && cuda::gemm2_supported(prop.major, prop.minor) && cuda::matvec_wgmma_supported(M, lv, K) &&
@@ -340,10 +357,6 @@ struct CudaBackend::Impl {
              : v2 ? cuda::gemm2_launch(o, n, K, xq, xds, M, lv, wgs, kslices, stride, opt.gemm2_swizzle)
                   : cuda::gemm_launch(o, n, K, xq, xds, M, lv, sms, kslices, stride);
     };
-    // gemm_part: kFoldHead int32 arrival counters of the folded split (zero: zeroed when allocated, left zero by
-    // every launch; the unfused split's partials start after them, so neither path disturbs the other's), then the
-    // partials.
-    constexpr int64_t kFoldHead = 1024;
     if (v3 && opt.gemm3_fold) {  // round 11b: the split-K sums inside the GEMM, and the last wave split in K
       const cuda::Gemm3Fold f = cuda::gemm3_fold_plan(t, n, K, M, lv, sms);
       if (f.kt > 1 && f.tiles - f.nfull <= kFoldHead) {
@@ -353,8 +366,17 @@ struct CudaBackend::Impl {
                                                      reinterpret_cast<int32_t*>(buf), opt.gemm3_cvt));
       }
     }  // else (no split, or more split tiles than counters) as before
+    split_k_launches(t, n, M, ks, out, gemm);
+  }
+  // gemm_part: kFoldHead int32 arrival counters of GEMM v3's folded split (zero: zeroed when allocated, left zero by
+  // every launch; the partials below start after them, so neither path disturbs the other's), then the partials.
+  static constexpr int64_t kFoldHead = 1024;
+  // A GEMM over ks K slices: gemm(outs, ks, stride) alone (ks = 1), else into partials [ks][M * sum N] (output i's
+  // slice z at part + z * stride + M * (N_0 + .. + N_{i-1})) and then each output's ordered sum of its slices.
+  template <class Gemm>
+  void split_k_launches(const cuda::TernaryDev* t, int n, int64_t M, int ks, std::vector<cuda::Launch>& out,
+                        const Gemm& gemm) {
     if (ks == 1) return out.push_back(gemm(t, 1, 0));
-    // Partials [ks][M * sum N]: output i's slice z at part + z * stride + M * (N_0 + .. + N_{i-1}).
     int64_t ntot = 0;
     for (int i = 0; i < n; ++i) ntot += t[i].N;
     const int64_t stride = M * ntot;
@@ -853,7 +875,7 @@ CudaBackend::~CudaBackend() {
   for (void* q : p_->owned) cudaFree(q);
   for (Impl::Scratch* s : {&p_->xq, &p_->xds, &p_->attn_o, &p_->attn_ml, &p_->attn_cnt, &p_->ids,
                            &p_->amr_out, &p_->amr_v, &p_->amr_i, &p_->amr_cnt, &p_->topk_out, &p_->gemm_part, &p_->mv6_part, &p_->mv6_cnt, &p_->site_cnt,
-                           &p_->mvw_part, &p_->mvw_cnt})
+                           &p_->mvw_part, &p_->mvw_cnt, &p_->xh})
     if (s->p) cudaFree(s->p);
   if (p_->pinned) cudaFreeHost(p_->pinned);
   for (cudaEvent_t e : p_->ev_pool) cudaEventDestroy(e);
@@ -871,6 +893,7 @@ void CudaBackend::prepare(const Model& m) {
     fail("CUDA backend: {} needs {:.2f} GB of device memory for its weights; {} has {:.2f} GB free of {:.2f} GB",
          m.source_path, double(need) / 1e9, I.prop.name, double(fr) / 1e9, double(tot) / 1e9);
   for (const TernaryMatrix* w : m.ternary_matrices()) I.upload_matrix(*w);
+  I.head_words = I.matrix(&m.head).words;
   auto vec = [&](const std::vector<float>& v) {
     if (!v.empty()) I.upload_const(v.data(), v.size() * 4);
   };

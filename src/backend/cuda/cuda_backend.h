@@ -36,6 +36,9 @@ namespace bonsai {
 
 class CudaBackend final : public Backend {
  public:
+  // --act f16 / BONSAI_CUDA_ACT=f16: GEMM v4 (Options::gemm_f16) from this many tokens, i.e. on prefill chunks; batched
+  // decode (<= 64 rows) keeps the int8 kernels, faster there (round 13 kernel table: gate+up M64 74.0 us vs 86.2).
+  static constexpr int kF16MinRows = 65;
   struct Options {
     int device = 0;
     bool graphs = true;        // decode steps as CUDA graphs
@@ -173,6 +176,14 @@ class CudaBackend final : public Backend {
                                   // (no splitk_sum launch), and at >= one wave of tiles the last partial wave's tiles
                                   // split in K over the idle SMs (gemm3_fold_plan, gemm3_fold.h): pp2048 4,578 / 4,588
                                   // vs 4,513 / 4,536 tok/s in one H200 call (round 11's end); BONSAI_CUDA_GEMM3_FOLD=0: off
+    // ---- round 13 ----
+    int gemm_f16 = 0;             // GEMM v4 (gemm_f16.cu: the activation in fp16, each group's scale folded into fp16
+                                  // weights, fp32 sums over all of K, no per-group scaling) for products of at least
+                                  // this many tokens on sm_90a (0: never); looser than q16 (README, Parity);
+                                  // BONSAI_CUDA_GEMMH=N
+    bool gemm_f16_head = false;   // the output head too (its rounding goes straight into the logits; BONSAI_CUDA_GEMMH_HEAD=1)
+    int gemm_f16_tile = 0;        // its block shape: 0 = chosen per product (gemmh_plan), else cfg + 1 (kernels.h;
+                                  // BONSAI_CUDA_GEMMH_TILE)
   };
 
   // Throws bonsai::Error when there is no usable CUDA device.

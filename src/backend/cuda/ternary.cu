@@ -1363,6 +1363,7 @@ void init_kernel_attributes() {
   init_gemm_attributes();
   init_gemm2_attributes();
   init_gemm3_attributes();
+  init_gemmh_attributes();
 }
 
 }  // namespace bonsai::cuda
