@@ -261,8 +261,9 @@ TEST(CudaOps, GemmV3FoldedSplitMatchesUnfusedAndQuantisedReference) {
 }
 
 // GEMM v4 (round 13, Options::gemm_f16): the fp16 activation tiles (xh_pack) and the fp16 wgmma product with the scales
-// folded into the weights, against f16_reference (the same digits in fp16, exact weights, double sums): every token
-// tile shape (32 x 256 rows, 64, 128), ragged M and N, paired outputs, split K (small grids over a long K), q16 and q8,
+// folded into the weights, against f16_reference (the same digits in fp16, exact weights, double sums): every block
+// shape, ragged M and N, paired outputs, the folded split (every tile split: small grids over a long K; the last wave's
+// tiles split: N 17,000 + 100 at 130 tokens, 268 tiles of 128 x 128), q16 and q8,
 // every output written, two runs EQUAL. Also within fp16's precision of the q16 product (quantised_reference).
 struct GemmF16Case {
   int64_t M, K, N0, N1;  // N1 = 0: one output
@@ -319,30 +320,57 @@ TEST(CudaOps, GemmF16MatchesTheF16Reference) {
   BONSAI_REQUIRE_GPU();
   check_gemm_f16({{5, 128, 70, 0}, {17, 1024, 300, 45}, {32, 5120, 1000, 257}, {33, 1024, 129, 0}, {64, 2048, 520, 40},
                   {65, 1024, 200, 3}, {130, 1024, 700, 129}, {256, 5120, 384, 128}, {300, 256, 1030, 0},
-                  {40, 8192, 200, 40}, {29, 17408, 257, 75}});
+                  {40, 8192, 200, 40}, {29, 17408, 257, 75}, {130, 1024, 17000, 100}});
 }
-// Small shapes of the same for compute-sanitizer: each tile shape, a ragged tail, a split K.
+// Small shapes of the same for compute-sanitizer: each tile shape, a ragged tail, both kinds of folded split.
 TEST(CudaOps, GemmF16Small) {
   BONSAI_REQUIRE_GPU();
-  check_gemm_f16({{5, 128, 70, 0}, {33, 1024, 129, 0}, {65, 1024, 200, 3}, {40, 4096, 130, 0}});
+  check_gemm_f16({{5, 128, 70, 0}, {33, 1024, 129, 0}, {65, 1024, 200, 3}, {40, 4096, 130, 0}, {130, 1024, 17000, 100}});
 }
 
-// GEMM v4's block shape and K slices (host only): the 27b prefill products at 256 tokens and a batched step on 132 SMs.
-// The picks the round-13 kernel table measured fastest: gate+up M256 on 128 x 128 unsplit (198.8 us; 256 x 128 in 2
-// slices 214.1), ffn_down on 256 x 128 in 3 slices (87.1; 128 x 128 98.9), qkv+z on 256 x 128 (72.0; 128 x 128 81.1).
+// GEMM v4's block shape and K split (host only): the 27b prefill products at 256 tokens and a batched step on 132 SMs,
+// and the folded grid's cover of every (tile, 128-group) exactly once, as gemmh_kernel maps its 1-D grid.
 TEST(CudaOps, GemmF16Plan) {
   auto plan = [](std::vector<int64_t> Ns, int64_t K, int64_t M, int tile = 0) {
     std::vector<cuda::TernaryDev> t;
     for (int64_t N : Ns) t.push_back({nullptr, nullptr, nullptr, N});
-    const cuda::GemmHPlan p = cuda::gemmh_plan(t.data(), int(t.size()), K, M, 132, tile);
-    return std::make_pair(p.cfg, p.ks);
+    return cuda::gemmh_plan(t.data(), int(t.size()), K, M, 132, tile);
   };
-  EXPECT_EQ(plan({17408, 17408}, 5120, 256), std::make_pair(3, 1));
-  EXPECT_EQ(plan({5120}, 17408, 256), std::make_pair(2, 3));
-  EXPECT_EQ(plan({10240, 6144}, 5120, 256), std::make_pair(2, 1));
-  EXPECT_EQ(plan({17408, 17408}, 5120, 64).first, 1);
-  EXPECT_EQ(plan({17408, 17408}, 5120, 32).first, 0);
-  EXPECT_EQ(plan({17408, 17408}, 5120, 256, 3).first, 2);  // forced
+  // gate+up: 272 tiles of 256 x 128 = 2 waves + 8, those 8 in 8 slices of 5 groups
+  const cuda::GemmHPlan gu = plan({17408, 17408}, 5120, 256);
+  EXPECT_EQ(gu.cfg, 2);
+  EXPECT_EQ(gu.tiles, 272);
+  EXPECT_EQ(gu.nfull, 264);
+  EXPECT_EQ(gu.kt, 8);
+  EXPECT_EQ(gu.tile_floats, 256 * 128);
+  // ffn_down: 40 tiles of 256 x 128, every one in 3 slices, summed in the GEMM
+  const cuda::GemmHPlan dn = plan({5120}, 17408, 256);
+  EXPECT_EQ(dn.cfg, 2);
+  EXPECT_EQ(dn.nfull, 0);
+  EXPECT_EQ(dn.kt, 3);
+  // qkv+z: 128 tiles of 256 x 128, one wave: no split
+  const cuda::GemmHPlan qz = plan({10240, 6144}, 5120, 256);
+  EXPECT_EQ(qz.cfg, 2);
+  EXPECT_EQ(qz.kt, 0);
+  EXPECT_EQ(plan({17408, 17408}, 5120, 64).cfg, 1);
+  EXPECT_EQ(plan({17408, 17408}, 5120, 32).cfg, 0);
+  EXPECT_EQ(plan({17408, 17408}, 5120, 256, 4).cfg, 3);  // forced
+  for (const auto& [Ns, K, M] : {std::tuple<std::vector<int64_t>, int64_t, int64_t>{{17408, 17408}, 5120, 256},
+                                 {{5120}, 17408, 256}, {{1000, 257}, 5120, 32}, {{200, 40}, 8192, 40}}) {
+    const cuda::GemmHPlan f = plan(Ns, K, M);
+    if (f.kt == 0) continue;
+    const int64_t G = K / 128, grid = f.nfull + (f.tiles - f.nfull) * f.kt;
+    std::vector<int> cover(size_t(f.tiles * G), 0);
+    for (int64_t b = 0; b < grid; ++b) {
+      int64_t t = b, kz = 0, ksl = 1;
+      if (t >= f.nfull) {
+        const int64_t split = (t - f.nfull) / f.kt;
+        kz = (t - f.nfull) - split * f.kt, ksl = f.kt, t = f.nfull + split;
+      }
+      for (int64_t g = G * kz / ksl; g < G * (kz + 1) / ksl; ++g) ++cover[size_t(t * G + g)];
+    }
+    EXPECT_EQ(std::count(cover.begin(), cover.end(), 1), int64_t(cover.size())) << K << " " << M;
+  }
 }
 
 // The folded split's plan (host only, no device): the 27b prefill products at 256 tokens on 132 SMs, and the grid's

@@ -315,8 +315,14 @@ struct CudaBackend::Impl {
       void* x16 = ensure(xh, size_t(cuda::gemmh_xh_bytes(M, K)), "fp16 activation tiles");
       out.push_back(cuda::xh_pack_launch(xq, xds, M, K, lv, x16));
       const cuda::GemmHPlan plan = cuda::gemmh_plan(t, n, K, M, sms, opt.gemm_f16_tile);
+      if (plan.kt > 1 && plan.tiles - plan.nfull <= kFoldHead) {  // the split's sums inside the GEMM (as v3's fold)
+        const int64_t pf = (plan.tiles - plan.nfull) * plan.kt * plan.tile_floats;
+        auto* buf = static_cast<float*>(ensure(gemm_part, size_t(kFoldHead + pf) * 4, "split-K partials", true));
+        return out.push_back(
+            cuda::gemmh_launch(t, n, K, x16, M, plan, 1, 0, buf + kFoldHead, reinterpret_cast<int32_t*>(buf)));
+      }
       return split_k_launches(t, n, M, plan.ks, out, [&](const cuda::TernaryDev* o, int kslices, int64_t stride) {
-        return cuda::gemmh_launch(o, n, K, x16, M, {plan.cfg, kslices}, stride);
+        return cuda::gemmh_launch(o, n, K, x16, M, plan, kslices, stride);
       });
     }
     int64_t rows = 0;  // all outputs' rows

@@ -34,6 +34,7 @@
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/gemm3_fold.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mbarrier.cuh"
 #include "backend/cuda/wgmma.cuh"
@@ -105,11 +106,17 @@ struct HLayout {
   static constexpr int bytes = bar_off + 2 * S * 8;
 };
 
+// kt > 0: the folded split (as GEMM v3's, gemm_ws.cu): a 1-D grid of tiles (tile t = row block t % rb of token tile
+// t / rb); tiles < nfull run all of K, every later tile runs as kt blocks of one K slice each, which store their partials
+// to part [split tile][slice][RB R][256 consumer threads] and count themselves on cnt [split tile]; the last of a tile's
+// kt blocks adds the kt partials in slice order, writes y and puts the counter back to zero.
 struct GemmHArgs {
   Gemm2Out o[kMaxOuts];
   const unsigned char* xh;
-  int64_t K, M, part_stride;
-  int32_t n_outs, ks;
+  float* part;
+  int32_t* cnt;
+  int64_t K, M, part_stride, nfull, rb;
+  int32_t n_outs, ks, kt, pad;
 };
 
 #ifdef BONSAI_WGMMA
@@ -171,13 +178,23 @@ __global__ __launch_bounds__(kHThreads, 1) void gemmh_kernel(const GemmHArgs a) 
   auto full = [&](int s) { return bar_s + 8u * unsigned(s); };
   auto empty = [&](int s) { return bar_s + 8u * unsigned(S + s); };
 
-  const int64_t bx = blockIdx.x, by = blockIdx.y, kz = blockIdx.z;
+  // The block's tile (row block bx, token tile by) and K slice kz of ksl; split: its split-tile index (folded split).
+  int64_t bx = blockIdx.x, by = blockIdx.y, kz = blockIdx.z, ksl = a.ks, split = -1;
+  if (a.kt > 0) {
+    int64_t t = blockIdx.x;
+    kz = 0, ksl = 1;
+    if (t >= a.nfull) {
+      split = (t - a.nfull) / a.kt;
+      kz = (t - a.nfull) - split * a.kt, ksl = a.kt, t = a.nfull + split;
+    }
+    by = t / a.rb, bx = t - by * a.rb;
+  }
   int o = 0;
 #pragma unroll
   for (int i = 1; i < kMaxOuts; ++i)
     if (i < a.n_outs && bx >= a.o[i].b0) o = i;
   const int64_t N = a.o[o].N, K = a.K, M = a.M, KW = K / 16, G = K / 128, KC = K / 64;
-  const int64_t k0 = G * kz / a.ks, NG = G * (kz + 1) / a.ks - k0;
+  const int64_t k0 = G * kz / ksl, NG = G * (kz + 1) / ksl - k0;
   const int64_t row0 = (bx - a.o[o].b0) * Lay::rows, tok0 = by * TOK;
   const int tid = threadIdx.x;
 
@@ -315,7 +332,36 @@ __global__ __launch_bounds__(kHThreads, 1) void gemmh_kernel(const GemmHArgs a) 
     (void)sp;
     __trap();  // built without sm_90a: gemmh_supported() keeps the backend off this kernel
 #endif
-    float* y = a.o[o].y + kz * a.part_stride;
+    if (split >= 0) {  // folded split: partials, then the tile's last block sums them
+      __shared__ int gh_last;
+      constexpr int kVals = RB * R;  // partial floats per consumer thread
+      float* pt = a.part + split * ksl * (256 * kVals) + (tid - 128);  // + slice 256 kVals + 256 (rt R + i)
+#pragma unroll
+      for (int rt = 0; rt < RB; ++rt)
+#pragma unroll
+        for (int i = 0; i < R; ++i) __stcg(pt + kz * (256 * kVals) + 256 * (rt * R + i), acc[rt][i]);
+      __threadfence();
+      asm volatile("bar.sync 3, 256;" ::: "memory");  // the consumers only (the producer may have left)
+      if (tid == 128) {
+        const int last = atomicAdd(&a.cnt[split], 1) == int(ksl) - 1;
+        if (last) a.cnt[split] = 0;  // every slice has counted: nothing else touches it in this launch
+        gh_last = last;
+      }
+      asm volatile("bar.sync 3, 256;" ::: "memory");
+      if (!gh_last) return;
+      __threadfence();
+      // Slice by slice in order (its own partial read back too: the same value), kVals independent loads per slice.
+#pragma unroll
+      for (int rt = 0; rt < RB; ++rt)
+#pragma unroll
+        for (int i = 0; i < R; ++i) acc[rt][i] = __ldcg(pt + 256 * (rt * R + i));
+      for (int64_t z = 1; z < ksl; ++z)
+#pragma unroll
+        for (int rt = 0; rt < RB; ++rt)
+#pragma unroll
+          for (int i = 0; i < R; ++i) acc[rt][i] += __ldcg(pt + z * (256 * kVals) + 256 * (rt * R + i));
+    }
+    float* y = a.o[o].y + (a.kt > 0 ? 0 : kz * a.part_stride);
 #pragma unroll
     for (int rt = 0; rt < RB; ++rt)
 #pragma unroll
@@ -356,14 +402,26 @@ HPick h_cfg_of(int cfg) {
 }  // namespace
 
 GemmHPlan gemmh_plan(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int sms, int tile) {
+  const int64_t G = K / 128;
   auto plan_of = [&](int cfg) {
     const HPick p = h_cfg_of(cfg);
-    const int64_t blocks = gemm_blocks(outs, n_outs, M, p.rows, p.tok);
-    const int ks = wave_ksplit(blocks, sms, K / 128);  // one block per SM
-    const double rounds = double((blocks * ks + sms - 1) / sms) / ks;
-    // A split adds its partials' traffic and the sum launches: 256 x 128 in 2 slices measured 214 us on gate+up M256
-    // against 199 for 128 x 128 unsplit (round 13, same call).
-    return std::make_pair(GemmHPlan{cfg, ks}, rounds * p.rows * p.tok * p.cost * (ks > 1 ? 1.15 : 1.0));
+    GemmHPlan f{cfg, 1, 0, 0, 0, int64_t(p.rows) * p.tok};
+    const int64_t B = gemm_blocks(outs, n_outs, M, p.rows, p.tok);
+    f.tiles = B;
+    f.nfull = B;
+    double rounds = double((B + sms - 1) / sms);
+    const int64_t T = B % sms;  // the last, partial wave
+    const int64_t kt = T == 0 ? 1 : std::min<int64_t>({sms / T, kGemm3FoldMaxSlices, G / kGemm3FoldMinGroups});
+    if (B >= sms && kt >= 2) {  // the last wave's tiles cut in K over the SMs it leaves idle
+      f.kt = int(kt), f.nfull = B - T;
+      rounds = double(f.nfull / sms) + 1.0 / double(kt);
+    } else if (const int ks = wave_ksplit(B, sms, G); ks > 1) {  // every tile cut in K (below a wave, or a big tail)
+      f.kt = f.ks = ks, f.nfull = 0;
+      rounds = double((B * ks + sms - 1) / sms) / ks;
+    }
+    // A split adds its partials' traffic and the last block's sum (round 13: 256 x 128 in 2 slices with a sum kernel
+    // measured 214 us on gate+up M256 against 199 for 128 x 128 unsplit).
+    return std::make_pair(f, rounds * p.rows * p.tok * p.cost * (f.kt > 1 ? 1.1 : 1.0));
   };
   if (tile > 0) return plan_of(std::min(tile - 1, kHCfgs - 1)).first;
   if (M <= 32) return plan_of(0).first;
@@ -396,9 +454,8 @@ void init_gemmh_attributes() {
 }
 
 Launch gemmh_launch(const TernaryDev* outs, int n_outs, int64_t K, const void* xh, int64_t M, const GemmHPlan& plan,
-                    int64_t part_stride) {
+                    int ks, int64_t part_stride, float* part, int32_t* cnt) {
   const HPick p = h_cfg_of(plan.cfg);
-  const int ks = plan.ks;
   GemmHArgs a{};
   const Gemm2Args g = gemm_args(outs, n_outs, K, nullptr, nullptr, M, ks, part_stride, true, p.rows);
   std::copy(std::begin(g.o), std::end(g.o), std::begin(a.o));
@@ -408,6 +465,15 @@ Launch gemmh_launch(const TernaryDev* outs, int n_outs, int64_t K, const void* x
   a.part_stride = part_stride;
   a.n_outs = n_outs;
   a.ks = ks;
+  if (part) {  // folded split
+    a.part = part;
+    a.cnt = cnt;
+    a.nfull = plan.nfull;
+    a.rb = gemm_row_blocks(outs, n_outs, p.rows);
+    a.kt = plan.kt;
+    return make_launch(p.func, dim3(unsigned(plan.nfull + (plan.tiles - plan.nfull) * plan.kt)), dim3(kHThreads), p.smem,
+                       a);
+  }
   const dim3 grid{unsigned(gemm_row_blocks(outs, n_outs, p.rows)), unsigned((M + p.tok - 1) / p.tok), unsigned(ks)};
   return make_launch(p.func, grid, dim3(kHThreads), p.smem, a);
 }
