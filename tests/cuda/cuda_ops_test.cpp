@@ -275,6 +275,7 @@ void check_gemm_f16(const std::vector<GemmF16Case>& cases) {
     if (levels == 1 && tile > 0) continue;
     CudaBackend::Options on;
     on.gemm_f16 = 1;
+    on.gemm_f16_all = true;
     on.gemm_f16_tile = tile;
     on.act_levels = levels;
     CudaBackend be(on);

@@ -309,9 +309,14 @@ struct CudaBackend::Impl {
     // Batched decode at M 9..32 (matvec_wgmma_batch.cu, round 10): 256-row blocks on wgmma, stream-K over the SMs.
     // Round 10 measured it faster than v3 only on gate+up (M32 62.3 vs 77.4 us); since round 11b's folded split-K v3 is
     // faster there too (57.4 vs 65.4 us), so it is off by default (Options::matvec_wgmma = 1; round 12).
-    // GEMM v4 (gemm_f16.cu, round 13): fp16 activations and weights with their scales folded in, opt-in by M.
-    if (opt.gemm_f16 > 0 && M >= opt.gemm_f16 && opt.tensor_cores && cuda::gemm2_supported(prop.major, prop.minor) &&
-        (opt.gemm_f16_head || t[0].words != head_words)) {
+    // GEMM v4 (gemm_f16.cu, round 13): fp16 activations and weights with their scales folded in, opt-in by M. At
+    // M <= 32 only on products of >= 200 rows per SM (gate+up), the one shape where it beat v3 there (H200 round 13,
+    // us, v4 / v3 at M32: gate+up 46.4 / 58.2, ffn_down 30.7 / 29.6, qkv+z 26.6 / 25.6, attn_o 18.3 / 13.3).
+    int64_t f16_rows = 0;
+    for (int i = 0; i < n; ++i) f16_rows += t[i].N;
+    if (opt.gemm_f16 > 0 && M >= opt.gemm_f16 && (M > 32 || f16_rows >= 200 * int64_t(sms) || opt.gemm_f16_all) &&
+        opt.tensor_cores &&
+        cuda::gemm2_supported(prop.major, prop.minor) && (opt.gemm_f16_head || t[0].words != head_words)) {
       void* x16 = ensure(xh, size_t(cuda::gemmh_xh_bytes(M, K)), "fp16 activation tiles");
       out.push_back(cuda::xh_pack_launch(xq, xds, M, K, lv, x16));
       const cuda::GemmHPlan plan = cuda::gemmh_plan(t, n, K, M, sms, opt.gemm_f16_tile);

@@ -36,9 +36,9 @@ namespace bonsai {
 
 class CudaBackend final : public Backend {
  public:
-  // --act f16 / BONSAI_CUDA_ACT=f16: GEMM v4 (Options::gemm_f16) from this many tokens, i.e. on prefill chunks; batched
-  // decode (<= 64 rows) keeps the int8 kernels, faster there (round 13 kernel table: gate+up M64 74.0 us vs 86.2).
-  static constexpr int kF16MinRows = 65;
+  // --act f16 / BONSAI_CUDA_ACT=f16: GEMM v4 (Options::gemm_f16) from this many tokens: every product the GEMMs serve
+  // (M <= 2 is the matvec's), at M <= 32 only where it is faster (ternary_launches).
+  static constexpr int kF16MinRows = 3;
   struct Options {
     int device = 0;
     bool graphs = true;        // decode steps as CUDA graphs
@@ -182,6 +182,7 @@ class CudaBackend final : public Backend {
                                   // this many tokens on sm_90a (0: never); looser than q16 (README, Parity);
                                   // BONSAI_CUDA_GEMMH=N
     bool gemm_f16_head = false;   // the output head too (its rounding goes straight into the logits; BONSAI_CUDA_GEMMH_HEAD=1)
+    bool gemm_f16_all = false;    // at M <= 32 every product too, not only those of >= 200 rows per SM (the tests)
     int gemm_f16_tile = 0;        // its block shape: 0 = chosen per product (gemmh_plan), else cfg + 1 (kernels.h;
                                   // BONSAI_CUDA_GEMMH_TILE)
   };
