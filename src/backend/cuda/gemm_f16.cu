@@ -35,6 +35,7 @@
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gemm3_fold.h"
+#include "backend/cuda/gemm_fold.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mbarrier.cuh"
 #include "backend/cuda/wgmma.cuh"
@@ -178,21 +179,9 @@ __global__ __launch_bounds__(kHThreads, 1) void gemmh_kernel(const GemmHArgs a) 
   auto full = [&](int s) { return bar_s + 8u * unsigned(s); };
   auto empty = [&](int s) { return bar_s + 8u * unsigned(S + s); };
 
-  // The block's tile (row block bx, token tile by) and K slice kz of ksl; split: its split-tile index (folded split).
-  int64_t bx = blockIdx.x, by = blockIdx.y, kz = blockIdx.z, ksl = a.ks, split = -1;
-  if (a.kt > 0) {
-    int64_t t = blockIdx.x;
-    kz = 0, ksl = 1;
-    if (t >= a.nfull) {
-      split = (t - a.nfull) / a.kt;
-      kz = (t - a.nfull) - split * a.kt, ksl = a.kt, t = a.nfull + split;
-    }
-    by = t / a.rb, bx = t - by * a.rb;
-  }
-  int o = 0;
-#pragma unroll
-  for (int i = 1; i < kMaxOuts; ++i)
-    if (i < a.n_outs && bx >= a.o[i].b0) o = i;
+  const FoldTile ft = fold_tile(a.kt, a.nfull, a.rb, a.ks);
+  const int64_t bx = ft.bx, by = ft.by, kz = ft.kz, ksl = ft.ksl, split = ft.split;
+  const int o = fold_out(a.o, a.n_outs, bx);
   const int64_t N = a.o[o].N, K = a.K, M = a.M, KW = K / 16, G = K / 128, KC = K / 64;
   const int64_t k0 = G * kz / ksl, NG = G * (kz + 1) / ksl - k0;
   const int64_t row0 = (bx - a.o[o].b0) * Lay::rows, tok0 = by * TOK;
@@ -332,35 +321,8 @@ __global__ __launch_bounds__(kHThreads, 1) void gemmh_kernel(const GemmHArgs a) 
     (void)sp;
     __trap();  // built without sm_90a: gemmh_supported() keeps the backend off this kernel
 #endif
-    if (split >= 0) {  // folded split: partials, then the tile's last block sums them
-      __shared__ int gh_last;
-      constexpr int kVals = RB * R;  // partial floats per consumer thread
-      float* pt = a.part + split * ksl * (256 * kVals) + (tid - 128);  // + slice 256 kVals + 256 (rt R + i)
-#pragma unroll
-      for (int rt = 0; rt < RB; ++rt)
-#pragma unroll
-        for (int i = 0; i < R; ++i) __stcg(pt + kz * (256 * kVals) + 256 * (rt * R + i), acc[rt][i]);
-      __threadfence();
-      asm volatile("bar.sync 3, 256;" ::: "memory");  // the consumers only (the producer may have left)
-      if (tid == 128) {
-        const int last = atomicAdd(&a.cnt[split], 1) == int(ksl) - 1;
-        if (last) a.cnt[split] = 0;  // every slice has counted: nothing else touches it in this launch
-        gh_last = last;
-      }
-      asm volatile("bar.sync 3, 256;" ::: "memory");
-      if (!gh_last) return;
-      __threadfence();
-      // Slice by slice in order (its own partial read back too: the same value), kVals independent loads per slice.
-#pragma unroll
-      for (int rt = 0; rt < RB; ++rt)
-#pragma unroll
-        for (int i = 0; i < R; ++i) acc[rt][i] = __ldcg(pt + 256 * (rt * R + i));
-      for (int64_t z = 1; z < ksl; ++z)
-#pragma unroll
-        for (int rt = 0; rt < RB; ++rt)
-#pragma unroll
-          for (int i = 0; i < R; ++i) acc[rt][i] += __ldcg(pt + z * (256 * kVals) + 256 * (rt * R + i));
-    }
+    if (split >= 0 && !fold_sum(reinterpret_cast<float(&)[RB * R]>(acc), a.part, a.cnt, split, kz, ksl, tid - 128))
+      return;  // folded split: partials, then the tile's last block sums them
     float* y = a.o[o].y + (a.kt > 0 ? 0 : kz * a.part_stride);
 #pragma unroll
     for (int rt = 0; rt < RB; ++rt)

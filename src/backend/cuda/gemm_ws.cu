@@ -22,6 +22,7 @@
 //     spills; at 56 / 224 the consumers spilled 20-48 B).
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/gemm3_fold.h"
+#include "backend/cuda/gemm_fold.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/ternary_dot.cuh"
 #include "backend/cuda/wgmma.cuh"
@@ -110,21 +111,9 @@ __global__ __launch_bounds__(kWsThreads, 1) void gemm3_kernel(const Gemm3Args fa
   auto full = [&](int s) { return bar_s + 8u * unsigned(s); };
   auto empty = [&](int s) { return bar_s + 8u * unsigned(S + s); };
 
-  // The block's tile (row block bx, token tile by) and K slice kz of ksl.
-  int64_t bx = blockIdx.x, by = blockIdx.y, kz = blockIdx.z, ksl = a.ks, split = -1;  // split: split tile index
-  if (fa.kt > 0) {
-    int64_t t = blockIdx.x;
-    kz = 0, ksl = 1;
-    if (t >= fa.nfull) {
-      split = (t - fa.nfull) / fa.kt;
-      kz = (t - fa.nfull) - split * fa.kt, ksl = fa.kt, t = fa.nfull + split;
-    }
-    by = t / fa.rb, bx = t - by * fa.rb;
-  }
-  int o = 0;
-#pragma unroll
-  for (int i = 1; i < kMaxOuts; ++i)
-    if (i < a.n_outs && bx >= a.o[i].b0) o = i;
+  const FoldTile ft = fold_tile(fa.kt, fa.nfull, fa.rb, a.ks);
+  const int64_t bx = ft.bx, by = ft.by, kz = ft.kz, ksl = ft.ksl, split = ft.split;
+  const int o = fold_out(a.o, a.n_outs, bx);
   const int64_t N = a.o[o].N, K = a.K, M = a.M, KW = K / 16, G = K / 128, C = K / 64;
   const int64_t k0 = G * kz / ksl, NG = G * (kz + 1) / ksl - k0;
   const int64_t row0 = (bx - a.o[o].b0) * kWsRows;
@@ -280,28 +269,7 @@ __global__ __launch_bounds__(kWsThreads, 1) void gemm3_kernel(const Gemm3Args fa
     (void)slo, (void)shi, (void)acc;
     __trap();  // built without sm_90a: gemm3_supported() keeps the backend off this kernel
 #endif
-    if (split >= 0) {  // folded split: partials, then the tile's last block sums them
-      __shared__ int g3_last;
-      float* pt = fa.part + split * ksl * (256 * R) + (tid - 128);  // + z 256 R + 256 i
-#pragma unroll
-      for (int i = 0; i < R; ++i) __stcg(pt + kz * (256 * R) + 256 * i, f[i]);
-      __threadfence();
-      named_sync(3, 256);
-      if (tid == 128) {
-        const int last = atomicAdd(&fa.cnt[split], 1) == int(ksl) - 1;
-        if (last) fa.cnt[split] = 0;  // every slice has counted: nothing else touches it in this launch
-        g3_last = last;
-      }
-      named_sync(3, 256);
-      if (!g3_last) return;
-      __threadfence();
-      // Slice by slice (its own partial too: the same value as f), R independent loads in flight per slice.
-#pragma unroll
-      for (int i = 0; i < R; ++i) f[i] = __ldcg(pt + 256 * i);
-      for (int z = 1; z < ksl; ++z)
-#pragma unroll
-        for (int i = 0; i < R; ++i) f[i] += __ldcg(pt + z * (256 * R) + 256 * i);
-    }
+    if (split >= 0 && !fold_sum(f, fa.part, fa.cnt, split, kz, ksl, tid - 128)) return;  // folded split
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       const int64_t row = i & 2 ? rhi : rlo;
