@@ -329,6 +329,41 @@ TEST(CudaOps, GemmF16Small) {
   check_gemm_f16({{5, 128, 70, 0}, {33, 1024, 129, 0}, {65, 1024, 200, 3}, {40, 4096, 130, 0}, {130, 1024, 17000, 100}});
 }
 
+// --act f16 / BONSAI_CUDA_ACT=f16 (host only): GEMM v4 from kF16MinRows rows on q16 digits; --act overrides the
+// environment; an unknown word names the known ones.
+TEST(CudaOps, ActivationPrecisionWords) {
+  const char* saved = std::getenv("BONSAI_CUDA_ACT");
+  const std::string keep = saved ? saved : "";
+  unsetenv("BONSAI_CUDA_ACT");
+  EXPECT_EQ(cuda_options(0, "").gemm_f16, 0);
+  EXPECT_EQ(cuda_options(0, "").act_levels, 2);
+  const CudaBackend::Options f = cuda_options(0, "f16");
+  EXPECT_EQ(f.gemm_f16, CudaBackend::kF16MinRows);
+  EXPECT_EQ(f.act_levels, 2);
+  EXPECT_FALSE(f.exact);
+  EXPECT_EQ(cuda_options(0, "q8").act_levels, 1);
+  EXPECT_TRUE(cuda_options(0, "exact").exact);
+  setenv("BONSAI_CUDA_ACT", "f16", 1);
+  EXPECT_EQ(cuda_options(0, "").gemm_f16, CudaBackend::kF16MinRows);
+  EXPECT_EQ(cuda_options(0, "q16").gemm_f16, 0);  // --act wins
+  setenv("BONSAI_CUDA_ACT", "f32", 1);
+  try {
+    cuda_options(0, "");
+    ADD_FAILURE() << "BONSAI_CUDA_ACT=f32 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("f16"), std::string::npos) << e.what();
+  }
+  unsetenv("BONSAI_CUDA_ACT");
+  try {
+    cuda_options(0, "bf16");
+    ADD_FAILURE() << "--act bf16 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'bf16'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("f16 or exact"), std::string::npos) << e.what();
+  }
+  if (saved) setenv("BONSAI_CUDA_ACT", keep.c_str(), 1);
+}
+
 // GEMM v4's block shape and K split (host only): the 27b prefill products at 256 tokens and a batched step on 132 SMs,
 // and the folded grid's cover of every (tile, 128-group) exactly once, as gemmh_kernel maps its 1-D grid.
 TEST(CudaOps, GemmF16Plan) {

@@ -56,7 +56,7 @@ int cuda_device_count() {
   return n;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activations) {
+CudaBackend::Options cuda_options(int device, const std::string& activations) {
   CudaBackend::Options o;
   o.device = device;
   auto flag = [](const char* name, bool def) {
@@ -136,7 +136,11 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activa
     std::fprintf(stderr, "bonsai: %s reads one activation digit (q8 only); under q16 the v3 matvec and the site "
                  "kernel run instead (--act q8 or BONSAI_CUDA_ACT=q8 to use it)\n",
                  o.matvec == 4 ? "BONSAI_CUDA_MATVEC=4" : "BONSAI_CUDA_FUSE_SITE=1");
-  return std::make_unique<CudaBackend>(o);
+  return o;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device, const std::string& activations) {
+  return std::make_unique<CudaBackend>(cuda_options(device, activations));
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -309,8 +309,11 @@ int cuda_device_count();
 
 // The factory the CLI uses for --backend cuda. Environment: BONSAI_CUDA_EXACT=1 (Options::exact),
 // BONSAI_CUDA_FUSE_NORM=0, BONSAI_CUDA_GRAPHS=0, BONSAI_CUDA_PDL=0, BONSAI_CUDA_FUSE=0 (A/B switches).
-// `activations` (the CLI's --act: "q8", "q16", "exact", or "" for the environment / default) overrides
+// `activations` (the CLI's --act: "q8", "q16", "f16", "exact", or "" for the environment / default) overrides
 // BONSAI_CUDA_ACT and BONSAI_CUDA_EXACT.
 std::unique_ptr<Backend> make_cuda_backend(int device = 0, const std::string& activations = "");
+// The options make_cuda_backend builds (the environment, then --act), without a device; throws bonsai::Error for an
+// unknown precision (naming the known ones).
+CudaBackend::Options cuda_options(int device = 0, const std::string& activations = "");
 
 }  // namespace bonsai
