@@ -18,7 +18,10 @@
 //     (async proxy: no proxy fence before wgmma reads it). Inside each 16-element word the k slots are permuted so
 //     that thread q of a quad finds its 4 weights of the word at bits 2q + {0, 8, 16, 24} (below).
 //   gemmh_kernel<TOK, RB, S>: a producer warpgroup (cp.async of the raw words, bulk copies of xh) and two consumer
-//     warpgroups of RB 64-row tiles each, TOK tokens, an mbarrier ring of S stages of one 128-group.
+//     warpgroups of RB 64-row tiles each, TOK tokens, an mbarrier ring of S stages of one 128-group; GEMM v3's folded
+//     split (gemm_fold.cuh); gemmh_plan picks the block shape per product.
+// Measured (H200, docs/cuda-kernels.md round 13; us, v4 / v3): gate+up M256 161.5 / 205.1, ffn_down 87.5 / 114.7,
+// qkv+z 69.9 / 95.5, gate+up M32 46.4 / 58.2; pp2048 +20 % with --act f16.
 //
 // A fragments (wgmma m64nNk16, f16 from registers; warp w rows 16 w + g, + 8; a0 / a1 k slots 2q, 2q + 1 of rows g /
 // g + 8, a2 / a3 slots 2q + 8, 2q + 9): a canonical word holds element 16 i + 4 b + j at bits 8 b + 2 j. With k slot
