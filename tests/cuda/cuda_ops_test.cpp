@@ -375,26 +375,26 @@ TEST(CudaOps, GemmF16Plan) {
   // gate+up: 272 tiles of 256 x 128 = 2 waves + 8, those 8 in 8 slices of 5 groups
   const cuda::GemmHPlan gu = plan({17408, 17408}, 5120, 256);
   EXPECT_EQ(gu.cfg, 2);
-  EXPECT_EQ(gu.tiles, 272);
-  EXPECT_EQ(gu.nfull, 264);
-  EXPECT_EQ(gu.kt, 8);
-  EXPECT_EQ(gu.tile_floats, 256 * 128);
+  EXPECT_EQ(gu.fold.tiles, 272);
+  EXPECT_EQ(gu.fold.nfull, 264);
+  EXPECT_EQ(gu.fold.kt, 8);
+  EXPECT_EQ(gu.fold.tile_floats, 256 * 128);
   // ffn_down: 40 tiles of 256 x 128, every one in 3 slices, summed in the GEMM
   const cuda::GemmHPlan dn = plan({5120}, 17408, 256);
   EXPECT_EQ(dn.cfg, 2);
-  EXPECT_EQ(dn.nfull, 0);
-  EXPECT_EQ(dn.kt, 3);
+  EXPECT_EQ(dn.fold.nfull, 0);
+  EXPECT_EQ(dn.fold.kt, 3);
   // qkv+z: 128 tiles of 256 x 128, one wave: no split
   const cuda::GemmHPlan qz = plan({10240, 6144}, 5120, 256);
   EXPECT_EQ(qz.cfg, 2);
-  EXPECT_EQ(qz.kt, 0);
+  EXPECT_EQ(qz.fold.kt, 1);
   EXPECT_EQ(plan({17408, 17408}, 5120, 64).cfg, 1);
   EXPECT_EQ(plan({17408, 17408}, 5120, 32).cfg, 0);
   EXPECT_EQ(plan({17408, 17408}, 5120, 256, 4).cfg, 3);  // forced
   for (const auto& [Ns, K, M] : {std::tuple<std::vector<int64_t>, int64_t, int64_t>{{17408, 17408}, 5120, 256},
                                  {{5120}, 17408, 256}, {{1000, 257}, 5120, 32}, {{200, 40}, 8192, 40}}) {
-    const cuda::GemmHPlan f = plan(Ns, K, M);
-    if (f.kt == 0) continue;
+    const cuda::Gemm3Fold f = plan(Ns, K, M).fold;
+    if (f.kt <= 1) continue;
     const int64_t G = K / 128, grid = f.nfull + (f.tiles - f.nfull) * f.kt;
     std::vector<int> cover(size_t(f.tiles * G), 0);
     for (int64_t b = 0; b < grid; ++b) {

@@ -324,13 +324,14 @@ struct CudaBackend::Impl {
       void* x16 = ensure(xh, size_t(cuda::gemmh_xh_bytes(M, K)), "fp16 activation tiles");
       out.push_back(cuda::xh_pack_launch(xq, xds, M, K, lv, x16));
       const cuda::GemmHPlan plan = cuda::gemmh_plan(t, n, K, M, sms, opt.gemm_f16_tile);
-      if (plan.kt > 1 && plan.tiles - plan.nfull <= kFoldHead) {  // the split's sums inside the GEMM (as v3's fold)
-        const int64_t pf = (plan.tiles - plan.nfull) * plan.kt * plan.tile_floats;
-        auto* buf = static_cast<float*>(ensure(gemm_part, size_t(kFoldHead + pf) * 4, "split-K partials", true));
+      const cuda::Gemm3Fold& f = plan.fold;
+      if (f.kt > 1 && f.tiles - f.nfull <= kFoldHead) {  // the split's sums inside the GEMM (as v3's fold)
+        float* buf = fold_buffer(f);
         return out.push_back(
             cuda::gemmh_launch(t, n, K, x16, M, plan, 1, 0, buf + kFoldHead, reinterpret_cast<int32_t*>(buf)));
       }
-      return split_k_launches(t, n, M, plan.ks, out, [&](const cuda::TernaryDev* o, int kslices, int64_t stride) {
+      // else (no split, or more split tiles than counters: then every tile is split) as GEMM v3's unfused split
+      return split_k_launches(t, n, M, f.nfull == 0 ? f.kt : 1, out, [&](const cuda::TernaryDev* o, int kslices, int64_t stride) {
         return cuda::gemmh_launch(o, n, K, x16, M, plan, kslices, stride);
       });
     }
@@ -375,8 +376,7 @@ struct CudaBackend::Impl {
     if (v3 && opt.gemm3_fold) {  // round 11b: the split-K sums inside the GEMM, and the last wave split in K
       const cuda::Gemm3Fold f = cuda::gemm3_fold_plan(t, n, K, M, lv, sms);
       if (f.kt > 1 && f.tiles - f.nfull <= kFoldHead) {
-        const int64_t pf = (f.tiles - f.nfull) * f.kt * f.tile_floats;
-        auto* buf = static_cast<float*>(ensure(gemm_part, size_t(kFoldHead + pf) * 4, "split-K partials", true));
+        float* buf = fold_buffer(f);
         return out.push_back(cuda::gemm3_fold_launch(t, n, K, xq, xds, M, lv, f, buf + kFoldHead,
                                                      reinterpret_cast<int32_t*>(buf), opt.gemm3_cvt));
       }
@@ -386,6 +386,11 @@ struct CudaBackend::Impl {
   // gemm_part: kFoldHead int32 arrival counters of GEMM v3's folded split (zero: zeroed when allocated, left zero by
   // every launch; the partials below start after them, so neither path disturbs the other's), then the partials.
   static constexpr int64_t kFoldHead = 1024;
+  // gemm_part for the folded split f (GEMM v3 or v4): the counters, then f's split tiles' partials.
+  float* fold_buffer(const cuda::Gemm3Fold& f) {
+    const int64_t pf = (f.tiles - f.nfull) * f.kt * f.tile_floats;
+    return static_cast<float*>(ensure(gemm_part, size_t(kFoldHead + pf) * 4, "split-K partials", true));
+  }
   // A GEMM over ks K slices: gemm(outs, ks, stride) alone (ks = 1), else into partials [ks][M * sum N] (output i's
   // slice z at part + z * stride + M * (N_0 + .. + N_{i-1})) and then each output's ordered sum of its slices.
   template <class Gemm>

@@ -1,4 +1,5 @@
-// Round 11b (prefill): GEMM v3 with its split-K folded in (gemm_ws.cu; Options::gemm3_fold). Plain C++, as kernels.h.
+// Round 11b (prefill): GEMM v3 with its split-K folded in (gemm_ws.cu; Options::gemm3_fold), and round 13's GEMM v4
+// (gemm_f16.cu), which folds its split the same way. Plain C++, as kernels.h.
 #pragma once
 #include <cstdint>
 
@@ -19,8 +20,23 @@ struct Gemm3Fold {
   int64_t tile_floats;   // partial floats per slice and tile
 };
 Gemm3Fold gemm3_fold_plan(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms);
+// The same rule for a grid of B tiles of tile_floats partial floats each over G 128-groups (GEMM v4's plan uses it too).
+Gemm3Fold fold_plan(int64_t B, int sms, int64_t G, int64_t tile_floats);
 // part: float [(tiles - nfull) kt tile_floats]; cnt: int32 [tiles - nfull], zero.
 Launch gemm3_fold_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                          int levels, const Gemm3Fold& f, float* part, int32_t* cnt, int cvt);
+
+// GEMM v4's block shape (cfg: 0 = 256 rows x 32 tokens, 1 = 256 x 64, 2 = 256 x 128, 3 = 128 x 128) and its folded
+// split (fold.kt == 1: none): cfg 0 at M <= 32, else the shape with the fewest rounds of blocks over the SMs (weighted by
+// a guess of its speed per MAC); tile > 0 forces cfg tile - 1 (Options::gemm_f16_tile).
+struct GemmHPlan {
+  int cfg;
+  Gemm3Fold fold;
+};
+GemmHPlan gemmh_plan(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int sms, int tile = 0);
+// part / cnt set: plan's folded split (part float [(tiles - nfull) kt tile_floats], cnt int32 [tiles - nfull], zero);
+// else ks K slices over grid.z, partials at y + z * part_stride (then splitk_sum_launch).
+Launch gemmh_launch(const TernaryDev* outs, int n_outs, int64_t K, const void* xh, int64_t M, const GemmHPlan& plan,
+                    int ks = 1, int64_t part_stride = 0, float* part = nullptr, int32_t* cnt = nullptr);
 
 }  // namespace bonsai::cuda

@@ -158,18 +158,6 @@ __device__ __forceinline__ uint32_t dec2(uint32_t w, __half2 d, uint32_t magic) 
 }
 #endif
 
-template <int R>
-__device__ __forceinline__ void pin_f(float (&d)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-__device__ __forceinline__ void pin_a(uint32_t (&a)[8][4]) {
-#pragma unroll
-  for (int t = 0; t < 8; ++t)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[t][i])::"memory");
-}
-
 template <int TOK, int RB, int S>
 __global__ __launch_bounds__(kHThreads, 1) void gemmh_kernel(const GemmHArgs a) {
   static_assert((TOK == 32 || TOK == 64 || TOK == 128) && (RB == 1 || RB == 2));
@@ -270,7 +258,7 @@ __global__ __launch_bounds__(kHThreads, 1) void gemmh_kernel(const GemmHArgs a) 
 #pragma unroll
       for (int h = 0; h < 2; ++h) sc[rt][h] = scales[sp[rt][h]];
 #pragma unroll
-    for (int rt = 0; rt < RB; ++rt) pin_f(acc[rt]);  // zeroed before the first fence (C7515 otherwise)
+    for (int rt = 0; rt < RB; ++rt) pin(acc[rt]);  // zeroed before the first fence (C7515 otherwise)
     uint32_t magic;  // 0x64006400 (two fp16 1024s), opaque to the compiler so that dec2's lop3 takes it as a register
     asm volatile("mov.b32 %0, 0x64006400;" : "=r"(magic));
     uint32_t A[2][8][4];  // two operand sets: a unit's wgmmas read theirs while the next unit decodes into the other
@@ -296,7 +284,7 @@ __global__ __launch_bounds__(kHThreads, 1) void gemmh_kernel(const GemmHArgs a) 
         A[set][t][2] = dec2(xl >> 8, dl, magic);
         A[set][t][3] = dec2(xh >> 8, dh, magic);
       }
-      pin_a(A[set]);  // every operand computed before the fence: ptxas serialises wgmmas whose inputs are defined inside
+      pin(A[set]);  // every operand computed before the fence: ptxas serialises wgmmas whose inputs are defined inside
                       // their pipeline stage (warning C7513)
       wg_fence();
       const uint64_t db = desc0 + uint64_t(uint32_t(s * Lay::x_bytes) >> 4);
@@ -304,7 +292,7 @@ __global__ __launch_bounds__(kHThreads, 1) void gemmh_kernel(const GemmHArgs a) 
       for (int t = 0; t < 8; ++t) wgmma_h(acc[rt], A[set][t], db + uint64_t(((t >> 2) * 1024 + (t & 3) * 32) >> 4));
       wg_commit();
       wg_wait<1>();  // the previous unit's wgmmas are done: its operands and (at a group's last tile) its stage are free
-      pin_a(A[set ^ 1]);
+      pin(A[set ^ 1]);
       if (rt == 0 && kg > 0) mbar_arrive(empty(int((kg - 1) % S)));
     };
     using I0 = std::integral_constant<int, 0>;
@@ -319,7 +307,7 @@ __global__ __launch_bounds__(kHThreads, 1) void gemmh_kernel(const GemmHArgs a) 
     }
     wg_wait<0>();
 #pragma unroll
-    for (int rt = 0; rt < RB; ++rt) pin_f(acc[rt]);
+    for (int rt = 0; rt < RB; ++rt) pin(acc[rt]);
 #else
     (void)sp;
     __trap();  // built without sm_90a: gemmh_supported() keeps the backend off this kernel
@@ -367,26 +355,16 @@ HPick h_cfg_of(int cfg) {
 }  // namespace
 
 GemmHPlan gemmh_plan(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int sms, int tile) {
-  const int64_t G = K / 128;
   auto plan_of = [&](int cfg) {
     const HPick p = h_cfg_of(cfg);
-    GemmHPlan f{cfg, 1, 0, 0, 0, int64_t(p.rows) * p.tok};
     const int64_t B = gemm_blocks(outs, n_outs, M, p.rows, p.tok);
-    f.tiles = B;
-    f.nfull = B;
-    double rounds = double((B + sms - 1) / sms);
-    const int64_t T = B % sms;  // the last, partial wave
-    const int64_t kt = T == 0 ? 1 : std::min<int64_t>({sms / T, kGemm3FoldMaxSlices, G / kGemm3FoldMinGroups});
-    if (B >= sms && kt >= 2) {  // the last wave's tiles cut in K over the SMs it leaves idle
-      f.kt = int(kt), f.nfull = B - T;
-      rounds = double(f.nfull / sms) + 1.0 / double(kt);
-    } else if (const int ks = wave_ksplit(B, sms, G); ks > 1) {  // every tile cut in K (below a wave, or a big tail)
-      f.kt = f.ks = ks, f.nfull = 0;
-      rounds = double((B * ks + sms - 1) / sms) / ks;
-    }
+    const Gemm3Fold f = fold_plan(B, sms, K / 128, int64_t(p.rows) * p.tok);
+    const double rounds = f.kt <= 1     ? double((B + sms - 1) / sms)
+                          : f.nfull > 0 ? double(f.nfull / sms) + 1.0 / f.kt  // the last wave's tiles in kt slices
+                                        : double((B * f.kt + sms - 1) / sms) / f.kt;  // every tile in kt slices
     // A split adds its partials' traffic and the last block's sum (round 13: 256 x 128 in 2 slices with a sum kernel
     // measured 214 us on gate+up M256 against 199 for 128 x 128 unsplit).
-    return std::make_pair(f, rounds * p.rows * p.tok * p.cost * (f.kt > 1 ? 1.1 : 1.0));
+    return std::make_pair(GemmHPlan{cfg, f}, rounds * p.rows * p.tok * p.cost * (f.kt > 1 ? 1.1 : 1.0));
   };
   if (tile > 0) return plan_of(std::min(tile - 1, kHCfgs - 1)).first;
   if (M <= 32) return plan_of(0).first;
@@ -433,10 +411,11 @@ Launch gemmh_launch(const TernaryDev* outs, int n_outs, int64_t K, const void* x
   if (part) {  // folded split
     a.part = part;
     a.cnt = cnt;
-    a.nfull = plan.nfull;
+    a.nfull = plan.fold.nfull;
     a.rb = gemm_row_blocks(outs, n_outs, p.rows);
-    a.kt = plan.kt;
-    return make_launch(p.func, dim3(unsigned(plan.nfull + (plan.tiles - plan.nfull) * plan.kt)), dim3(kHThreads), p.smem,
+    a.kt = plan.fold.kt;
+    const Gemm3Fold& f = plan.fold;
+    return make_launch(p.func, dim3(unsigned(f.nfull + (f.tiles - f.nfull) * f.kt)), dim3(kHThreads), p.smem,
                        a);
   }
   const dim3 grid{unsigned(gemm_row_blocks(outs, n_outs, p.rows)), unsigned((M + p.tok - 1) / p.tok), unsigned(ks)};

@@ -325,8 +325,11 @@ Launch gemm3_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t*
 
 Gemm3Fold gemm3_fold_plan(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms) {
   const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, 0);
-  const int64_t B = gemm_blocks(outs, n_outs, M, kWsRows, p.tok), G = K / 128;
-  Gemm3Fold f{B, B, 1, int64_t(kWsRows) * p.tok};
+  return fold_plan(gemm_blocks(outs, n_outs, M, kWsRows, p.tok), sms, K / 128, int64_t(kWsRows) * p.tok);
+}
+
+Gemm3Fold fold_plan(int64_t B, int sms, int64_t G, int64_t tile_floats) {
+  Gemm3Fold f{B, B, 1, tile_floats};
   if (B < sms) {  // all tiles split, as the unfused rule (wave_ksplit) cuts them: bit-identical to it
     f.kt = wave_ksplit(B, sms, G);
     if (f.kt > 1) f.nfull = 0;

@@ -189,28 +189,12 @@ Launch gemm3_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t*
 // GEMM v4 (gemm_f16.cu, Options::gemm_f16, round 13): the product on the fp16 tensor cores with each group's scale
 // folded into the weights (A = (code - 1) d_w, exact in fp16) and the activation in fp16 (xh, written from the site's
 // digits by xh_pack_launch): fp32 accumulation over all of K, no per-group scaling. Same outputs, pairing and split-K
-// contract as gemm3_launch (plan.ks slices, partials at y + z * part_stride). sm_90 only
+// contract as gemm3_launch; its plan and launch are in gemm3_fold.h (its split is v3's folded one). sm_90 only
 // (gemm2_supported). The activation's precision is fp16's (README, Parity).
 void init_gemmh_attributes();  // called by init_kernel_attributes
 int64_t gemmh_xh_bytes(int64_t M, int64_t K);  // bytes of xh for M tokens
 // xh [ceil(M / 8)][K / 64][1024 B] = the q16 / q8 activation (xq, xds) in fp16 as the GEMM's swizzled B tiles.
 Launch xh_pack_launch(const int8_t* xq, const float2* xds, int64_t M, int64_t K, int levels, void* xh);
-// The block shape (cfg: 0 = 256 rows x 32 tokens, 1 = 256 x 64, 2 = 256 x 128, 3 = 128 x 128) and K split of a
-// product: cfg 0 at M <= 32, else the shape with the fewest rounds of blocks over the SMs (weighted by a guess of its
-// speed per MAC); tile > 0 forces cfg tile - 1 (Options::gemm_f16_tile). The split is GEMM v3's folded one (gemm3_fold.h):
-// from one wave up the last wave's tiles in kt slices, below a wave (or a tail over half a wave) every tile in ks = kt
-// slices (nfull 0); kt = 0: no split.
-struct GemmHPlan {
-  int cfg, ks;           // ks: K slices of the unfolded launch (gemmh_launch without part: grid.z, sums by splitk_sum)
-  int64_t nfull;         // tiles that run all of K
-  int kt;                // K slices of each later tile (0: none)
-  int64_t tiles, tile_floats;  // tiles of the grid; floats of one tile's partial
-};
-GemmHPlan gemmh_plan(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int sms, int tile = 0);
-// part / cnt set: the folded split of plan (part float [(tiles - nfull) kt tile_floats], cnt int32 [tiles - nfull],
-// zero); else ks K slices over grid.z, partials at y + z * part_stride (then splitk_sum_launch).
-Launch gemmh_launch(const TernaryDev* outs, int n_outs, int64_t K, const void* xh, int64_t M, const GemmHPlan& plan,
-                    int ks = 1, int64_t part_stride = 0, float* part = nullptr, int32_t* cnt = nullptr);
 // K slices for the GEMM of these outputs: > 1 when the grid would leave SMs idle over a long K. waves:
 // also when the grid just overflows the resident block slots (a second, nearly empty round of blocks).
 int gemm_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int sms, bool waves = true);

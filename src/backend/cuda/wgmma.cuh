@@ -74,11 +74,27 @@ __device__ __forceinline__ void wg_wait() {
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 #endif
 
-// Keeps the compiler from moving accumulator reads across a wgmma wait (or writes across an issue).
+// Keeps the compiler from moving accumulator reads across a wgmma wait (or writes across an issue), and keeps register
+// operands live (in their registers) until the wait that retires the wgmmas reading them.
 template <int R>
 __device__ __forceinline__ void pin(int (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+template <int R>
+__device__ __forceinline__ void pin(uint32_t (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+template <int R>
+__device__ __forceinline__ void pin(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int R, int C>
+__device__ __forceinline__ void pin(uint32_t (&d)[R][C]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) pin(d[i]);
 }
 
 // K-major operand descriptor at k-step ks (32 bytes) of a tile starting at addr (1024-aligned): swizzled:
