@@ -199,6 +199,24 @@ TEST(CudaOps, GemmV3ConversionsAgree) {
   }
 }
 
+// One product of n (1 or 2) outputs sharing x [M, K] on be, outputs poisoned first: {y0, y1} (y1 still poisoned when
+// n = 1), expecting every element of the n outputs written.
+std::pair<std::vector<float>, std::vector<float>> paired_linear(CudaBackend& be, TernaryMatrix& w0, TernaryMatrix& w1,
+                                                                int n, const std::vector<float>& x, int64_t M,
+                                                                const std::string& what) {
+  be.prepare_matrix(w0);
+  be.prepare_matrix(w1);
+  Buffer dx = up(be, x), y0 = poisoned(be, size_t(M * w0.rows)), y1 = poisoned(be, size_t(M * w1.rows));
+  const LinearOut outs[2] = {{&w0, y0.data()}, {&w1, y1.data()}};
+  be.linear(outs, n, w0.cols, dx.data(), M);
+  std::vector<float> v[2] = {down(be, y0), down(be, y1)};
+  int64_t unwritten = 0;  // poison: every output written
+  for (int i = 0; i < n; ++i)
+    unwritten += std::count_if(v[i].begin(), v[i].end(), [](float e) { return !std::isfinite(e); });
+  EXPECT_EQ(unwritten, 0) << what;
+  return {v[0], v[1]};
+}
+
 // Round 11b: GEMM v3 with its split-K folded in (Options::gemm3_fold). Below one wave of tiles (and at a last wave of
 // more than half the SMs: 200 tiles) every tile is split as the unfused path splits it and the last block of each tile
 // sums the slices in the sum kernel's order: EQUAL to the unfused GEMM + splitk_sum. From one wave up (shapes sized for
@@ -228,19 +246,7 @@ TEST(CudaOps, GemmV3FoldedSplitMatchesUnfusedAndQuantisedReference) {
       const auto x = randn(size_t(c.M * c.K), seed++);
       const std::string what = "levels " + std::to_string(levels) + " M " + std::to_string(c.M) + " K " +
                                std::to_string(c.K) + " N " + std::to_string(c.N0) + "+" + std::to_string(c.N1);
-      auto run = [&](CudaBackend& be) {
-        be.prepare_matrix(w0);
-        be.prepare_matrix(w1);
-        Buffer dx = up(be, x), y0 = poisoned(be, size_t(c.M * c.N0)), y1 = poisoned(be, size_t(c.M * c.N1));
-        const LinearOut outs[2] = {{&w0, y0.data()}, {&w1, y1.data()}};
-        be.linear(outs, 2, c.K, dx.data(), c.M);
-        std::vector<float> v[2] = {down(be, y0), down(be, y1)};
-        int64_t unwritten = 0;  // poison: every output written
-        for (const auto& u : v)
-          unwritten += std::count_if(u.begin(), u.end(), [](float e) { return !std::isfinite(e); });
-        EXPECT_EQ(unwritten, 0) << what;
-        return std::make_pair(v[0], v[1]);
-      };
+      auto run = [&](CudaBackend& be) { return paired_linear(be, w0, w1, 2, x, c.M, what); };
       const auto a = run(bon), b = run(bon), u = run(boff);
       EXPECT_TRUE(a == b) << "run to run, " << what;
       if (!c.tail) {
@@ -289,19 +295,7 @@ void check_gemm_f16(const std::vector<GemmF16Case>& cases) {
       const std::string what = "levels " + std::to_string(levels) + " tile " + std::to_string(tile) + " M " +
                                std::to_string(c.M) + " K " + std::to_string(c.K) + " N " + std::to_string(c.N0) + "+" +
                                std::to_string(c.N1);
-      auto run = [&] {
-        be.prepare_matrix(w0);
-        be.prepare_matrix(w1);
-        Buffer dx = up(be, x), y0 = poisoned(be, size_t(c.M * c.N0)), y1 = poisoned(be, size_t(c.M * w1.rows));
-        const LinearOut outs[2] = {{&w0, y0.data()}, {&w1, y1.data()}};
-        be.linear(outs, n, c.K, dx.data(), c.M);
-        std::vector<float> v[2] = {down(be, y0), down(be, y1)};
-        int64_t unwritten = 0;  // poison: every output written
-        for (int i = 0; i < n; ++i)
-          unwritten += std::count_if(v[i].begin(), v[i].end(), [](float e) { return !std::isfinite(e); });
-        EXPECT_EQ(unwritten, 0) << what;
-        return std::make_pair(v[0], v[1]);
-      };
+      auto run = [&] { return paired_linear(be, w0, w1, n, x, c.M, what); };
       const auto a = run(), b = run();
       EXPECT_TRUE(a.first == b.first && (n == 1 || a.second == b.second)) << "run to run, " << what;
       const auto e0 = f16_reference(w0, x, c.M, levels), q0 = quantised_reference(w0, x, c.M, levels);
