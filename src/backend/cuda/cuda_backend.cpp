@@ -316,9 +316,9 @@ struct CudaBackend::Impl {
     // GEMM v4 (gemm_f16.cu, round 13): fp16 activations and weights with their scales folded in, opt-in by M. At
     // M <= 32 only on products of >= 200 rows per SM (gate+up), the one shape where it beat v3 there (H200 round 13,
     // us, v4 / v3 at M32: gate+up 46.4 / 58.2, ffn_down 30.7 / 29.6, qkv+z 26.6 / 25.6, attn_o 18.3 / 13.3).
-    int64_t f16_rows = 0;
-    for (int i = 0; i < n; ++i) f16_rows += t[i].N;
-    if (opt.gemm_f16 > 0 && M >= opt.gemm_f16 && (M > 32 || f16_rows >= 200 * int64_t(sms) || opt.gemm_f16_all) &&
+    int64_t rows = 0;  // all outputs' rows
+    for (int i = 0; i < n; ++i) rows += t[i].N;
+    if (opt.gemm_f16 > 0 && M >= opt.gemm_f16 && (M > 32 || rows >= 200 * int64_t(sms) || opt.gemm_f16_all) &&
         opt.tensor_cores &&
         cuda::gemm2_supported(prop.major, prop.minor) && (opt.gemm_f16_head || t[0].words != head_words)) {
       void* x16 = ensure(xh, size_t(cuda::gemmh_xh_bytes(M, K)), "fp16 activation tiles");
@@ -335,8 +335,6 @@ struct CudaBackend::Impl {
         return cuda::gemmh_launch(o, n, K, x16, M, plan, kslices, stride);
       });
     }
-    int64_t rows = 0;  // all outputs' rows
-    for (int i = 0; i < n; ++i) rows += t[i].N;
     if (opt.tensor_cores && cuda::gemm2_supported(prop.major, prop.minor) && cuda::matvec_wgmma_supported(M, lv, K) &&
         (opt.matvec_wgmma == 2 || (opt.matvec_wgmma == 0 && M > 8) ||
          (opt.matvec_wgmma == 3 && M > 8 && rows >= 64 * int64_t(sms)) ||
