@@ -104,3 +104,15 @@ run_prefill_bench() {
   done
   grep -E "==|^pp|rc=" "$OUT/bench.txt"
 }
+
+# `bonsai bench --backend cuda -m $P27 -p 0 -n 32 -r 2 --batch 32` per entry of $1 ("name:ENV=V,ENV=V"; X=1: the
+# defaults), its tg and error lines printed and appended to $OUT/bab.txt. Needs the 27b pack.
+run_batch_bench() {
+  local cfg name env
+  for cfg in $1; do
+    name=${cfg%%:*}; env=${cfg#*:}
+    echo "== $name ($env)" | tee -a "$OUT/bab.txt"
+    env ${env//,/ } timeout 120 $B/bonsai bench --backend cuda -m "$P27" -p 0 -n 32 -r 2 --batch 32 2>&1 | grep -E "^tg|rror" \
+      | tee -a "$OUT/bab.txt"
+  done
+}

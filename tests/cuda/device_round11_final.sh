@@ -36,9 +36,5 @@ for cfg in ${PAB:-}; do
   env ${env//,/ } timeout 120 $B/bonsai bench --backend cuda -m "$P27" -p 512,2048 -n 0 -r 2 2>&1 | grep -E "^pp|rror" | tee -a "$OUT/pab.txt"
 done
 # BAB: the same for batched decode at B = 32 (`-p 0 -n 32 -r 2 --batch 32`).
-for cfg in ${BAB:-}; do
-  name=${cfg%%:*}; env=${cfg#*:}
-  echo "== $name ($env)" | tee -a "$OUT/bab.txt"
-  env ${env//,/ } timeout 120 $B/bonsai bench --backend cuda -m "$P27" -p 0 -n 32 -r 2 --batch 32 2>&1 | grep -E "^tg|rror" | tee -a "$OUT/bab.txt"
-done
+run_batch_bench "${BAB:-}"
 stamp "done"

@@ -24,11 +24,5 @@ if [ -n "${BENCH_SHAPES:-}" ]; then
 fi
 stamp "whole model"
 [ -n "${PAB:-}" ] && run_prefill_bench "$PAB"
-for cfg in ${BAB:-}; do
-  name=${cfg%%:*}; env=${cfg#*:}
-  echo "== $name ($env): bonsai bench --backend cuda -m $P27 -p 0 -n 32 -r 2 --batch 32" >> "$OUT/bench_batch.txt"
-  env ${env//,/ } timeout 150 $B/bonsai bench --backend cuda -m $P27 -p 0 -n 32 -r 2 --batch 32 >> "$OUT/bench_batch.txt" 2>&1
-  echo "rc=$?" >> "$OUT/bench_batch.txt"
-done
-[ -n "${BAB:-}" ] && grep -vE "^\s*$" "$OUT/bench_batch.txt" | grep -vE "^(load|prep|upload)" | head -30
+run_batch_bench "${BAB:-}"
 stamp done
