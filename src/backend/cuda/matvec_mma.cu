@@ -99,23 +99,35 @@ struct Mv6Stage {
 // over j: the accumulator >> 2 between positions is exact, a multiple of 4), then the per-group combine
 // y += d_w u (sum(c Q) - S) into the rows g (yg) and g + 8 (yg8). Zero scales (a missing group or row) add nothing.
 // X: the lane's 4 transposed activation words; xv0 / xv1: {u, S, u, S} of its accumulator groups.
+// (Round 14, not kept: -64 S as the accumulators' start instead of the float subtract saves the 4 FADDs of a step but
+// costs 8 register moves, the first mma no longer starting from RZ.)
 template <int LV, int RB>
 __device__ __forceinline__ void mv6_step(const Mv6Stage<RB>& st, const uint4 (&X)[4], const float4& xv0, const float4& xv1,
                                          float (&yg)[RB], float (&yg8)[RB]) {
+  // (Round 14: the chains cut in two, positions j = 3, 2 and j = 1, 0 combined as hi / 16 + lo, which ptxas does
+  // interleave, measured slower in the model: 197.9 vs 204.4 tok/s; ptxas issues one row block's chain after the
+  // other's whatever the source order.)
+  int cc[RB][4];
+#pragma unroll
+  for (int b = 0; b < RB; ++b)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) cc[b][i] = 0;
+#pragma unroll
+  for (int j = 3; j >= 0; --j) {
+    const uint32_t m = 0x03030303u << (2 * j);
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+#pragma unroll
+      for (int b = 0; b < RB; ++b) mma16_u8s8(cc[b], comp(st.wa[b], q) & m, comp(st.wb[b], q) & m, comp(X[q], j));
+    if (j > 0)
+#pragma unroll
+      for (int b = 0; b < RB; ++b)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) cc[b][i] >>= 2;
+  }
 #pragma unroll
   for (int b = 0; b < RB; ++b) {
-    int c[4] = {0, 0, 0, 0};
-    const uint32_t wa[4] = {st.wa[b].x, st.wa[b].y, st.wa[b].z, st.wa[b].w};
-    const uint32_t wb[4] = {st.wb[b].x, st.wb[b].y, st.wb[b].z, st.wb[b].w};
-#pragma unroll
-    for (int j = 3; j >= 0; --j) {
-      const uint32_t m = 0x03030303u << (2 * j);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) mma16_u8s8(c, wa[q] & m, wb[q] & m, comp(X[q], j));
-      if (j > 0)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) c[i] >>= 2;
-    }
+    const int (&c)[4] = cc[b];
     const float2 dw = __half22float2(*reinterpret_cast<const __half2*>(&st.sc[b]));
     if constexpr (LV == 2) {
       const float S2 = xv0.y + xv0.w;
@@ -693,14 +705,17 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
     };
     if (resid && nt == 0) write_resid();
     bool ready = !SITE;
+    // Ring positions as running counters (a division by the runtime ST per stage cost ~25 instructions each):
+    // s = i % ST (the stage issued), es / eph = (i - ST) % ST and its phase parity, slot = (i - ST) % (ST + 1).
+    int s = 0, es = 0, slot = 0;
+    unsigned eph = 0;
     for (int i = 0; i < nt + ST; ++i) {
-      if (i >= ST) mbar_wait(&empty[(i - ST) % ST], unsigned(((i - ST) / ST) & 1));  // stage i - ST consumed
+      if (i >= ST) mbar_wait(&empty[es], eph);  // stage i - ST consumed
       if (i < nt) {
         if (!ready && i >= a.site_early) {  // the rest of the copies once the prologue's loads are done
           mbar_wait(xready, 0);
           ready = true;
         }
-        const int s = i % ST;
         int o, nrow;
         int64_t r0;
         u_issue = stage_at(u_issue, o, r0, nrow);
@@ -723,13 +738,13 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
         }
         __syncwarp();
         if (resid && i == nt - 1) write_resid();
+        if (++s == ST) s = 0;
       }
       if (i >= ST) {
         if (!waited) {
           pdl_wait();  // y (written below) may still be read by earlier kernels; the weights above do not wait
           waited = true;
         }
-        const int slot = (i - ST) % (ST + 1);
         int o, nrow;
         int64_t r0;
         u_sum = stage_at(u_sum, o, r0, nrow);
@@ -750,6 +765,8 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
             if (ww < NW) v += pv[ww];
           O.y[m * O.N + r0 + rr] = v;
         }
+        if (++es == ST) es = 0, eph ^= 1u;
+        if (++slot == ST + 1) slot = 0;
       }
     }
     if (!waited) pdl_wait();
@@ -817,9 +834,13 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
   if (hoist) load_b(w);
   const int rs = K >> 2;  // bytes per row of words in a stage
   const bool holder = c_on && (LV == 1 || (t & 1) == 0);
+  // j % ST and j % (ST + 1) as running counters: a division by the runtime ST per stage cost ~25 instructions each
+  // (round 14: -12 % per launch on gate+up). (Also tried there: the one-step case as its own instance with the lane's
+  // offsets in a stage hoisted, 237 instead of 280 instructions per stage in the SASS: not faster, head +10 %.)
+  int s = 0, slot = 0;
+  unsigned ph = 0;  // (j / ST) & 1
   for (int j = 0; j < nt; ++j) {
-    const int s = j % ST;
-    mbar_wait(&full[s], unsigned((j / ST) & 1));
+    mbar_wait(&full[s], ph);
     const unsigned char* wrow = ring + size_t(s) * a.stage_bytes + g * rs + 16 * t;  // row g, step 0
     const uint16_t* srow = reinterpret_cast<const uint16_t*>(ring + size_t(s) * a.stage_bytes + a.words_bytes) + g * G +
                            (LV == 2 ? (t & 1) : 0);  // row g: the lane's (first) accumulator group of step 0
@@ -848,7 +869,7 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
       }
     }
     if (holder) {
-      float* p = red + ((size_t(j % (ST + 1)) * NW + w) * kTok + cm) * TR + g;
+      float* p = red + ((size_t(slot) * NW + w) * kTok + cm) * TR + g;
 #pragma unroll
       for (int b = 0; b < RB; ++b) {
         p[16 * b] = yg[b];
@@ -857,6 +878,8 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
     }
     __syncwarp();  // every lane's reads of the stage and writes of red before lane 0's arrive (a release)
     if (lane == 0) mbar_arrive(&empty[s]);
+    if (++s == ST) s = 0, ph ^= 1u;
+    if (++slot == ST + 1) slot = 0;
   }
 }
 
