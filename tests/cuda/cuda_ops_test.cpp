@@ -955,15 +955,19 @@ float ref_delta_inputs(std::vector<float>& q, std::vector<float>& k, const std::
 }
 
 // The delta rule alone, and fused with the ops the forward issues before it (l2norm q, l2norm k, q scale,
-// gates): against ref::gdn_recurrent after the same ref ops.
+// gates): against ref::gdn_recurrent after the same ref ops. T = 1 runs round 14's one-barrier delta_step_kernel
+// (8 and 4 warps) and delta_kernel (step_warps 0); Dk 128 / 64 / 16.
 TEST(CudaOps, DeltaRuleAloneAndFused) {
   BONSAI_REQUIRE_GPU();
   struct Case {
     int64_t T, Nk, Nv, Dk, Dv;
-  } cases[] = {{1, 2, 6, 128, 128}, {7, 2, 6, 128, 128}, {33, 1, 3, 64, 64}, {2, 16, 48, 128, 128}};
+  } cases[] = {{1, 2, 6, 128, 128}, {7, 2, 6, 128, 128}, {33, 1, 3, 64, 64}, {2, 16, 48, 128, 128},
+               {1, 16, 48, 128, 128}, {1, 1, 3, 64, 64}, {1, 2, 2, 16, 32}};
+  for (int sw : {8, 4, 0})
   for (bool fuse : {true, false}) {
     CudaBackend::Options o;
     o.fuse = fuse;
+    o.delta_step = sw;
     CudaBackend be(o);
     for (const Case& c : cases) {
       const size_t nq = size_t(c.T * c.Nk * c.Dk), nv = size_t(c.T * c.Nv * c.Dv), ns = size_t(c.Nv * c.Dk * c.Dv);
@@ -985,7 +989,8 @@ TEST(CudaOps, DeltaRuleAloneAndFused) {
       be.gdn_gates(da.data(), db.data(), dA.data(), dd.data(), c.T, c.Nv, dg.data(), dbeta.data());
       be.gdn_delta_rule(ds.data(), dq.data(), dk.data(), dv.data(), dg.data(), dbeta.data(), c.T, c.Nk, c.Nv, c.Dk, c.Dv,
                         out.data());
-      const std::string what = "T " + std::to_string(c.T) + " Dk " + std::to_string(c.Dk) + (fuse ? " fused" : " unfused");
+      const std::string what = "T " + std::to_string(c.T) + " Dk " + std::to_string(c.Dk) + (fuse ? " fused" : " unfused") +
+                               " step warps " + std::to_string(sw);
       EXPECT_LE(rel_err(down(be, out), want), 1e-4) << what;
       EXPECT_LE(rel_err(down(be, ds), st), 1e-4) << what;
       EXPECT_LE(rel_err(down(be, dg), g), 1e-5) << what;
@@ -1085,7 +1090,8 @@ TEST(CudaOps, DeltaRuleReadsQkvInPlaceFromTheConvOutput) {
     int64_t T;
     int mode;   // Options::delta: 1 token loop, 2 chunked
     bool rows;  // batched: row m is one token of sequence m
-  } cases[] = {{3, 1, false}, {70, 2, false}, {70, 1, false}, {5, 1, true}, {32, 1, true}};
+    int step_warps = 8;  // Options::delta_step (T = 1 of one sequence)
+  } cases[] = {{3, 1, false}, {70, 2, false}, {70, 1, false}, {5, 1, true}, {32, 1, true}, {1, 1, false}, {1, 1, false, 0}};
   uint32_t seed = 900;
   for (const Case& c : cases) {
     const int64_t T = c.T, S = c.rows ? T : 1;  // S states
@@ -1114,6 +1120,7 @@ TEST(CudaOps, DeltaRuleReadsQkvInPlaceFromTheConvOutput) {
       CudaBackend::Options o;
       o.fuse = fuse;
       o.delta = c.mode;
+      o.delta_step = c.step_warps;
       o.graphs = false;
       CudaBackend be(o);
       Buffer dconv = up(be, conv), ds = up(be, s0), da = up(be, a), db = up(be, b), dA = up(be, A), dd = up(be, dtb),
@@ -1138,7 +1145,8 @@ TEST(CudaOps, DeltaRuleReadsQkvInPlaceFromTheConvOutput) {
       const auto got = down(be, out);
       kernels[fuse ? 0 : 1] = be.stats().kernels - k0;
       const std::string what = "T " + std::to_string(T) + " delta " + std::to_string(c.mode) +
-                               (c.rows ? " rows" : " one sequence") + (fuse ? " fused" : " unfused");
+                               (c.rows ? " rows" : " one sequence") + (fuse ? " fused" : " unfused") + " step warps " +
+                               std::to_string(c.step_warps);
       EXPECT_LE(rel_err(got, want), 5e-5) << what;
       EXPECT_LE(rel_err(down(be, ds), st), 5e-5) << what;
       EXPECT_LE(rel_err(down(be, dbeta), beta), 1e-5) << what;

@@ -106,6 +106,7 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   o.profile = flag("BONSAI_CUDA_PROFILE", o.profile);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA"); e && *e) o.delta = std::atoi(e);
   o.delta_mma = flag("BONSAI_CUDA_DELTA_MMA", o.delta_mma);
+  if (const char* e = std::getenv("BONSAI_CUDA_DELTA_STEP"); e && *e) o.delta_step = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_ATTN"); e && *e) o.attn = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_ATTN_MMA"); e && *e) o.attn_prefill_mma = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_ACT"); e && *e) {
@@ -1429,6 +1430,7 @@ void CudaBackend::Impl::emit_delta(float* state, const cuda::RowTable* rows, con
     emit(l[1]);
     return;
   }
+  d.step_warps = opt.delta_step;
   emit(cuda::delta_launch(d));
 }
 

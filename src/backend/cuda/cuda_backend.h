@@ -61,6 +61,8 @@ class CudaBackend final : public Backend {
     int delta = 0;             // delta rule of one sequence: 1 = token by token (delta_kernel), 2 = the chunked WY
                                // form (delta_chunk.cu) for every T, 0 = chunked for T >= 16 (docs/cuda-kernels.md
                                // round 8b); batched rows always token by token; BONSAI_CUDA_DELTA=0|1|2
+    int delta_step = 8;        // round 14: one sequence's decode token (T = 1) on delta_step_kernel with this many warps
+                               // (8 or 4; one block barrier), 0 = delta_kernel (five); BONSAI_CUDA_DELTA_STEP
     bool delta_mma = true;     // round 12: the chunked form's products on tensor cores (3xTF32) and its solve one column
                                // per thread (delta_prep2 / delta_scan2_kernel); BONSAI_CUDA_DELTA_MMA=0: round 8b's FFMA
                                // kernels (docs/cuda-kernels.md round 12)

@@ -322,6 +322,7 @@ struct DeltaDesc {
   // Floats from one token's q / k / v row to the next's: Nk Dk / Nk Dk / Nv Dv when packed, larger when q, k, v
   // are read in place from the conv output [T, C] instead of through three copies (emit_delta).
   int64_t ldq = 0, ldk = 0, ldv = 0;
+  int step_warps = 8;  // T = 1 of one sequence: delta_step_kernel with 8 / 4 warps; 0: delta_kernel
 };
 Launch delta_launch(const DeltaDesc& d);
 
