@@ -182,14 +182,18 @@ __global__ __launch_bounds__(kWsThreads, 1) void gemm3_kernel(const Gemm3Args fa
     for (int j = 0; j < S; ++j)  // weights first: they do not depend on earlier kernels
       if (j < NG) issue_w(j, j);
     pdl_wait();
+    // Ring position s = kg % S and the parity of kg / S as running counters (a 64-bit division by S per group cost
+    // ~12 uniform-datapath instructions in every thread; round 14).
+    int s = 0;
+    uint32_t ph = 0;
     for (int64_t kg = 0; kg < NG; ++kg) {
-      const int s = int(kg % S);
       if (kg >= S) {
-        mbar_wait(empty(s), uint32_t((kg / S + 1) & 1));  // the consumers are done with group kg - S
+        mbar_wait(empty(s), ph ^ 1u);  // the consumers are done with group kg - S
         issue_w(kg, s);
       }
       issue_x(kg, s);
       cp_async_arrive(full(s));
+      if (++s == S) s = 0, ph ^= 1u;
     }
     cp_async_wait<0>();
   } else {
@@ -220,9 +224,10 @@ __global__ __launch_bounds__(kWsThreads, 1) void gemm3_kernel(const Gemm3Args fa
 #ifdef BONSAI_WGMMA
     const uint64_t desc0 = smem_desc(x_s, 0, 1);
     const int my_turn = c == 0 ? 1 : 2, next_turn = c == 0 ? 2 : 1;  // named barrier ids (0 = __syncthreads)
+    int s = 0;  // kg % S and the parity of kg / S, as the producer's
+    uint32_t ph = 0;
     for (int64_t kg = 0; kg < NG; ++kg) {
-      const int s = int(kg % S);
-      mbar_wait(full(s), uint32_t((kg / S) & 1));
+      mbar_wait(full(s), ph);
       // The producer's cp.async (generic proxy) writes, read by wgmma (async proxy). ptxas makes this a
       // MEMBAR.ALL.CTA, which waits for the thread's outstanding loads: the group's scales are loaded after
       // it (loaded a group ahead, before it, they cost a global-load latency per group and 2 registers).
@@ -264,6 +269,7 @@ __global__ __launch_bounds__(kWsThreads, 1) void gemm3_kernel(const Gemm3Args fa
       for (int l = 0; l < L; ++l) pin(acc[l]);
       scale_group<L, R, CVT>(acc, f, units + s * TOK, dw, q);  // f += d_w u_x (254 I0 + I1)
       mbar_arrive(empty(s));  // this thread's reads of stage s (raw words, units; its wgmmas) are done
+      if (++s == S) s = 0, ph ^= 1u;
     }
 #else
     (void)slo, (void)shi, (void)acc;
