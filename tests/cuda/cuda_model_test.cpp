@@ -9,7 +9,7 @@
 // int8 digits per element; measured 0.010-0.013% on the H200) max |delta logit| <= 0.1%, top-1 agreement
 // on every position whose reference top-2 margin exceeds 0.5% of the scale; q8 (one digit; measured 3.0%)
 // 5% and a 5% tie band.
-// Graphs on/off must agree bit for bit (same kernels, same order). Options::exact (fp32 activations):
+// Graphs on/off, whole or in segments, must agree bit for bit (same kernels, same order). Options::exact (fp32 activations):
 // max |delta logit| <= 0.2% of the scale.
 // The fixture gate (HF reference, tiny seed-7 pack, tests/data/fixtures/tiny_seed7.safetensors): the q16
 // default passes `bonsai gate`'s bounds (100% argmax outside the 1e-3 tie band, max |dlogit| <= 5e-3, the
@@ -125,7 +125,7 @@ TEST(CudaModel, TinyPackMatchesReference) {
     const char* name;
     CudaBackend::Options o;
   };
-  std::vector<Config> configs(16);
+  std::vector<Config> configs(19);
   configs[0].name = "default";  // q16
   configs[1].name = "no-graphs";
   configs[1].o.graphs = false;
@@ -161,10 +161,19 @@ TEST(CudaModel, TinyPackMatchesReference) {
   configs[14].o.site_prologue = 1;
   configs[15].name = "no-site-prologue";
   configs[15].o.site_prologue = 0;
+  configs[16].name = "graph-segments 7";  // round 14: a step's graph launched in segments as it is recorded
+  configs[16].o.graph_segment = 7;
+  configs[17].name = "one-graph";  // a step as one graph (the default launches it in segments of 64 kernels)
+  configs[17].o.graph_segment = 0;
+  configs[18].name = "v3 segments 5";  // the v3 matvec's L2 prefetch hook patches launches across segment ends
+  configs[18].o.matvec = 3;
+  configs[18].o.graph_segment = 5;
   std::vector<ModelRun> runs;
   for (const Config& cfg : configs) {
     CudaBackend be(cfg.o);
     runs.push_back(run_model(m, be, ids, kPrefill));
+    if (&cfg == &configs[0])  // the segments fall at the same launches every step: cached, not rebuilt
+      EXPECT_LT(be.stats().graph_builds * 4, be.stats().graph_launches) << cfg.name;
     const bool q8 = cfg.o.act_levels == 1 && !cfg.o.exact;
     const Compare c = compare(runs.back(), want, V, q8 ? 0.05 : 0.005);
     std::printf("[tiny %-16s] max|dlogit| %.5f (max|logit| %.3f, %.3f%%), top-1 %lld/%lld; graph nodes/step %llu\n",
@@ -174,9 +183,12 @@ TEST(CudaModel, TinyPackMatchesReference) {
     EXPECT_LE(c.max_delta, (cfg.o.exact ? 0.002 : q8 ? 0.05 : 0.001) * c.scale) << cfg.name;
     EXPECT_EQ(c.agree, c.counted) << cfg.name;
   }
-  // graphs change how kernels are launched, never what they compute
+  // graphs (whole or in segments) change how kernels are launched, never what they compute
   EXPECT_EQ(runs[0].logits, runs[1].logits);
   EXPECT_EQ(runs[1].logits, runs[4].logits);
+  EXPECT_EQ(runs[0].logits, runs[16].logits);
+  EXPECT_EQ(runs[0].logits, runs[17].logits);
+  EXPECT_EQ(runs[13].logits, runs[18].logits);
   // a prefetch is a hint, and a v3 matvec row's sum does not depend on which warp computes it
   EXPECT_EQ(runs[13].logits, runs[10].logits);
   EXPECT_EQ(runs[13].logits, runs[11].logits);

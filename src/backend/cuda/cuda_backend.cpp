@@ -75,6 +75,7 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   if (const char* e = std::getenv("BONSAI_CUDA_ATTN_HSPLIT"); e && *e) o.attn_hsplit = std::atoi(e);
   o.conv_dense = flag("BONSAI_CUDA_CONV_DENSE", o.conv_dense);
   o.graphs = flag("BONSAI_CUDA_GRAPHS", o.graphs);
+  if (const char* e = std::getenv("BONSAI_CUDA_GRAPH_SEGMENT"); e && *e) o.graph_segment = std::max(0, std::atoi(e));
   o.pdl = flag("BONSAI_CUDA_PDL", o.pdl);
   o.fuse = flag("BONSAI_CUDA_FUSE", o.fuse);
   o.fuse_site = flag("BONSAI_CUDA_FUSE_SITE", o.fuse_site);
@@ -181,6 +182,8 @@ struct CudaBackend::Impl {
     void* p = nullptr;
     size_t bytes = 0;
   };
+  // Step graphs kept (whole steps, or their segments under Options::graph_segment); all dropped when full.
+  static constexpr size_t kGraphCache = 64;
   struct GraphEntry {
     uint64_t hash = 0;
     cudaGraph_t graph = nullptr;
@@ -463,8 +466,16 @@ struct CudaBackend::Impl {
   void emit(const cuda::Launch& l) {
     if (!opt.skip.empty() && skipped(l)) return;
     ++st.kernels;
-    if (recording) rec.push_back(l);
-    else launch_now(l);
+    if (!recording) return launch_now(l);
+    rec.push_back(l);
+    // Options::graph_segment: the recorded part goes to the GPU now (as its own cached graph), so the GPU runs the
+    // step's first layers while the host records the rest. The boundary costs the programmatic edge between two
+    // kernels; the segments fall at the same launch indices every step, so they hit the cache as whole steps do.
+    if (opt.graph_segment > 0 && rec.size() >= size_t(opt.graph_segment)) {
+      run_graph();
+      rec.clear();
+      last_matvec = -1;  // the L2 prefetch hook patches only launches still in rec
+    }
   }
 
   // ---- deferred ops ---------------------------------------------------------------------------------
@@ -522,6 +533,7 @@ struct CudaBackend::Impl {
     recording = true;
     rec.clear();
     last_matvec = -1;
+    st.last_step_nodes = 0;
   }
   void end_step() {
     if (!recording) return;
@@ -557,7 +569,7 @@ struct CudaBackend::Impl {
 
   void run_graph() {
     if (rec.empty()) return;
-    st.last_step_nodes = rec.size();
+    st.last_step_nodes += rec.size();  // reset by begin_step: a step's segments add up
     uint64_t h = rec.size();
     for (const cuda::Launch& l : rec) {
       h = mix(h, reinterpret_cast<uint64_t>(l.func));
@@ -584,7 +596,7 @@ struct CudaBackend::Impl {
         ++st.graph_patched_nodes;
       }
     } else {
-      if (graphs.size() >= 8) {
+      if (graphs.size() >= kGraphCache) {
         CUDA_CHECK(cudaStreamSynchronize(stream));
         for (GraphEntry& g : graphs) {
           cudaGraphExecDestroy(g.exec);
@@ -1121,12 +1133,12 @@ void CudaBackend::linear(const LinearOut* outs, int n_outs, int64_t K, const flo
       I.ternary_launches(t, n, K, xq, xds, M, fused ? &site : nullptr, I.launches);
       // Decode step: the previous matvec prefetches these weights into L2 when it is done (at most 3/4 of
       // L2, so the prefetched lines are not evicted by the prefetch itself).
-      if (I.recording && M == 1 && I.opt.l2_prefetch) {
-        if (I.last_matvec >= 0)
-          cuda::matvec_set_prefetch(I.rec[size_t(I.last_matvec)], t, n, K, uint64_t(I.prop.l2CacheSize) * 3 / 4);
-        I.last_matvec = I.launches.size() == 1 ? int64_t(I.rec.size()) : -1;  // the index the launch gets
-      }
+      if (I.recording && M == 1 && I.opt.l2_prefetch && I.last_matvec >= 0 && size_t(I.last_matvec) < I.rec.size())
+        cuda::matvec_set_prefetch(I.rec[size_t(I.last_matvec)], t, n, K, uint64_t(I.prop.l2CacheSize) * 3 / 4);
       for (const cuda::Launch& l : I.launches) I.emit(l);
+      // The index the launch got (-1 if a graph segment went out with it: it can no longer be patched).
+      if (I.recording && M == 1 && I.opt.l2_prefetch)
+        I.last_matvec = I.launches.size() == 1 && !I.rec.empty() ? int64_t(I.rec.size()) - 1 : -1;
     }
   }
 }

@@ -42,6 +42,10 @@ class CudaBackend final : public Backend {
   struct Options {
     int device = 0;
     bool graphs = true;        // decode steps as CUDA graphs
+    int graph_segment = 64;    // round 14: launch a step's graph in segments of this many kernels as they are recorded
+                               // (the GPU starts on the first layers while the host records the rest; H200 tg128
+                               // 218.1 / 216.4 vs 206.3 / 203.6 tok/s as one graph per step, 128: 217.5, 256: 214.5),
+                               // 0 = one graph per step; BONSAI_CUDA_GRAPH_SEGMENT
     bool pdl = true;           // programmatic dependent launch between kernels
     bool fuse = true;          // peephole fusion of deferred ops
     int attn_pairs = 2;        // decode attention: key positions per warp step, 2 (two independent reductions in
