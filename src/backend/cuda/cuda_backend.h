@@ -51,6 +51,11 @@ class CudaBackend final : public Backend {
     int attn_pairs = 2;        // decode attention: key positions per warp step, 2 (two independent reductions in
                                // flight, round 10's default: +1.5-1.7 % tg at depths 4096 / 8192, even at depth 0 on
                                // the H200) or 1 (round 6); docs/cuda-kernels.md rounds 9-10; BONSAI_CUDA_ATTN_PAIRS=1|2
+    int attn_long = 1;         // round 14: decode attention (one sequence) from 16 splits on (>= ~1k positions): its query
+                               // heads two per block (hsplit = G / 2, the 2-head kernel instance: 128 registers instead
+                               // of 244, two blocks per SM; the hsplit blocks of a KV head read its K / V at the same
+                               // time, from L2). H200 tg128 at 4k 199.4 / 198.6 vs 189.4 / 189.8 tok/s, at 8k 187.7 /
+                               // 186.7 vs 181.8 / 181.3; BONSAI_CUDA_ATTN_LONG=0: off
     int attn_hsplit = 0;       // decode attention (one sequence): 0 = its query heads spread over more blocks while the
                                // splits leave SMs idle (cuda::attention_head_split, mixers.cu), 1 = one block per
                                // KV head and split (round 6); BONSAI_CUDA_ATTN_HSPLIT=0|1

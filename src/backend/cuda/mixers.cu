@@ -41,11 +41,13 @@ using AttnRowsArgs = WithRows<AttnArgs>;  // batched decode: per-row caches and 
 // P positions per warp step (1 or 2): with 2, the two positions' dot products and warp reductions are independent
 // and interleave (the loop is latency-bound: a 5-shuffle reduction per position and query head), and one softmax
 // rescale serves both. P = 1 is the round-6 loop exactly.
-template <class Args, int kAttnWarps, int P>
+// GM: the most query heads a block holds (the register arrays' size): kAttnG, or 2 for long contexts split over more
+// blocks per KV head (AttnDesc::hsplit = G / 2; round 14): 244 registers a thread at GM = 6 leave one block per SM.
+template <class Args, int kAttnWarps, int P, int GM = kAttnG>
 __global__ __launch_bounds__(kAttnWarps * 32) void attention_kernel(const Args args) {
   constexpr bool kRows = is_rows_v<Args>;
   const AttnArgs& a = base_of(args);
-  __shared__ float s_ml[kAttnWarps][kAttnG][2];
+  __shared__ float s_ml[kAttnWarps][GM][2];
   extern __shared__ float s_acc[];  // [kAttnWarps][G][D] each warp's partial output (attention_smem)
   __shared__ bool last;
   pdl_trigger();
@@ -67,9 +69,9 @@ __global__ __launch_bounds__(kAttnWarps * 32) void attention_kernel(const Args a
   const int64_t per = (T + S - 1) / S;
   const int64_t t_begin = int64_t(split) * per, t_end = min(T, t_begin + per);
 
-  float qv[kAttnG][kAttnE], acc[kAttnG][kAttnE], mx[kAttnG], l[kAttnG];
+  float qv[GM][kAttnE], acc[GM][kAttnE], mx[GM], l[GM];
 #pragma unroll
-  for (int hh = 0; hh < kAttnG; ++hh) {
+  for (int hh = 0; hh < GM; ++hh) {
     mx[hh] = -INFINITY;
     l[hh] = 0.f;
 #pragma unroll
@@ -113,7 +115,7 @@ __global__ __launch_bounds__(kAttnWarps * 32) void attention_kernel(const Args a
     for (int j = 0; j < P; ++j)
       if (t + kStep + j * kAttnWarps < t_end) load_kv(t + kStep + j * kAttnWarps, j);
 #pragma unroll
-    for (int hh = 0; hh < kAttnG; ++hh) {
+    for (int hh = 0; hh < GM; ++hh) {
       if (hh < G) {
         float s[P];
 #pragma unroll
@@ -149,7 +151,7 @@ __global__ __launch_bounds__(kAttnWarps * 32) void attention_kernel(const Args a
     }
   }
 #pragma unroll
-  for (int hh = 0; hh < kAttnG; ++hh) {
+  for (int hh = 0; hh < GM; ++hh) {
     if (hh < G) {
       if (lane == 0) {
         s_ml[warp][hh][0] = mx[hh];
@@ -230,6 +232,7 @@ uint32_t attention_smem(int W, int64_t G, int64_t D) { return uint32_t(W * G * D
 void init_attention_attributes() {
   const void* fs[] = {reinterpret_cast<const void*>(&attention_kernel<AttnArgs, kAttnWarpsDecode, 1>),
                       reinterpret_cast<const void*>(&attention_kernel<AttnArgs, kAttnWarpsDecode, 2>),
+                      reinterpret_cast<const void*>(&attention_kernel<AttnArgs, kAttnWarpsDecode, 2, 2>),
                       reinterpret_cast<const void*>(&attention_kernel<AttnArgs, kAttnWarpsRows, 1>),
                       reinterpret_cast<const void*>(&attention_kernel<AttnRowsArgs, kAttnWarpsRows, 1>),
                       reinterpret_cast<const void*>(&attention_kernel<AttnRowsArgs, kAttnWarpsRows, 2>)};
@@ -260,8 +263,9 @@ Launch attention_launch(const AttnDesc& d) {
     return make_launch(f, grid, dim3(kAttnWarpsRows * 32), attention_smem(kAttnWarpsRows, G, d.D), r);
   }
   if (d.M == 1) {
-    const void* f = pair ? reinterpret_cast<const void*>(&attention_kernel<AttnArgs, kAttnWarpsDecode, 2>)
-                         : reinterpret_cast<const void*>(&attention_kernel<AttnArgs, kAttnWarpsDecode, 1>);
+    const void* f = G <= 2 && pair ? reinterpret_cast<const void*>(&attention_kernel<AttnArgs, kAttnWarpsDecode, 2, 2>)
+                    : pair         ? reinterpret_cast<const void*>(&attention_kernel<AttnArgs, kAttnWarpsDecode, 2>)
+                                   : reinterpret_cast<const void*>(&attention_kernel<AttnArgs, kAttnWarpsDecode, 1>);
     return make_launch(f, grid, dim3(kAttnWarpsDecode * 32), attention_smem(kAttnWarpsDecode, G, d.D), a);
   }
   return make_launch(reinterpret_cast<const void*>(&attention_kernel<AttnArgs, kAttnWarpsRows, 1>), grid,
