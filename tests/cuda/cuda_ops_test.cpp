@@ -323,6 +323,39 @@ TEST(CudaOps, GemmF16Small) {
   check_gemm_f16({{5, 128, 70, 0}, {33, 1024, 129, 0}, {65, 1024, 200, 3}, {40, 4096, 130, 0}, {130, 1024, 17000, 100}});
 }
 
+// Round 14's decode switches (host only): their defaults, and the environment words that turn them off or resize them
+// (a negative graph segment is none, one graph per step).
+TEST(CudaOps, DecodeSwitchesFromTheEnvironment) {
+  const char* names[] = {"BONSAI_CUDA_GRAPH_SEGMENT", "BONSAI_CUDA_DELTA_STEP", "BONSAI_CUDA_ATTN_LONG"};
+  std::string kept[3];
+  bool had[3];
+  for (int i = 0; i < 3; ++i) {
+    const char* v = std::getenv(names[i]);
+    had[i] = v != nullptr;
+    kept[i] = v ? v : "";
+    unsetenv(names[i]);
+  }
+  const CudaBackend::Options d = cuda_options(0, "");
+  EXPECT_EQ(d.graph_segment, 64);
+  EXPECT_EQ(d.delta_step, 8);
+  EXPECT_EQ(d.attn_long, 1);
+  setenv("BONSAI_CUDA_GRAPH_SEGMENT", "0", 1);
+  setenv("BONSAI_CUDA_DELTA_STEP", "4", 1);
+  setenv("BONSAI_CUDA_ATTN_LONG", "0", 1);
+  const CudaBackend::Options o = cuda_options(0, "");
+  EXPECT_EQ(o.graph_segment, 0);
+  EXPECT_EQ(o.delta_step, 4);
+  EXPECT_EQ(o.attn_long, 0);
+  setenv("BONSAI_CUDA_GRAPH_SEGMENT", "-5", 1);
+  EXPECT_EQ(cuda_options(0, "").graph_segment, 0);
+  setenv("BONSAI_CUDA_GRAPH_SEGMENT", "200", 1);
+  EXPECT_EQ(cuda_options(0, "").graph_segment, 200);
+  for (int i = 0; i < 3; ++i) {
+    if (had[i]) setenv(names[i], kept[i].c_str(), 1);
+    else unsetenv(names[i]);
+  }
+}
+
 // --act f16 / BONSAI_CUDA_ACT=f16 (host only): GEMM v4 from kF16MinRows rows on q16 digits; --act overrides the
 // environment; an unknown word names the known ones.
 TEST(CudaOps, ActivationPrecisionWords) {
