@@ -42,7 +42,8 @@ using AttnRowsArgs = WithRows<AttnArgs>;  // batched decode: per-row caches and 
 // and interleave (the loop is latency-bound: a 5-shuffle reduction per position and query head), and one softmax
 // rescale serves both. P = 1 is the round-6 loop exactly.
 // GM: the most query heads a block holds (the register arrays' size): kAttnG, or 2 for long contexts split over more
-// blocks per KV head (AttnDesc::hsplit = G / 2; round 14): 244 registers a thread at GM = 6 leave one block per SM.
+// blocks per KV head (AttnDesc::hsplit = G / 2; round 14): 244 registers a thread at GM = kAttnG (8) leave one block
+// per SM, 128 at GM = 2 two.
 template <class Args, int kAttnWarps, int P, int GM = kAttnG>
 __global__ __launch_bounds__(kAttnWarps * 32) void attention_kernel(const Args args) {
   constexpr bool kRows = is_rows_v<Args>;
