@@ -91,13 +91,14 @@ run_prefill_profiles() {
 }
 
 # `bonsai bench --backend cuda -m $P27 -p 512,2048 -n 0 -r 2` per entry of $1 ("name:ENV=V,ENV=V" in the order given;
-# a name starting with base runs the BASELINE binary that stage_devbin.sh staged as bonsai_r5) into $OUT/bench.txt,
+# a name starting with base runs the BASELINE binary that stage_devbin.sh staged as bonsai_r5, with prev a bonsai_prev
+# copied beside it) into $OUT/bench.txt,
 # then the pp lines. Needs the 27b pack.
 run_prefill_bench() {
   local cfg name env bin
   for cfg in $1; do
     name=${cfg%%:*}; env=${cfg#*:}
-    bin=$B/bonsai; case $name in base*) bin=$B/bonsai_r5 ;; esac
+    bin=$B/bonsai; case $name in base*) bin=$B/bonsai_r5 ;; prev*) bin=$B/bonsai_prev ;; esac
     echo "== $name ($env, $(basename $bin)): bonsai bench --backend cuda -m $P27 -p 512,2048 -n 0 -r 2" >> "$OUT/bench.txt"
     env ${env//,/ } timeout 150 $bin bench --backend cuda -m $P27 -p 512,2048 -n 0 -r 2 >> "$OUT/bench.txt" 2>&1
     echo "rc=$?" >> "$OUT/bench.txt"
