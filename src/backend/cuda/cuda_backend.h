@@ -319,7 +319,9 @@ class CudaBackend final : public Backend {
 int cuda_device_count();
 
 // The factory the CLI uses for --backend cuda. Environment: BONSAI_CUDA_EXACT=1 (Options::exact),
-// BONSAI_CUDA_FUSE_NORM=0, BONSAI_CUDA_GRAPHS=0, BONSAI_CUDA_PDL=0, BONSAI_CUDA_FUSE=0 (A/B switches).
+// BONSAI_CUDA_FUSE_NORM=0, BONSAI_CUDA_GRAPHS=0, BONSAI_CUDA_PDL=0, BONSAI_CUDA_FUSE=0 (A/B switches), and each
+// option's own word in its comment above (round 14's: BONSAI_CUDA_GRAPH_SEGMENT, BONSAI_CUDA_DELTA_STEP,
+// BONSAI_CUDA_ATTN_LONG).
 // `activations` (the CLI's --act: "q8", "q16", "f16", "exact", or "" for the environment / default) overrides
 // BONSAI_CUDA_ACT and BONSAI_CUDA_EXACT.
 std::unique_ptr<Backend> make_cuda_backend(int device = 0, const std::string& activations = "");
