@@ -705,6 +705,24 @@ TEST(CudaPolicy, AttentionHeadSplitKeepsOneWave) {
   EXPECT_EQ(cuda::attention_head_split(1, 200, 6, 132), 1); // more KV heads than SMs
 }
 
+// Round 14's long-context rule (Options::attn_long): from 16 splits, at most two query heads per block.
+TEST(CudaPolicy, AttentionLongContextsHoldTwoHeadsABlock) {
+  EXPECT_EQ(cuda::attention_long_head_split(32, 6, 1), 3);   // the 27B at 8k: 6 heads -> 3 blocks of 2
+  EXPECT_EQ(cuda::attention_long_head_split(16, 6, 1), 3);   // from kAttnLongSplits on
+  EXPECT_EQ(cuda::attention_long_head_split(15, 6, 1), 1);   // shorter: the head split as it was
+  EXPECT_EQ(cuda::attention_long_head_split(11, 6, 3), 3);
+  EXPECT_EQ(cuda::attention_long_head_split(17, 5, 1), 5);   // G prime: one head a block
+  EXPECT_EQ(cuda::attention_long_head_split(20, 8, 1), 4);   // G 8 -> 4 blocks of 2
+  EXPECT_EQ(cuda::attention_long_head_split(20, 8, 8), 8);   // already split further: kept
+  EXPECT_EQ(cuda::attention_long_head_split(32, 2, 1), 1);   // two heads already
+  EXPECT_EQ(cuda::attention_long_head_split(32, 1, 1), 1);   // MHA
+  for (int64_t G = 1; G <= 8; ++G) {  // every result divides G and leaves at most two heads a block
+    const int h = cuda::attention_long_head_split(32, G, 1);
+    EXPECT_EQ(G % h, 0) << G;
+    EXPECT_LE(G / h, 2) << G;
+  }
+}
+
 // Per-row argmax chunks: >= ~4 elements per thread, about two waves of blocks, 1..64 per row.
 TEST(CudaPolicy, ArgmaxRowChunks) {
   EXPECT_EQ(cuda::argmax_rows_chunks(1, 248320, 132), 61);  // batch-1 logits of the 27B vocabulary

@@ -1282,13 +1282,7 @@ void CudaBackend::attention(const float* q, const float* k_cache, const float* v
   // Options::attn_hsplit: 0 = the query heads of a KV head over several blocks at short contexts, 1 = off
   if (M == 1 && I.opt.attn_hsplit != 1)
     d.hsplit = cuda::attention_head_split(S, Hkv, Hq / Hkv, I.prop.multiProcessorCount);
-  // Options::attn_long: from 16 splits, at most two query heads per block (the smallest such divisor of G).
-  if (M == 1 && I.opt.attn_long && S >= 16)
-    for (int64_t G = Hq / Hkv, h = std::max<int64_t>(1, d.hsplit); h <= G; ++h)
-      if (G % h == 0 && G / h <= 2) {
-        d.hsplit = int(h);
-        break;
-      }
+  if (M == 1 && I.opt.attn_long) d.hsplit = cuda::attention_long_head_split(S, Hq / Hkv, d.hsplit);
   // Round 8b: 32 x 32 tiles for a prefill chunk (BONSAI_CUDA_ATTN=1 keeps the flash-decoding kernel); 4 rows per
   // thread by default (pp2048 3,828 vs 3,796 tok/s for 2, same run; docs/cuda-kernels.md round 8b).
   if (M > 1 && (I.opt.attn >= 2 || (I.opt.attn == 0 && M >= 16))) {

@@ -278,6 +278,10 @@ Launch attention_launch(const AttnDesc& d);
 // that walk G = 6 heads per position serially (17 us per layer at depth 0 on the H200); a long context fills the SMs
 // with splits already, and more blocks per KV head would re-read its K / V rows from DRAM.
 int attention_head_split(int64_t splits, int64_t Hkv, int64_t G, int sms);
+// Options::attn_long (round 14): from kAttnLongSplits splits on, the smallest divisor h >= hsplit of G with at most two
+// query heads per block (G / h <= 2: the 2-head kernel instance, 128 registers instead of 244); hsplit otherwise.
+constexpr int64_t kAttnLongSplits = 16;
+int attention_long_head_split(int64_t splits, int64_t G, int hsplit);
 // Prefill (one sequence, M query rows at positions p0..p0+M-1; rows must be null, splits ignored): 32-row x
 // 32-position tiles in shared memory, grid (ceil(M / 32), Hq) (mixers.cu, round 8b); version 1: 2 rows per thread
 // (256 threads), 2: 4 rows per thread (128 threads).

@@ -1,5 +1,6 @@
 // The two token mixers: causal GQA attention (flash-decoding splits, merged by the last block) and the
 // Gated DeltaNet delta rule (token by token, state slice in registers, optional fused prologue).
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/async_copy.cuh"
@@ -249,6 +250,13 @@ int attention_head_split(int64_t splits, int64_t Hkv, int64_t G, int sms) {
   for (int h = 1; h <= G; ++h)
     if (G % h == 0 && splits * Hkv * h <= sms) best = h;
   return best;
+}
+
+int attention_long_head_split(int64_t splits, int64_t G, int hsplit) {
+  if (splits < kAttnLongSplits) return hsplit;
+  for (int64_t h = std::max(1, hsplit); h <= G; ++h)
+    if (G % h == 0 && G / h <= 2) return int(h);
+  return hsplit;
 }
 
 Launch attention_launch(const AttnDesc& d) {
