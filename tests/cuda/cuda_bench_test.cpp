@@ -147,6 +147,8 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
                               // round 10: v7 (the weights through a bulk-copy ring in shared memory): auto / 16 / 32 rows
                               {"q16 v7 pdl", 6, true, 2, 1, 2, true, false, 1, 8},   {"q16 v7r1 pdl", 6, true, 2, 1, 2, true, false, 1, 9},
                               {"q16 v7r2 pdl", 6, true, 2, 1, 2, true, false, 1, 10}, {"q8 v7 pdl", 6, true, 1, 1, 2, true, false, 1, 8},
+                              // round 15: v7 on round 14's k16 step (the plain v7 tags run the k32 step)
+                              {"q16 v7k16 pdl", 6, true, 2, 1, 2, true, false, 1, 11},
                               // round 9: the batched-decode kernel (matvec_mma_batch.cu), auto tile / 1 / 2 row blocks
                               {"q16 mvb pdl", 6, true, 2, 3, 2, true, false, 1, 0, 2, 0},
                               {"q16 mvb1 pdl", 6, true, 2, 3, 2, true, false, 1, 0, 2, 1},

@@ -97,14 +97,46 @@ TEST(CudaMatvec6, MatchesTheQuantisedReferenceAndV3) {
             {1, 5120, {1024}},      {2, 17408, {70}},        {1, 6144, {515}},
             {1, 5120, {20003}},     {1, 1024, {3000, 1000, 24}},
             {1, 17408, {37, 5}},    {1, 6144, {3000}},       {2, 5120, {17, 1}}},
-           700, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10});  // 8-10: v7 (auto / 16 / 32-row stages)
+           700, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13});  // 8-10: v7 (auto / 16 / 32-row stages), 11-13: on k16
 }
 
 // v7 (cfg 8-10: the bulk-copy ring) on a few small shapes, for compute-sanitizer memcheck: ragged last tiles whose
 // scales are not a multiple of 16 bytes (the warp copies them), an odd number of groups, several outputs, q8 M 4.
+// Round 15: 8-10 run the m16n8k32 step (activations in pair order: converted in registers where one step per warp
+// reads them from global memory, K 5120 / 640; permuted by the staging copy otherwise), 11-13 round 14's k16 step.
 TEST(CudaMatvec6, V7Small) {
   BONSAI_REQUIRE_GPU();
-  v6_cases({{1, 640, {5, 129}}, {2, 1152, {37}}, {4, 384, {17, 3}}, {1, 17408, {20}}, {2, 5120, {100}}}, 1500, {8, 9, 10});
+  v6_cases({{1, 640, {5, 129}}, {2, 1152, {37}}, {4, 384, {17, 3}}, {1, 17408, {20}}, {2, 5120, {100}}, {1, 5120, {77}}},
+           1500, {8, 9, 10, 11, 12, 13});
+}
+
+// The two steps are the same integer sums grouped differently: the k32 instances must give the k16 ones' outputs
+// bit for bit (one step per warp from global memory, K = 5120; staged pairs, K = 6144 and 17,408; q8 too).
+TEST(CudaMatvec6, V7K32EqualsK16) {
+  BONSAI_REQUIRE_GPU();
+  const std::vector<Case> cases = {{1, 5120, {1024, 300}}, {2, 5120, {700}}, {1, 6144, {515}}, {1, 17408, {600}},
+                                   {4, 5120, {333}}, {1, 17408, {129, 3}}};
+  uint32_t seed = 4242;
+  for (const Case& c : cases) {
+    std::vector<TernaryMatrix*> ws;
+    for (int64_t N : c.N) ws.push_back(&random_matrix(N, c.K, seed++, 0.02));
+    const auto x = randn(size_t(c.M * c.K), seed++);
+    for (int levels : {2, 1}) {
+      if (!cuda::matvec6_supported(c.M, levels, c.K)) continue;
+      std::vector<float> y[2];
+      for (int k16 : {0, 1}) {
+        CudaBackend::Options o;
+        o.graphs = false;
+        o.act_levels = levels;
+        o.matvec = 6;
+        o.matvec6_cfg = k16 ? 11 : 8;
+        CudaBackend b(o);
+        std::vector<std::vector<float>> per_out;
+        y[k16] = run_linear(b, ws, x, c.M, c.K, per_out);
+      }
+      EXPECT_EQ(y[0], y[1]) << "M " << c.M << " K " << c.K << (levels == 2 ? " q16" : " q8");
+    }
+  }
 }
 
 // Round 11: the one-row site as the prologue of matvec v7 (Options::site_prologue; warp_site.cuh). The backend defers

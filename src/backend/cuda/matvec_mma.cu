@@ -95,6 +95,30 @@ struct Mv6Stage {
   uint32_t sc2[RB];      // q8 only: group 2s + 1
 };
 
+// The per-group combine of a step: y += d_w u (sum(c Q) - S) into the rows g (yg) and g + 8 (yg8) from the
+// accumulators cc (columns 2t, 2t + 1 of the lane). Zero scales (a missing group or row) add nothing.
+template <int LV, int RB>
+__device__ __forceinline__ void mv6_combine(const Mv6Stage<RB>& st, const int (&cc)[RB][4], const float4& xv0,
+                                            const float4& xv1, float (&yg)[RB], float (&yg8)[RB]) {
+#pragma unroll
+  for (int b = 0; b < RB; ++b) {
+    const int (&c)[4] = cc[b];
+    const float2 dw = __half22float2(*reinterpret_cast<const __half2*>(&st.sc[b]));
+    if constexpr (LV == 2) {
+      const float S2 = xv0.y + xv0.w;
+      yg[b] += dw.x * xv0.x * (float(c[0] * 254 + c[1]) - S2);
+      yg8[b] += dw.y * xv0.x * (float(c[2] * 254 + c[3]) - S2);
+    } else {
+      const float S0 = xv0.y + xv0.w, S1 = xv1.y + xv1.w;
+      const float2 dw1 = __half22float2(*reinterpret_cast<const __half2*>(&st.sc2[b]));
+      yg[b] += dw.x * xv0.x * (float(c[0]) - S0);
+      yg8[b] += dw.y * xv0.x * (float(c[2]) - S0);
+      yg[b] += dw1.x * xv1.x * (float(c[1]) - S1);
+      yg8[b] += dw1.y * xv1.x * (float(c[3]) - S1);
+    }
+  }
+}
+
 // One step of a tile (both kernels): for each row block, the 16 mmas of the 4 words x 4 code positions (Horner
 // over j: the accumulator >> 2 between positions is exact, a multiple of 4), then the per-group combine
 // y += d_w u (sum(c Q) - S) into the rows g (yg) and g + 8 (yg8). Zero scales (a missing group or row) add nothing.
@@ -125,23 +149,61 @@ __device__ __forceinline__ void mv6_step(const Mv6Stage<RB>& st, const uint4 (&X
 #pragma unroll
         for (int i = 0; i < 4; ++i) cc[b][i] >>= 2;
   }
+  mv6_combine<LV, RB>(st, cc, xv0, xv1, yg, yg8);
+}
+
+// ---- round 15: the same step on m16n8k32 (v7's plain instances) ----------------------------------------------------
+// One m16n8k32 takes words q and q' = q + 1 of a lane as its two k16 halves (A: rows g / g + 8 of word q, then of word
+// q'), so a step issues 8 mmas per row block instead of 16 and each Horner chain is 8 deep instead of 16. The integer
+// sums are the same (exact int32 adds in another grouping): bit-identical to mv6_step. Its B is a register PAIR
+// (b0 = word q's int32 j, b1 = word q''s), which sm_90 wants in two adjacent registers: the lane's 4 activation words
+// are held in pair order (mv7_pair_order) so every pair is one half of a uint4 (no register moves per mma).
+__device__ __forceinline__ void mma32_u8s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                           uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The pair order of a lane's 4 activation words X[q] (int32 j of word q = element group (q, j)):
+// XP[2p + j / 2] = {X[2p].j0, X[2p + 1].j0, X[2p].j1, X[2p + 1].j1} with j0 = 2 (j / 2), j1 = j0 + 1. As a
+// permutation of the 16 int32 of a 64-byte block: destination 4r + c takes source 4q + j with r = 2 (q / 2) + j / 2,
+// c = 2 (j % 2) + q % 2 (the staging copy applies it once per block, mv7_stage_pairs).
+__device__ __forceinline__ void mv7_pair_order(const uint4 (&X)[4], uint4 (&XP)[4]) {
 #pragma unroll
-  for (int b = 0; b < RB; ++b) {
-    const int (&c)[4] = cc[b];
-    const float2 dw = __half22float2(*reinterpret_cast<const __half2*>(&st.sc[b]));
-    if constexpr (LV == 2) {
-      const float S2 = xv0.y + xv0.w;
-      yg[b] += dw.x * xv0.x * (float(c[0] * 254 + c[1]) - S2);
-      yg8[b] += dw.y * xv0.x * (float(c[2] * 254 + c[3]) - S2);
-    } else {
-      const float S0 = xv0.y + xv0.w, S1 = xv1.y + xv1.w;
-      const float2 dw1 = __half22float2(*reinterpret_cast<const __half2*>(&st.sc2[b]));
-      yg[b] += dw.x * xv0.x * (float(c[0]) - S0);
-      yg8[b] += dw.y * xv0.x * (float(c[2]) - S0);
-      yg[b] += dw1.x * xv1.x * (float(c[1]) - S1);
-      yg8[b] += dw1.y * xv1.x * (float(c[3]) - S1);
-    }
+  for (int p = 0; p < 2; ++p) {
+    XP[2 * p] = make_uint4(X[2 * p].x, X[2 * p + 1].x, X[2 * p].y, X[2 * p + 1].y);
+    XP[2 * p + 1] = make_uint4(X[2 * p].z, X[2 * p + 1].z, X[2 * p].w, X[2 * p + 1].w);
   }
+}
+
+template <int LV, int RB>
+__device__ __forceinline__ void mv7_step32(const Mv6Stage<RB>& st, const uint4 (&XP)[4], const float4& xv0,
+                                           const float4& xv1, float (&yg)[RB], float (&yg8)[RB]) {
+  int cc[RB][4];
+#pragma unroll
+  for (int b = 0; b < RB; ++b)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) cc[b][i] = 0;
+#pragma unroll
+  for (int j = 3; j >= 0; --j) {
+    const uint32_t m = 0x03030303u << (2 * j);
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      const uint4& xb = XP[2 * p + (j >> 1)];
+      const uint32_t b0 = (j & 1) ? xb.z : xb.x, b1 = (j & 1) ? xb.w : xb.y;
+#pragma unroll
+      for (int b = 0; b < RB; ++b)
+        mma32_u8s8(cc[b], comp(st.wa[b], 2 * p) & m, comp(st.wb[b], 2 * p) & m, comp(st.wa[b], 2 * p + 1) & m,
+                   comp(st.wb[b], 2 * p + 1) & m, b0, b1);
+    }
+    if (j > 0)
+#pragma unroll
+      for (int b = 0; b < RB; ++b)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) cc[b][i] >>= 2;
+  }
+  mv6_combine<LV, RB>(st, cc, xv0, xv1, yg, yg8);
 }
 
 // LV digits per activation element (2: q16, 1: q8), RB row blocks of 16 per tile (they share the B loads
@@ -642,8 +704,10 @@ struct Mv7Args {
 
 
 // SITE: the instance with the fused site (a.site.active; its prologue's registers stay out of the plain instance).
-template <int LV, int RB, bool SITE>
+// K32: the step on m16n8k32 (mv7_step32, round 15; plain instances only), the staged activations in pair order.
+template <int LV, int RB, bool SITE, bool K32 = false>
 __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(const Mv7Args a) {
+  static_assert(!(SITE && K32), "the fused site writes the staging area in the k16 order");
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kTok = LV == 2 ? 2 : 4;
   constexpr int TR = 16 * RB;
@@ -796,7 +860,19 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
   }
   if (!SITE && a.xs_bytes > 0) {  // stage the activations: one L2 pass per block instead of one per warp step
     const int nq = int(M) * LV * K / 16, nd = int(M) * (K >> 6) / 2;  // uint4 of xq, float4 of xds
-    for (int e = threadIdx.x; e < nq; e += NW * 32) reinterpret_cast<uint4*>(xs)[e] = reinterpret_cast<const uint4*>(xq)[e];
+    if constexpr (K32) {  // each 64-byte block of a lane's B loads in pair order (mv7_pair_order)
+      for (int e = threadIdx.x; e < nq / 4; e += NW * 32) {
+        const uint4* src = reinterpret_cast<const uint4*>(xq) + 4 * e;
+        uint4 X[4], XP[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) X[i] = src[i];
+        mv7_pair_order(X, XP);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) reinterpret_cast<uint4*>(xs)[4 * e + i] = XP[i];
+      }
+    } else {
+      for (int e = threadIdx.x; e < nq; e += NW * 32) reinterpret_cast<uint4*>(xs)[e] = reinterpret_cast<const uint4*>(xq)[e];
+    }
     float4* xds_s = reinterpret_cast<float4*>(xs + a.xs_bytes);
     for (int e = threadIdx.x; e < nd; e += NW * 32) xds_s[e] = reinterpret_cast<const float4*>(xds)[e];
     asm volatile("bar.sync 1, %0;" ::"r"(NW * 32) : "memory");  // the consumers only (the producer never waits here)
@@ -831,7 +907,15 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
     }
   };
   const bool hoist = S == NW;  // one step per warp and stage: its B is the same in every stage
-  if (hoist) load_b(w);
+  if (hoist) {
+    load_b(w);
+    if constexpr (K32) {  // read from global memory in the k16 order: into pair order once
+      uint4 XP[4];
+      mv7_pair_order(X, XP);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) X[i] = XP[i];
+    }
+  }
   const int rs = K >> 2;  // bytes per row of words in a stage
   const bool holder = c_on && (LV == 1 || (t & 1) == 0);
   // j % ST and j % (ST + 1) as running counters: a division by the runtime ST per stage cost ~25 instructions each
@@ -859,7 +943,8 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
         sv.sc[b] = c < lim_s ? uint32_t(q[0]) | uint32_t(q[8 * G]) << 16 : 0u;
         if constexpr (LV == 1) sv.sc2[b] = c < lim_s2 ? uint32_t(q[1]) | uint32_t(q[8 * G + 1]) << 16 : 0u;
       }
-      mv6_step<LV, RB>(sv, X, xv0, xv1, yg, yg8);
+      if constexpr (K32) mv7_step32<LV, RB>(sv, X, xv0, xv1, yg, yg8);  // X in pair order (staged or converted)
+      else mv6_step<LV, RB>(sv, X, xv0, xv1, yg, yg8);
     }
     if constexpr (LV == 2) {  // lanes t, t ^ 1 hold the two groups of one token
 #pragma unroll
@@ -926,10 +1011,10 @@ int mv6_lockstep_warps(int64_t steps) {
 constexpr int kV7Smem = 200 * 1024;  // leaves >= 28 KB of L1 for the activations read from global memory
 // The SITE instances read no activation from global memory in their loop: the most an sm_90 block may take.
 constexpr int kV7SmemSite = 227 * 1024 - 1024;  // (the kernel's 1 KB of static shared memory)
-template <int LV, int RB, bool SITE = false>
+template <int LV, int RB, bool SITE = false, bool K32 = false>
 const void* mv7_kernel() {
   static const void* const f = [] {
-    const void* k = reinterpret_cast<const void*>(&matvec7_kernel<LV, RB, SITE>);
+    const void* k = reinterpret_cast<const void*>(&matvec7_kernel<LV, RB, SITE, K32>);
     if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SITE ? kV7SmemSite : kV7Smem) != cudaSuccess)
       (void)cudaGetLastError();  // no device here (host-only tests): the launch itself would report it
     return k;
@@ -961,8 +1046,8 @@ Mv7Shape mv7_shape(int64_t K, int64_t M, int lv, int rb, bool stage_x = false) {
   }
   return s;
 }
-// The v7 launch (cfg 8-10), or false where two stages do not fit (the caller falls back to v6). site: the fused
-// site (M = 1), or null.
+// The v7 launch (cfg 8-10; 11-13: the same on round 14's k16 step), or false where two stages do not fit (the caller
+// falls back to v6). site: the fused site (M = 1, always the k16 step), or null.
 bool mv7_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M, int lv,
                 int sms, int cfg, const SitePrologue* site, Launch& out, int site_early = -1) {
   // Auto: 32-row stages where they leave >= 3 per SM and >= 3 fit (fewer per-stage overheads), else 16. (The
@@ -972,6 +1057,8 @@ bool mv7_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq,
   for (int i = 0; i < n_outs; ++i) units += (outs[i].N + 7) / 8;
   const bool sx = site != nullptr;
   const Mv7Shape s2 = mv7_shape(K, M, lv, 2, sx), s1 = mv7_shape(K, M, lv, 1, sx);
+  const bool k32 = cfg <= 10 && !site;  // cfg 11-13: 8-10 on the k16 step (round 14's; the fused site's)
+  if (cfg > 10) cfg -= 3;
   const int rb = cfg == 10 ? (s2.stages >= 2 ? 2 : 1)
                  : cfg == 9 ? 1
                             : (units >= 12 * int64_t(sms) && s2.stages >= 3 ? 2 : 1);
@@ -997,8 +1084,10 @@ bool mv7_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq,
   b.site_early = site_early < 0 ? sh.stages : site_early;
   const void* f = site ? (lv == 2 ? (rb == 2 ? mv7_kernel<2, 2, true>() : mv7_kernel<2, 1, true>())
                                   : (rb == 2 ? mv7_kernel<1, 2, true>() : mv7_kernel<1, 1, true>()))
-                  : (lv == 2 ? (rb == 2 ? mv7_kernel<2, 2>() : mv7_kernel<2, 1>())
-                             : (rb == 2 ? mv7_kernel<1, 2>() : mv7_kernel<1, 1>()));
+                  : k32 ? (lv == 2 ? (rb == 2 ? mv7_kernel<2, 2, false, true>() : mv7_kernel<2, 1, false, true>())
+                                 : (rb == 2 ? mv7_kernel<1, 2, false, true>() : mv7_kernel<1, 1, false, true>()))
+                        : (lv == 2 ? (rb == 2 ? mv7_kernel<2, 2>() : mv7_kernel<2, 1>())
+                                   : (rb == 2 ? mv7_kernel<1, 2>() : mv7_kernel<1, 1>()));
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(sms, b.units));
   out = make_launch(f, dim3(unsigned(blocks)), dim3(unsigned(32 * (sh.nw + 1))), uint32_t(sh.smem), b);
   return true;
@@ -1066,7 +1155,7 @@ Launch matvec6_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_
   for (int i = 0; i < n_outs; ++i) rows += outs[i].N;
   const int lv = levels == 2 ? 2 : 1;
   cfg = mv6_resolve_cfg(rows, K, cfg);
-  if (cfg >= 8 && cfg <= 10 && split <= 1) {
+  if (cfg >= 8 && cfg <= 13 && split <= 1) {
     Launch l;
     if (mv7_launch(outs, n_outs, K, xq, xds, M, lv, sms, cfg, nullptr, l)) return l;
     cfg = mv6_resolve_cfg(rows, K, 0);  // a K too long for two stages: v6
