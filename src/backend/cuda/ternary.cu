@@ -414,43 +414,12 @@ __device__ __forceinline__ void site_warp_tail(const SiteArgs& a, float (&v)[32]
         }
     }
   }
-  if (buf && n > 32) {
-    // The strides >= 32 through the warp's tile (round 14 experiment): transposed, lane l holds element 32 j + l in v[j],
-    // so stride 32 m pairs v[j] with v[j + m] in the lane; then back. The same butterflies on the same operands as the
-    // shuffles below (x0 + x1, x0 - x1): bit-identical, 128 shared-memory accesses instead of 160 shuffles and 160
-    // selects. buf is [32][33]: both directions hit 32 banks.
+  for (int h = 32; h < n; h <<= 1) {
+    const int m = h / 32;
 #pragma unroll
-    for (int j = 0; j < 32; ++j) buf[lane * 33 + j] = v[j];
-    __syncwarp();
-#pragma unroll
-    for (int j = 0; j < 32; ++j) v[j] = buf[j * 33 + lane];
-    __syncwarp();
-#pragma unroll
-    for (int m = 1; m < 32; m <<= 1) {
-      if (32 * m < n) {
-#pragma unroll
-        for (int j = 0; j < 32; ++j)
-          if ((j & m) == 0) {
-            const float x0 = v[j], x1 = v[j + m];
-            v[j] = x0 + x1;
-            v[j + m] = x0 - x1;
-          }
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < 32; ++j) buf[j * 33 + lane] = v[j];
-    __syncwarp();
-#pragma unroll
-    for (int j = 0; j < 32; ++j) v[j] = buf[lane * 33 + j];
-    __syncwarp();  // buf free again
-  } else {
-    for (int h = 32; h < n; h <<= 1) {
-      const int m = h / 32;
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        const float p = __shfl_xor_sync(0xffffffffu, v[j], m);
-        v[j] = (lane & m) ? p - v[j] : v[j] + p;
-      }
+    for (int j = 0; j < 32; ++j) {
+      const float p = __shfl_xor_sync(0xffffffffu, v[j], m);
+      v[j] = (lane & m) ? p - v[j] : v[j] + p;
     }
   }
   float amax = 0.f;
