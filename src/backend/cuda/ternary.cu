@@ -385,22 +385,16 @@ __device__ __forceinline__ void warp_words_store(int8_t* plane, uint32_t* buf, i
 // buf: the warp's [32][33] staging tile (warp_rows_*), or null: direct 16-byte stores.
 __device__ __forceinline__ void site_warp_tail(const SiteArgs& a, float (&v)[32], int64_t r, int64_t e0, int lane,
                                                float* buf = nullptr) {
-  // The signs (+-1), applied before the transform (forward) or after it (inverse), as a bit mask (bit j: element e0 + j
-  // negative): one register where 32 floats stayed live across the transform for the inverse case (93 registers a
-  // thread, two blocks per SM; round 14). Flipping the sign bit is exactly the product by -1.
-  uint32_t neg = 0;
-  if (a.signs) {
+  float sg[32];  // the signs, applied before the transform (forward) or after it (inverse)
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const uint32_t g = *reinterpret_cast<const uint32_t*>(a.signs + e0 + 4 * k);  // 4 int8 signs
-      neg |= ((g >> 7) & 1u | (g >> 14) & 2u | (g >> 21) & 4u | (g >> 28) & 8u) << (4 * k);
-    }
+  for (int k = 0; k < 8; ++k) {
+    const char4 g = a.signs ? *reinterpret_cast<const char4*>(a.signs + e0 + 4 * k) : make_char4(1, 1, 1, 1);
+    sg[4 * k] = float(g.x), sg[4 * k + 1] = float(g.y), sg[4 * k + 2] = float(g.z), sg[4 * k + 3] = float(g.w);
   }
-  auto apply_signs = [&] {
+  if (!a.inverse && a.signs) {
 #pragma unroll
-    for (int j = 0; j < 32; ++j) v[j] = __int_as_float(__float_as_int(v[j]) ^ int(((neg >> j) & 1u) << 31));
-  };
-  if (!a.inverse && a.signs) apply_signs();
+    for (int j = 0; j < 32; ++j) v[j] *= sg[j];
+  }
   const int n = int(a.n);
 #pragma unroll
   for (int h = 1; h < 32; h <<= 1) {
@@ -424,10 +418,11 @@ __device__ __forceinline__ void site_warp_tail(const SiteArgs& a, float (&v)[32]
   }
   float amax = 0.f;
 #pragma unroll
-  for (int j = 0; j < 32; ++j) v[j] *= a.norm;
-  if (a.inverse && a.signs) apply_signs();
-#pragma unroll
-  for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(v[j]));
+  for (int j = 0; j < 32; ++j) {
+    v[j] *= a.norm;
+    if (a.inverse && a.signs) v[j] *= sg[j];
+    amax = fmaxf(amax, fabsf(v[j]));
+  }
   if (a.dst && buf) {
     warp_rows_store(a.dst + r * a.K + e0 - 32 * lane, buf, lane, v);
   } else if (a.dst) {
@@ -488,10 +483,8 @@ __device__ __forceinline__ void site_warp_tail(const SiteArgs& a, float (&v)[32]
 // warp's shared-memory tile (warp_rows_load / warp_rows_store / warp_words_store), coalesced; the gather (perm)
 // reads stay direct. Bit-identical to STAGE = false. H200, one call: pp2048 4,499 / 4,474 vs 4,337 / 4,354 tok/s
 // without it; the site 25.0 -> 18.0 us per launch on average (docs/cuda-kernels.md round 11).
-// MINB: the blocks per SM the registers must allow (0: no bound; 93 registers, two blocks per SM; 3: 80 registers, 48
-// bytes spilled under STAGE; round 14 measurement, BONSAI_CUDA_SITE_OCC=3).
-template <bool STAGE, int MINB>
-__global__ __launch_bounds__(kSiteWarpThreads, MINB) void site_warp_kernel(const SiteArgs a) {
+template <bool STAGE>
+__global__ __launch_bounds__(kSiteWarpThreads) void site_warp_kernel(const SiteArgs a) {
   __shared__ float tiles[STAGE ? kSiteWarpThreads / 32 : 1][32 * 33];
   pdl_trigger();
   pdl_wait();
@@ -677,13 +670,8 @@ Launch site_launch(const SiteDesc& d) {
   if (site_warp_supported(d)) {
     const int64_t warps = d.rows * (d.K >> 10), per_block = kSiteWarpThreads / 32;
     a.stage = site_stage_on();
-    static const bool occ3 = [] {
-      const char* e = std::getenv("BONSAI_CUDA_SITE_OCC");
-      return e && std::atoi(e) == 3;
-    }();
-    const void* f = a.stage ? (occ3 ? reinterpret_cast<const void*>(&site_warp_kernel<true, 3>)
-                                    : reinterpret_cast<const void*>(&site_warp_kernel<true, 0>))
-                            : reinterpret_cast<const void*>(&site_warp_kernel<false, 0>);
+    const void* f = a.stage ? reinterpret_cast<const void*>(&site_warp_kernel<true>)
+                            : reinterpret_cast<const void*>(&site_warp_kernel<false>);
     return make_launch(f, dim3(unsigned((warps + per_block - 1) / per_block)),
                        dim3(kSiteWarpThreads), 0, a);
   }
