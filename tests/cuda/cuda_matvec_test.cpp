@@ -97,7 +97,7 @@ TEST(CudaMatvec6, MatchesTheQuantisedReferenceAndV3) {
             {1, 5120, {1024}},      {2, 17408, {70}},        {1, 6144, {515}},
             {1, 5120, {20003}},     {1, 1024, {3000, 1000, 24}},
             {1, 17408, {37, 5}},    {1, 6144, {3000}},       {2, 5120, {17, 1}}},
-           700, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13});  // 8-10: v7 (auto / 16 / 32-row stages), 11-13: on k16
+           700, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14});  // 8-10: v7 (auto / 16 / 32-row stages), 11-13: on k16
 }
 
 // v7 (cfg 8-10: the bulk-copy ring) on a few small shapes, for compute-sanitizer memcheck: ragged last tiles whose

@@ -98,7 +98,7 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   o.matvec6_split_any = flag("BONSAI_CUDA_MV6_SPLIT_ANY", o.matvec6_split_any);
   o.matvec6_split_ilv = flag("BONSAI_CUDA_MV6_SPLIT_ILV", o.matvec6_split_ilv);
   o.matvec7 = flag("BONSAI_CUDA_MV7", o.matvec7);
-  o.matvec7_k32 = flag("BONSAI_CUDA_MV7_K32", o.matvec7_k32);
+  if (const char* e = std::getenv("BONSAI_CUDA_MV7_K32"); e && *e) o.matvec7_k32 = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_PROLOGUE"); e && *e) o.site_prologue = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_EARLY"); e && *e) o.site_early = std::atoi(e);
   o.site_row = flag("BONSAI_CUDA_SITE_ROW", o.site_row);
@@ -308,7 +308,7 @@ struct CudaBackend::Impl {
     // v7 (Options::matvec7, the default since round 10; BONSAI_CUDA_MV7=0: v6 + v3): the same products through a
     // bulk-copy ring in shared memory (matvec6_cfg 8), ffn_down included (H200, one call: tg128 185.9 vs 163.3 / 172.0
     // tok/s without it; ffn_down 14.4 vs v3 15.3 us; docs/cuda-kernels.md round 10).
-    const int cfg6 = opt.matvec6_cfg == 0 && opt.matvec7 ? (opt.matvec7_k32 ? 8 : 11) : opt.matvec6_cfg;
+    const int cfg6 = opt.matvec6_cfg == 0 && opt.matvec7 ? (opt.matvec7_k32 == 0 ? 11 : opt.matvec7_k32 == 2 ? 8 : 14) : opt.matvec6_cfg;
     if (opt.matvec == 6 && cuda::matvec6_supported(M, lv, K) && (M > 1 || K <= 8192 || cfg6 != 0))
       return out.push_back(cuda::matvec6_launch(t, n, K, xq, xds, M, lv, sms, cfg6));
     // Batched decode (matvec_mma_batch.cu): the tensor-core kernel with a column per activation plane, above v6's M

@@ -860,15 +860,18 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
   }
   if (!SITE && a.xs_bytes > 0) {  // stage the activations: one L2 pass per block instead of one per warp step
     const int nq = int(M) * LV * K / 16, nd = int(M) * (K >> 6) / 2;  // uint4 of xq, float4 of xds
-    if constexpr (K32) {  // each 64-byte block of a lane's B loads in pair order (mv7_pair_order)
-      for (int e = threadIdx.x; e < nq / 4; e += NW * 32) {
-        const uint4* src = reinterpret_cast<const uint4*>(xq) + 4 * e;
-        uint4 X[4], XP[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) X[i] = src[i];
-        mv7_pair_order(X, XP);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) reinterpret_cast<uint4*>(xs)[4 * e + i] = XP[i];
+    if constexpr (K32) {
+      // Each 64-byte block (4 uint4 X0..X3, on 4 consecutive lanes) in pair order (mv7_pair_order): lane r of the
+      // four ends up with XP[r]. Even lanes keep {x, y} and take the odd neighbour's {x, y}; odd lanes keep {z, w} and
+      // take the even one's {z, w}: two shuffles, the copy stays coalesced. nq is a multiple of 4 and the loop's
+      // stride of 32, so a warp's lanes are all in or all out.
+      for (int e0 = threadIdx.x & ~31; e0 < nq; e0 += NW * 32) {
+        const int e = e0 + lane;
+        const uint4 v = e < nq ? reinterpret_cast<const uint4*>(xq)[e] : make_uint4(0, 0, 0, 0);
+        const bool odd = lane & 1;
+        const uint32_t r0 = __shfl_xor_sync(0xffffffffu, odd ? v.x : v.z, 1);
+        const uint32_t r1 = __shfl_xor_sync(0xffffffffu, odd ? v.y : v.w, 1);
+        if (e < nq) reinterpret_cast<uint4*>(xs)[e] = odd ? make_uint4(r0, v.z, r1, v.w) : make_uint4(v.x, r0, v.y, r1);
       }
     } else {
       for (int e = threadIdx.x; e < nq; e += NW * 32) reinterpret_cast<uint4*>(xs)[e] = reinterpret_cast<const uint4*>(xq)[e];
@@ -1057,11 +1060,15 @@ bool mv7_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq,
   for (int i = 0; i < n_outs; ++i) units += (outs[i].N + 7) / 8;
   const bool sx = site != nullptr;
   const Mv7Shape s2 = mv7_shape(K, M, lv, 2, sx), s1 = mv7_shape(K, M, lv, 1, sx);
-  const bool k32 = cfg <= 10 && !site;  // cfg 11-13: 8-10 on the k16 step (round 14's; the fused site's)
+  // The step: cfg 8-10 k32, 11-13 the same stage shapes on the k16 step (round 14's; always the fused site's), 14 =
+  // cfg 8 with k32 only on 32-row stages (round 15, call 1: with 16-row stages ffn_down / gdn_out measured 2 % slower).
+  const int step_cfg = cfg;
+  if (cfg == 14) cfg = 8;
   if (cfg > 10) cfg -= 3;
   const int rb = cfg == 10 ? (s2.stages >= 2 ? 2 : 1)
                  : cfg == 9 ? 1
                             : (units >= 12 * int64_t(sms) && s2.stages >= 3 ? 2 : 1);
+  const bool k32 = !site && (step_cfg <= 10 || (step_cfg == 14 && rb == 2));
   const Mv7Shape sh = rb == 2 ? s2 : s1;
   if (sh.stages < 2) return false;
   Mv7Args b{};
@@ -1155,7 +1162,7 @@ Launch matvec6_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_
   for (int i = 0; i < n_outs; ++i) rows += outs[i].N;
   const int lv = levels == 2 ? 2 : 1;
   cfg = mv6_resolve_cfg(rows, K, cfg);
-  if (cfg >= 8 && cfg <= 13 && split <= 1) {
+  if (cfg >= 8 && cfg <= 14 && split <= 1) {
     Launch l;
     if (mv7_launch(outs, n_outs, K, xq, xds, M, lv, sms, cfg, nullptr, l)) return l;
     cfg = mv6_resolve_cfg(rows, K, 0);  // a K too long for two stages: v6
