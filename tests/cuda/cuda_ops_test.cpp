@@ -339,7 +339,7 @@ TEST(CudaOps, DecodeSwitchesFromTheEnvironment) {
   EXPECT_EQ(d.graph_segment, 64);
   EXPECT_EQ(d.delta_step, 8);
   EXPECT_EQ(d.attn_long, 1);
-  EXPECT_EQ(d.matvec7_k32, 1);  // round 15: k32 on 32-row stages
+  EXPECT_EQ(d.matvec7_k32, 1);  // round 15: k32 but on ffn_down
   setenv("BONSAI_CUDA_GRAPH_SEGMENT", "0", 1);
   setenv("BONSAI_CUDA_DELTA_STEP", "4", 1);
   setenv("BONSAI_CUDA_ATTN_LONG", "0", 1);

@@ -115,8 +115,8 @@ Launch matvec_bulk_launch(const TernaryDev* outs, int n_outs, int64_t K, const i
 // block's (tile, step) pairs into contiguous ranges. M <= 2 (q16) / 4 (q8); cfg: block shape
 // (CudaBackend::Options::matvec6_cfg). cfg 8-10: v7 (round 10), the same step fed by a bulk-copy ring in shared memory
 // (8: stage rows by shape, 9: 16, 10: 32; one producer warp, ~200 KB of dynamic shared memory per block), its step on
-// m16n8k32 since round 15; cfg 11-13: 8-10 on round 14's m16n8k16 step (bit-identical results); 14: cfg 8, k32 on
-// 32-row stages only.
+// m16n8k32 since round 15; cfg 11-13: 8-10 on round 14's m16n8k16 step (bit-identical results); 14: cfg 8, k16 on
+// 16-row stages over K > 8,192 (ffn_down).
 bool matvec6_supported(int64_t M, int levels, int64_t K);
 // split > 1 (split-K, round 9c): one output, its K cut into `split` (<= kMaxOuts) slices of K / split (a multiple
 // of 128), each slice's partial y written to part + z M N (float [split, M, N]); the last block to finish a row tile

@@ -1061,14 +1061,15 @@ bool mv7_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq,
   const bool sx = site != nullptr;
   const Mv7Shape s2 = mv7_shape(K, M, lv, 2, sx), s1 = mv7_shape(K, M, lv, 1, sx);
   // The step: cfg 8-10 k32, 11-13 the same stage shapes on the k16 step (round 14's; always the fused site's), 14 =
-  // cfg 8 with k32 only on 32-row stages (round 15, call 1: with 16-row stages ffn_down / gdn_out measured 2 % slower).
+  // cfg 8 with k32 except on 16-row stages over K > 8,192 (ffn_down: 4 steps a warp and stage, ONE Horner chain a
+  // step; k32 measured 14.0-14.4 vs 13.8 us there in round 15's calls 1-2, and faster everywhere else).
   const int step_cfg = cfg;
   if (cfg == 14) cfg = 8;
   if (cfg > 10) cfg -= 3;
   const int rb = cfg == 10 ? (s2.stages >= 2 ? 2 : 1)
                  : cfg == 9 ? 1
                             : (units >= 12 * int64_t(sms) && s2.stages >= 3 ? 2 : 1);
-  const bool k32 = !site && (step_cfg <= 10 || (step_cfg == 14 && rb == 2));
+  const bool k32 = !site && (step_cfg <= 10 || (step_cfg == 14 && (rb == 2 || K <= 8192)));
   const Mv7Shape sh = rb == 2 ? s2 : s1;
   if (sh.stages < 2) return false;
   Mv7Args b{};

@@ -248,15 +248,18 @@ uint32_t attention_smem(int W, int64_t G, int64_t D) { return uint32_t(W * G * D
 // of D with the G queries (q from shared memory, broadcast), two shuffles finish the G scores, one online-softmax
 // update covers the row's 8 positions (three shuffles for the max, three for the sum), and each lane then adds the
 // row's V for its D / 32 dims (the 8 weights broadcast by shuffles). Per row and head 16 shuffles instead of 40.
-// Rows go to warps round robin; each warp's (max, sum, output) meet in attn_block_finish as attention_kernel's do.
-// DD = D (128 or 256): the loads are float4 and fully unrolled. GM >= G: the register arrays' heads (4, 6 or 8; at
-// D = 256 the 8-head instance needs 255 registers and spills, the 27B's G = 6 one does not).
+// Loads: lane quarter qt takes float4 4 i + qt of its position's K row (the four lanes of a position read 64
+// contiguous bytes per load: 8 lines per warp load, not 32), and float4 lane + 32 i of each V row (512 contiguous
+// bytes per warp load); call 2 of round 15 measured the first version, whose lanes read 256-byte quarters (32 lines a
+// load), 2x SLOWER than attention_kernel at 8k. Rows go to warps round robin; the next row's K is loaded while this
+// row's V is weighed. Each warp's (max, sum, output) meet in attn_block_finish as attention_kernel's do.
+// DD = D (128 or 256): the loads are float4 and fully unrolled. GM >= G: the register arrays' heads (4, 6 or 8).
 constexpr int kLpWarps = 8;
 template <int DD, int GM>
 __global__ __launch_bounds__(kLpWarps * 32, 1) void attention_lp_kernel(const AttnArgs a) {
-  constexpr int DQ = DD / 4, E = DD / 32, QL = DQ + 4;  // QL: a quarter row of q_s (+4: no bank clash)
+  constexpr int NK = DD / 16, NV = DD / 128;  // float4 a lane loads per K row (its quarter) and per V row
   __shared__ float s_ml[kLpWarps][GM][2];
-  extern __shared__ float s_dyn[];  // s_acc float [kLpWarps][G][DD] (each warp's partial output), q_s float [G][4][QL]
+  extern __shared__ float s_dyn[];  // s_acc float [kLpWarps][G][DD] (each warp's partial output), q_s float [G][DD]
   pdl_trigger();
   const int split = blockIdx.x, kvh = blockIdx.y;
   const int S = a.splits, G = int(a.Hq / a.Hkv);
@@ -265,64 +268,73 @@ __global__ __launch_bounds__(kLpWarps * 32, 1) void attention_lp_kernel(const At
   float* s_acc = s_dyn;
   float* q_s = s_dyn + kLpWarps * G * DD;
   pdl_wait();
-  for (int i = threadIdx.x; i < G * DD; i += kLpWarps * 32) {
-    const int hh = i / DD, d = i % DD;
-    q_s[(hh * 4 + d / DQ) * QL + d % DQ] = a.q[(h0 + hh) * DD + d] * a.scale;
-  }
+  for (int i = threadIdx.x; i < G * DD; i += kLpWarps * 32) q_s[i] = a.q[h0 * DD + i] * a.scale;
   __syncthreads();
   const int64_t T = a.p0 + 1, per = (T + S - 1) / S;
   const int64_t t_begin = int64_t(split) * per, t_end = min(T, t_begin + per);
-  const int64_t rs = a.Hkv * DD;  // floats from one position's row to the next
-  const float* kc = a.k + kvh * DD + qt * DQ;     // position 0, this lane's quarter
-  const float* vc = a.v + kvh * DD + lane * E;    // position 0, this lane's dims
-  float mx[GM], l[GM], acc[GM][E];
+  const int64_t rs = a.Hkv * DD / 4;  // float4 from one position's row to the next
+  const float4* kc = reinterpret_cast<const float4*>(a.k + kvh * DD) + qt;    // position 0: this lane's first float4
+  const float4* vc = reinterpret_cast<const float4*>(a.v + kvh * DD) + lane;  // position 0: this lane's first float4
+  float mx[GM], l[GM], acc[GM][4 * NV];  // acc[hh][4 i + c]: dim 4 (lane + 32 i) + c
 #pragma unroll
   for (int hh = 0; hh < GM; ++hh) {
     mx[hh] = -INFINITY;
     l[hh] = 0.f;
 #pragma unroll
-    for (int e = 0; e < E; ++e) acc[hh][e] = 0.f;
+    for (int e = 0; e < 4 * NV; ++e) acc[hh][e] = 0.f;
   }
-  for (int64_t r0 = t_begin + 8 * warp; r0 < t_end; r0 += 8 * kLpWarps) {
-    // Positions past the split's end read its last row (finite) and get weight 0.
-    const int64_t t = r0 + pi;
-    const bool valid = t < t_end;
-    float4 kq[DQ / 4], vr[8][E / 4];
-    const float4* kp = reinterpret_cast<const float4*>(kc + (valid ? t : t_end - 1) * rs);
+  // Positions past the split's end read its last row (finite values) and get weight 0.
+  float4 kq[NK];
+  auto load_k = [&](int64_t r0) {
+    const float4* kp = kc + min(r0 + pi, t_end - 1) * rs;
 #pragma unroll
-    for (int i = 0; i < DQ / 4; ++i) kq[i] = ld_stream_f4(kp + i);
+    for (int i = 0; i < NK; ++i) kq[i] = ld_stream_f4(kp + 4 * i);
+  };
+  int64_t r0 = t_begin + 8 * warp;
+  if (r0 < t_end) load_k(r0);
+  for (; r0 < t_end; r0 += 8 * kLpWarps) {
+    const bool valid = r0 + pi < t_end;
+    float sc[GM];
+#pragma unroll
+    for (int hh = 0; hh < GM; ++hh) {
+      sc[hh] = 0.f;
+      if (hh >= G) continue;
+      const float4* qp = reinterpret_cast<const float4*>(q_s + hh * DD) + qt;
+#pragma unroll
+      for (int i = 0; i < NK; ++i) {
+        const float4 q = qp[4 * i];
+        sc[hh] += q.x * kq[i].x + q.y * kq[i].y + q.z * kq[i].z + q.w * kq[i].w;
+      }
+    }
+    float4 vr[8][NV];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const float4* vp = reinterpret_cast<const float4*>(vc + min(r0 + j, t_end - 1) * rs);
+      const float4* vp = vc + min(r0 + j, t_end - 1) * rs;
 #pragma unroll
-      for (int i = 0; i < E / 4; ++i) vr[j][i] = ld_stream_f4(vp + i);
+      for (int i = 0; i < NV; ++i) vr[j][i] = ld_stream_f4(vp + 32 * i);
     }
+    if (r0 + 8 * kLpWarps < t_end) load_k(r0 + 8 * kLpWarps);  // kq is free again: the next row's K in flight
     float p[GM];
 #pragma unroll
     for (int hh = 0; hh < GM; ++hh) {
+      p[hh] = 0.f;
       if (hh >= G) continue;
-      const float4* qp = reinterpret_cast<const float4*>(q_s + (hh * 4 + qt) * QL);
-      float sc = 0.f;
-#pragma unroll
-      for (int i = 0; i < DQ / 4; ++i) {
-        const float4 q = qp[i];
-        sc += q.x * kq[i].x + q.y * kq[i].y + q.z * kq[i].z + q.w * kq[i].w;
-      }
-      sc += __shfl_xor_sync(0xffffffffu, sc, 1);
-      sc += __shfl_xor_sync(0xffffffffu, sc, 2);  // the position's score, in its four lanes
-      float rm = valid ? sc : -INFINITY;
+      float s1 = sc[hh];
+      s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+      s1 += __shfl_xor_sync(0xffffffffu, s1, 2);  // the position's score, in its four lanes
+      float rm = valid ? s1 : -INFINITY;
 #pragma unroll
       for (int o = 4; o < 32; o <<= 1) rm = fmaxf(rm, __shfl_xor_sync(0xffffffffu, rm, o));
       const float mn = fmaxf(mx[hh], rm);  // finite: the row's first position is valid
       const float corr = __expf(mx[hh] - mn);
-      const float pv = valid ? __expf(sc - mn) : 0.f;
+      const float pv = valid ? __expf(s1 - mn) : 0.f;
       float ps = pv;
 #pragma unroll
-      for (int o = 4; o < 32; o <<= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);  // the row's sum (each lane once per quarter)
+      for (int o = 4; o < 32; o <<= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);  // the row's sum (per quarter)
       l[hh] = l[hh] * corr + ps;
       mx[hh] = mn;
 #pragma unroll
-      for (int e = 0; e < E; ++e) acc[hh][e] *= corr;
+      for (int e = 0; e < 4 * NV; ++e) acc[hh][e] *= corr;
       p[hh] = pv;
     }
 #pragma unroll
@@ -332,7 +344,7 @@ __global__ __launch_bounds__(kLpWarps * 32, 1) void attention_lp_kernel(const At
         if (hh >= G) continue;
         const float pj = __shfl_sync(0xffffffffu, p[hh], 4 * j);
 #pragma unroll
-        for (int i = 0; i < E / 4; ++i) {
+        for (int i = 0; i < NV; ++i) {
           acc[hh][4 * i] += pj * vr[j][i].x;
           acc[hh][4 * i + 1] += pj * vr[j][i].y;
           acc[hh][4 * i + 2] += pj * vr[j][i].z;
@@ -349,7 +361,9 @@ __global__ __launch_bounds__(kLpWarps * 32, 1) void attention_lp_kernel(const At
       s_ml[warp][hh][1] = l[hh];
     }
 #pragma unroll
-    for (int e = 0; e < E; ++e) s_acc[(warp * G + hh) * DD + lane * E + e] = acc[hh][e];
+    for (int i = 0; i < NV; ++i)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) s_acc[(warp * G + hh) * DD + 4 * (lane + 32 * i) + c] = acc[hh][4 * i + c];
   }
   attn_block_finish<kLpWarps, GM>(a, 0, h0, G, split, s_ml, s_acc);
 }
@@ -361,9 +375,7 @@ const void* const attention_lp_kernels[] = {
     reinterpret_cast<const void*>(&attention_lp_kernel<256, 6>), reinterpret_cast<const void*>(&attention_lp_kernel<256, 8>)};
 
 // Its dynamic shared memory: the warps' partial outputs and the scaled queries.
-uint32_t attention_lp_smem(int64_t G, int64_t D) {
-  return uint32_t((kLpWarps * G * D + G * 4 * (D / 4 + 4)) * sizeof(float));
-}
+uint32_t attention_lp_smem(int64_t G, int64_t D) { return uint32_t((kLpWarps + 1) * G * D * sizeof(float)); }
 
 }  // namespace
 
