@@ -71,11 +71,6 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
   return r;
 }
 
-__device__ __forceinline__ float4 ld_stream_f4(const float4* p) {
-  const uint4 r = ld_stream(reinterpret_cast<const uint4*>(p));
-  return make_float4(__uint_as_float(r.x), __uint_as_float(r.y), __uint_as_float(r.z), __uint_as_float(r.w));
-}
-
 // Batched-decode form of a kernel's argument struct A: A plus the per-row table (kernels.h, RowTable).
 // A kernel templated on its argument type reads the shared fields through base_of() and the table only
 // under `if constexpr (is_rows_v<Args>)`, so the single-sequence launch keeps its small arguments.

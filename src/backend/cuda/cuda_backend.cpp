@@ -1284,8 +1284,6 @@ void CudaBackend::attention(const float* q, const float* k_cache, const float* v
   if (M == 1 && I.opt.attn_hsplit != 1)
     d.hsplit = cuda::attention_head_split(S, Hkv, Hq / Hkv, I.prop.multiProcessorCount);
   if (M == 1 && I.opt.attn_long) d.hsplit = cuda::attention_long_head_split(S, Hq / Hkv, d.hsplit);
-  // Round 15: attn_long 2 = from kAttnLongSplits splits on the lane-group kernel (all G heads a block, K / V read once).
-  if (M == 1 && I.opt.attn_long == 2 && S >= cuda::kAttnLongSplits) d.lane_groups = 1;
   // Round 8b: 32 x 32 tiles for a prefill chunk (BONSAI_CUDA_ATTN=1 keeps the flash-decoding kernel); 4 rows per
   // thread by default (pp2048 3,828 vs 3,796 tok/s for 2, same run; docs/cuda-kernels.md round 8b).
   if (M > 1 && (I.opt.attn >= 2 || (I.opt.attn == 0 && M >= 16))) {

@@ -55,9 +55,7 @@ class CudaBackend final : public Backend {
                                // heads two per block (hsplit = G / 2, the 2-head kernel instance: 128 registers instead
                                // of 244, two blocks per SM; the hsplit blocks of a KV head read its K / V at the same
                                // time, from L2). H200 tg128 at 4k 199.4 / 198.6 vs 189.4 / 189.8 tok/s, at 8k 187.7 /
-                               // 186.7 vs 181.8 / 181.3; BONSAI_CUDA_ATTN_LONG=0: off; 2 (round 15): there the
-                               // lane-group kernel instead (attention_lp_kernel: all G heads a block, four lanes per
-                               // position, K / V read once)
+                               // 186.7 vs 181.8 / 181.3; BONSAI_CUDA_ATTN_LONG=0: off
     int attn_hsplit = 0;       // decode attention (one sequence): 0 = its query heads spread over more blocks while the
                                // splits leave SMs idle (cuda::attention_head_split, mixers.cu), 1 = one block per
                                // KV head and split (round 6); BONSAI_CUDA_ATTN_HSPLIT=0|1

@@ -271,9 +271,6 @@ struct AttnDesc {
   int32_t hsplit = 1;              // decode (M = 1, no rows): the G query heads of a KV head spread over this many
                                    // blocks (a divisor of G): grid (splits, Hkv * hsplit); short contexts (few splits)
                                    // otherwise run on Hkv blocks, each walking G heads per position serially
-  int32_t lane_groups = 0;         // decode (M = 1, no rows), D 128 or 256: attention_lp_kernel (round 15), one block
-                                   // per (split, KV head) with all its query heads, four lanes per position; hsplit
-                                   // ignored
   const RowTable* rows = nullptr;  // set: row m of q attends over its own caches rows->a[m], rows->b[m] up to
                                    // position rows->pos[m] (k, v, p0 unused)
 };

@@ -39,77 +39,6 @@ struct AttnArgs {
 };
 using AttnRowsArgs = WithRows<AttnArgs>;  // batched decode: per-row caches and positions
 
-// The end of a decode / rows attention block (attention_kernel, attention_lp_kernel): each warp's (max, sum) in s_ml
-// and partial output in s_acc [warp][G][D] are merged into this split's (M, L, A) per (head, dim); with one split that
-// is the output, else the split's partials are written and the last block of the (row, KV-head block) to finish merges
-// the splits (counters[m * gridDim.y + blockIdx.y], left zero). h0: the block's first query head, G its heads.
-template <int kAttnWarps, int GM>
-__device__ __forceinline__ void attn_block_finish(const AttnArgs& a, int64_t m, int64_t h0, int G, int split,
-                                                  const float (*s_ml)[GM][2], const float* s_acc) {
-  __shared__ bool last;
-  const int S = a.splits, D = int(a.D);
-  __syncthreads();
-  // Merge the warps: (M, L, A) of this split for each (head, dim).
-  for (int idx = threadIdx.x; idx < G * D; idx += kAttnWarps * 32) {
-    const int hh = idx / D, d = idx % D;
-    float Mx = -INFINITY;
-    for (int w = 0; w < kAttnWarps; ++w) Mx = fmaxf(Mx, s_ml[w][hh][0]);
-    float L = 0.f, A = 0.f;
-    if (Mx != -INFINITY) {
-      for (int w = 0; w < kAttnWarps; ++w) {
-        const float f = __expf(s_ml[w][hh][0] - Mx);
-        L += s_ml[w][hh][1] * f;
-        A += s_acc[(w * G + hh) * D + d] * f;
-      }
-    }
-    const int64_t h = h0 + hh;
-    if (S == 1) {
-      a.out[(m * a.Hq + h) * a.D + d] = A / L;
-    } else {
-      a.part_o[((m * a.Hq + h) * S + split) * a.D + d] = A;
-      if (d == 0) {
-        a.part_ml[((m * a.Hq + h) * S + split) * 2] = Mx;
-        a.part_ml[((m * a.Hq + h) * S + split) * 2 + 1] = L;
-      }
-    }
-  }
-  if (S == 1) return;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&a.counters[m * gridDim.y + blockIdx.y], 1) == S - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  for (int idx = threadIdx.x; idx < G * D; idx += kAttnWarps * 32) {
-    const int hh = idx / D, d = idx % D;
-    const int64_t h = h0 + hh;
-    const float* ml = a.part_ml + (m * a.Hq + h) * S * 2;
-    const float* po = a.part_o + (m * a.Hq + h) * S * a.D;
-    // S <= kMaxSplits: fully unrolled so the L2 loads of all splits are in flight together (a runtime
-    // loop made them one round trip each: 63 us per call at decode).
-    float ms[kMaxSplits], ls[kMaxSplits], os[kMaxSplits];
-#pragma unroll
-    for (int s = 0; s < kMaxSplits; ++s) {
-      ms[s] = s < S ? __ldcg(ml + 2 * s) : -INFINITY;
-      ls[s] = s < S ? __ldcg(ml + 2 * s + 1) : 0.f;
-      os[s] = s < S ? __ldcg(po + int64_t(s) * a.D + d) : 0.f;
-    }
-    float Mx = -INFINITY;
-#pragma unroll
-    for (int s = 0; s < kMaxSplits; ++s) Mx = fmaxf(Mx, ms[s]);
-    float L = 0.f, A = 0.f;
-#pragma unroll
-    for (int s = 0; s < kMaxSplits; ++s) {
-      if (ms[s] == -INFINITY) continue;
-      const float f = __expf(ms[s] - Mx);
-      L += ls[s] * f;
-      A += os[s] * f;
-    }
-    a.out[(m * a.Hq + h) * a.D + d] = A / L;
-  }
-  if (threadIdx.x == 0) a.counters[m * gridDim.y + blockIdx.y] = 0;  // ready for the next launch (graph replays)
-}
-
 // P positions per warp step (1 or 2): with 2, the two positions' dot products and warp reductions are independent
 // and interleave (the loop is latency-bound: a 5-shuffle reduction per position and query head), and one softmax
 // rescale serves both. P = 1 is the round-6 loop exactly.
@@ -122,6 +51,7 @@ __global__ __launch_bounds__(kAttnWarps * 32) void attention_kernel(const Args a
   const AttnArgs& a = base_of(args);
   __shared__ float s_ml[kAttnWarps][GM][2];
   extern __shared__ float s_acc[];  // [kAttnWarps][G][D] each warp's partial output (attention_smem)
+  __shared__ bool last;
   pdl_trigger();
   pdl_wait();
   const int split = blockIdx.x, kvh = blockIdx.y / a.hsplit;
@@ -234,148 +164,70 @@ __global__ __launch_bounds__(kAttnWarps * 32) void attention_kernel(const Args a
         if (e < E) s_acc[(warp * G + hh) * D + lane + 32 * e] = acc[hh][e];
     }
   }
-  attn_block_finish<kAttnWarps, GM>(a, m, h0, G, split, s_ml, s_acc);
+  __syncthreads();
+  // Merge the warps: (M, L, A) of this split for each (head, dim).
+  for (int idx = threadIdx.x; idx < G * D; idx += kAttnWarps * 32) {
+    const int hh = idx / D, d = idx % D;
+    float Mx = -INFINITY;
+    for (int w = 0; w < kAttnWarps; ++w) Mx = fmaxf(Mx, s_ml[w][hh][0]);
+    float L = 0.f, A = 0.f;
+    if (Mx != -INFINITY) {
+      for (int w = 0; w < kAttnWarps; ++w) {
+        const float f = __expf(s_ml[w][hh][0] - Mx);
+        L += s_ml[w][hh][1] * f;
+        A += s_acc[(w * G + hh) * D + d] * f;
+      }
+    }
+    const int64_t h = h0 + hh;
+    if (S == 1) {
+      a.out[(m * a.Hq + h) * a.D + d] = A / L;
+    } else {
+      a.part_o[((m * a.Hq + h) * S + split) * a.D + d] = A;
+      if (d == 0) {
+        a.part_ml[((m * a.Hq + h) * S + split) * 2] = Mx;
+        a.part_ml[((m * a.Hq + h) * S + split) * 2 + 1] = L;
+      }
+    }
+  }
+  if (S == 1) return;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&a.counters[m * gridDim.y + blockIdx.y], 1) == S - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int idx = threadIdx.x; idx < G * D; idx += kAttnWarps * 32) {
+    const int hh = idx / D, d = idx % D;
+    const int64_t h = h0 + hh;
+    const float* ml = a.part_ml + (m * a.Hq + h) * S * 2;
+    const float* po = a.part_o + (m * a.Hq + h) * S * a.D;
+    // S <= kMaxSplits: fully unrolled so the L2 loads of all splits are in flight together (a runtime
+    // loop made them one round trip each: 63 us per call at decode).
+    float ms[kMaxSplits], ls[kMaxSplits], os[kMaxSplits];
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) {
+      ms[s] = s < S ? __ldcg(ml + 2 * s) : -INFINITY;
+      ls[s] = s < S ? __ldcg(ml + 2 * s + 1) : 0.f;
+      os[s] = s < S ? __ldcg(po + int64_t(s) * a.D + d) : 0.f;
+    }
+    float Mx = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) Mx = fmaxf(Mx, ms[s]);
+    float L = 0.f, A = 0.f;
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) {
+      if (ms[s] == -INFINITY) continue;
+      const float f = __expf(ms[s] - Mx);
+      L += ls[s] * f;
+      A += os[s] * f;
+    }
+    a.out[(m * a.Hq + h) * a.D + d] = A / L;
+  }
+  if (threadIdx.x == 0) a.counters[m * gridDim.y + blockIdx.y] = 0;  // ready for the next launch (graph replays)
 }
 
 // Dynamic shared memory of a launch: the warps' partial outputs, W x G x D floats (<= 64 KB).
 uint32_t attention_smem(int W, int64_t G, int64_t D) { return uint32_t(W * G * D * sizeof(float)); }
-
-// ---- one decode row at long contexts: a lane group per position (round 15; Options::attn_long = 2) ----------------
-// Why: attention_kernel walks a split one position per warp step with a 5-shuffle warp reduction per position and
-// query head, and at long contexts it spreads a KV head's G query heads over hsplit blocks that each read its K / V
-// (from DRAM once, then from L2). Here one block per (split, KV head) holds all G heads, so K / V are read once, and
-// a warp takes ROWS of 8 positions: the four lanes of a position (lane = 4 x position + quarter) each dot a quarter
-// of D with the G queries (q from shared memory, broadcast), two shuffles finish the G scores, one online-softmax
-// update covers the row's 8 positions (three shuffles for the max, three for the sum), and each lane then adds the
-// row's V for its D / 32 dims (the 8 weights broadcast by shuffles). Per row and head 16 shuffles instead of 40.
-// Loads: lane quarter qt takes float4 4 i + qt of its position's K row (the four lanes of a position read 64
-// contiguous bytes per load: 8 lines per warp load, not 32), and float4 lane + 32 i of each V row (512 contiguous
-// bytes per warp load); call 2 of round 15 measured the first version, whose lanes read 256-byte quarters (32 lines a
-// load), 2x SLOWER than attention_kernel at 8k. Rows go to warps round robin; the next row's K is loaded while this
-// row's V is weighed. Each warp's (max, sum, output) meet in attn_block_finish as attention_kernel's do.
-// DD = D (128 or 256): the loads are float4 and fully unrolled. GM >= G: the register arrays' heads (4, 6 or 8).
-constexpr int kLpWarps = 8;
-template <int DD, int GM>
-__global__ __launch_bounds__(kLpWarps * 32, 1) void attention_lp_kernel(const AttnArgs a) {
-  constexpr int NK = DD / 16, NV = DD / 128;  // float4 a lane loads per K row (its quarter) and per V row
-  __shared__ float s_ml[kLpWarps][GM][2];
-  extern __shared__ float s_dyn[];  // s_acc float [kLpWarps][G][DD] (each warp's partial output), q_s float [G][DD]
-  pdl_trigger();
-  const int split = blockIdx.x, kvh = blockIdx.y;
-  const int S = a.splits, G = int(a.Hq / a.Hkv);
-  const int64_t h0 = int64_t(kvh) * G;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, pi = lane >> 2, qt = lane & 3;
-  float* s_acc = s_dyn;
-  float* q_s = s_dyn + kLpWarps * G * DD;
-  pdl_wait();
-  for (int i = threadIdx.x; i < G * DD; i += kLpWarps * 32) q_s[i] = a.q[h0 * DD + i] * a.scale;
-  __syncthreads();
-  const int64_t T = a.p0 + 1, per = (T + S - 1) / S;
-  const int64_t t_begin = int64_t(split) * per, t_end = min(T, t_begin + per);
-  const int64_t rs = a.Hkv * DD / 4;  // float4 from one position's row to the next
-  const float4* kc = reinterpret_cast<const float4*>(a.k + kvh * DD) + qt;    // position 0: this lane's first float4
-  const float4* vc = reinterpret_cast<const float4*>(a.v + kvh * DD) + lane;  // position 0: this lane's first float4
-  float mx[GM], l[GM], acc[GM][4 * NV];  // acc[hh][4 i + c]: dim 4 (lane + 32 i) + c
-#pragma unroll
-  for (int hh = 0; hh < GM; ++hh) {
-    mx[hh] = -INFINITY;
-    l[hh] = 0.f;
-#pragma unroll
-    for (int e = 0; e < 4 * NV; ++e) acc[hh][e] = 0.f;
-  }
-  // Positions past the split's end read its last row (finite values) and get weight 0.
-  float4 kq[NK];
-  auto load_k = [&](int64_t r0) {
-    const float4* kp = kc + min(r0 + pi, t_end - 1) * rs;
-#pragma unroll
-    for (int i = 0; i < NK; ++i) kq[i] = ld_stream_f4(kp + 4 * i);
-  };
-  int64_t r0 = t_begin + 8 * warp;
-  if (r0 < t_end) load_k(r0);
-  for (; r0 < t_end; r0 += 8 * kLpWarps) {
-    const bool valid = r0 + pi < t_end;
-    float sc[GM];
-#pragma unroll
-    for (int hh = 0; hh < GM; ++hh) {
-      sc[hh] = 0.f;
-      if (hh >= G) continue;
-      const float4* qp = reinterpret_cast<const float4*>(q_s + hh * DD) + qt;
-#pragma unroll
-      for (int i = 0; i < NK; ++i) {
-        const float4 q = qp[4 * i];
-        sc[hh] += q.x * kq[i].x + q.y * kq[i].y + q.z * kq[i].z + q.w * kq[i].w;
-      }
-    }
-    float4 vr[8][NV];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float4* vp = vc + min(r0 + j, t_end - 1) * rs;
-#pragma unroll
-      for (int i = 0; i < NV; ++i) vr[j][i] = ld_stream_f4(vp + 32 * i);
-    }
-    if (r0 + 8 * kLpWarps < t_end) load_k(r0 + 8 * kLpWarps);  // kq is free again: the next row's K in flight
-    float p[GM];
-#pragma unroll
-    for (int hh = 0; hh < GM; ++hh) {
-      p[hh] = 0.f;
-      if (hh >= G) continue;
-      float s1 = sc[hh];
-      s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
-      s1 += __shfl_xor_sync(0xffffffffu, s1, 2);  // the position's score, in its four lanes
-      float rm = valid ? s1 : -INFINITY;
-#pragma unroll
-      for (int o = 4; o < 32; o <<= 1) rm = fmaxf(rm, __shfl_xor_sync(0xffffffffu, rm, o));
-      const float mn = fmaxf(mx[hh], rm);  // finite: the row's first position is valid
-      const float corr = __expf(mx[hh] - mn);
-      const float pv = valid ? __expf(s1 - mn) : 0.f;
-      float ps = pv;
-#pragma unroll
-      for (int o = 4; o < 32; o <<= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);  // the row's sum (per quarter)
-      l[hh] = l[hh] * corr + ps;
-      mx[hh] = mn;
-#pragma unroll
-      for (int e = 0; e < 4 * NV; ++e) acc[hh][e] *= corr;
-      p[hh] = pv;
-    }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-#pragma unroll
-      for (int hh = 0; hh < GM; ++hh) {
-        if (hh >= G) continue;
-        const float pj = __shfl_sync(0xffffffffu, p[hh], 4 * j);
-#pragma unroll
-        for (int i = 0; i < NV; ++i) {
-          acc[hh][4 * i] += pj * vr[j][i].x;
-          acc[hh][4 * i + 1] += pj * vr[j][i].y;
-          acc[hh][4 * i + 2] += pj * vr[j][i].z;
-          acc[hh][4 * i + 3] += pj * vr[j][i].w;
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int hh = 0; hh < GM; ++hh) {
-    if (hh >= G) continue;
-    if (lane == 0) {
-      s_ml[warp][hh][0] = mx[hh];
-      s_ml[warp][hh][1] = l[hh];
-    }
-#pragma unroll
-    for (int i = 0; i < NV; ++i)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) s_acc[(warp * G + hh) * DD + 4 * (lane + 32 * i) + c] = acc[hh][4 * i + c];
-  }
-  attn_block_finish<kLpWarps, GM>(a, 0, h0, G, split, s_ml, s_acc);
-}
-
-// Its instances: D 128 then 256, each with GM 4, 6, 8.
-const void* const attention_lp_kernels[] = {
-    reinterpret_cast<const void*>(&attention_lp_kernel<128, 4>), reinterpret_cast<const void*>(&attention_lp_kernel<128, 6>),
-    reinterpret_cast<const void*>(&attention_lp_kernel<128, 8>), reinterpret_cast<const void*>(&attention_lp_kernel<256, 4>),
-    reinterpret_cast<const void*>(&attention_lp_kernel<256, 6>), reinterpret_cast<const void*>(&attention_lp_kernel<256, 8>)};
-
-// Its dynamic shared memory: the warps' partial outputs and the scaled queries.
-uint32_t attention_lp_smem(int64_t G, int64_t D) { return uint32_t((kLpWarps + 1) * G * D * sizeof(float)); }
 
 }  // namespace
 
@@ -389,8 +241,6 @@ void init_attention_attributes() {
   for (const void* f : fs)
     cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          int(attention_smem(kAttnWarpsDecode, kAttnMaxGroup, kAttnMaxDim)));
-  for (const void* f : attention_lp_kernels)
-    cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(attention_lp_smem(kAttnMaxGroup, kAttnMaxDim)));
   init_attn_prefill_attributes();
   init_delta_chunk_attributes();
 }
@@ -420,14 +270,6 @@ Launch attention_launch(const AttnDesc& d) {
     const void* f = pair ? reinterpret_cast<const void*>(&attention_kernel<AttnRowsArgs, kAttnWarpsRows, 2>)
                          : reinterpret_cast<const void*>(&attention_kernel<AttnRowsArgs, kAttnWarpsRows, 1>);
     return make_launch(f, grid, dim3(kAttnWarpsRows * 32), attention_smem(kAttnWarpsRows, G, d.D), r);
-  }
-  if (d.M == 1 && d.lane_groups && (d.D == 128 || d.D == 256)) {
-    AttnArgs b = a;
-    b.hsplit = 1;
-    const int64_t g = d.Hq / d.Hkv;
-    const void* f = attention_lp_kernels[(d.D == 256 ? 3 : 0) + (g <= 4 ? 0 : g <= 6 ? 1 : 2)];
-    return make_launch(f, dim3(unsigned(d.splits), unsigned(d.Hkv), 1u), dim3(kLpWarps * 32),
-                       attention_lp_smem(d.Hq / d.Hkv, d.D), b);
   }
   if (d.M == 1) {
     const void* f = G <= 2 && pair ? reinterpret_cast<const void*>(&attention_kernel<AttnArgs, kAttnWarpsDecode, 2, 2>)
