@@ -19,6 +19,7 @@
 // Results: gate / up and the digits equal the unfused launches'; down sums its warps' partials in another grouping
 // (NW warps instead of v7's 17), so it agrees to fp32 rounding.
 #include <algorithm>
+#include <cstdlib>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
@@ -55,6 +56,7 @@ struct FfnArgs {
   int32_t stage1, words1;      // phase-1 stage bytes (words u32 [32, K1/16] then scales fp16 [32, K1/128])
   int32_t stage2, words2;      // phase-2 stage bytes (16 rows of K2)
   int32_t red_off, bar_off;    // byte offsets: the partials / staging union, the mbarriers
+  int32_t place, pad_;         // 1: phase-2 slots over the phase-1 slots freed first (BONSAI_CUDA_FFN_PLACE=0: k x stage2)
 };
 
 __device__ __forceinline__ int ld_acquire_gpu(const int32_t* p) {
@@ -62,13 +64,14 @@ __device__ __forceinline__ int ld_acquire_gpu(const int32_t* p) {
   asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
-// The consumers wait until *p >= target (thread 0 polls; a trap after ~4 s instead of a hang), then meet.
+// The consumers wait until *p >= target (thread 0 polls, back to back for the first 2^14 polls; then with a sleep,
+// and a trap after ~4 s instead of a hang), then meet.
 __device__ __forceinline__ void consumers_wait_count(const int32_t* p, int target, int nthreads) {
   if (threadIdx.x == 0) {
     unsigned spins = 0;
     while (ld_acquire_gpu(p) < target) {
-      __nanosleep(64);
-      if (++spins > (1u << 26)) __trap();
+      if (++spins > (1u << 14)) __nanosleep(256);
+      if (spins > (1u << 24)) __trap();
     }
   }
   asm volatile("bar.sync 1, %0;" ::"r"(nthreads) : "memory");
@@ -130,10 +133,11 @@ __device__ __forceinline__ void ffn_sum(const float* red, int slot, int NW, cons
 // The consumers' walk of one phase (v7's consumer loop at M = 1, q16): nt stages of `stage_bytes` in ST ring slots,
 // each warp taking steps w, w + NW, .. of every stage, partials into red slot j % (ST + 1). B: hoisted (S == NW, read
 // from xq in global memory) or per step from xq (the staged copy in shared memory, k16 order).
+// off: the slots' byte offsets in the ring (shared memory), or null for slot s at s x stage_bytes.
 template <int RB, bool K32>
-__device__ __forceinline__ void ffn_consume(const unsigned char* ring, int stage_bytes, int words_bytes, int K, int ST,
-                                            int nt, uint64_t* full, uint64_t* empty, float* red, const int8_t* xq,
-                                            const float2* xds, int NW, int w, int lane) {
+__device__ __forceinline__ void ffn_consume(const unsigned char* ring, int stage_bytes, int words_bytes, const int* off,
+                                            int K, int ST, int nt, uint64_t* full, uint64_t* empty, float* red,
+                                            const int8_t* xq, const float2* xds, int NW, int w, int lane) {
   constexpr int LV = 2, TR = 16 * RB;
   const int G = K >> 7, S = (G + 1) >> 1;
   const int g = lane >> 2, t = lane & 3;
@@ -175,8 +179,9 @@ __device__ __forceinline__ void ffn_consume(const unsigned char* ring, int stage
   unsigned ph = 0;
   for (int j = 0; j < nt; ++j) {
     mbar_wait(&full[s], ph);
-    const unsigned char* wrow = ring + size_t(s) * stage_bytes + g * rs + 16 * t;
-    const uint16_t* srow = reinterpret_cast<const uint16_t*>(ring + size_t(s) * stage_bytes + words_bytes) + g * G + (t & 1);
+    const unsigned char* st = ring + (off ? size_t(off[s]) : size_t(s) * stage_bytes);
+    const unsigned char* wrow = st + g * rs + 16 * t;
+    const uint16_t* srow = reinterpret_cast<const uint16_t*>(st + words_bytes) + g * G + (t & 1);
     float yg[RB], yg8[RB];
 #pragma unroll
     for (int b = 0; b < RB; ++b) yg[b] = yg8[b] = 0.f;
@@ -247,7 +252,39 @@ __global__ __launch_bounds__((kFfnMaxWarps + 1) * 32, 1) void ffn7_kernel(const 
   uint64_t* empty1 = full1 + ST1;
   uint64_t* full2 = empty1 + ST1;
   uint64_t* empty2 = full2 + ST2;
+  // Phase-2 slot k at byte off2[k] of the ring, placed over the phase-1 slots that the block's last phase-1 stages free
+  // first (slot (n1 + q) % ST1 is freed q-th), so down's first copies start before gate+up's last stages are computed;
+  // need2[k]: the phase-1 stage whose consumption frees it (-1: free at once). (a.place 0: slot k at k x stage2.)
+  __shared__ int off2[4], need2[4];
   if (threadIdx.x == 0) {
+    const int64_t B1 = a.stage1, B2 = a.stage2, R = max(int64_t(ST1) * B1, int64_t(ST2) * B2);
+    auto freed = [&](int64_t lo, int64_t hi) {  // the freeing position of the last phase-1 slot in [lo, hi), or -1
+      int last = -1;
+      for (int sl = 0; sl < ST1; ++sl) {
+        if (!(sl * B1 < hi && lo < (sl + 1) * B1)) continue;
+        const int q = n1 >= ST1 ? (sl - n1 % ST1 + ST1) % ST1 : (sl < n1 ? sl : -1);
+        last = max(last, q);
+      }
+      return last;
+    };
+    for (int k = 0; k < ST2; ++k) {
+      int64_t best = int64_t(k) * B2;
+      int best_q = freed(best, best + B2);
+      if (a.place) {
+        best_q = 1 << 30;
+        for (int c = 0; c <= ST1; ++c) {  // candidates: each phase-1 slot's start, and the ring's end
+          const int64_t o = c < ST1 ? c * B1 : R - B2;
+          if (o < 0 || o + B2 > R) continue;
+          bool clash = false;
+          for (int j = 0; j < k; ++j) clash |= o < off2[j] + B2 && off2[j] < o + B2;
+          if (clash) continue;
+          const int q = freed(o, o + B2);
+          if (q < best_q) best_q = q, best = o;
+        }
+      }
+      off2[k] = int(best);
+      need2[k] = best_q < 0 ? -1 : (n1 >= ST1 ? n1 - ST1 + best_q : best_q);
+    }
     for (int s = 0; s < ST1; ++s) mbar_init(&full1[s], 1), mbar_init(&empty1[s], unsigned(NW));
     for (int s = 0; s < ST2; ++s) mbar_init(&full2[s], 1), mbar_init(&empty2[s], unsigned(NW));
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -258,23 +295,13 @@ __global__ __launch_bounds__((kFfnMaxWarps + 1) * 32, 1) void ffn7_kernel(const 
   pdl_trigger();
 
   if (w == NW) {  // ---- producer ----
-    // Phase-2 slot k (bytes [k stage2, (k + 1) stage2)) may be copied into once the last phase-1 stage using an
-    // overlapping phase-1 slot is consumed: need(k), a phase-1 stage index, or -1.
-    auto need = [&](int k) {
-      int last = -1;
-      for (int j = max(0, n1 - ST1); j < n1; ++j) {
-        const int64_t b0 = int64_t(j % ST1) * a.stage1, b1 = b0 + a.stage1;
-        if (b0 < int64_t(k + 1) * a.stage2 && int64_t(k) * a.stage2 < b1) last = j;
-      }
-      return last;
-    };
     const int first2 = min(ST2, n2);  // phase-2 stages issued during the transition (at most one ring round)
     int k2 = 0, u2 = ub2;
     auto issue2 = [&]() {
       int oi, nr;
       int64_t r0;
       u2 = ffn_stage_at<TR2>(o2, u2, ue2, oi, r0, nr);
-      ffn_issue(a.o2, r0, nr, K2, ring + size_t(k2 % ST2) * a.stage2, a.words2, &full2[k2 % ST2], lane);
+      ffn_issue(a.o2, r0, nr, K2, ring + off2[k2 % ST2], a.words2, &full2[k2 % ST2], lane);
       ++k2;
     };
     bool waited = false;
@@ -303,7 +330,7 @@ __global__ __launch_bounds__((kFfnMaxWarps + 1) * 32, 1) void ffn7_kernel(const 
       }
       // Once every phase-1 stage is issued: down's first stages into the memory already consumed.
       if (i >= n1 - 1)
-        while (k2 < first2 && (need(k2) < 0 || need(k2) <= i - ST1)) issue2();
+        while (k2 < first2 && need2[k2] <= i - ST1) issue2();
     }
     if (!waited) pdl_wait();
     // This block's gate / up rows are written: count it (the site blocks read every block's).
@@ -329,7 +356,7 @@ __global__ __launch_bounds__((kFfnMaxWarps + 1) * 32, 1) void ffn7_kernel(const 
 
   // ---- consumers ----
   pdl_wait();  // gate+up's input
-  ffn_consume<2, true>(ring, a.stage1, a.words1, K1, ST1, n1, full1, empty1, red1, a.xq1, a.xds1, NW, w, lane);
+  ffn_consume<2, true>(ring, a.stage1, a.words1, nullptr, K1, ST1, n1, full1, empty1, red1, a.xq1, a.xds1, NW, w, lane);
   // Every block's gate / up rows written: the site chunks.
   consumers_wait_count(&a.count[0], nblk, NW * 32);
   const int nchunks = K2 >> 10;
@@ -356,7 +383,7 @@ __global__ __launch_bounds__((kFfnMaxWarps + 1) * 32, 1) void ffn7_kernel(const 
       reinterpret_cast<float4*>(xds_s)[e] = __ldcg(reinterpret_cast<const float4*>(a.xds2) + e);
     asm volatile("bar.sync 1, %0;" ::"r"(NW * 32) : "memory");
   }
-  ffn_consume<1, false>(ring, a.stage2, a.words2, K2, ST2, n2, full2, empty2, red2,
+  ffn_consume<1, false>(ring, a.stage2, a.words2, off2, K2, ST2, n2, full2, empty2, red2,
                         reinterpret_cast<const int8_t*>(xs), xds_s, NW, w, lane);
   // The last block out zeroes the counters for the next launch (every block has passed both waits by then).
   if (threadIdx.x == 0 && atomicAdd(&a.count[2], 1) == nblk - 1) {
@@ -380,20 +407,20 @@ FfnShape ffn_shape(int64_t K1, int64_t K2) {
   f.stage1 = f.words1 + 32 * K1 / 64;
   f.words2 = 16 * K2 / 4;
   f.stage2 = f.words2 + 16 * K2 / 64;
-  for (int st2 = 4; st2 >= 2; --st2) {
-    const int64_t ring2 = st2 * f.stage2;
-    int st1 = int(std::min<int64_t>(8, std::max<int64_t>(ring2, 2 * f.stage1) / f.stage1));
-    const int64_t ring = std::max<int64_t>(ring2, st1 * f.stage1);
-    const int64_t u1 = int64_t(st1 + 1) * nw * kTok * 32 * 4;
-    const int64_t u2 = int64_t(st2 + 1) * nw * kTok * 16 * 4 + 2 * K2 + K2 / 64 * 8 + 128 * 8 * 4;
-    const int64_t red_off = (ring + 127) / 128 * 128;
-    const int64_t bar_off = (red_off + std::max(u1, u2) + 15) / 16 * 16;
-    const int64_t smem = bar_off + 16 * (st1 + st2);
-    if (smem <= kFfnSmem) {
-      f.nw = nw, f.st1 = st1, f.st2 = st2, f.red_off = red_off, f.bar_off = bar_off, f.smem = smem;
-      return f;
+  // The deepest phase-2 ring (2..4 stages), then the deepest phase-1 ring (2..8) that fit beside it.
+  for (int st2 = 4; st2 >= 2; --st2)
+    for (int st1 = 8; st1 >= 2; --st1) {
+      const int64_t ring = std::max<int64_t>(st2 * f.stage2, st1 * f.stage1);
+      const int64_t u1 = int64_t(st1 + 1) * nw * kTok * 32 * 4;
+      const int64_t u2 = int64_t(st2 + 1) * nw * kTok * 16 * 4 + 2 * K2 + K2 / 64 * 8 + 128 * 8 * 4;
+      const int64_t red_off = (ring + 127) / 128 * 128;
+      const int64_t bar_off = (red_off + std::max(u1, u2) + 15) / 16 * 16;
+      const int64_t smem = bar_off + 16 * (st1 + st2);
+      if (smem <= kFfnSmem) {
+        f.nw = nw, f.st1 = st1, f.st2 = st2, f.red_off = red_off, f.bar_off = bar_off, f.smem = smem;
+        return f;
+      }
     }
-  }
   return f;
 }
 
@@ -441,6 +468,11 @@ Launch ffn_fused_launch(const TernaryDev& gate, const TernaryDev& up, const Tern
   a.words2 = int32_t(f.words2);
   a.red_off = int32_t(f.red_off);
   a.bar_off = int32_t(f.bar_off);
+  static const int place = [] {
+    const char* e = std::getenv("BONSAI_CUDA_FFN_PLACE");
+    return e && *e ? std::atoi(e) : 1;
+  }();
+  a.place = place;
   const int blocks = int(std::min<int64_t>(sms, a.units2));
   return make_launch(reinterpret_cast<const void*>(&ffn7_kernel), dim3(unsigned(blocks)), dim3(unsigned(32 * (f.nw + 1))),
                      uint32_t(f.smem), a);
