@@ -139,61 +139,6 @@ TEST(CudaMatvec6, V7K32EqualsK16) {
   }
 }
 
-// Round 15: the decode FFN as one launch (Options::ffn_fused, matvec_ffn.cu) against the three launches it replaces,
-// through the backend's ops in the forward's order (the input site, gate+up, silu * up + rotate, down). gate / up must
-// be EQUAL (the same k32 step and warp-order sums as v7); down within fp32 rounding (its warps' partials are grouped
-// differently); twice in a row the same (the grid counters come back to zero). Shapes: the 27B FFN (K1 5120, 20 warps,
-// 17 site chunks, n 1024), K1 1024 (4 warps: the smallest), K1 3072 with a ragged down (1,100 rows) and n 512; and
-// one the fused kernel does not take (down of 600 rows: fewer 8-row units than SMs), which must still be right.
-TEST(CudaMatvec7, FfnFusedMatchesTheThreeLaunches) {
-  BONSAI_REQUIRE_GPU();
-  struct Shape {
-    int64_t K1, N, N2, n;
-  };
-  const Shape shapes[] = {{5120, 17408, 5120, 1024}, {1024, 3072, 1056, 128}, {3072, 4096, 1100, 512},
-                          {1024, 3072, 600, 1024}};
-  uint32_t seed = 9100;
-  CudaBackend::Options on, off;
-  on.ffn_fused = true;
-  CudaBackend fused(on), plain(off);
-  for (const Shape& sh : shapes) {
-    TernaryMatrix& wg = random_matrix(sh.N, sh.K1, seed++, 0.02);
-    TernaryMatrix& wu = random_matrix(sh.N, sh.K1, seed++, 0.02);
-    TernaryMatrix& wd = random_matrix(sh.N2, sh.N, seed++, 0.02);
-    const auto x = randn(size_t(sh.K1), seed++);
-    const auto s1 = random_signs(size_t(sh.K1), seed++), s2 = random_signs(size_t(sh.N), seed++);
-    std::vector<float> got[2][3];  // [backend][gate, up, down]
-    for (CudaBackend* be : {&fused, &plain}) {
-      for (TernaryMatrix* w : {&wg, &wu, &wd}) be->prepare_matrix(*w);
-      Buffer sd1 = up_bytes(*be, s1), sd2 = up_bytes(*be, s2);
-      const auto* sg1 = reinterpret_cast<const int8_t*>(sd1.data());
-      const auto* sg2 = reinterpret_cast<const int8_t*>(sd2.data());
-      std::vector<float> first;
-      for (int run = 0; run < 2; ++run) {
-        Buffer xd = up(*be, x), site = poisoned(*be, size_t(sh.N));
-        Buffer yg = poisoned(*be, size_t(sh.N)), yu = poisoned(*be, size_t(sh.N)), yd = poisoned(*be, size_t(sh.N2));
-        be->hadamard_forward(xd.data(), 1, sh.K1, sg1, sh.n);
-        const LinearOut gu[2] = {{&wg, yg.data()}, {&wu, yu.data()}};
-        be->linear(gu, 2, sh.K1, xd.data(), 1);
-        be->silu_mul_rotate(yg.data(), yu.data(), 1, sh.N, site.data(), sg2, sh.n);
-        const LinearOut dn[1] = {{&wd, yd.data()}};
-        be->linear(dn, 1, sh.N, site.data(), 1);
-        std::vector<float>* g = got[be == &plain];
-        g[0] = down(*be, yg);
-        g[1] = down(*be, yu);
-        g[2] = down(*be, yd);
-        if (run == 0) first = g[2];
-        else EXPECT_EQ(g[2], first) << "K1 " << sh.K1 << " run to run";
-      }
-    }
-    const std::string what = "K1 " + std::to_string(sh.K1) + " N " + std::to_string(sh.N) + " N2 " + std::to_string(sh.N2);
-    EXPECT_EQ(got[0][0], got[1][0]) << what << " gate";
-    EXPECT_EQ(got[0][1], got[1][1]) << what << " up";
-    EXPECT_LE(rel_err(got[0][2], got[1][2]), 1e-5) << what << " down";
-    for (float v : got[0][2]) ASSERT_TRUE(std::isfinite(v)) << what;
-  }
-}
-
 // Round 11: the one-row site as the prologue of matvec v7 (Options::site_prologue; warp_site.cuh). The backend defers
 // the site and the v7 product computes it. Against the same backend with the switch off (the site kernel then v7):
 // the elementwise pre-ops (silu * up, x * sigmoid(g), plain rotate) give the site kernel's int8 digits bit for bit,

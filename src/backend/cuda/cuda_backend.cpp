@@ -99,7 +99,6 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   o.matvec6_split_ilv = flag("BONSAI_CUDA_MV6_SPLIT_ILV", o.matvec6_split_ilv);
   o.matvec7 = flag("BONSAI_CUDA_MV7", o.matvec7);
   if (const char* e = std::getenv("BONSAI_CUDA_MV7_K32"); e && *e) o.matvec7_k32 = std::atoi(e);
-  o.ffn_fused = flag("BONSAI_CUDA_FFN_FUSED", o.ffn_fused);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_PROLOGUE"); e && *e) o.site_prologue = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_EARLY"); e && *e) o.site_early = std::atoi(e);
   o.site_row = flag("BONSAI_CUDA_SITE_ROW", o.site_row);
@@ -211,7 +210,6 @@ struct CudaBackend::Impl {
   Scratch xh;                 // GEMM v4's fp16 activation tiles [ceil(M / 8)][K / 64][1024 B]
   const uint32_t* head_words = nullptr;  // the output head's device words (GEMM v4 leaves it to q16 unless gemm_f16_head)
   Scratch site_cnt;           // v7's fused AddNorm site: int32 [2] {prologues done, residual slices written} (zeroed)
-  Scratch ffn_xq, ffn_xds, ffn_cnt;  // the fused FFN: down's digits int8 [2, K2], float2 [K2/64]; counters int32 [3] (zeroed)
   Scratch delta_scratch;  // chunked delta rule: W, U, decayed Q/K, masked Q K^T per (V head, chunk)
   std::vector<cuda::Launch> launches;  // scratch list for one linear's launches (no allocation once warm)
   void* pinned = nullptr;
@@ -260,19 +258,6 @@ struct CudaBackend::Impl {
   // can compute it as its prologue (Options::fuse_site); any other op launches it first (flush_pending).
   bool deferred_site = false;
   cuda::SiteDesc site_desc;
-  // Options::ffn_fused (round 15): a one-token gate+up product held back until its silu * up site and the down product
-  // arrive (then one fused launch, linear()); anything else launched first launches it (emit, flush_pending).
-  bool ffn_deferred = false;
-  cuda::TernaryDev ffn_gu[2];            // gate, up (their y are the site's operands)
-  int64_t ffn_K = 0;                     // gate+up's K
-  const int8_t* ffn_xq1 = nullptr;       // gate+up's input digits (the int8 activation buffer, untouched while held)
-  const float2* ffn_xds1 = nullptr;
-  std::vector<cuda::Launch> ffn_plain;   // gate+up's own launches, for when the fusion does not happen
-  void flush_ffn() {
-    if (!ffn_deferred) return;
-    ffn_deferred = false;
-    for (const cuda::Launch& l : ffn_plain) emit(l);
-  }
   bool recording = false;
   std::vector<cuda::Launch> rec;
   // Index in rec of the step's last M = 1 matvec (-1: none yet): the next one patches it to prefetch its
@@ -481,7 +466,6 @@ struct CudaBackend::Impl {
   }
 
   void emit(const cuda::Launch& l) {
-    flush_ffn();  // a held gate+up product precedes every later launch
     if (!opt.skip.empty() && skipped(l)) return;
     ++st.kernels;
     if (!recording) return launch_now(l);
@@ -514,9 +498,7 @@ struct CudaBackend::Impl {
         break;
     }
   }
-  // keep_ffn: a held gate+up product stays held (the caller is forming the fused FFN; nothing else is pending).
-  void flush_pending(bool keep_ffn = false) {
-    if (!keep_ffn) flush_ffn();
+  void flush_pending() {
     if (deferred_site) {  // it precedes everything still pending (its producers were folded into it)
       deferred_site = false;
       emit(site_kernel_launch(site_desc));
@@ -850,12 +832,7 @@ struct CudaBackend::Impl {
         }
       }
     }
-    // Round 15: the silu * up site of a held gate+up product, feeding down: held too (linear() fuses the three).
-    const bool ffn_site = ffn_deferred && may_defer && quantise && levels() == 2 && rows == 1 && !inverse && !d.perm &&
-                          d.ld == K && d.pre == cuda::kPreSiluMul && d.src == ffn_gu[0].y && d.src2 == ffn_gu[1].y &&
-                          K == ffn_gu[0].N && n <= 1024 && (n & (n - 1)) == 0 && K % 1024 == 0 && pend.empty() &&
-                          !deferred_site;
-    flush_pending(ffn_site);
+    flush_pending();
     if (d.pre_out == d.dst) d.pre_out = nullptr;  // the site writes it anyway (n = 1, quantise only)
     // Quantise-only of x itself: x already holds the values, skip the fp32 write.
     if (quantise && n == 1 && !d.signs && d.pre == cuda::kPreNone && d.src == x && !d.perm) d.dst = nullptr;
@@ -873,8 +850,8 @@ struct CudaBackend::Impl {
     const bool v1_site = opt.fuse_site && levels() == 1 && d.src != d.dst && cuda::matvec_site_supported(K, n, d.pre, d.seg);
     const bool v7_site = (opt.site_prologue == 1 || (opt.site_prologue > 1 && (opt.site_prologue >> (d.pre + 1)) & 1)) &&
                          opt.matvec == 6 && cuda::matvec7_site_supported(d);
-    if (ffn_site || (may_defer && opt.fuse && !opt.exact && quantise && rows == 1 && !inverse && !d.perm && d.ld == K &&
-                     (v1_site || v7_site))) {
+    if (may_defer && opt.fuse && !opt.exact && quantise && rows == 1 && !inverse && !d.perm && d.ld == K &&
+        (v1_site || v7_site)) {
       deferred_site = true;
       site_desc = d;
       return;
@@ -931,7 +908,6 @@ CudaBackend::~CudaBackend() {
   for (void* q : p_->owned) cudaFree(q);
   for (Impl::Scratch* s : {&p_->xq, &p_->xds, &p_->attn_o, &p_->attn_ml, &p_->attn_cnt, &p_->ids,
                            &p_->amr_out, &p_->amr_v, &p_->amr_i, &p_->amr_cnt, &p_->topk_out, &p_->gemm_part, &p_->mv6_part, &p_->mv6_cnt, &p_->site_cnt,
-                           &p_->ffn_xq, &p_->ffn_xds, &p_->ffn_cnt,
                            &p_->mvw_part, &p_->mvw_cnt, &p_->xh})
     if (s->p) cudaFree(s->p);
   if (p_->pinned) cudaFreeHost(p_->pinned);
@@ -1135,23 +1111,6 @@ void CudaBackend::linear(const LinearOut* outs, int n_outs, int64_t K, const flo
   for (int i = 0; i < n_outs; ++i)
     if (outs[i].w->cols != K) fail("linear: {} has K = {}, the input has {}", outs[i].w->name, outs[i].w->cols, K);
   if (!fresh) I.site(const_cast<float*>(x), M, K, nullptr, 1, false, true, true);  // quantise (x unchanged)
-  const int sms = I.prop.multiProcessorCount;
-  // Round 15 (Options::ffn_fused): down after a held gate+up and its held silu * up site: one launch for the three.
-  if (I.ffn_deferred && I.deferred_site && n_outs == 1 && M == 1 && I.pend.empty() && I.site_desc.src == I.ffn_gu[0].y &&
-      I.site_desc.src2 == I.ffn_gu[1].y && I.site_desc.pre == cuda::kPreSiluMul && K == I.ffn_gu[0].N &&
-      cuda::ffn_fused_supported(I.ffn_K, K, K, outs[0].w->rows, sms)) {
-    const Impl::DevMatrix& d = I.matrix(outs[0].w);
-    const cuda::TernaryDev down{d.words, d.scales, outs[0].y, d.N};
-    auto* xq2 = static_cast<int8_t*>(I.ensure(I.ffn_xq, size_t(2 * K), "the fused FFN's activations"));
-    auto* xds2 = static_cast<float2*>(I.ensure(I.ffn_xds, size_t(K / 64) * sizeof(float2), "the fused FFN's activations"));
-    auto* cnt = static_cast<int32_t*>(I.ensure(I.ffn_cnt, 12, "the fused FFN's counters", true));
-    I.ffn_deferred = false;
-    I.deferred_site = false;
-    I.emit(cuda::ffn_fused_launch(I.ffn_gu[0], I.ffn_gu[1], down, I.ffn_K, I.ffn_xq1, I.ffn_xds1, I.site_desc, xq2, xds2,
-                                  cnt, sms));
-    I.last_matvec = -1;
-    return;
-  }
   // The site producing x held back (one row): the matvec computes it as its prologue.
   cuda::SiteDesc site;
   // (Ops deferred after the site would run before the product that computes it: then the site runs first.)
@@ -1174,20 +1133,6 @@ void CudaBackend::linear(const LinearOut* outs, int n_outs, int64_t K, const flo
     else {
       I.launches.clear();
       I.ternary_launches(t, n, K, xq, xds, M, fused ? &site : nullptr, I.launches);
-      // Round 15 (Options::ffn_fused): a one-token gate+up pair (two outputs of equal rows, q16, v7) is held back for
-      // the silu * up site and the down product that may follow (linear() above).
-      if (I.opt.ffn_fused && M == 1 && n_outs == 2 && !fused && I.levels() == 2 && I.opt.matvec == 6 && I.opt.matvec7 &&
-          t[0].N == t[1].N && cuda::ffn_fused_supported(K, t[0].N, t[0].N, 8 * int64_t(sms), sms)) {
-        I.ffn_deferred = true;
-        I.ffn_gu[0] = t[0];
-        I.ffn_gu[1] = t[1];
-        I.ffn_K = K;
-        I.ffn_xq1 = xq;
-        I.ffn_xds1 = xds;
-        I.ffn_plain = I.launches;
-        I.last_matvec = -1;
-        continue;
-      }
       // Decode step: the previous matvec prefetches these weights into L2 when it is done (at most 3/4 of
       // L2, so the prefetched lines are not evicted by the prefetch itself).
       if (I.recording && M == 1 && I.opt.l2_prefetch && I.last_matvec >= 0 && size_t(I.last_matvec) < I.rec.size())

@@ -110,9 +110,6 @@ class CudaBackend final : public Backend {
     int matvec7_k32 = 1;       // round 15: v7's step on m16n8k32 mmas (8 per 16-row block and step instead of 16;
                                // bit-identical): 1 = but ffn_down's 16-row stages (matvec6_cfg 14), 2 = every stage (cfg 8), 0 =
                                // round 14's k16 step (cfg 11); BONSAI_CUDA_MV7_K32=0|1|2
-    bool ffn_fused = false;    // round 15: a one-token FFN (gate+up, the silu * up site, down) as ONE launch whose weight
-                               // stream does not stop between the two products (matvec_ffn.cu), where it applies;
-                               // BONSAI_CUDA_FFN_FUSED=1
     int site_prologue = 0;     // round 11: a one-row q16 / q8 site computed by the v7 matvec that reads it, as its
                                // prologue (warp_site.cuh; every pre-op, AddNorm's residual included) instead of by a
                                // site kernel before it: 0 off, 1 every pre-op, else a mask of bit (pre + 1) per pre-op

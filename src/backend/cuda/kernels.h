@@ -136,15 +136,6 @@ bool matvec7_site_supported(const SiteDesc& d);
 // early: the weight stages copied before the prologue is done (-1: the whole ring; the rest wait for it).
 bool matvec7_site_launch(const TernaryDev* outs, int n_outs, int64_t K, const SiteDesc& d, int sms, int cfg,
                          int32_t* counters, Launch& out, int early = -1, bool timing_only = false);
-// The decode FFN in one launch (round 15, matvec_ffn.cu): gate+up over K1 (q16 digits xq1 / xds1, one token), the
-// site of silu(gate) * up (site: pre kPreSiluMul on gate.y / up.y, q16, n <= 1024; its digits into the scratch xq2
-// [2, K2] / xds2 [K2/64]) and down over K2 = gate.N, with the weight stream unbroken between the two products.
-// counters: int32 [3], zero, left zero. Supported: K1 a multiple of 256 with 4..20 steps of 256, K2 a multiple of
-// 1024 with K2 / 1024 <= sms, gate.N == up.N == K2, down and gate+up large enough to give every SM rows of both.
-bool ffn_fused_supported(int64_t K1, int64_t N, int64_t K2, int64_t N2, int sms);
-Launch ffn_fused_launch(const TernaryDev& gate, const TernaryDev& up, const TernaryDev& down, int64_t K1,
-                        const int8_t* xq1, const float2* xds1, const SiteDesc& site, int8_t* xq2, float2* xds2,
-                        int32_t* counters, int sms);
 // The K slices the backend gives matvec6_launch (1: none): req 0 = none, 1 = automatic (one token; the fewest serial
 // steps per warp over S = 1..4), 2..4 = that S where K % (128 S) == 0; only for ffn_down's shape (one output, K >
 // 8,192, M <= 2) unless `any` (every single-output product v6 serves).
