@@ -236,6 +236,22 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
   be.set_options(base);
 }
 
+// Round 15: what a kernel boundary and a grid-wide barrier cost on this GPU (CudaBackend::probe_sync_us), the two
+// ways a decode step can order its stages; the barrier time includes its memset-free rounds only.
+TEST(CudaBench, SyncCosts) {
+  if (!bench_enabled()) GTEST_SKIP() << "set BONSAI_CUDA_BENCH=1";
+  BONSAI_REQUIRE_GPU();
+  for (int n : {100, 400}) {
+    const CudaBackend::SyncCosts c = cudatest::gpu().probe_sync_us(n, n);
+    char line[200];
+    std::snprintf(line, sizeof line, "sync probe, %d launches / rounds, one 672-thread 200 KB block per SM: hop %.2f us, "
+                  "grid barrier %.2f us", n, c.hop_us, c.barrier_us);
+    report("bench_sync.txt", line);
+    EXPECT_GT(c.hop_us, 0.0);
+    EXPECT_GT(c.barrier_us, 0.0);
+  }
+}
+
 TEST(CudaBench, Model27b) {
   BONSAI_REQUIRE_GPU();
   if (!bench_enabled()) GTEST_SKIP() << "set BONSAI_CUDA_BENCH=1";

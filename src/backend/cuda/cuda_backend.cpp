@@ -1688,6 +1688,58 @@ uint64_t CudaBackend::device_total_bytes() const {
   return t;
 }
 
+CudaBackend::SyncCosts CudaBackend::probe_sync_us(int launches, int rounds) {
+  Impl& I = *p_;
+  I.sync();
+  static const bool attr = (cuda::init_sync_probe_attributes(), true);
+  (void)attr;
+  const int blocks = I.prop.multiProcessorCount;
+  auto* count = static_cast<int32_t*>(I.device_alloc(4, "the sync probe"));
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  auto timed = [&](auto&& body) {  // the best of 3 runs after one warm-up, ms
+    float best = 0;
+    for (int r = 0; r < 4; ++r) {
+      CUDA_CHECK(cudaEventRecord(e0, I.stream));
+      body();
+      CUDA_CHECK(cudaEventRecord(e1, I.stream));
+      CUDA_CHECK(cudaEventSynchronize(e1));
+      float t = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+      if (r == 1 || (r > 1 && t < best)) best = t;
+    }
+    return double(best);
+  };
+  SyncCosts c;
+  // The hops: one captured graph of empty dependent kernels (as the decode step's graph holds its launches).
+  const bool pdl = I.opt.pdl;
+  I.opt.pdl = true;
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t ge = nullptr;
+  CUDA_CHECK(cudaStreamBeginCapture(I.stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < launches; ++i) I.launch_now(cuda::sync_probe_hop_launch(count, blocks, cuda::kSyncProbeSmem));
+  CUDA_CHECK(cudaStreamEndCapture(I.stream, &g));
+  I.opt.pdl = pdl;
+  CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  c.hop_us = timed([&] { CUDA_CHECK(cudaGraphLaunch(ge, I.stream)); }) * 1000.0 / launches;
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  // The barriers: one kernel, the counter zeroed before each run.
+  const bool pdl2 = I.opt.pdl;
+  I.opt.pdl = false;
+  c.barrier_us = timed([&] {
+    CUDA_CHECK(cudaMemsetAsync(count, 0, 4, I.stream));
+    I.launch_now(cuda::sync_probe_barrier_launch(count, rounds, blocks, cuda::kSyncProbeSmem));
+  }) * 1000.0 / rounds;
+  I.opt.pdl = pdl2;
+  CUDA_CHECK(cudaStreamSynchronize(I.stream));
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(count);
+  return c;
+}
+
 double CudaBackend::probe_read_gbs(uint64_t bytes, int reps) {
   Impl& I = *p_;
   I.sync();

@@ -306,6 +306,13 @@ class CudaBackend final : public Backend {
   // ---- measurement helpers (bench / docs) -----------------------------------------------------------
   // Streaming-read bandwidth in GB/s over a fresh buffer of `bytes` (median of `reps` timed passes).
   double probe_read_gbs(uint64_t bytes, int reps);
+  // Microseconds per hop between two dependent kernels (a graph of `launches` empty kernels with programmatic edges)
+  // and per grid-wide barrier (one kernel of `rounds` barriers), one block per SM sized like matvec v7's
+  // (sync_probe.cu; the best of 3 timed runs each).
+  struct SyncCosts {
+    double hop_us = 0, barrier_us = 0;
+  };
+  SyncCosts probe_sync_us(int launches, int rounds);
   // Median microseconds of ONE ternary product kernel (no quantisation kernel) for x [M, K] random,
   // rotating over `mats` (each prepared) so the working set exceeds L2. n_outs outputs per launch
   // take mats[i*n_outs .. i*n_outs + n_outs) for launch i. pdl_between: programmatic edges between the

@@ -381,6 +381,14 @@ Launch top_k_launch(float* x, int64_t n, int32_t k, float penalty, const int32_t
                     int32_t* out);
 // Streaming read of buf [n16 x 16 bytes]; writes one word per block into sink [gridDim].
 Launch probe_launch(const void* buf, int64_t n16, uint32_t* sink, int blocks);
+// Synchronisation probes (sync_probe.cu, round 15), one block per SM of kSyncProbeThreads threads and `smem` bytes of
+// shared memory (up to kSyncProbeSmem): an empty dependent kernel (its hop: griddepcontrol.wait on the previous one;
+// block 0 bumps count[0]) and `rounds` grid-wide barriers in one kernel (count: int32, zero before the launch).
+constexpr int kSyncProbeThreads = 672;
+constexpr uint32_t kSyncProbeSmem = 200 * 1024;
+Launch sync_probe_hop_launch(int32_t* count, int blocks, uint32_t smem);
+Launch sync_probe_barrier_launch(int32_t* count, int rounds, int blocks, uint32_t smem);
+void init_sync_probe_attributes();
 
 // One-time function attributes (dynamic shared memory limits). Idempotent.
 void init_kernel_attributes();
