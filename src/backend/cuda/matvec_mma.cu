@@ -44,6 +44,7 @@
 // slice's partial y goes to scratch, and the last block to arrive at a row tile (an int32 counter per row tile,
 // reset by that block) sums the slices in slice order: deterministic, no float atomics.
 #include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -573,6 +574,7 @@ struct Mv7Args {
   int32_t stage_bytes, words_bytes;  // one stage: words u32 [TR, K/16] then scales fp16 [TR, K/128]
   int32_t xs_bytes;            // activations staged in shared memory (0: read from global memory)
   int32_t site_early;          // fused site: stages the producer issues before the prologue is done (the rest after)
+  int32_t first_rows;          // rows of a block's FIRST stage (round 15: a short first stage lands sooner), 0: TR
   SitePrologue site;           // active (M = 1): the consumers compute the activations into the staging area
 };
 
@@ -592,13 +594,16 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
   const int64_t nblk = gridDim.x;
   const int ub0 = int(a.units * blockIdx.x / nblk), ub1 = int(a.units * (blockIdx.x + 1) / nblk);
   // The block's stages: from unit u, up to 2 RB units of u's output (o: the output, r0: its first row, nrow: rows).
+  // A block's first stage may be shorter (Mv7Args::first_rows): the consumers start on it after fewer bytes, and compute
+  // it as a whole stage (its missing rows from stale bytes, never written).
+  const int first_tr = a.first_rows > 0 && a.first_rows < TR ? a.first_rows : TR;
   auto stage_at = [&](int u, int& o, int64_t& r0, int& nrow) {
     o = 0;
 #pragma unroll
     for (int i = 1; i < kMaxOuts; ++i)
       if (i < a.n_outs && u >= a.o[i].t0) o = i;
     r0 = int64_t(u - a.o[o].t0) * 8;
-    nrow = int(min(min(int64_t(TR), a.o[o].N - r0), int64_t(ub1 - u) * 8));
+    nrow = int(min(min(int64_t(u == ub0 ? first_tr : TR), a.o[o].N - r0), int64_t(ub1 - u) * 8));
     return u + (nrow + 7) / 8;  // the next stage's unit
   };
   int nt = 0;  // stages of this block
@@ -964,6 +969,11 @@ bool mv7_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq,
   b.xs_bytes = int32_t(sh.xs_bytes);
   if (site) b.site = *site;
   b.site_early = site_early < 0 ? sh.stages : site_early;
+  static const int first_rows = [] {  // round 15 experiment: BONSAI_CUDA_MV7_FIRST=8|16 rows in a block's first stage
+    const char* e = std::getenv("BONSAI_CUDA_MV7_FIRST");
+    return e && *e ? std::atoi(e) : 0;
+  }();
+  b.first_rows = site ? 0 : first_rows;
   const void* f = site ? (lv == 2 ? (rb == 2 ? mv7_kernel<2, 2, true>() : mv7_kernel<2, 1, true>())
                                   : (rb == 2 ? mv7_kernel<1, 2, true>() : mv7_kernel<1, 1, true>()))
                   : k32 ? (lv == 2 ? (rb == 2 ? mv7_kernel<2, 2, false, true>() : mv7_kernel<2, 1, false, true>())
