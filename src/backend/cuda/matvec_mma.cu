@@ -574,7 +574,8 @@ struct Mv7Args {
   int32_t stage_bytes, words_bytes;  // one stage: words u32 [TR, K/16] then scales fp16 [TR, K/128]
   int32_t xs_bytes;            // activations staged in shared memory (0: read from global memory)
   int32_t site_early;          // fused site: stages the producer issues before the prologue is done (the rest after)
-  int32_t first_rows;          // rows of a block's FIRST stage (round 15: a short first stage lands sooner), 0: TR
+  int32_t first_rows;          // rows of a block's FIRST stage (round 15): -1 = its ragged remainder (units mod TR / 8)
+                               // first instead of last, 0 = TR (the remainder last), N = N rows
   SitePrologue site;           // active (M = 1): the consumers compute the activations into the staging area
 };
 
@@ -595,8 +596,12 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
   const int ub0 = int(a.units * blockIdx.x / nblk), ub1 = int(a.units * (blockIdx.x + 1) / nblk);
   // The block's stages: from unit u, up to 2 RB units of u's output (o: the output, r0: its first row, nrow: rows).
   // A block's first stage may be shorter (Mv7Args::first_rows): the consumers start on it after fewer bytes, and compute
-  // it as a whole stage (its missing rows from stale bytes, never written).
-  const int first_tr = a.first_rows > 0 && a.first_rows < TR ? a.first_rows : TR;
+  // it as a whole stage (its missing rows from stale bytes, never written). By default (-1) that is the block's ragged
+  // remainder of units, which otherwise ends it: no extra stage, and the first bytes land sooner (round 15, call 7:
+  // a fixed 8-row first stage made gate+up 17.29 -> 16.65 us and ffn_down 14.34 -> 14.10, but qkv+z 10.15 -> 10.87 and
+  // gdn_out 6.87 -> 7.13, where it added a stage).
+  const int rem = (ub1 - ub0) % (TR / 8);
+  const int first_tr = a.first_rows < 0 ? (rem ? 8 * rem : TR) : a.first_rows > 0 && a.first_rows < TR ? a.first_rows : TR;
   auto stage_at = [&](int u, int& o, int64_t& r0, int& nrow) {
     o = 0;
 #pragma unroll
@@ -969,9 +974,9 @@ bool mv7_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq,
   b.xs_bytes = int32_t(sh.xs_bytes);
   if (site) b.site = *site;
   b.site_early = site_early < 0 ? sh.stages : site_early;
-  static const int first_rows = [] {  // round 15 experiment: BONSAI_CUDA_MV7_FIRST=8|16 rows in a block's first stage
+  static const int first_rows = [] {  // BONSAI_CUDA_MV7_FIRST: 0 = the ragged stage last (round 14), N = N rows first
     const char* e = std::getenv("BONSAI_CUDA_MV7_FIRST");
-    return e && *e ? std::atoi(e) : 0;
+    return e && *e ? std::atoi(e) : -1;
   }();
   b.first_rows = site ? 0 : first_rows;
   const void* f = site ? (lv == 2 ? (rb == 2 ? mv7_kernel<2, 2, true>() : mv7_kernel<2, 1, true>())
