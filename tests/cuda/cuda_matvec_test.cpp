@@ -49,7 +49,8 @@ std::vector<float> run_linear(CudaBackend& b, const std::vector<TernaryMatrix*>&
 
 // Every case at every level v6 serves and every block shape of `cfgs`: against the exact int8 arithmetic, against v3,
 // and run to run EQUAL.
-void v6_cases(const std::vector<Case>& cases, uint32_t seed, const std::vector<int>& cfgs) {
+// v7_first: CudaBackend::Options::matvec7_first (the rows of a v7 block's first stage).
+void v6_cases(const std::vector<Case>& cases, uint32_t seed, const std::vector<int>& cfgs, int v7_first = -1) {
   for (const Case& c : cases) {
     std::vector<TernaryMatrix*> ws;
     for (int64_t N : c.N) ws.push_back(&random_matrix(N, c.K, seed++, 0.02));
@@ -71,6 +72,7 @@ void v6_cases(const std::vector<Case>& cases, uint32_t seed, const std::vector<i
         o6.tensor_cores = true;
         o6.matvec = 6;
         o6.matvec6_cfg = cfg;
+        o6.matvec7_first = v7_first;
         CudaBackend b6(o6);
         std::vector<std::vector<float>> got;
         const std::vector<float> v6 = run_linear(b6, ws, x, c.M, c.K, got);
@@ -106,8 +108,12 @@ TEST(CudaMatvec6, MatchesTheQuantisedReferenceAndV3) {
 // reads them from global memory, K 5120 / 640; permuted by the staging copy otherwise), 11-13 round 14's k16 step.
 TEST(CudaMatvec6, V7Small) {
   BONSAI_REQUIRE_GPU();
-  v6_cases({{1, 640, {5, 129}}, {2, 1152, {37}}, {4, 384, {17, 3}}, {1, 17408, {20}}, {2, 5120, {100}}, {1, 5120, {77}}},
-           1500, {8, 9, 10, 11, 12, 13});
+  const std::vector<Case> small = {{1, 640, {5, 129}}, {2, 1152, {37}}, {4, 384, {17, 3}}, {1, 17408, {20}},
+                                   {2, 5120, {100}}, {1, 5120, {77}}};
+  v6_cases(small, 1500, {8, 9, 10, 11, 12, 13});
+  // Round 15: the first stage whole (the ragged one last, round 14's order) and of 8 rows.
+  v6_cases(small, 1600, {8, 10}, 0);
+  v6_cases(small, 1700, {8, 10}, 8);
 }
 
 // The two steps are the same integer sums grouped differently: the k32 instances must give the k16 ones' outputs

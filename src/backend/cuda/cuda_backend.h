@@ -103,6 +103,8 @@ class CudaBackend final : public Backend {
                                      // BONSAI_CUDA_MV6_SPLIT_ANY=1)
     bool matvec6_split_ilv = true;   // split-K tiles in row tile major order (a block's tiles are contiguous stretches
                                      // of the same rows), else slice major (BONSAI_CUDA_MV6_SPLIT_ILV=0)
+    int matvec7_first = -1;    // round 15: rows of a v7 block's first stage: -1 = its ragged remainder (it ended the block
+                               // before: tg128 +0.8 % in one H200 call), 0 = a whole stage, N = N rows; BONSAI_CUDA_MV7_FIRST
     bool matvec7 = true;       // round 10: with matvec6_cfg 0, the bulk-copy-ring matvec v7 (matvec_mma.cu, cfg 8) wherever
                                // v6 serves, and for one token over K > 8,192 (ffn_down) instead of v3: the default since
                                // the same-call A/B on the H200 (tg128 185.9 vs 163.3 / 172.0 tok/s for v6 + v3, 8k
@@ -331,7 +333,7 @@ int cuda_device_count();
 // The factory the CLI uses for --backend cuda. Environment: BONSAI_CUDA_EXACT=1 (Options::exact),
 // BONSAI_CUDA_FUSE_NORM=0, BONSAI_CUDA_GRAPHS=0, BONSAI_CUDA_PDL=0, BONSAI_CUDA_FUSE=0 (A/B switches), and each
 // option's own word in its comment above (round 14's: BONSAI_CUDA_GRAPH_SEGMENT, BONSAI_CUDA_DELTA_STEP,
-// BONSAI_CUDA_ATTN_LONG).
+// BONSAI_CUDA_ATTN_LONG; round 15's: BONSAI_CUDA_MV7_K32, BONSAI_CUDA_MV7_FIRST).
 // `activations` (the CLI's --act: "q8", "q16", "f16", "exact", or "" for the environment / default) overrides
 // BONSAI_CUDA_ACT and BONSAI_CUDA_EXACT.
 std::unique_ptr<Backend> make_cuda_backend(int device = 0, const std::string& activations = "");

@@ -125,7 +125,9 @@ bool matvec6_supported(int64_t M, int levels, int64_t K);
 // order (a block reads contiguous stretches of the same rows, as unsplit), else slice major.
 Launch matvec6_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                       int levels, int sms, int cfg = 0, int split = 1, float* part = nullptr, int32_t* counters = nullptr,
-                      bool interleave = true);
+                      bool interleave = true, int v7_first = -1);
+// v7_first (round 15; CudaBackend::Options::matvec7_first): rows of a v7 block's first stage, -1 = its ragged remainder
+// (units mod the stage's units; none: a whole stage), 0 = a whole stage (the remainder last), N = N rows.
 // Matvec v7 with the one-row activation site as its prologue (round 11; warp_site.cuh): every block's consumer warps
 // compute the site of d (pre-op, signs, FWHT, int8 digits) into shared memory while the producer's weight copies are in
 // flight; no site kernel, no fp32 site written. AddNorm writes h += delta (each block a slice, once all blocks have read

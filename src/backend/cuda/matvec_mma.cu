@@ -44,7 +44,6 @@
 // slice's partial y goes to scratch, and the last block to arrive at a row tile (an int32 counter per row tile,
 // reset by that block) sums the slices in slice order: deterministic, no float atomics.
 #include <algorithm>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -936,7 +935,7 @@ Mv7Shape mv7_shape(int64_t K, int64_t M, int lv, int rb, bool stage_x = false) {
 // The v7 launch (cfg 8-10; 11-13: the same on round 14's k16 step), or false where two stages do not fit (the caller
 // falls back to v6). site: the fused site (M = 1, always the k16 step), or null.
 bool mv7_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M, int lv,
-                int sms, int cfg, const SitePrologue* site, Launch& out, int site_early = -1) {
+                int sms, int cfg, const SitePrologue* site, Launch& out, int site_early = -1, int first_rows = -1) {
   // Auto: 32-row stages where they leave >= 3 per SM and >= 3 fit (fewer per-stage overheads), else 16. (The
   // kernel table of round 10 measured 32-row stages faster on every shape but attn_k; not yet the rule: its whole-
   // model run is still to do, docs/cuda-kernels.md.)
@@ -974,10 +973,6 @@ bool mv7_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq,
   b.xs_bytes = int32_t(sh.xs_bytes);
   if (site) b.site = *site;
   b.site_early = site_early < 0 ? sh.stages : site_early;
-  static const int first_rows = [] {  // BONSAI_CUDA_MV7_FIRST: 0 = the ragged stage last (round 14), N = N rows first
-    const char* e = std::getenv("BONSAI_CUDA_MV7_FIRST");
-    return e && *e ? std::atoi(e) : -1;
-  }();
   b.first_rows = site ? 0 : first_rows;
   const void* f = site ? (lv == 2 ? (rb == 2 ? mv7_kernel<2, 2, true>() : mv7_kernel<2, 1, true>())
                                   : (rb == 2 ? mv7_kernel<1, 2, true>() : mv7_kernel<1, 1, true>()))
@@ -1039,7 +1034,7 @@ int matvec6_split_for(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, 
 }
 
 Launch matvec6_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                      int levels, int sms, int cfg, int split, float* part, int32_t* counters, bool interleave) {
+                      int levels, int sms, int cfg, int split, float* part, int32_t* counters, bool interleave, int v7_first) {
   Mv6Args a{};
   a.xq = xq;
   a.xds = xds;
@@ -1054,7 +1049,7 @@ Launch matvec6_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_
   cfg = mv6_resolve_cfg(rows, K, cfg);
   if (cfg >= 8 && cfg <= 14 && split <= 1) {
     Launch l;
-    if (mv7_launch(outs, n_outs, K, xq, xds, M, lv, sms, cfg, nullptr, l)) return l;
+    if (mv7_launch(outs, n_outs, K, xq, xds, M, lv, sms, cfg, nullptr, l, -1, v7_first)) return l;
     cfg = mv6_resolve_cfg(rows, K, 0);  // a K too long for two stages: v6
   }
   if (split > 1) {
