@@ -47,7 +47,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/matvec_step.cuh"
 #include "backend/cuda/mbarrier.cuh"
@@ -743,41 +742,25 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
     xds = xs_d;
   }
   if (!SITE && a.xs_bytes > 0) {  // stage the activations: one L2 pass per block instead of one per warp step
-    // On the chain right after griddepcontrol.wait, so every load is in flight before the first store (round 15: the
-    // plain copy loop waited one L2 round trip per iteration, 4 of them at ffn_down's 34 KB).
     const int nq = int(M) * LV * K / 16, nd = int(M) * (K >> 6) / 2;  // uint4 of xq, float4 of xds
-    float4* xds_s = reinterpret_cast<float4*>(xs + a.xs_bytes);
     if constexpr (K32) {
       // Each 64-byte block (4 uint4 X0..X3, on 4 consecutive lanes) in pair order (mv7_pair_order): lane r of the
       // four ends up with XP[r]. Even lanes keep {x, y} and take the odd neighbour's {x, y}; odd lanes keep {z, w} and
       // take the even one's {z, w}: two shuffles, the copy stays coalesced. nq is a multiple of 4 and the loop's
-      // stride of 32, so a warp's lanes are all in or all out. Up to kIt loads per lane are issued before any store.
-      constexpr int kIt = 4;
-      for (int e0 = threadIdx.x & ~31; e0 < nq; e0 += kIt * NW * 32) {
-        uint4 v[kIt];
-#pragma unroll
-        for (int it = 0; it < kIt; ++it) {
-          const int e = e0 + it * NW * 32 + lane;
-          v[it] = e < nq ? reinterpret_cast<const uint4*>(xq)[e] : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int it = 0; it < kIt; ++it) {
-          const int e = e0 + it * NW * 32 + lane;
-          const bool odd = lane & 1;
-          const uint32_t r0 = __shfl_xor_sync(0xffffffffu, odd ? v[it].x : v[it].z, 1);
-          const uint32_t r1 = __shfl_xor_sync(0xffffffffu, odd ? v[it].y : v[it].w, 1);
-          if (e < nq)
-            reinterpret_cast<uint4*>(xs)[e] = odd ? make_uint4(r0, v[it].z, r1, v[it].w) : make_uint4(v[it].x, r0, v[it].y, r1);
-        }
+      // stride of 32, so a warp's lanes are all in or all out.
+      for (int e0 = threadIdx.x & ~31; e0 < nq; e0 += NW * 32) {
+        const int e = e0 + lane;
+        const uint4 v = e < nq ? reinterpret_cast<const uint4*>(xq)[e] : make_uint4(0, 0, 0, 0);
+        const bool odd = lane & 1;
+        const uint32_t r0 = __shfl_xor_sync(0xffffffffu, odd ? v.x : v.z, 1);
+        const uint32_t r1 = __shfl_xor_sync(0xffffffffu, odd ? v.y : v.w, 1);
+        if (e < nq) reinterpret_cast<uint4*>(xs)[e] = odd ? make_uint4(r0, v.z, r1, v.w) : make_uint4(v.x, r0, v.y, r1);
       }
-      for (int e = threadIdx.x; e < nd; e += NW * 32) cp_async16(xds_s + e, reinterpret_cast<const float4*>(xds) + e, 16);
-    } else {  // the k16 order: asynchronous copies (no register round trip)
-      for (int e = threadIdx.x; e < nq; e += NW * 32)
-        cp_async16(reinterpret_cast<uint4*>(xs) + e, reinterpret_cast<const uint4*>(xq) + e, 16);
-      for (int e = threadIdx.x; e < nd; e += NW * 32) cp_async16(xds_s + e, reinterpret_cast<const float4*>(xds) + e, 16);
+    } else {
+      for (int e = threadIdx.x; e < nq; e += NW * 32) reinterpret_cast<uint4*>(xs)[e] = reinterpret_cast<const uint4*>(xq)[e];
     }
-    cp_async_commit();
-    cp_async_wait<0>();
+    float4* xds_s = reinterpret_cast<float4*>(xs + a.xs_bytes);
+    for (int e = threadIdx.x; e < nd; e += NW * 32) xds_s[e] = reinterpret_cast<const float4*>(xds)[e];
     asm volatile("bar.sync 1, %0;" ::"r"(NW * 32) : "memory");  // the consumers only (the producer never waits here)
     xq = reinterpret_cast<const int8_t*>(xs);
     xds = reinterpret_cast<const float2*>(xds_s);
