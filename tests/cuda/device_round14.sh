@@ -6,7 +6,8 @@
 # (BENCH_SHAPES x BENCH_TAGS, then BASE_TAGS on test_cuda_base), then `bonsai bench --backend cuda -m $P27 -p 0 -n 128
 # -r 2 -d $DEPTHS` per AB entry ("name:ENV=V,ENV=V"; X=1: the defaults; a name starting with base runs the BASELINE
 # binary, with prev an intermediate build's bonsai copied beside it as bonsai_prev, its test_cuda as test_cuda_prev),
-# in the order given: repeat an entry to bracket the machine's drift.
+# in the order given: repeat an entry to bracket the machine's drift. Round 15: TEST2="ENV=V,ENV=V|gtest filter" runs
+# test_cuda once more under that environment (into $OUT/test_cuda2.log).
 set -u
 source "$(dirname "$0")/device_env.sh"
 device_header
@@ -16,6 +17,13 @@ if [ -n "${TEST_FILTER:-}" ]; then
   stamp "tests"
   run_test_cuda ${TEST_TIMEOUT:-200}
   grep -E "^\[  FAILED|^\[  PASSED|^\[       OK|Failure|Expected|Which is|tests ran" "$OUT/test_cuda.log" | head -50
+fi
+if [ -n "${TEST2:-}" ]; then
+  stamp "tests under ${TEST2%%|*}"
+  env ${TEST2%%|*} BONSAI_TINY_PACK=/tmp/tiny/tiny-pq2_0.gguf BONSAI_TINY7_PACK=/tmp/tiny7/tiny-pq2_0.gguf \
+    BONSAI_GATE_FIXTURE="$FIX" timeout ${TEST2_TIMEOUT:-120} $B/test_cuda --gtest_filter="${TEST2#*|}" > "$OUT/test_cuda2.log" 2>&1
+  echo "test_cuda (2) rc=$?"
+  grep -E "^\[  FAILED|^\[  PASSED|^\[       OK|Failure|Expected|Which is|tests ran" "$OUT/test_cuda2.log" | head -30
 fi
 [ -n "${SAN_FILTER:-}" ] && { stamp "memcheck"; run_sanitizer "$SAN_FILTER" ${SAN_TIMEOUT:-150}; }
 stamp "gates"
