@@ -110,10 +110,7 @@ __device__ __forceinline__ void mv7_pair_order(const uint4 (&X)[4], uint4 (&XP)[
 template <int LV, int RB>
 __device__ __forceinline__ void mv7_step32(const Mv6Stage<RB>& st, const uint4 (&XP)[4], const float4& xv0,
                                            const float4& xv1, float (&yg)[RB], float (&yg8)[RB]) {
-  // One 16-row block (RB = 1) would leave ONE dependent chain of 8 mmas per step: there the word pairs p = 0 / 1 go to
-  // two chains (cc / c2), summed at the end (exact int32 sums: still bit-identical). Two row blocks are two chains.
-  constexpr bool kTwo = RB == 1;
-  int cc[RB][4], c2[4] = {0, 0, 0, 0};
+  int cc[RB][4];
 #pragma unroll
   for (int b = 0; b < RB; ++b)
 #pragma unroll
@@ -127,22 +124,15 @@ __device__ __forceinline__ void mv7_step32(const Mv6Stage<RB>& st, const uint4 (
       const uint32_t b0 = (j & 1) ? xb.z : xb.x, b1 = (j & 1) ? xb.w : xb.y;
 #pragma unroll
       for (int b = 0; b < RB; ++b)
-        mma32_u8s8(kTwo && p == 1 ? c2 : cc[b], comp(st.wa[b], 2 * p) & m, comp(st.wb[b], 2 * p) & m,
-                   comp(st.wa[b], 2 * p + 1) & m, comp(st.wb[b], 2 * p + 1) & m, b0, b1);
+        mma32_u8s8(cc[b], comp(st.wa[b], 2 * p) & m, comp(st.wb[b], 2 * p) & m, comp(st.wa[b], 2 * p + 1) & m,
+                   comp(st.wb[b], 2 * p + 1) & m, b0, b1);
     }
-    if (j > 0) {
+    if (j > 0)
 #pragma unroll
       for (int b = 0; b < RB; ++b)
 #pragma unroll
         for (int i = 0; i < 4; ++i) cc[b][i] >>= 2;
-      if constexpr (kTwo)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) c2[i] >>= 2;
-    }
   }
-  if constexpr (kTwo)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) cc[0][i] += c2[i];
   mv6_combine<LV, RB>(st, cc, xv0, xv1, yg, yg8);
 }
 
