@@ -1,6 +1,5 @@
-// The ternary tensor-core matvec's STEP (64 B of each of 16 RB rows x two 128-groups, mma.sync u8.s8), shared by
-// matvec v6 / v7 (matvec_mma.cu) and the fused FFN kernel (matvec_ffn.cu). Fragment layout, the mask / Horner scheme
-// and the per-group combine: matvec_mma.cu's header.
+// The ternary tensor-core matvec's STEP (64 B of each of 16 RB rows x two 128-groups, mma.sync u8.s8): matvec v6's and
+// v7's (matvec_mma.cu). Fragment layout, the mask / Horner scheme and the per-group combine: matvec_mma.cu's header.
 #pragma once
 #include <cstdint>
 
@@ -24,6 +23,22 @@ struct Mv6Stage {
   uint32_t sc[RB];       // fp16 scales of rows g | g + 8 (high half): q16 group 2s + t % 2, q8 group 2s
   uint32_t sc2[RB];      // q8 only: group 2s + 1
 };
+
+// The accumulators of a step's RB Horner chains: zeroed, and the exact >> 2 between two code positions.
+template <int RB>
+__device__ __forceinline__ void mv_acc_zero(int (&cc)[RB][4]) {
+#pragma unroll
+  for (int b = 0; b < RB; ++b)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) cc[b][i] = 0;
+}
+template <int RB>
+__device__ __forceinline__ void mv_acc_next_position(int (&cc)[RB][4]) {
+#pragma unroll
+  for (int b = 0; b < RB; ++b)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) cc[b][i] >>= 2;
+}
 
 // The per-group combine of a step: y += d_w u (sum(c Q) - S) into the rows g (yg) and g + 8 (yg8) from the
 // accumulators cc (columns 2t, 2t + 1 of the lane). Zero scales (a missing group or row) add nothing.
@@ -62,10 +77,7 @@ __device__ __forceinline__ void mv6_step(const Mv6Stage<RB>& st, const uint4 (&X
   // interleave, measured slower in the model: 197.9 vs 204.4 tok/s; ptxas issues one row block's chain after the
   // other's whatever the source order.)
   int cc[RB][4];
-#pragma unroll
-  for (int b = 0; b < RB; ++b)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) cc[b][i] = 0;
+  mv_acc_zero(cc);
 #pragma unroll
   for (int j = 3; j >= 0; --j) {
     const uint32_t m = 0x03030303u << (2 * j);
@@ -73,11 +85,7 @@ __device__ __forceinline__ void mv6_step(const Mv6Stage<RB>& st, const uint4 (&X
     for (int q = 0; q < 4; ++q)
 #pragma unroll
       for (int b = 0; b < RB; ++b) mma16_u8s8(cc[b], comp(st.wa[b], q) & m, comp(st.wb[b], q) & m, comp(X[q], j));
-    if (j > 0)
-#pragma unroll
-      for (int b = 0; b < RB; ++b)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) cc[b][i] >>= 2;
+    if (j > 0) mv_acc_next_position(cc);
   }
   mv6_combine<LV, RB>(st, cc, xv0, xv1, yg, yg8);
 }
@@ -98,7 +106,7 @@ __device__ __forceinline__ void mma32_u8s8(int (&c)[4], uint32_t a0, uint32_t a1
 // The pair order of a lane's 4 activation words X[q] (int32 j of word q = element group (q, j)):
 // XP[2p + j / 2] = {X[2p].j0, X[2p + 1].j0, X[2p].j1, X[2p + 1].j1} with j0 = 2 (j / 2), j1 = j0 + 1. As a
 // permutation of the 16 int32 of a 64-byte block: destination 4r + c takes source 4q + j with r = 2 (q / 2) + j / 2,
-// c = 2 (j % 2) + q % 2 (the staging copy applies it once per block, mv7_stage_pairs).
+// c = 2 (j % 2) + q % 2 (matvec7_kernel's staging copy applies it with a pair exchange between neighbouring lanes).
 __device__ __forceinline__ void mv7_pair_order(const uint4 (&X)[4], uint4 (&XP)[4]) {
 #pragma unroll
   for (int p = 0; p < 2; ++p) {
@@ -111,10 +119,7 @@ template <int LV, int RB>
 __device__ __forceinline__ void mv7_step32(const Mv6Stage<RB>& st, const uint4 (&XP)[4], const float4& xv0,
                                            const float4& xv1, float (&yg)[RB], float (&yg8)[RB]) {
   int cc[RB][4];
-#pragma unroll
-  for (int b = 0; b < RB; ++b)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) cc[b][i] = 0;
+  mv_acc_zero(cc);
 #pragma unroll
   for (int j = 3; j >= 0; --j) {
     const uint32_t m = 0x03030303u << (2 * j);
@@ -127,11 +132,7 @@ __device__ __forceinline__ void mv7_step32(const Mv6Stage<RB>& st, const uint4 (
         mma32_u8s8(cc[b], comp(st.wa[b], 2 * p) & m, comp(st.wb[b], 2 * p) & m, comp(st.wa[b], 2 * p + 1) & m,
                    comp(st.wb[b], 2 * p + 1) & m, b0, b1);
     }
-    if (j > 0)
-#pragma unroll
-      for (int b = 0; b < RB; ++b)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) cc[b][i] >>= 2;
+    if (j > 0) mv_acc_next_position(cc);
   }
   mv6_combine<LV, RB>(st, cc, xv0, xv1, yg, yg8);
 }
