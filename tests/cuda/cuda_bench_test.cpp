@@ -237,7 +237,7 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
 }
 
 // Round 15: what a kernel boundary and a grid-wide barrier cost on this GPU (CudaBackend::probe_sync_us), the two
-// ways a decode step can order its stages; the barrier time includes its memset-free rounds only.
+// ways a decode step can order its stages; the barrier time per round includes 1 / rounds of a 4-byte memset.
 TEST(CudaBench, SyncCosts) {
   if (!bench_enabled()) GTEST_SKIP() << "set BONSAI_CUDA_BENCH=1";
   BONSAI_REQUIRE_GPU();

@@ -452,6 +452,42 @@ struct CudaBackend::Impl {
     CUDA_CHECK(cudaEventCreate(&e));
     return e;
   }
+  // Milliseconds of `reps` runs of body() on the stream (events around each run), after `warmup` untimed ones
+  // (the measurement helpers: probe_read_gbs, probe_sync_us, time_linear_kernel).
+  template <class F>
+  std::vector<float> timed_runs_ms(int warmup, int reps, F&& body) {
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    std::vector<float> ms;
+    for (int r = 0; r < warmup + reps; ++r) {
+      CUDA_CHECK(cudaEventRecord(e0, stream));
+      body();
+      CUDA_CHECK(cudaEventRecord(e1, stream));
+      CUDA_CHECK(cudaEventSynchronize(e1));
+      float t = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+      if (r >= warmup) ms.push_back(t);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return ms;
+  }
+  // The launches captured as one instantiated graph, with programmatic edges between them when `pdl`
+  // (Options::pdl is left as it was). The caller destroys it (cudaGraphExecDestroy).
+  cudaGraphExec_t capture_launches(const std::vector<cuda::Launch>& ls, bool pdl) {
+    const bool was = opt.pdl;
+    opt.pdl = pdl;
+    cudaGraph_t g = nullptr;
+    cudaGraphExec_t ge = nullptr;
+    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (const cuda::Launch& l : ls) launch_now(l);
+    CUDA_CHECK(cudaStreamEndCapture(stream, &g));
+    opt.pdl = was;
+    CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+    CUDA_CHECK(cudaGraphDestroy(g));  // the instantiated graph does not need it
+    return ge;
+  }
   void collect_profile() {
     if (!prof.empty()) prof_last.clear();
     for (const Prof& p : prof) {
@@ -1697,47 +1733,23 @@ CudaBackend::SyncCosts CudaBackend::probe_sync_us(int launches, int rounds) {
   (void)attr;
   const int blocks = I.prop.multiProcessorCount;
   auto* count = static_cast<int32_t*>(I.device_alloc(4, "the sync probe"));
-  cudaEvent_t e0, e1;
-  CUDA_CHECK(cudaEventCreate(&e0));
-  CUDA_CHECK(cudaEventCreate(&e1));
-  auto timed = [&](auto&& body) {  // the best of 3 runs after one warm-up, ms
-    float best = 0;
-    for (int r = 0; r < 4; ++r) {
-      CUDA_CHECK(cudaEventRecord(e0, I.stream));
-      body();
-      CUDA_CHECK(cudaEventRecord(e1, I.stream));
-      CUDA_CHECK(cudaEventSynchronize(e1));
-      float t = 0;
-      CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
-      if (r == 1 || (r > 1 && t < best)) best = t;
-    }
-    return double(best);
-  };
+  auto best = [](const std::vector<float>& ms) { return double(*std::min_element(ms.begin(), ms.end())); };
   SyncCosts c;
-  // The hops: one captured graph of empty dependent kernels (as the decode step's graph holds its launches).
-  const bool pdl = I.opt.pdl;
-  I.opt.pdl = true;
-  cudaGraph_t g = nullptr;
-  cudaGraphExec_t ge = nullptr;
-  CUDA_CHECK(cudaStreamBeginCapture(I.stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < launches; ++i) I.launch_now(cuda::sync_probe_hop_launch(count, blocks, cuda::kSyncProbeSmem));
-  CUDA_CHECK(cudaStreamEndCapture(I.stream, &g));
-  I.opt.pdl = pdl;
-  CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-  c.hop_us = timed([&] { CUDA_CHECK(cudaGraphLaunch(ge, I.stream)); }) * 1000.0 / launches;
+  // The hops: one captured graph of empty dependent kernels (as the decode step's graph holds its launches); the best
+  // of 3 runs after one warm-up.
+  const std::vector<cuda::Launch> hops(size_t(launches), cuda::sync_probe_hop_launch(count, blocks, cuda::kSyncProbeSmem));
+  cudaGraphExec_t ge = I.capture_launches(hops, true);
+  c.hop_us = best(I.timed_runs_ms(1, 3, [&] { CUDA_CHECK(cudaGraphLaunch(ge, I.stream)); })) * 1000.0 / launches;
   cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  // The barriers: one kernel, the counter zeroed before each run.
-  const bool pdl2 = I.opt.pdl;
+  // The barriers: one kernel, the counter zeroed before each run (the 4-byte memset is inside the timed region).
+  const bool pdl = I.opt.pdl;
   I.opt.pdl = false;
-  c.barrier_us = timed([&] {
-    CUDA_CHECK(cudaMemsetAsync(count, 0, 4, I.stream));
-    I.launch_now(cuda::sync_probe_barrier_launch(count, rounds, blocks, cuda::kSyncProbeSmem));
-  }) * 1000.0 / rounds;
-  I.opt.pdl = pdl2;
-  CUDA_CHECK(cudaStreamSynchronize(I.stream));
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
+  c.barrier_us = best(I.timed_runs_ms(1, 3, [&] {
+                   CUDA_CHECK(cudaMemsetAsync(count, 0, 4, I.stream));
+                   I.launch_now(cuda::sync_probe_barrier_launch(count, rounds, blocks, cuda::kSyncProbeSmem));
+                 })) *
+                 1000.0 / rounds;
+  I.opt.pdl = pdl;
   cudaFree(count);
   return c;
 }
@@ -1750,25 +1762,11 @@ double CudaBackend::probe_read_gbs(uint64_t bytes, int reps) {
   const int blocks = I.prop.multiProcessorCount * 4;
   uint32_t* sink = static_cast<uint32_t*>(I.device_alloc(size_t(blocks) * 4, "the bandwidth probe"));
   CUDA_CHECK(cudaMemsetAsync(buf, 0x5A, bytes, I.stream));
-  cudaEvent_t e0, e1;
-  CUDA_CHECK(cudaEventCreate(&e0));
-  CUDA_CHECK(cudaEventCreate(&e1));
-  std::vector<float> ms;
   const cuda::Launch l = cuda::probe_launch(buf, int64_t(bytes / 16), sink, blocks);
   const bool pdl = I.opt.pdl;
   I.opt.pdl = false;
-  for (int r = 0; r < reps + 1; ++r) {
-    CUDA_CHECK(cudaEventRecord(e0, I.stream));
-    I.launch_now(l);
-    CUDA_CHECK(cudaEventRecord(e1, I.stream));
-    CUDA_CHECK(cudaEventSynchronize(e1));
-    float t = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
-    if (r > 0) ms.push_back(t);
-  }
+  std::vector<float> ms = I.timed_runs_ms(1, reps, [&] { I.launch_now(l); });
   I.opt.pdl = pdl;
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
   cudaFree(buf);
   cudaFree(sink);
   std::sort(ms.begin(), ms.end());
@@ -1803,33 +1801,10 @@ double CudaBackend::time_linear_kernel(const TernaryMatrix* const* mats, int n_m
     I.ternary_launches(t, n_outs, K, xq, xds, M, nullptr, ls);
   }
   // One round = every launch once, captured as a graph, with or without programmatic edges between them.
-  const bool pdl = I.opt.pdl;
-  I.opt.pdl = pdl_between;
   CUDA_CHECK(cudaStreamSynchronize(I.stream));
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CUDA_CHECK(cudaStreamBeginCapture(I.stream, cudaStreamCaptureModeThreadLocal));
-  for (const cuda::Launch& l : ls) I.launch_now(l);
-  CUDA_CHECK(cudaStreamEndCapture(I.stream, &g));
-  I.opt.pdl = pdl;
-  CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t e0, e1;
-  CUDA_CHECK(cudaEventCreate(&e0));
-  CUDA_CHECK(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int r = 0; r < reps + 2; ++r) {
-    CUDA_CHECK(cudaEventRecord(e0, I.stream));
-    CUDA_CHECK(cudaGraphLaunch(ge, I.stream));
-    CUDA_CHECK(cudaEventRecord(e1, I.stream));
-    CUDA_CHECK(cudaEventSynchronize(e1));
-    float t = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
-    if (r >= 2) ms.push_back(t);
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
+  cudaGraphExec_t ge = I.capture_launches(ls, pdl_between);
+  std::vector<float> ms = I.timed_runs_ms(2, reps, [&] { CUDA_CHECK(cudaGraphLaunch(ge, I.stream)); });
   cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
   release(x);
   release(y);
   std::sort(ms.begin(), ms.end());
