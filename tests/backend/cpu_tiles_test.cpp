@@ -81,9 +81,9 @@ TEST(CpuTiles, LayoutThroughARowMap) {
 
 class TiledKernels : public ForcedKernels {};
 
-class TiledAvx512 : public ForcedKernels {};
+class TiledSimd : public ForcedKernels {};  // the variants with tiled kernels
 
-TEST_P(TiledAvx512, AgainstTheCanonicalGemm) {
+TEST_P(TiledSimd, AgainstTheCanonicalGemm) {
   const cpu::Kernels& k = cpu::kernels();
   ASSERT_TRUE(k.ternary_tiles_q8_x1 && k.ternary_tiles_q8_xm) << GetParam() << " lost its tiled kernels";
   for (int levels : {1, 2, 3})
@@ -117,7 +117,7 @@ TEST_P(TiledAvx512, AgainstTheCanonicalGemm) {
 }
 
 // Through the op layer: tiled vs untiled, 1-3 threads, two weight sets sharing a site, and a mixed call.
-// A variant without tiled kernels (avx2, portable) ignores the tiles: the canonical bits for every M.
+// A variant without tiled kernels (portable) ignores the tiles: the canonical bits for every M.
 TEST_P(TiledKernels, OpLayerSameBitsAnyThreadCount) {
   const bool has_tiles = cpu::kernels().ternary_tiles_q8_x1 != nullptr;
   const auto prev_act = cpu::ternary_activation();
@@ -167,7 +167,7 @@ TEST_P(TiledKernels, OpLayerSameBitsAnyThreadCount) {
   cpu::set_ternary_activation(prev_act);
 }
 
-INSTANTIATE_TEST_SUITE_P(Cpu, TiledAvx512, ::testing::Values("avx512vnni", "avx512bw"),
+INSTANTIATE_TEST_SUITE_P(Cpu, TiledSimd, ::testing::Values("avx512vnni", "avx512bw", "avx2"),
                          [](const testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
 INSTANTIATE_TEST_SUITE_P(Cpu, TiledKernels, ::testing::Values("avx512vnni", "avx512bw", "avx2", "portable"),
                          [](const testing::TestParamInfo<const char*>& i) { return std::string(i.param); });

@@ -7,6 +7,7 @@
 // standard headers stay baseline code in this translation unit (no ODR trap).
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/pq2_rows.h"
+#include "backend/cpu/tiles.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -488,6 +489,191 @@ TGT void ternary_rows_q8_xm_avx2(const uint8_t* blocks, int64_t K, int64_t n0, i
   }
 }
 
+// ---- the tiled layout (backend/cpu/tiles.h) ----------------------------------------------------------------
+// A tile's 64-byte code vector (dword j of 16 rows) is two ymm halves: rows 0-7, rows 8-15. Lane r of a half
+// holds row r's code bytes 4j..4j+3, exactly what transpose8x8 builds in the canonical GEMM, so the tiled
+// GEMM is the canonical one with loads for its transposes (bit-identical), and the matvec puts 8 ROWS in the
+// int32 lanes at M = 1 too: one aligned load per 128 weights, and each activation broadcast serves every half
+// of the T tiles walked in lockstep.
+//
+// Matvec: no VNNI, so a 4-product is vpmaddubsw (u8 code plane x s8 digit -> 16-bit pair sums) + vpmaddwd
+// (-> int32). The pair sums are kept in 16 bits for a whole group instead (one vpaddw per vpmaddubsw, one
+// vpmaddwd per group): |pair| <= 2 * 3 * 127 = 762, times 4 planes x 8 dwords = 24,384 < 2^15, whatever the
+// codes (even the unused code 3). Per 128 weights and digit: 4 vpmaddubsw + 4 vpaddw, against 4 + 4 + 4
+// (vpmaddubsw, vpmaddwd, vpaddd) for the emulated 4-product.
+
+constexpr int64_t kTileStreamPrefetch = 2048;  // bytes ahead in each tile stream (as the canonical streams)
+
+// One group of T tiles in lockstep (see tiles_x1_group in kernels_avx512_tiles.h for the arguments);
+// facc[2t + h] = rows 8h .. 8h+7 of tile t.
+template <int T, int L, int P>
+TGT_INLINE void tiles8_x1_group(const uint8_t* const* codes, const uint8_t* const* dv, const int8_t* qg, int64_t K,
+                                const int32_t* qsum_g, int64_t G, float s, __m256* facc) {
+  const __m256i m3 = _mm256_set1_epi8(3);
+  __m256i acc[2 * T][L];  // [tile half][digit] 16 int16 pair sums of 8 rows (see above for the range)
+  for (int u = 0; u < 2 * T; ++u)
+    for (int l = 0; l < L; ++l) acc[u][l] = _mm256_setzero_si256();
+  for (int j = 0; j < 8; ++j) {
+    for (int t = 0; t < T; ++t)
+      _mm_prefetch(reinterpret_cast<const char*>(codes[t] + 64 * j + kTileStreamPrefetch), _MM_HINT_T0);
+    // Plane-major: per plane, L broadcasts and one plane register live (not 4L broadcasts), so 2T x L
+    // accumulators fit the 16 ymm registers at T = 2, L = 2.
+    for (int p = 0; p < 4; ++p) {
+      __m256i x[L];
+      for (int l = 0; l < L; ++l) x[l] = bcast32(qg + l * K + p * P + 4 * j);
+      for (int u = 0; u < 2 * T; ++u) {
+        const __m256i a = _mm256_load_si256(reinterpret_cast<const __m256i*>(codes[u / 2] + 64 * j + 32 * (u % 2)));
+        const __m256i pl = _mm256_and_si256(p ? _mm256_srli_epi16(a, 2 * p) : a, m3);
+        for (int l = 0; l < L; ++l) {
+          acc[u][l] = _mm256_add_epi16(acc[u][l], _mm256_maddubs_epi16(pl, x[l]));
+          // An opaque step: without it GCC reassociates a j's four adds into a tree over the four planes'
+          // products, which holds 4 x 2T x L products live and spilled them (39 -> ? GMAC/s in L2).
+          asm("" : "+x"(acc[u][l]));
+        }
+      }
+    }
+  }
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256 sv = _mm256_set1_ps(s);
+  for (int u = 0; u < 2 * T; ++u) {
+    __m256i tot = _mm256_sub_epi32(_mm256_madd_epi16(acc[u][0], ones), _mm256_set1_epi32(qsum_g[0]));
+    for (int l = 1; l < L; ++l)
+      tot = times254_add(tot, _mm256_sub_epi32(_mm256_madd_epi16(acc[u][l], ones), _mm256_set1_epi32(qsum_g[l * G])));
+    const __m256 d = fp16x8_to_f32(reinterpret_cast<const uint16_t*>(dv[u / 2] + 16 * (u % 2)));
+    facc[u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_mul_ps(d, sv), facc[u]);
+  }
+}
+
+// T whole tiles against one quantised activation row: facc[2t + h] = rows 8h .. 8h+7 of tile t.
+template <int T, int L>
+TGT_INLINE void tiles8_x1_run(const uint8_t* const* tile, int64_t K, const int8_t* q, const float* qs,
+                              const int32_t* qsum, __m256* facc) {
+  const int64_t G = K / 128, C = G / 2;
+  for (int u = 0; u < 2 * T; ++u) facc[u] = _mm256_setzero_ps();
+  const uint8_t* codes[T];
+  const uint8_t* dv[T];
+  for (int64_t c = 0; c < C; ++c)
+    for (int h = 0; h < 2; ++h) {
+      const int64_t g = 2 * c + h;
+      for (int t = 0; t < T; ++t) {
+        codes[t] = tile[t] + c * kTileChunkBytes + 512 * h;
+        dv[t] = tile[t] + c * kTileChunkBytes + 1024 + 32 * h;
+      }
+      tiles8_x1_group<T, L, 64>(codes, dv, q + 256 * c + 32 * h, K, qsum + g, G, qs[g] * digit_unit(L), facc);
+    }
+  if (G & 1) {  // the tail chunk: one group, activation planes 32 apart
+    for (int t = 0; t < T; ++t) {
+      codes[t] = tile[t] + C * kTileChunkBytes;
+      dv[t] = codes[t] + 512;
+    }
+    tiles8_x1_group<T, L, 32>(codes, dv, q + 256 * C, K, qsum + 2 * C, G, qs[2 * C] * digit_unit(L), facc);
+  }
+}
+
+// Tile t's 16 outputs (two halves) into y[16t ..], clipped at N.
+TGT_INLINE void store_tile_rows8(float* y, int64_t N, int64_t t, __m256 lo, __m256 hi) {
+  const int64_t n = t * kTileRows, left = N - n;
+  if (left >= kTileRows) {
+    _mm256_storeu_ps(y + n, lo);
+    _mm256_storeu_ps(y + n + 8, hi);
+    return;
+  }
+  alignas(32) float out[16];
+  _mm256_store_ps(out, lo);
+  _mm256_store_ps(out + 8, hi);
+  std::memcpy(y + n, out, sizeof(float) * size_t(left));
+}
+
+template <int L>
+TGT void q8_tiles8_x1_levels(const uint8_t* tiles, int64_t K, int64_t N, int64_t t0, int64_t t1, const int8_t* q,
+                             const float* qs, const int32_t* qsum, float* y) {
+  const int64_t tb = tile_bytes(K);
+  // Two equal runs of tiles in lockstep (two long streams per thread, as the AVX-512 kernel), then the odd tile.
+  const int64_t Q = (t1 - t0) / 2;
+  for (int64_t j = 0; j < Q; ++j) {
+    const int64_t ta = t0 + j, tz = t0 + Q + j;
+    const uint8_t* tile[2] = {tiles + ta * tb, tiles + tz * tb};
+    __m256 facc[4];
+    tiles8_x1_run<2, L>(tile, K, q, qs, qsum, facc);
+    store_tile_rows8(y, N, ta, facc[0], facc[1]);
+    store_tile_rows8(y, N, tz, facc[2], facc[3]);
+  }
+  if (t0 + 2 * Q < t1) {
+    const int64_t t = t1 - 1;
+    const uint8_t* tile[1] = {tiles + t * tb};
+    __m256 facc[2];
+    tiles8_x1_run<1, L>(tile, K, q, qs, qsum, facc);
+    store_tile_rows8(y, N, t, facc[0], facc[1]);
+  }
+}
+
+TGT void ternary_tiles_q8_x1_avx2(const uint8_t* tiles, int64_t K, int64_t N, int64_t t0, int64_t t1, const int8_t* q,
+                                  const float* qscale, const int32_t* qsum, int levels, float* y) {
+  if (levels == 1) q8_tiles8_x1_levels<1>(tiles, K, N, t0, t1, q, qscale, qsum, y);
+  else if (levels == 2) q8_tiles8_x1_levels<2>(tiles, K, N, t0, t1, q, qscale, qsum, y);
+  else q8_tiles8_x1_levels<3>(tiles, K, N, t0, t1, q, qscale, qsum, y);
+}
+
+// GEMM on one tile half (8 rows: nr of them real): q8_rows8_xm with the stored transpose loaded and the 8
+// rows' d loaded as one vector, so the same gemm8_group runs on the same planes (bit-identical).
+template <int L>
+TGT void q8_tile8_xm(const uint8_t* tile, int half, int64_t K, const int8_t* q, const float* qs, const int32_t* qsum,
+                     int64_t M, float* y, int64_t ldy, int nr) {
+  const int64_t G = K / 128, C = G / 2, qrs = L * K, srs = L * G;
+  constexpr int kMT = 64;
+  alignas(32) __m256i pl[8][4];  // decoded planes of one group of 8 rows: [dword k][plane t], lane = row
+  alignas(32) __m256 facc[kMT];  // [m] 8 rows
+  const __m256i m3 = _mm256_set1_epi8(3);
+  for (int64_t m0 = 0; m0 < M; m0 += kMT) {
+    const int64_t mc = std::min<int64_t>(kMT, M - m0);
+    for (int64_t m = 0; m < mc; ++m) facc[m] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t c = g / 2;
+      const uint8_t* ch = tile + c * kTileChunkBytes;
+      const uint8_t* cv = c < C ? ch + 512 * (g % 2) : ch;          // this group's 8 code vectors
+      const uint8_t* dv = (c < C ? ch + 1024 + 32 * (g % 2) : ch + 512) + 16 * half;
+      for (int k = 0; k < 8; ++k) {
+        const __m256i a = _mm256_load_si256(reinterpret_cast<const __m256i*>(cv + 64 * k + 32 * half));
+        pl[k][0] = _mm256_and_si256(a, m3);
+        pl[k][1] = _mm256_and_si256(_mm256_srli_epi16(a, 2), m3);
+        pl[k][2] = _mm256_and_si256(_mm256_srli_epi16(a, 4), m3);
+        pl[k][3] = _mm256_and_si256(_mm256_srli_epi16(a, 6), m3);
+      }
+      const __m256 d = fp16x8_to_f32(reinterpret_cast<const uint16_t*>(dv));
+      int64_t P;
+      const int8_t* qg = group_q(q, G, g, &P);
+      int64_t m = 0;
+      for (; m + 2 <= mc; m += 2)
+        gemm8_group<2, L>(pl, qg + (m0 + m) * qrs, P, K, qrs, qs + (m0 + m) * G + g, qsum + (m0 + m) * srs + g, G, srs,
+                          d, facc + m);
+      for (; m < mc; ++m)
+        gemm8_group<1, L>(pl, qg + (m0 + m) * qrs, P, K, qrs, qs + (m0 + m) * G + g, qsum + (m0 + m) * srs + g, G, srs,
+                          d, facc + m);
+    }
+    for (int64_t m = 0; m < mc; ++m) {
+      alignas(32) float out[8];
+      _mm256_store_ps(out, facc[m]);
+      std::memcpy(y + (m0 + m) * ldy, out, sizeof(float) * size_t(nr));
+    }
+  }
+}
+
+TGT void ternary_tiles_q8_xm_avx2(const uint8_t* tiles, int64_t K, int64_t N, int64_t t0, int64_t t1, const int8_t* q,
+                                  const float* qscale, const int32_t* qsum, int levels, int64_t M, float* y,
+                                  int64_t ldy) {
+  const int64_t tb = tile_bytes(K);
+  for (int64_t t = t0; t < t1; ++t)
+    for (int half = 0; half < 2; ++half) {
+      const int64_t n = t * kTileRows + 8 * half;
+      if (n >= N) break;
+      const int nr = int(std::min<int64_t>(8, N - n));
+      const uint8_t* tile = tiles + t * tb;
+      if (levels == 1) q8_tile8_xm<1>(tile, half, K, q, qscale, qsum, M, y + n, ldy, nr);
+      else if (levels == 2) q8_tile8_xm<2>(tile, half, K, q, qscale, qsum, M, y + n, ldy, nr);
+      else q8_tile8_xm<3>(tile, half, K, q, qscale, qsum, M, y + n, ldy, nr);
+    }
+}
+
 }  // namespace
 
 namespace detail {
@@ -499,7 +685,9 @@ const Kernels* avx2_kernels() {
                          dot_avx2,
                          quantize_q8_avx2,
                          ternary_rows_q8_x1_avx2,
-                         ternary_rows_q8_xm_avx2};
+                         ternary_rows_q8_xm_avx2,
+                         ternary_tiles_q8_x1_avx2,
+                         ternary_tiles_q8_xm_avx2};
   return &k;
 }
 }  // namespace detail

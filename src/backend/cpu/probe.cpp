@@ -134,30 +134,42 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t peak_vnni(int64_t
   g_peak_sink = _mm512_reduce_add_epi32(s);
   return iters * 12 * 64;
 }
+// Without VNNI the int8 product is vpmaddubsw (32 / 64 u8 x s8 multiply-adds into 16-bit pair sums), accumulated
+// in 16 bits by vpaddw as the tiled kernels do (kernels_avx2.cpp). Each product reads its own accumulator, so
+// the compiler cannot hoist it out of the loop: with constant operands (the form before) GCC computed
+// maddubs(a, b) once and the loop timed vpaddd alone (648 "Gop/s" on a Zen 3 VM whose vpmaddubsw runs
+// ~1.3 per cycle per core). 12 chains of vpmaddubsw + vpaddw (latency ~4) keep 3 products in flight per cycle.
+// 12 chains of (vpmaddubsw + vpaddw) on its own accumulator, in asm: GCC kept an array of __m256i
+// accumulators partly on the stack (stores in the loop), which timed the stores.
+#define BONSAI_PEAK_MADDUBS_LOOP(T, SET1, REDUCE, MACS)                                                       \
+  T a0 = SET1(1), a1 = SET1(2), a2 = SET1(3), a3 = SET1(4), a4 = SET1(5), a5 = SET1(6), a6 = SET1(7),         \
+    a7 = SET1(8), a8 = SET1(9), a9 = SET1(10), a10 = SET1(11), a11 = SET1(12), b = SET1(-1), t;               \
+  for (int64_t it = 0; it < iters; ++it)                                                                      \
+    asm volatile(BONSAI_PEAK_STEP(0) BONSAI_PEAK_STEP(1) BONSAI_PEAK_STEP(2) BONSAI_PEAK_STEP(3)              \
+                 BONSAI_PEAK_STEP(4) BONSAI_PEAK_STEP(5) BONSAI_PEAK_STEP(6) BONSAI_PEAK_STEP(7)              \
+                 BONSAI_PEAK_STEP(8) BONSAI_PEAK_STEP(9) BONSAI_PEAK_STEP(10) BONSAI_PEAK_STEP(11)            \
+                 : [a0] "+x"(a0), [a1] "+x"(a1), [a2] "+x"(a2), [a3] "+x"(a3), [a4] "+x"(a4), [a5] "+x"(a5), \
+                   [a6] "+x"(a6), [a7] "+x"(a7), [a8] "+x"(a8), [a9] "+x"(a9), [a10] "+x"(a10),              \
+                   [a11] "+x"(a11), [t] "=&x"(t)                                                             \
+                 : [b] "x"(b));                                                                              \
+  g_peak_sink = REDUCE(a0) + REDUCE(a1) + REDUCE(a2) + REDUCE(a3) + REDUCE(a4) + REDUCE(a5) + REDUCE(a6) +    \
+                REDUCE(a7) + REDUCE(a8) + REDUCE(a9) + REDUCE(a10) + REDUCE(a11);                             \
+  return iters * 12 * (MACS)
+#define BONSAI_PEAK_STEP(i) "vpmaddubsw %[b], %[a" #i "], %[t]\n\tvpaddw %[t], %[a" #i "], %[a" #i "]\n\t"
+
+// Without VNNI the int8 product is vpmaddubsw (32 / 64 u8 x s8 multiply-adds into 16-bit pair sums), accumulated
+// in 16 bits by vpaddw as the tiled kernels do (kernels_avx2.cpp). Each product reads its own accumulator, so it
+// cannot be hoisted out of the loop: with constant operands (the form before) GCC computed maddubs(a, b) once
+// and the loop timed vpaddd alone (648 "Gop/s" on a Zen 3 VM, twice what its vpmaddubsw can do).
 __attribute__((target("avx512f,avx512bw"))) int64_t peak_avx512bw(int64_t iters) {
-  __m512i acc[8];
-  for (int i = 0; i < 8; ++i) acc[i] = _mm512_set1_epi32(i);
-  const __m512i a = _mm512_set1_epi8(1), b = _mm512_set1_epi8(-1), ones = _mm512_set1_epi16(1);
-  for (int64_t it = 0; it < iters; ++it)
-    for (int i = 0; i < 8; ++i) acc[i] = _mm512_add_epi32(acc[i], _mm512_madd_epi16(_mm512_maddubs_epi16(a, b), ones));
-  __m512i s = acc[0];
-  for (int i = 1; i < 8; ++i) s = _mm512_add_epi32(s, acc[i]);
-  g_peak_sink = _mm512_reduce_add_epi32(s);
-  return iters * 8 * 64;
+  BONSAI_PEAK_MADDUBS_LOOP(__m512i, _mm512_set1_epi8, _mm512_reduce_add_epi32, 64);
 }
+__attribute__((target("avx2"))) inline int64_t lane0_avx2(__m256i v) { return _mm256_extract_epi32(v, 0); }
 __attribute__((target("avx2"))) int64_t peak_avx2(int64_t iters) {
-  __m256i acc[8];
-  for (int i = 0; i < 8; ++i) acc[i] = _mm256_set1_epi32(i);
-  const __m256i a = _mm256_set1_epi8(1), b = _mm256_set1_epi8(-1), ones = _mm256_set1_epi16(1);
-  for (int64_t it = 0; it < iters; ++it)
-    for (int i = 0; i < 8; ++i) acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones));
-  __m256i s = acc[0];
-  for (int i = 1; i < 8; ++i) s = _mm256_add_epi32(s, acc[i]);
-  int32_t out[8];
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), s);
-  g_peak_sink = out[0];
-  return iters * 8 * 32;
+  BONSAI_PEAK_MADDUBS_LOOP(__m256i, _mm256_set1_epi8, lane0_avx2, 32);
 }
+#undef BONSAI_PEAK_STEP
+#undef BONSAI_PEAK_MADDUBS_LOOP
 #endif
 int64_t peak_scalar(int64_t iters) {
   volatile int8_t seed = 3;
