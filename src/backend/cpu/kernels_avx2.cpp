@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "format/ternary_codec.h"
 
@@ -404,42 +405,97 @@ TGT_INLINE __m256i bcast32(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
-// MB activation rows, L digits: q points at row 0's digit 0 of this group (digit l at + l * K, rows qrs
-// apart), qsum at row 0's digit 0 of this group (digit l at + l * G, rows srs apart), qs rows G apart.
-template <int MB, int L>
-TGT_INLINE void gemm8_group(const __m256i (*pl)[4], const int8_t* q, int64_t P, int64_t K, int64_t qrs, const float* qs,
-                            const int32_t* qsum, int64_t G, int64_t srs, __m256 d, __m256* facc) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256i tot[MB];
-  for (int l = 0; l < L; ++l) {
-    __m256i acc[MB];
-    for (int mb = 0; mb < MB; ++mb) acc[mb] = _mm256_set1_epi32(-qsum[mb * srs + l * G]);
-    for (int k = 0; k < 8; ++k) {
-      const __m256i p0 = pl[k][0], p1 = pl[k][1], p2 = pl[k][2], p3 = pl[k][3];
-      for (int mb = 0; mb < MB; ++mb) {
-        const int8_t* qq = q + mb * qrs + l * K + 4 * k;
-        const __m256i s01 =
-            _mm256_add_epi16(_mm256_maddubs_epi16(p0, bcast32(qq)), _mm256_maddubs_epi16(p1, bcast32(qq + P)));
-        const __m256i s23 =
-            _mm256_add_epi16(_mm256_maddubs_epi16(p2, bcast32(qq + 2 * P)), _mm256_maddubs_epi16(p3, bcast32(qq + 3 * P)));
-        acc[mb] = _mm256_add_epi32(acc[mb], _mm256_madd_epi16(_mm256_add_epi16(s01, s23), ones));
+// The GEMM's activation panel: the digits of every activation row regrouped per (group, pass of kGemmRows<L>
+// rows, code dword k) so that the inner loop reads its 4 x MB x L broadcast dwords at fixed offsets from ONE
+// pointer (from [M, L, K] each (row, digit) is its own stream: GCC ran out of address registers and reloaded
+// them from the stack). Built once per kernel call, shared by every 8-row group of the call.
+//   panel int32 [G, NP = ceil(M / MB), 8 k, MB mb, L l, 4 p]   digit l of row pass*MB + mb, plane p, dword k of
+//                                                              group g (the plane-permuted dword of kernels.h);
+//                                                              rows >= M are zero
+template <int L>
+constexpr int kGemmRows = L == 1 ? 8 : L == 2 ? 4 : 2;  // MB x L accumulators + code, plane, broadcast <= 16 ymm
+
+template <int L>
+TGT void pack_gemm_panel(const int8_t* q, int64_t M, int64_t K, std::vector<int32_t>& panel) {
+  constexpr int MB = kGemmRows<L>;
+  const int64_t G = K / 128, NP = (M + MB - 1) / MB;
+  panel.assign(size_t(G * NP * 8 * MB * L * 4), 0);
+  for (int64_t g = 0; g < G; ++g) {
+    int64_t P;
+    const int8_t* qg0 = group_q(q, G, g, &P);
+    for (int64_t m = 0; m < M; ++m)
+      for (int l = 0; l < L; ++l) {
+        const int8_t* src = qg0 + m * L * K + l * K;
+        int32_t* dst = panel.data() + ((g * NP + m / MB) * 8 * MB + m % MB) * L * 4 + l * 4;
+        for (int k = 0; k < 8; ++k)
+          for (int p = 0; p < 4; ++p) std::memcpy(dst + k * MB * L * 4 + p, src + p * P + 4 * k, 4);
       }
-    }
-    for (int mb = 0; mb < MB; ++mb) tot[mb] = l == 0 ? acc[mb] : times254_add(tot[mb], acc[mb]);
   }
+}
+
+// MB activation rows of a panel pass of PR rows (x = the first row's dword 0 of this group in it), L digits, against one group of 8
+// rows: cv = the group's 8 code vectors (lane r = row r's code bytes 4k..4k+3; vector k at cv + k * cs);
+// qs / qsum at row 0's group scale / digit-0 sum (digit l at + l * G, rows G / srs apart).
+// facc[mb] (8 rows) += the group's exactly summed dot, scaled by d x s x unit.
+// The 4-products stay in 16 bits for the whole group (one vpaddw per vpmaddubsw; |pair| <= 2 x 3 x 127, 32 of
+// them per lane: < 2^15 for any codes) and are widened once per group: per 32 multiply-adds one vpmaddubsw, one
+// vpaddw and one broadcast load, where the 4-product form spent vpmaddwd + vpaddd on every four planes (and
+// GCC kept its 32 plane registers on the stack). Each plane of a code vector is extracted once per MB rows.
+template <int MB, int L, int PR = MB>
+TGT_INLINE void gemm8_group(const uint8_t* cv, int64_t cs, const int32_t* x, const float* qs, const int32_t* qsum,
+                            int64_t G, int64_t srs, __m256 d, __m256* facc) {
+  const __m256i m3 = _mm256_set1_epi8(3);
+  __m256i acc[MB][L];  // 16 int16 pair sums of 8 rows
   for (int mb = 0; mb < MB; ++mb)
-    facc[mb] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot[mb]), _mm256_mul_ps(d, _mm256_set1_ps(qs[mb * G] * digit_unit(L))),
+    for (int l = 0; l < L; ++l) acc[mb][l] = _mm256_setzero_si256();
+  for (int k = 0; k < 8; ++k) {
+    const __m256i a = _mm256_load_si256(reinterpret_cast<const __m256i*>(cv + k * cs));
+    const int32_t* xk = x + k * PR * L * 4;
+    for (int p = 0; p < 4; ++p) {  // plane-major: one plane register live, so MB x L accumulators stay in registers
+      const __m256i pl = _mm256_and_si256(p ? _mm256_srli_epi16(a, 2 * p) : a, m3);
+      for (int mb = 0; mb < MB; ++mb)
+        for (int l = 0; l < L; ++l) {
+          acc[mb][l] = _mm256_add_epi16(acc[mb][l], _mm256_maddubs_epi16(pl, _mm256_set1_epi32(xk[(mb * L + l) * 4 + p])));
+          asm("" : "+x"(acc[mb][l]));  // keeps GCC from reassociating the adds into trees of live products
+        }
+    }
+  }
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int mb = 0; mb < MB; ++mb) {
+    __m256i tot = _mm256_sub_epi32(_mm256_madd_epi16(acc[mb][0], ones), _mm256_set1_epi32(qsum[mb * srs]));
+    for (int l = 1; l < L; ++l)  // exact in int32 (kernels.h)
+      tot = times254_add(tot, _mm256_sub_epi32(_mm256_madd_epi16(acc[mb][l], ones), _mm256_set1_epi32(qsum[mb * srs + l * G])));
+    facc[mb] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), _mm256_mul_ps(d, _mm256_set1_ps(qs[mb * G] * digit_unit(L))),
                                facc[mb]);
+  }
+}
+
+// Rows m0 .. m0 + mc - 1 (m0 a multiple of kGemmRows<L>) against one group g of 8 rows, a pass at a time.
+// facc has room for mc rounded up to a pass (the padding rows' sums are never stored).
+template <int L>
+TGT_INLINE void gemm8_rows(const uint8_t* cv, int64_t cs, const int32_t* panel, int64_t NP, int64_t g, const float* qs,
+                           const int32_t* qsum, int64_t G, int64_t srs, __m256 d, int64_t m0, int64_t mc, __m256* facc) {
+  constexpr int MB = kGemmRows<L>;
+  for (int64_t m = 0; m < mc; m += MB) {
+    const int32_t* x = panel + (g * NP + (m0 + m) / MB) * 8 * MB * L * 4;
+    const int64_t rows = std::min<int64_t>(MB, mc - m);
+    if (rows == MB) {
+      gemm8_group<MB, L>(cv, cs, x, qs + (m0 + m) * G + g, qsum + (m0 + m) * srs + g, G, srs, d, facc + m);
+    } else {  // the last rows of the panel's last pass, one at a time
+      for (int64_t r = 0; r < rows; ++r)
+        gemm8_group<1, L, MB>(cv, cs, x + r * L * 4, qs + (m0 + m + r) * G + g, qsum + (m0 + m + r) * srs + g, G, srs, d,
+                              facc + m + r);
+    }
+  }
 }
 
 template <int L>
-TGT void q8_rows8_xm(const uint8_t* w0, int64_t rb, int64_t K, const int8_t* q, const float* qs, const int32_t* qsum,
+TGT void q8_rows8_xm(const uint8_t* w0, int64_t rb, int64_t K, const int32_t* panel, const float* qs, const int32_t* qsum,
                      int64_t M, float* y, int64_t ldy, int nr) {
-  const int64_t G = K / 128, qrs = L * K, srs = L * G;
+  const int64_t G = K / 128, srs = L * G, NP = (M + kGemmRows<L> - 1) / kGemmRows<L>;
   constexpr int kMT = 64;
-  alignas(32) __m256i pl[8][4];
+  alignas(32) uint8_t tr[8 * 32];  // one group of 8 rows transposed: [dword k][row r] (8 code vectors)
   alignas(32) __m256 facc[kMT];
-  const __m256i m3 = _mm256_set1_epi8(3);
   for (int64_t m0 = 0; m0 < M; m0 += kMT) {
     const int64_t mc = std::min<int64_t>(kMT, M - m0);
     for (int64_t m = 0; m < mc; ++m) facc[m] = _mm256_setzero_ps();
@@ -452,22 +508,8 @@ TGT void q8_rows8_xm(const uint8_t* w0, int64_t rb, int64_t K, const int8_t* q, 
         if (r < nr) dr[r] = block_d(blk);
       }
       transpose8x8(a);
-      for (int k = 0; k < 8; ++k) {
-        pl[k][0] = _mm256_and_si256(a[k], m3);
-        pl[k][1] = _mm256_and_si256(_mm256_srli_epi16(a[k], 2), m3);
-        pl[k][2] = _mm256_and_si256(_mm256_srli_epi16(a[k], 4), m3);
-        pl[k][3] = _mm256_and_si256(_mm256_srli_epi16(a[k], 6), m3);
-      }
-      const __m256 d = _mm256_load_ps(dr);
-      int64_t P;
-      const int8_t* qg = group_q(q, G, g, &P);
-      int64_t m = 0;
-      for (; m + 2 <= mc; m += 2)
-        gemm8_group<2, L>(pl, qg + (m0 + m) * qrs, P, K, qrs, qs + (m0 + m) * G + g, qsum + (m0 + m) * srs + g, G, srs,
-                          d, facc + m);
-      for (; m < mc; ++m)
-        gemm8_group<1, L>(pl, qg + (m0 + m) * qrs, P, K, qrs, qs + (m0 + m) * G + g, qsum + (m0 + m) * srs + g, G, srs,
-                          d, facc + m);
+      for (int k = 0; k < 8; ++k) _mm256_store_si256(reinterpret_cast<__m256i*>(tr + 32 * k), a[k]);
+      gemm8_rows<L>(tr, 32, panel, NP, g, qs, qsum, G, srs, _mm256_load_ps(dr), m0, mc, facc);
     }
     for (int64_t m = 0; m < mc; ++m) {
       alignas(32) float out[8];
@@ -477,18 +519,33 @@ TGT void q8_rows8_xm(const uint8_t* w0, int64_t rb, int64_t K, const int8_t* q, 
   }
 }
 
-TGT void ternary_rows_q8_xm_avx2(const uint8_t* blocks, int64_t K, int64_t n0, int64_t n1, const int8_t* q,
-                                 const float* qscale, const int32_t* qsum, int levels, int64_t M, float* y, int64_t ldy) {
-  const int64_t rb = row_bytes(K);
-  for (int64_t n = n0; n < n1; n += 8) {
-    const int nr = int(std::min<int64_t>(8, n1 - n));
-    const uint8_t* w = blocks + n * rb;
-    if (levels == 1) q8_rows8_xm<1>(w, rb, K, q, qscale, qsum, M, y + (n - n0), ldy, nr);
-    else if (levels == 2) q8_rows8_xm<2>(w, rb, K, q, qscale, qsum, M, y + (n - n0), ldy, nr);
-    else q8_rows8_xm<3>(w, rb, K, q, qscale, qsum, M, y + (n - n0), ldy, nr);
-  }
+// The calling thread's GEMM panel (pack_gemm_panel), reused across calls.
+std::vector<int32_t>& gemm_panel() {
+  static thread_local std::vector<int32_t> panel;
+  return panel;
 }
 
+template <int L>
+TGT void q8_xm_levels(const uint8_t* blocks, int64_t K, int64_t n0, int64_t n1, const int8_t* q, const float* qscale,
+                      const int32_t* qsum, int64_t M, float* y, int64_t ldy) {
+  std::vector<int32_t>& panel = gemm_panel();
+  pack_gemm_panel<L>(q, M, K, panel);
+  const int64_t rb = row_bytes(K);
+  for (int64_t n = n0; n < n1; n += 8)
+    q8_rows8_xm<L>(blocks + n * rb, rb, K, panel.data(), qscale, qsum, M, y + (n - n0), ldy,
+                   int(std::min<int64_t>(8, n1 - n)));
+}
+
+TGT void ternary_rows_q8_xm_avx2(const uint8_t* blocks, int64_t K, int64_t n0, int64_t n1, const int8_t* q,
+                                 const float* qscale, const int32_t* qsum, int levels, int64_t M, float* y, int64_t ldy) {
+  if (levels == 1) q8_xm_levels<1>(blocks, K, n0, n1, q, qscale, qsum, M, y, ldy);
+  else if (levels == 2) q8_xm_levels<2>(blocks, K, n0, n1, q, qscale, qsum, M, y, ldy);
+  else q8_xm_levels<3>(blocks, K, n0, n1, q, qscale, qsum, M, y, ldy);
+}
+
+}  // namespace
+
+namespace {
 // ---- the tiled layout (backend/cpu/tiles.h) ----------------------------------------------------------------
 // A tile's 64-byte code vector (dword j of 16 rows) is two ymm halves: rows 0-7, rows 8-15. Lane r of a half
 // holds row r's code bytes 4j..4j+3, exactly what transpose8x8 builds in the canonical GEMM, so the tiled
@@ -614,41 +671,24 @@ TGT void ternary_tiles_q8_x1_avx2(const uint8_t* tiles, int64_t K, int64_t N, in
   else q8_tiles8_x1_levels<3>(tiles, K, N, t0, t1, q, qscale, qsum, y);
 }
 
-// GEMM on one tile half (8 rows: nr of them real): q8_rows8_xm with the stored transpose loaded and the 8
-// rows' d loaded as one vector, so the same gemm8_group runs on the same planes (bit-identical).
+// GEMM on one tile half (8 rows: nr of them real): q8_rows8_xm with the stored transpose read in place and the 8
+// rows' d loaded as one vector, so the same gemm8_group runs on the same code vectors (bit-identical).
 template <int L>
-TGT void q8_tile8_xm(const uint8_t* tile, int half, int64_t K, const int8_t* q, const float* qs, const int32_t* qsum,
+TGT void q8_tile8_xm(const uint8_t* tile, int half, int64_t K, const int32_t* panel, const float* qs, const int32_t* qsum,
                      int64_t M, float* y, int64_t ldy, int nr) {
-  const int64_t G = K / 128, C = G / 2, qrs = L * K, srs = L * G;
+  const int64_t G = K / 128, C = G / 2, srs = L * G, NP = (M + kGemmRows<L> - 1) / kGemmRows<L>;
   constexpr int kMT = 64;
-  alignas(32) __m256i pl[8][4];  // decoded planes of one group of 8 rows: [dword k][plane t], lane = row
   alignas(32) __m256 facc[kMT];  // [m] 8 rows
-  const __m256i m3 = _mm256_set1_epi8(3);
   for (int64_t m0 = 0; m0 < M; m0 += kMT) {
     const int64_t mc = std::min<int64_t>(kMT, M - m0);
     for (int64_t m = 0; m < mc; ++m) facc[m] = _mm256_setzero_ps();
     for (int64_t g = 0; g < G; ++g) {
       const int64_t c = g / 2;
       const uint8_t* ch = tile + c * kTileChunkBytes;
-      const uint8_t* cv = c < C ? ch + 512 * (g % 2) : ch;          // this group's 8 code vectors
+      const uint8_t* cv = (c < C ? ch + 512 * (g % 2) : ch) + 32 * half;  // this group's 8 code vectors, 64 B apart
       const uint8_t* dv = (c < C ? ch + 1024 + 32 * (g % 2) : ch + 512) + 16 * half;
-      for (int k = 0; k < 8; ++k) {
-        const __m256i a = _mm256_load_si256(reinterpret_cast<const __m256i*>(cv + 64 * k + 32 * half));
-        pl[k][0] = _mm256_and_si256(a, m3);
-        pl[k][1] = _mm256_and_si256(_mm256_srli_epi16(a, 2), m3);
-        pl[k][2] = _mm256_and_si256(_mm256_srli_epi16(a, 4), m3);
-        pl[k][3] = _mm256_and_si256(_mm256_srli_epi16(a, 6), m3);
-      }
-      const __m256 d = fp16x8_to_f32(reinterpret_cast<const uint16_t*>(dv));
-      int64_t P;
-      const int8_t* qg = group_q(q, G, g, &P);
-      int64_t m = 0;
-      for (; m + 2 <= mc; m += 2)
-        gemm8_group<2, L>(pl, qg + (m0 + m) * qrs, P, K, qrs, qs + (m0 + m) * G + g, qsum + (m0 + m) * srs + g, G, srs,
-                          d, facc + m);
-      for (; m < mc; ++m)
-        gemm8_group<1, L>(pl, qg + (m0 + m) * qrs, P, K, qrs, qs + (m0 + m) * G + g, qsum + (m0 + m) * srs + g, G, srs,
-                          d, facc + m);
+      gemm8_rows<L>(cv, 64, panel, NP, g, qs, qsum, G, srs, fp16x8_to_f32(reinterpret_cast<const uint16_t*>(dv)), m0, mc,
+                    facc);
     }
     for (int64_t m = 0; m < mc; ++m) {
       alignas(32) float out[8];
@@ -658,20 +698,26 @@ TGT void q8_tile8_xm(const uint8_t* tile, int half, int64_t K, const int8_t* q, 
   }
 }
 
-TGT void ternary_tiles_q8_xm_avx2(const uint8_t* tiles, int64_t K, int64_t N, int64_t t0, int64_t t1, const int8_t* q,
-                                  const float* qscale, const int32_t* qsum, int levels, int64_t M, float* y,
-                                  int64_t ldy) {
+template <int L>
+TGT void q8_tiles8_xm_levels(const uint8_t* tiles, int64_t K, int64_t N, int64_t t0, int64_t t1, const int8_t* q,
+                             const float* qscale, const int32_t* qsum, int64_t M, float* y, int64_t ldy) {
+  std::vector<int32_t>& panel = gemm_panel();
+  pack_gemm_panel<L>(q, M, K, panel);
   const int64_t tb = tile_bytes(K);
   for (int64_t t = t0; t < t1; ++t)
     for (int half = 0; half < 2; ++half) {
       const int64_t n = t * kTileRows + 8 * half;
       if (n >= N) break;
-      const int nr = int(std::min<int64_t>(8, N - n));
-      const uint8_t* tile = tiles + t * tb;
-      if (levels == 1) q8_tile8_xm<1>(tile, half, K, q, qscale, qsum, M, y + n, ldy, nr);
-      else if (levels == 2) q8_tile8_xm<2>(tile, half, K, q, qscale, qsum, M, y + n, ldy, nr);
-      else q8_tile8_xm<3>(tile, half, K, q, qscale, qsum, M, y + n, ldy, nr);
+      q8_tile8_xm<L>(tiles + t * tb, half, K, panel.data(), qscale, qsum, M, y + n, ldy, int(std::min<int64_t>(8, N - n)));
     }
+}
+
+TGT void ternary_tiles_q8_xm_avx2(const uint8_t* tiles, int64_t K, int64_t N, int64_t t0, int64_t t1, const int8_t* q,
+                                  const float* qscale, const int32_t* qsum, int levels, int64_t M, float* y,
+                                  int64_t ldy) {
+  if (levels == 1) q8_tiles8_xm_levels<1>(tiles, K, N, t0, t1, q, qscale, qsum, M, y, ldy);
+  else if (levels == 2) q8_tiles8_xm_levels<2>(tiles, K, N, t0, t1, q, qscale, qsum, M, y, ldy);
+  else q8_tiles8_xm_levels<3>(tiles, K, N, t0, t1, q, qscale, qsum, M, y, ldy);
 }
 
 }  // namespace
