@@ -49,8 +49,8 @@ std::vector<float> run_linear(CudaBackend& b, const std::vector<TernaryMatrix*>&
 
 // Every case at every level v6 serves and every block shape of `cfgs`: against the exact int8 arithmetic, against v3,
 // and run to run EQUAL.
-// v7: CudaBackend::Options::matvec7_first / matvec7_chunks (the rows of a v7 block's first stage, its K-chunks).
-void v6_cases(const std::vector<Case>& cases, uint32_t seed, const std::vector<int>& cfgs, cuda::Mv7Tuning v7 = {}) {
+// v7_first: CudaBackend::Options::matvec7_first (the rows of a v7 block's first stage).
+void v6_cases(const std::vector<Case>& cases, uint32_t seed, const std::vector<int>& cfgs, int v7_first = -1) {
   for (const Case& c : cases) {
     std::vector<TernaryMatrix*> ws;
     for (int64_t N : c.N) ws.push_back(&random_matrix(N, c.K, seed++, 0.02));
@@ -72,8 +72,7 @@ void v6_cases(const std::vector<Case>& cases, uint32_t seed, const std::vector<i
         o6.tensor_cores = true;
         o6.matvec = 6;
         o6.matvec6_cfg = cfg;
-        o6.matvec7_first = v7.first_rows;
-        o6.matvec7_chunks = v7.chunks;
+        o6.matvec7_first = v7_first;
         CudaBackend b6(o6);
         std::vector<std::vector<float>> got;
         const std::vector<float> v6 = run_linear(b6, ws, x, c.M, c.K, got);
@@ -113,49 +112,8 @@ TEST(CudaMatvec6, V7Small) {
                                    {2, 5120, {100}}, {1, 5120, {77}}};
   v6_cases(small, 1500, {8, 9, 10, 11, 12, 13});
   // Round 15: the first stage whole (the ragged one last, round 14's order) and of 8 rows.
-  v6_cases(small, 1600, {8, 10}, {0, 1});
-  v6_cases(small, 1700, {8, 10}, {8, 1});
-  // Round 16: stages in K-chunks (3 leaves uneven chunks; 16 is clamped to the steps of the short rows).
-  v6_cases(small, 1800, {8, 10, 11}, {-1, 3});
-  v6_cases(small, 1900, {8, 9}, {-1, 16});
-}
-
-// Round 16: a stage in K-chunks computes the same steps in the same order as the whole stage, so every output is
-// bit-identical to chunks = 1: one step per warp (K 5120), several (K 6144, 17,408), an odd number of groups (K 1152),
-// ragged stages, paired outputs, q16 and q8, chunk counts that divide the steps and ones that do not.
-TEST(CudaMatvec6, V7ChunksEqualWholeStages) {
-  BONSAI_REQUIRE_GPU();
-  const std::vector<Case> cases = {{1, 5120, {1024, 300}}, {2, 6144, {515}}, {1, 17408, {600}},
-                                   {1, 1152, {129, 3}},     {4, 5120, {333}}};
-  uint32_t seed = 5151;
-  for (const Case& c : cases) {
-    std::vector<TernaryMatrix*> ws;
-    for (int64_t N : c.N) ws.push_back(&random_matrix(N, c.K, seed++, 0.02));
-    const auto x = randn(size_t(c.M * c.K), seed++);
-    for (int levels : {2, 1}) {
-      if (!cuda::matvec6_supported(c.M, levels, c.K)) continue;
-      for (int cfg : {14, 10, 11}) {
-        std::vector<float> whole;
-        for (int chunks : {1, 2, 3, 4, 5, 8}) {
-          CudaBackend::Options o;
-          o.graphs = false;
-          o.act_levels = levels;
-          o.matvec = 6;
-          o.matvec6_cfg = cfg;
-          o.matvec7_chunks = chunks;
-          CudaBackend b(o);
-          std::vector<std::vector<float>> per_out;
-          const std::vector<float> y = run_linear(b, ws, x, c.M, c.K, per_out);
-          if (chunks == 1) {
-            whole = y;
-            continue;
-          }
-          EXPECT_EQ(y, whole) << "M " << c.M << " K " << c.K << (levels == 2 ? " q16" : " q8") << " cfg " << cfg
-                              << " chunks " << chunks;
-        }
-      }
-    }
-  }
+  v6_cases(small, 1600, {8, 10}, 0);
+  v6_cases(small, 1700, {8, 10}, 8);
 }
 
 // The two steps are the same integer sums grouped differently: the k32 instances must give the k16 ones' outputs

@@ -15,7 +15,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <iterator>
 #include <numeric>
 #include <tuple>
 #include <utility>
@@ -328,11 +327,10 @@ TEST(CudaOps, GemmF16Small) {
 // (a negative graph segment is none, one graph per step).
 TEST(CudaOps, DecodeSwitchesFromTheEnvironment) {
   const char* names[] = {"BONSAI_CUDA_GRAPH_SEGMENT", "BONSAI_CUDA_DELTA_STEP", "BONSAI_CUDA_ATTN_LONG", "BONSAI_CUDA_MV7_K32",
-                         "BONSAI_CUDA_MV7_FIRST", "BONSAI_CUDA_MV7_CHUNKS"};
-  constexpr int kNames = int(std::size(names));
-  std::string kept[kNames];
-  bool had[kNames];
-  for (int i = 0; i < kNames; ++i) {
+                         "BONSAI_CUDA_MV7_FIRST"};
+  std::string kept[5];
+  bool had[5];
+  for (int i = 0; i < 5; ++i) {
     const char* v = std::getenv(names[i]);
     had[i] = v != nullptr;
     kept[i] = v ? v : "";
@@ -344,25 +342,22 @@ TEST(CudaOps, DecodeSwitchesFromTheEnvironment) {
   EXPECT_EQ(d.attn_long, 1);
   EXPECT_EQ(d.matvec7_k32, 1);  // round 15: k32 but on ffn_down
   EXPECT_EQ(d.matvec7_first, -1);  // round 15: the ragged stage first
-  EXPECT_EQ(d.matvec7_chunks, 1);  // round 16: whole stages
   setenv("BONSAI_CUDA_GRAPH_SEGMENT", "0", 1);
   setenv("BONSAI_CUDA_DELTA_STEP", "4", 1);
   setenv("BONSAI_CUDA_ATTN_LONG", "0", 1);
   setenv("BONSAI_CUDA_MV7_K32", "0", 1);
   setenv("BONSAI_CUDA_MV7_FIRST", "0", 1);
-  setenv("BONSAI_CUDA_MV7_CHUNKS", "4", 1);
   const CudaBackend::Options o = cuda_options(0, "");
   EXPECT_EQ(o.graph_segment, 0);
   EXPECT_EQ(o.delta_step, 4);
   EXPECT_EQ(o.attn_long, 0);
   EXPECT_EQ(o.matvec7_k32, 0);
   EXPECT_EQ(o.matvec7_first, 0);
-  EXPECT_EQ(o.matvec7_chunks, 4);
   setenv("BONSAI_CUDA_GRAPH_SEGMENT", "-5", 1);
   EXPECT_EQ(cuda_options(0, "").graph_segment, 0);
   setenv("BONSAI_CUDA_GRAPH_SEGMENT", "200", 1);
   EXPECT_EQ(cuda_options(0, "").graph_segment, 200);
-  for (int i = 0; i < kNames; ++i) {
+  for (int i = 0; i < 5; ++i) {
     if (had[i]) setenv(names[i], kept[i].c_str(), 1);
     else unsetenv(names[i]);
   }

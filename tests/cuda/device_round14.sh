@@ -7,8 +7,7 @@
 # -r 2 -d $DEPTHS` per AB entry ("name:ENV=V,ENV=V"; X=1: the defaults; a name starting with base runs the BASELINE
 # binary, with prev an intermediate build's bonsai copied beside it as bonsai_prev, its test_cuda as test_cuda_prev),
 # in the order given: repeat an entry to bracket the machine's drift. Round 15: TEST2="ENV=V,ENV=V|gtest filter" runs
-# test_cuda once more under that environment (into $OUT/test_cuda2.log). Round 16: KT_ENVS="name:ENV=V,ENV=V ..." runs
-# the new binary's kernel table once per entry (bench_kernels_new_<name>.txt).
+# test_cuda once more under that environment (into $OUT/test_cuda2.log).
 set -u
 source "$(dirname "$0")/device_env.sh"
 device_header
@@ -29,19 +28,15 @@ fi
 [ -n "${SAN_FILTER:-}" ] && { stamp "memcheck"; run_sanitizer "$SAN_FILTER" ${SAN_TIMEOUT:-150}; }
 stamp "gates"
 run_gates "${GATE_ENVS:-X=1}" 60
-kernel_table() {  # $1 binary, $2 tags, $3 label, $4 extra environment ("ENV=V,ENV=V")
-  env ${4//,/ } BONSAI_CUDA_BENCH=1 BONSAI_BENCH_OUT=$L BONSAI_BENCH_SHAPE="$BENCH_SHAPES" BONSAI_BENCH_TAGS="$2" \
+kernel_table() {  # $1 binary, $2 tags, $3 label
+  BONSAI_CUDA_BENCH=1 BONSAI_BENCH_OUT=$L BONSAI_BENCH_SHAPE="$BENCH_SHAPES" BONSAI_BENCH_TAGS="$2" \
     timeout 200 "$1" --gtest_filter=CudaBench.ProbeAndTernaryKernels > "$L/bench_kernels_$3.log" 2>&1
   echo "kernel bench $3 rc=$?"; cp "$L/bench_kernels.txt" "$OUT/bench_kernels_$3.txt" 2>/dev/null
   cat "$L/bench_kernels.txt" 2>/dev/null; rm -f "$L/bench_kernels.txt"
 }
 if [ -n "${BENCH_SHAPES:-}" ]; then
   stamp "kernel table"
-  if [ -n "${KT_ENVS:-}" ]; then  # round 16: "name:ENV=V,ENV=V ...": the new binary's table once per environment
-    for kt in $KT_ENVS; do kernel_table $B/test_cuda "${BENCH_TAGS:-q16 v7 pdl}" "new_${kt%%:*}" "${kt#*:}"; done
-  else
-    kernel_table $B/test_cuda "${BENCH_TAGS:-q16 v7 pdl}" new
-  fi
+  kernel_table $B/test_cuda "${BENCH_TAGS:-q16 v7 pdl}" new
   [ -x $B/test_cuda_base ] && kernel_table $B/test_cuda_base "${BASE_TAGS:-q16 v7 pdl}" base
   [ -x $B/test_cuda_prev ] && kernel_table $B/test_cuda_prev "${BASE_TAGS:-q16 v7 pdl}" prev
 fi

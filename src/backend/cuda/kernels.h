@@ -118,12 +118,6 @@ Launch matvec_bulk_launch(const TernaryDev* outs, int n_outs, int64_t K, const i
 // m16n8k32 since round 15; cfg 11-13: 8-10 on round 14's m16n8k16 step (bit-identical results); 14: cfg 8, k16 on
 // 16-row stages over K > 8,192 (ffn_down).
 bool matvec6_supported(int64_t M, int levels, int64_t K);
-// v7's stage tuning (CudaBackend::Options::matvec7_first / matvec7_chunks).
-struct Mv7Tuning {
-  int first_rows = -1;  // round 15: rows of a block's first stage, -1 = its ragged remainder (units mod the stage's
-                        // units; none: a whole stage), 0 = a whole stage (the remainder last), N = N rows
-  int chunks = 1;       // round 16: K-chunks per stage, each on its own barrier (clamped to 1..min(steps, 16))
-};
 // split > 1 (split-K, round 9c): one output, its K cut into `split` (<= kMaxOuts) slices of K / split (a multiple
 // of 128), each slice's partial y written to part + z M N (float [split, M, N]); the last block to finish a row tile
 // (counters: int32 [ceil(N / 16)], zero before the first launch and left zero by every launch) sums the slices in
@@ -131,7 +125,9 @@ struct Mv7Tuning {
 // order (a block reads contiguous stretches of the same rows, as unsplit), else slice major.
 Launch matvec6_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                       int levels, int sms, int cfg = 0, int split = 1, float* part = nullptr, int32_t* counters = nullptr,
-                      bool interleave = true, Mv7Tuning v7 = {});
+                      bool interleave = true, int v7_first = -1);
+// v7_first (round 15; CudaBackend::Options::matvec7_first): rows of a v7 block's first stage, -1 = its ragged remainder
+// (units mod the stage's units; none: a whole stage), 0 = a whole stage (the remainder last), N = N rows.
 // Matvec v7 with the one-row activation site as its prologue (round 11; warp_site.cuh): every block's consumer warps
 // compute the site of d (pre-op, signs, FWHT, int8 digits) into shared memory while the producer's weight copies are in
 // flight; no site kernel, no fp32 site written. AddNorm writes h += delta (each block a slice, once all blocks have read

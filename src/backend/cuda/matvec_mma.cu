@@ -563,7 +563,6 @@ __global__ __launch_bounds__(kLsMaxWarps * 32, 1) void matvec6l_kernel(const Mv6
 // reads the same steps of every stage; from L1 the first stage's reads were L2 misses in a dependent chain).
 constexpr int kV7MaxWarps = 20;  // consumer warps; one more warp issues the copies and sums the stages
 constexpr int kV7MaxStages = 8;
-constexpr int kV7MaxChunks = 16;  // K-chunks per stage (Mv7Args::chunks)
 
 struct Mv7Args {
   Mv6Out o[kMaxOuts];          // t0: first 8-row unit of the output; k0 unused
@@ -576,8 +575,6 @@ struct Mv7Args {
   int32_t site_early;          // fused site: stages the producer issues before the prologue is done (the rest after)
   int32_t first_rows;          // rows of a block's FIRST stage (round 15): -1 = its ragged remainder (units mod TR / 8)
                                // first instead of last, 0 = TR (the remainder last), N = N rows
-  int32_t chunks;              // C: each stage's words arrive as C K-chunks, each on its own `full` barrier (round 16)
-  uint32_t inv_steps;          // ceil(2^32 / S): the chunk of step c is umulhi((c + 1) C - 1, inv_steps)
   SitePrologue site;           // active (M = 1): the consumers compute the activations into the staging area
 };
 
@@ -619,22 +616,20 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
     int64_t r0;
     u = stage_at(u, o, r0, nrow);
   }
-  // Shared memory: ring [ST][stage_bytes] | full [ST][C], empty [ST] (mbarriers; padded to 16 B) | red float [ST + 1][NW][kTok][TR]
+  // Shared memory: ring [ST][stage_bytes] | full [ST], empty [ST] (mbarriers) | red float [ST + 1][NW][kTok][TR]
   // (partials of stage j in slot j % (ST + 1): the producer sums stage j before it issues stage j + ST + 1's copy,
   // and no consumer writes that slot again before that copy has landed) | xs int8 [M, LV, K] (xs_bytes, 16-aligned)
   // then xds float2 [M, K/64] when the activations are staged | SITE: the prologue's scratch float [NW / 4][128][8]
   // (the xready barrier sits after empty[], 16 bytes).
   unsigned char* ring = smem;
-  const int C = a.chunks;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + size_t(ST) * a.stage_bytes);  // chunk c of stage s: full[s C + c]
-  uint64_t* empty = full + ST * C;
-  const int nbar = (ST * C + ST + 1) & ~1;  // full and empty, rounded up to 16 bytes
-  uint64_t* xready = full + nbar;  // SITE: the consumers' prologue is done (16 bytes reserved: red stays 16-aligned)
-  float* red = reinterpret_cast<float*>(full + nbar + (SITE ? 2 : 0));
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + size_t(ST) * a.stage_bytes);
+  uint64_t* empty = full + ST;
+  uint64_t* xready = empty + ST;  // SITE: the consumers' prologue is done (16 bytes reserved: red stays 16-aligned)
+  float* red = reinterpret_cast<float*>(empty + ST + (SITE ? 2 : 0));
   unsigned char* xs = reinterpret_cast<unsigned char*>(red + size_t(ST + 1) * NW * kTok * TR);
   if (threadIdx.x == 0) {
     for (int s = 0; s < ST; ++s) {
-      for (int c = 0; c < C; ++c) mbar_init(&full[s * C + c], 1);
+      mbar_init(&full[s], 1);
       mbar_init(&empty[s], unsigned(NW));
     }
     if constexpr (SITE) mbar_init(xready, 1);
@@ -681,35 +676,12 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
           for (int e = lane; e < nrow * G; e += 32) dst[e] = __ldg(src + e);
           __syncwarp();  // the warp's stores before lane 0's arrive (a release) publishes them with the stage
         }
-        uint64_t* fs = full + s * C;
-        if (C == 1) {
-          if (lane == 0) {
-            // generic-proxy accesses of this stage (a warp copy above, the consumers' reads) before the async copy
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            mbar_expect_tx(fs, wbytes + (sbulk ? sbytes : 0u));
-            bulk_load(st, O.words + r0 * (K >> 4), wbytes, fs);
-            if (sbulk) bulk_load(st + a.words_bytes, O.scales + r0 * G, sbytes, fs);
-          }
-        } else {
-          // Round 16: chunk c = steps [c S / C, (c + 1) S / C) of every row (one bulk copy per row and chunk, spread over
-          // the lanes), the scales with chunk 0; the consumers start on a chunk as soon as it has landed instead of
-          // waiting for the whole stage. Every chunk's byte count is armed before any copy can complete on it.
-          const int rs = K >> 2;
-          if (lane == 0) {
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            for (int c = 0; c < C; ++c) {
-              const int b0 = 64 * (c * S / C), b1 = min(64 * ((c + 1) * S / C), rs);
-              mbar_expect_tx(fs + c, unsigned(nrow) * unsigned(b1 - b0) + (c == 0 && sbulk ? sbytes : 0u));
-            }
-          }
-          __syncwarp();
-          const unsigned char* src = reinterpret_cast<const unsigned char*>(O.words + r0 * (K >> 4));
-          for (int e = lane; e < nrow * C; e += 32) {
-            const int r = e / C, c = e - r * C;
-            const int b0 = 64 * (c * S / C), b1 = min(64 * ((c + 1) * S / C), rs);
-            bulk_load(st + size_t(r) * rs + b0, src + size_t(r) * rs + b0, unsigned(b1 - b0), fs + c);
-          }
-          if (lane == 0 && sbulk) bulk_load(st + a.words_bytes, O.scales + r0 * G, sbytes, fs);
+        if (lane == 0) {
+          // generic-proxy accesses of this stage (a warp copy above, the consumers' reads) before the async copy
+          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+          mbar_expect_tx(&full[s], wbytes + (sbulk ? sbytes : 0u));
+          bulk_load(st, O.words + r0 * (K >> 4), wbytes, &full[s]);
+          if (sbulk) bulk_load(st + a.words_bytes, O.scales + r0 * G, sbytes, &full[s]);
         }
         __syncwarp();
         if (resid && i == nt - 1) write_resid();
@@ -838,9 +810,7 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
   int s = 0, slot = 0;
   unsigned ph = 0;  // (j / ST) & 1
   for (int j = 0; j < nt; ++j) {
-    uint64_t* fs = full + s * C;
-    mbar_wait(fs, ph);  // chunk 0 (all of the stage when C = 1): the scales come with it
-    int ck = 0;                                // the last chunk waited on
+    mbar_wait(&full[s], ph);
     const unsigned char* wrow = ring + size_t(s) * a.stage_bytes + g * rs + 16 * t;  // row g, step 0
     const uint16_t* srow = reinterpret_cast<const uint16_t*>(ring + size_t(s) * a.stage_bytes + a.words_bytes) + g * G +
                            (LV == 2 ? (t & 1) : 0);  // row g: the lane's (first) accumulator group of step 0
@@ -848,10 +818,6 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
 #pragma unroll
     for (int b = 0; b < RB; ++b) yg[b] = yg8[b] = 0.f;
     for (int c = w; c < S; c += NW) {
-      if (C > 1) {  // step c's chunk (round 16)
-        const int k = int(__umulhi(unsigned((c + 1) * C - 1), a.inv_steps));
-        if (k != ck) mbar_wait(fs + k, ph), ck = k;
-      }
       if (!hoist) load_b(c);
       Mv6Stage<RB> sv;
 #pragma unroll
@@ -946,8 +912,7 @@ struct Mv7Shape {
   int64_t smem = 0, stage_bytes = 0, words_bytes = 0, xs_bytes = 0;
 };
 // stage_x: the activations always staged (the fused site writes them there).
-// chunks: the stage's K-chunks (Mv7Args::chunks), each with its own `full` barrier.
-Mv7Shape mv7_shape(int64_t K, int64_t M, int lv, int rb, bool stage_x = false, int chunks = 1) {  // stage_x: SITE's layout
+Mv7Shape mv7_shape(int64_t K, int64_t M, int lv, int rb, bool stage_x = false) {  // stage_x: SITE's layout
   Mv7Shape s;
   const int64_t tr = 16 * rb, tok = lv == 2 ? 2 : 4, steps = (K / 128 + 1) / 2;
   s.words_bytes = tr * K / 4;
@@ -958,7 +923,7 @@ Mv7Shape mv7_shape(int64_t K, int64_t M, int lv, int rb, bool stage_x = false, i
   const int64_t site_bytes = stage_x ? 16 + (s.nw / 4) * 128 * 8 * 4 : 0;  // the xready barrier, the prologue's scratch
   for (int st = kV7MaxStages; st >= 1; --st) {
     const int64_t bytes =
-        st * s.stage_bytes + 8 * ((st * chunks + st + 1) & ~1) + (st + 1) * s.nw * tok * tr * 4 + s.xs_bytes + xds_bytes + site_bytes;
+        st * s.stage_bytes + 16 * st + (st + 1) * s.nw * tok * tr * 4 + s.xs_bytes + xds_bytes + site_bytes;
     if (bytes <= (stage_x ? kV7SmemSite : kV7Smem)) {
       s.stages = st;
       s.smem = bytes;
@@ -970,16 +935,14 @@ Mv7Shape mv7_shape(int64_t K, int64_t M, int lv, int rb, bool stage_x = false, i
 // The v7 launch (cfg 8-10; 11-13: the same on round 14's k16 step), or false where two stages do not fit (the caller
 // falls back to v6). site: the fused site (M = 1, always the k16 step), or null.
 bool mv7_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M, int lv,
-                int sms, int cfg, const SitePrologue* site, Launch& out, int site_early = -1, Mv7Tuning tune = {}) {
+                int sms, int cfg, const SitePrologue* site, Launch& out, int site_early = -1, int first_rows = -1) {
   // Auto: 32-row stages where they leave >= 3 per SM and >= 3 fit (fewer per-stage overheads), else 16. (The
   // kernel table of round 10 measured 32-row stages faster on every shape but attn_k; not yet the rule: its whole-
   // model run is still to do, docs/cuda-kernels.md.)
   int64_t units = 0;
   for (int i = 0; i < n_outs; ++i) units += (outs[i].N + 7) / 8;
   const bool sx = site != nullptr;
-  const int64_t steps = (K / 128 + 1) / 2;
-  const int chunks = int(std::clamp<int64_t>(tune.chunks, 1, std::min<int64_t>(steps, kV7MaxChunks)));
-  const Mv7Shape s2 = mv7_shape(K, M, lv, 2, sx, chunks), s1 = mv7_shape(K, M, lv, 1, sx, chunks);
+  const Mv7Shape s2 = mv7_shape(K, M, lv, 2, sx), s1 = mv7_shape(K, M, lv, 1, sx);
   // The step: cfg 8-10 k32, 11-13 the same stage shapes on the k16 step (round 14's; always the fused site's), 14 =
   // cfg 8 with k32 except on 16-row stages over K > 8,192 (ffn_down: 4 steps a warp and stage, ONE Horner chain a
   // step; k32 measured 14.0-14.4 vs 13.8 us there in round 15's calls 1-2, and faster everywhere else).
@@ -1010,9 +973,7 @@ bool mv7_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq,
   b.xs_bytes = int32_t(sh.xs_bytes);
   if (site) b.site = *site;
   b.site_early = site_early < 0 ? sh.stages : site_early;
-  b.first_rows = site ? 0 : tune.first_rows;
-  b.chunks = chunks;
-  b.inv_steps = uint32_t(((uint64_t(1) << 32) + uint64_t(steps) - 1) / uint64_t(steps));
+  b.first_rows = site ? 0 : first_rows;
   const void* f = site ? (lv == 2 ? (rb == 2 ? mv7_kernel<2, 2, true>() : mv7_kernel<2, 1, true>())
                                   : (rb == 2 ? mv7_kernel<1, 2, true>() : mv7_kernel<1, 1, true>()))
                   : k32 ? (lv == 2 ? (rb == 2 ? mv7_kernel<2, 2, false, true>() : mv7_kernel<2, 1, false, true>())
@@ -1073,8 +1034,7 @@ int matvec6_split_for(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, 
 }
 
 Launch matvec6_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                      int levels, int sms, int cfg, int split, float* part, int32_t* counters, bool interleave,
-                      Mv7Tuning v7) {
+                      int levels, int sms, int cfg, int split, float* part, int32_t* counters, bool interleave, int v7_first) {
   Mv6Args a{};
   a.xq = xq;
   a.xds = xds;
@@ -1089,7 +1049,7 @@ Launch matvec6_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_
   cfg = mv6_resolve_cfg(rows, K, cfg);
   if (cfg >= 8 && cfg <= 14 && split <= 1) {
     Launch l;
-    if (mv7_launch(outs, n_outs, K, xq, xds, M, lv, sms, cfg, nullptr, l, -1, v7)) return l;
+    if (mv7_launch(outs, n_outs, K, xq, xds, M, lv, sms, cfg, nullptr, l, -1, v7_first)) return l;
     cfg = mv6_resolve_cfg(rows, K, 0);  // a K too long for two stages: v6
   }
   if (split > 1) {
