@@ -415,20 +415,38 @@ TGT_INLINE __m256i bcast32(const int8_t* p) {
 template <int L>
 constexpr int kGemmRows = L == 1 ? 8 : L == 2 ? 4 : 2;  // MB x L accumulators + code, plane, broadcast <= 16 ymm
 
+// One (row, digit, group) of the panel: its 4 plane rows of 8 dwords (32 bytes at src + p P) transposed 4 x 8, so
+// that dword k of the 4 planes lands as 16 bytes at dst + k * kstride (in int32 units).
+TGT_INLINE void pack_group_dwords(const int8_t* src, int64_t P, int32_t* dst, int64_t kstride) {
+  __m256i r[4];
+  for (int p = 0; p < 4; ++p) r[p] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + p * P));
+  const __m256i t0 = _mm256_unpacklo_epi32(r[0], r[1]), t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+  const __m256i t2 = _mm256_unpacklo_epi32(r[2], r[3]), t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+  const __m256i u[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2), _mm256_unpacklo_epi64(t1, t3),
+                        _mm256_unpackhi_epi64(t1, t3)};  // u[i]: dword i of the 4 planes | dword i + 4
+  for (int i = 0; i < 4; ++i) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i * kstride), _mm256_castsi256_si128(u[i]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + (i + 4) * kstride), _mm256_extracti128_si256(u[i], 1));
+  }
+}
+
 template <int L>
 TGT void pack_gemm_panel(const int8_t* q, int64_t M, int64_t K, std::vector<int32_t>& panel) {
   constexpr int MB = kGemmRows<L>;
   const int64_t G = K / 128, NP = (M + MB - 1) / MB;
-  panel.assign(size_t(G * NP * 8 * MB * L * 4), 0);
+  panel.resize(size_t(G * NP * 8 * MB * L * 4));
   for (int64_t g = 0; g < G; ++g) {
     int64_t P;
     const int8_t* qg0 = group_q(q, G, g, &P);
-    for (int64_t m = 0; m < M; ++m)
+    int32_t* pg = panel.data() + g * NP * 8 * MB * L * 4;
+    for (int64_t m = 0; m < NP * MB; ++m)
       for (int l = 0; l < L; ++l) {
-        const int8_t* src = qg0 + m * L * K + l * K;
-        int32_t* dst = panel.data() + ((g * NP + m / MB) * 8 * MB + m % MB) * L * 4 + l * 4;
-        for (int k = 0; k < 8; ++k)
-          for (int p = 0; p < 4; ++p) std::memcpy(dst + k * MB * L * 4 + p, src + p * P + 4 * k, 4);
+        int32_t* dst = pg + ((m / MB) * 8 * MB + m % MB) * L * 4 + l * 4;
+        if (m < M) {
+          pack_group_dwords(qg0 + m * L * K + l * K, P, dst, MB * L * 4);
+        } else {  // a padding row of the last pass: zero digits
+          for (int k = 0; k < 8; ++k) std::memset(dst + k * MB * L * 4, 0, 16);
+        }
       }
   }
 }
