@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/kernels.h"
 #include "chat_cli.h"
 #include "commands.h"
 #include "engine/backends.h"
@@ -140,6 +141,7 @@ void run(const RunArgs& a) {
   const uint64_t state_per_step = s.decode_steps ? s.state_bytes / uint64_t(s.decode_steps) : 0;
   const auto* cpu = dynamic_cast<const CpuBackend*>(backend.get());
   const int threads = cpu ? cpu->threads() : 1;
+  const bool cpu_kernels = cpu != nullptr;  // the CPU backend: name its kernel variant and activation precision
 
   if (a.json) {
     nlohmann::ordered_json j;
@@ -149,6 +151,10 @@ void run(const RunArgs& a) {
     j["stopped"] = r.stopped;
     j["backend"] = backend->name();
     j["threads"] = threads;
+    if (cpu_kernels) {
+      j["cpu_kernels"] = cpu::kernels_name();
+      j["cpu_activation"] = cpu::activation_name(cpu::ternary_activation());
+    }
     j["stats"] = {{"prompt_tokens", s.prompt_tokens},
                   {"generated", s.generated},
                   {"decode_steps", s.decode_steps},
@@ -174,8 +180,13 @@ void run(const RunArgs& a) {
                 double(s.weight_bytes_per_step) / 1e6, double(state_per_step) / 1e6);
   else
     std::printf("decode - (one token or fewer generated)");
-  std::printf(" | %s backend, %d thread%s | load %.2f s%s\n", backend->name(), threads, threads == 1 ? "" : "s", load_s,
-              r.stopped ? " | stopped on a stop id" : "");
+  // The CPU kernel variant the runtime dispatch chose and the ternary activation precision (issue 4: the choice is
+  // printed), e.g. "cpu backend, 2 threads, avx2 kernels, q16 activations".
+  const std::string kernels = cpu_kernels ? std::string(", ") + cpu::kernels_name() + " kernels, " +
+                                                 cpu::activation_name(cpu::ternary_activation()) + " activations"
+                                           : std::string();
+  std::printf(" | %s backend, %d thread%s%s | load %.2f s%s\n", backend->name(), threads, threads == 1 ? "" : "s",
+              kernels.c_str(), load_s, r.stopped ? " | stopped on a stop id" : "");
 }
 
 }  // namespace

@@ -110,6 +110,21 @@ TEST(CliRun, PromptTextAndJson) {
   EXPECT_GT(j["stats"]["decode_tok_s"].get<double>(), 0.0);
   EXPECT_GT(j["stats"]["decode_gb_s"].get<double>(), 0.0);
   EXPECT_EQ(j["stats"]["weight_bytes_per_token"].get<uint64_t>(), tiny_model("pq2").decode_weight_bytes());
+  // The runtime-dispatched kernel variant and the activation precision (the child inherits this process's
+  // environment, so it makes the same choice).
+  EXPECT_EQ(j["cpu_kernels"], cpu::kernels_name());
+  EXPECT_EQ(j["cpu_activation"], cpu::activation_name(cpu::ternary_activation()));
+}
+
+// The text footer names them too, and --act is what it reports; the ref backend has no CPU kernels to name.
+TEST(CliRun, FooterNamesTheCpuKernelsAndActivations) {
+  const Result q8 = bonsai_cli("run -m " + q(tiny_packs().pq2) + " --tokens 5,6,7 -n 2 --act q8");
+  ASSERT_EQ(q8.code, 0) << q8.out;
+  EXPECT_THAT(q8.out, testing::ContainsRegex(std::string("\\| cpu backend, [0-9]+ threads?, ") + cpu::kernels_name() +
+                                             " kernels, q8 activations \\| load"));
+  const Result ref = bonsai_cli("run -m " + q(tiny_packs().pq2) + " --tokens 5,6,7 -n 2 --backend ref");
+  ASSERT_EQ(ref.code, 0) << ref.out;
+  EXPECT_THAT(ref.out, testing::HasSubstr("| ref backend, 1 thread | load"));
 }
 
 TEST(CliRun, SamplingIsDeterministicGivenTheSeed) {
