@@ -414,6 +414,10 @@ TGT_INLINE __m256i bcast32(const int8_t* p) {
 //                                                              rows >= M are zero
 template <int L>
 constexpr int kGemmRows = L == 1 ? 8 : L == 2 ? 4 : 2;  // MB x L accumulators + code, plane, broadcast <= 16 ymm
+template <int L>
+int64_t panel_passes(int64_t M) {  // NP
+  return (M + kGemmRows<L> - 1) / kGemmRows<L>;
+}
 
 // One (row, digit, group) of the panel: its 4 plane rows of 8 dwords (32 bytes at src + p P) transposed 4 x 8, so
 // that dword k of the 4 planes lands as 16 bytes at dst + k * kstride (in int32 units).
@@ -433,7 +437,7 @@ TGT_INLINE void pack_group_dwords(const int8_t* src, int64_t P, int32_t* dst, in
 template <int L>
 TGT void pack_gemm_panel(const int8_t* q, int64_t M, int64_t K, std::vector<int32_t>& panel) {
   constexpr int MB = kGemmRows<L>;
-  const int64_t G = K / 128, NP = (M + MB - 1) / MB;
+  const int64_t G = K / 128, NP = panel_passes<L>(M);
   panel.resize(size_t(G * NP * 8 * MB * L * 4));
   for (int64_t g = 0; g < G; ++g) {
     int64_t P;
@@ -510,7 +514,7 @@ TGT_INLINE void gemm8_rows(const uint8_t* cv, int64_t cs, const int32_t* panel, 
 template <int L>
 TGT void q8_rows8_xm(const uint8_t* w0, int64_t rb, int64_t K, const int32_t* panel, const float* qs, const int32_t* qsum,
                      int64_t M, float* y, int64_t ldy, int nr) {
-  const int64_t G = K / 128, srs = L * G, NP = (M + kGemmRows<L> - 1) / kGemmRows<L>;
+  const int64_t G = K / 128, srs = L * G, NP = panel_passes<L>(M);
   constexpr int kMT = 64;
   alignas(32) uint8_t tr[8 * 32];  // one group of 8 rows transposed: [dword k][row r] (8 code vectors)
   alignas(32) __m256 facc[kMT];
@@ -623,25 +627,19 @@ TGT_INLINE void tiles8_x1_group(const uint8_t* const* codes, const uint8_t* cons
 template <int T, int L>
 TGT_INLINE void tiles8_x1_run(const uint8_t* const* tile, int64_t K, const int8_t* q, const float* qs,
                               const int32_t* qsum, __m256* facc) {
-  const int64_t G = K / 128, C = G / 2;
+  const int64_t G = K / 128;
   for (int u = 0; u < 2 * T; ++u) facc[u] = _mm256_setzero_ps();
   const uint8_t* codes[T];
   const uint8_t* dv[T];
-  for (int64_t c = 0; c < C; ++c)
-    for (int h = 0; h < 2; ++h) {
-      const int64_t g = 2 * c + h;
-      for (int t = 0; t < T; ++t) {
-        codes[t] = tile[t] + c * kTileChunkBytes + 512 * h;
-        dv[t] = tile[t] + c * kTileChunkBytes + 1024 + 32 * h;
-      }
-      tiles8_x1_group<T, L, 64>(codes, dv, q + 256 * c + 32 * h, K, qsum + g, G, qs[g] * digit_unit(L), facc);
-    }
-  if (G & 1) {  // the tail chunk: one group, activation planes 32 apart
+  for (int64_t g = 0; g < G; ++g) {
     for (int t = 0; t < T; ++t) {
-      codes[t] = tile[t] + C * kTileChunkBytes;
-      dv[t] = codes[t] + 512;
+      codes[t] = tile[t] + tile_group_codes(G, g);
+      dv[t] = tile[t] + tile_group_d(G, g);
     }
-    tiles8_x1_group<T, L, 32>(codes, dv, q + 256 * C, K, qsum + 2 * C, G, qs[2 * C] * digit_unit(L), facc);
+    int64_t P;  // 64, or 32 in the tail chunk of an odd G
+    const int8_t* qg = group_q(q, G, g, &P);
+    if (P == 64) tiles8_x1_group<T, L, 64>(codes, dv, qg, K, qsum + g, G, qs[g] * digit_unit(L), facc);
+    else tiles8_x1_group<T, L, 32>(codes, dv, qg, K, qsum + g, G, qs[g] * digit_unit(L), facc);
   }
 }
 
@@ -694,17 +692,15 @@ TGT void ternary_tiles_q8_x1_avx2(const uint8_t* tiles, int64_t K, int64_t N, in
 template <int L>
 TGT void q8_tile8_xm(const uint8_t* tile, int half, int64_t K, const int32_t* panel, const float* qs, const int32_t* qsum,
                      int64_t M, float* y, int64_t ldy, int nr) {
-  const int64_t G = K / 128, C = G / 2, srs = L * G, NP = (M + kGemmRows<L> - 1) / kGemmRows<L>;
+  const int64_t G = K / 128, srs = L * G, NP = panel_passes<L>(M);
   constexpr int kMT = 64;
   alignas(32) __m256 facc[kMT];  // [m] 8 rows
   for (int64_t m0 = 0; m0 < M; m0 += kMT) {
     const int64_t mc = std::min<int64_t>(kMT, M - m0);
     for (int64_t m = 0; m < mc; ++m) facc[m] = _mm256_setzero_ps();
     for (int64_t g = 0; g < G; ++g) {
-      const int64_t c = g / 2;
-      const uint8_t* ch = tile + c * kTileChunkBytes;
-      const uint8_t* cv = (c < C ? ch + 512 * (g % 2) : ch) + 32 * half;  // this group's 8 code vectors, 64 B apart
-      const uint8_t* dv = (c < C ? ch + 1024 + 32 * (g % 2) : ch + 512) + 16 * half;
+      const uint8_t* cv = tile + tile_group_codes(G, g) + 32 * half;  // this group's 8 code vectors, 64 B apart
+      const uint8_t* dv = tile + tile_group_d(G, g) + 16 * half;
       gemm8_rows<L>(cv, 64, panel, NP, g, qs, qsum, G, srs, fp16x8_to_f32(reinterpret_cast<const uint16_t*>(dv)), m0, mc,
                     facc);
     }

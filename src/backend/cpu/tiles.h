@@ -34,6 +34,16 @@ inline int64_t tile_bytes(int64_t K) {
   return G / 2 * kTileChunkBytes + (G & 1) * kTileTailBytes;
 }
 inline uint64_t tiled_bytes(int64_t N, int64_t K) { return uint64_t(tile_count(N)) * uint64_t(tile_bytes(K)); }
+// Byte offsets inside one tile of group g's first code vector (its 8 vectors 64 B apart) and of its 16 rows' fp16 d;
+// the last group of an odd G is the tail chunk.
+inline int64_t tile_group_codes(int64_t G, int64_t g) {
+  const int64_t c = g / 2;
+  return c * kTileChunkBytes + (2 * c + 1 < G ? 512 * (g % 2) : 0);
+}
+inline int64_t tile_group_d(int64_t G, int64_t g) {
+  const int64_t c = g / 2;
+  return c * kTileChunkBytes + (2 * c + 1 < G ? 1024 + 32 * (g % 2) : 512);
+}
 
 // Builds the tiles of W [N, K] from its canonical PQ2_0 blocks (row r stored at row `runs`-mapped, as
 // TernaryOut: n_runs == 0 means row r is stored row r). out: tiled_bytes(N, K) bytes, 64-aligned; every byte
