@@ -141,7 +141,6 @@ void run(const RunArgs& a) {
   const uint64_t state_per_step = s.decode_steps ? s.state_bytes / uint64_t(s.decode_steps) : 0;
   const auto* cpu = dynamic_cast<const CpuBackend*>(backend.get());
   const int threads = cpu ? cpu->threads() : 1;
-  const bool cpu_kernels = cpu != nullptr;  // the CPU backend: name its kernel variant and activation precision
 
   if (a.json) {
     nlohmann::ordered_json j;
@@ -151,7 +150,7 @@ void run(const RunArgs& a) {
     j["stopped"] = r.stopped;
     j["backend"] = backend->name();
     j["threads"] = threads;
-    if (cpu_kernels) {
+    if (cpu) {  // the CPU backend: its kernel variant and activation precision
       j["cpu_kernels"] = cpu::kernels_name();
       j["cpu_activation"] = cpu::activation_name(cpu::ternary_activation());
     }
@@ -182,7 +181,7 @@ void run(const RunArgs& a) {
     std::printf("decode - (one token or fewer generated)");
   // The CPU kernel variant the runtime dispatch chose and the ternary activation precision (issue 4: the choice is
   // printed), e.g. "cpu backend, 2 threads, avx2 kernels, q16 activations".
-  const std::string kernels = cpu_kernels ? std::string(", ") + cpu::kernels_name() + " kernels, " +
+  const std::string kernels = cpu ? std::string(", ") + cpu::kernels_name() + " kernels, " +
                                                  cpu::activation_name(cpu::ternary_activation()) + " activations"
                                            : std::string();
   std::printf(" | %s backend, %d thread%s%s | load %.2f s%s\n", backend->name(), threads, threads == 1 ? "" : "s",

@@ -135,12 +135,11 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t peak_vnni(int64_t
   return iters * 12 * 64;
 }
 // Without VNNI the int8 product is vpmaddubsw (32 / 64 u8 x s8 multiply-adds into 16-bit pair sums), accumulated
-// in 16 bits by vpaddw as the tiled kernels do (kernels_avx2.cpp). Each product reads its own accumulator, so
-// the compiler cannot hoist it out of the loop: with constant operands (the form before) GCC computed
-// maddubs(a, b) once and the loop timed vpaddd alone (648 "Gop/s" on a Zen 3 VM whose vpmaddubsw runs
-// ~1.3 per cycle per core). 12 chains of vpmaddubsw + vpaddw (latency ~4) keep 3 products in flight per cycle.
-// 12 chains of (vpmaddubsw + vpaddw) on its own accumulator, in asm: GCC kept an array of __m256i
-// accumulators partly on the stack (stores in the loop), which timed the stores.
+// in 16 bits by vpaddw as the tiled kernels do (kernels_avx2.cpp). Each product reads its own accumulator, so it
+// cannot be hoisted out of the loop: with constant operands (the form before) GCC computed maddubs(a, b) once and
+// the loop timed vpaddd alone (648 "Gop/s" on a Zen 3 VM whose vpmaddubsw runs ~1.3 per cycle per core). 12 chains
+// (latency ~4) keep 3 products in flight per cycle; in asm, because GCC kept an array of accumulators partly on
+// the stack (stores in the loop).
 #define BONSAI_PEAK_MADDUBS_LOOP(T, SET1, REDUCE, MACS)                                                       \
   T a0 = SET1(1), a1 = SET1(2), a2 = SET1(3), a3 = SET1(4), a4 = SET1(5), a5 = SET1(6), a6 = SET1(7),         \
     a7 = SET1(8), a8 = SET1(9), a9 = SET1(10), a10 = SET1(11), a11 = SET1(12), b = SET1(-1), t;               \
@@ -157,10 +156,6 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t peak_vnni(int64_t
   return iters * 12 * (MACS)
 #define BONSAI_PEAK_STEP(i) "vpmaddubsw %[b], %[a" #i "], %[t]\n\tvpaddw %[t], %[a" #i "], %[a" #i "]\n\t"
 
-// Without VNNI the int8 product is vpmaddubsw (32 / 64 u8 x s8 multiply-adds into 16-bit pair sums), accumulated
-// in 16 bits by vpaddw as the tiled kernels do (kernels_avx2.cpp). Each product reads its own accumulator, so it
-// cannot be hoisted out of the loop: with constant operands (the form before) GCC computed maddubs(a, b) once
-// and the loop timed vpaddd alone (648 "Gop/s" on a Zen 3 VM, twice what its vpmaddubsw can do).
 __attribute__((target("avx512f,avx512bw"))) int64_t peak_avx512bw(int64_t iters) {
   BONSAI_PEAK_MADDUBS_LOOP(__m512i, _mm512_set1_epi8, _mm512_reduce_add_epi32, 64);
 }
