@@ -231,6 +231,7 @@ TEST(CudaOps, GemmV3FoldedSplitMatchesUnfusedAndQuantisedReference) {
     on.gemm = off.gemm = 3;
     on.gemm3_fold = true;
     off.gemm3_fold = false;
+    on.gemm3_occ = off.gemm3_occ = 1;  // the shapes are sized for one block per SM (GemmV3TwoBlocksPerSm* has two)
     on.act_levels = off.act_levels = levels;
     CudaBackend bon(on), boff(off);
     uint32_t seed = 1900;
@@ -262,6 +263,52 @@ TEST(CudaOps, GemmV3FoldedSplitMatchesUnfusedAndQuantisedReference) {
       EXPECT_LE(d1, 2e-6) << what;
       std::printf("[fold] %s: vs quantised %.2e / %.2e (unfused %.2e / %.2e), vs unfused %.2e / %.2e\n",
                   what.c_str(), r0, r1, rel_err(u.first, e0), rel_err(u.second, e1), d0, d1);
+    }
+  }
+}
+
+// Round 17: GEMM v3 at two blocks per SM (Options::gemm3_occ 2, 9 <= M <= 32: 7 stages, 96-register consumers) computes
+// the same per-tile sums as one block per SM; only the split-K / folded-split plans may differ (twice the slots), so
+// where both plans leave every tile whole the outputs are EQUAL, elsewhere within fp32 summation of the exact int8
+// product (quantised_reference). Ragged M and N, paired outputs, q16 and q8, every output written, two runs EQUAL.
+TEST(CudaOps, GemmV3TwoBlocksPerSmMatchesOneBlock) {
+  BONSAI_REQUIRE_GPU();
+  for (const int levels : {2, 1}) {
+    CudaBackend::Options one, two;
+    one.gemm = two.gemm = 3;
+    one.gemm3_occ = 1;
+    two.gemm3_occ = 2;
+    one.act_levels = two.act_levels = levels;
+    CudaBackend b1(one), b2(two);
+    const int sms = b1.sm_count();
+    uint32_t seed = 3100;
+    struct Case {
+      int64_t M, K, N0, N1;
+    } cases[] = {{32, 5120, 4000, 4000}, {29, 1152, 257, 75}, {17, 6144, 5120, 0}, {9, 8192, 200, 40},
+                 {12, 1024, 40000, 129}, {31, 17408, 5120, 0}};
+    for (const Case& c : cases) {
+      if (levels == 1 && c.M <= 4) continue;  // the q8 matvec's
+      TernaryMatrix& w0 = random_matrix(c.N0, c.K, seed++, 0.02);
+      TernaryMatrix& w1 = random_matrix(c.N1 > 0 ? c.N1 : 1, c.K, seed++, 0.02);
+      const int n = c.N1 > 0 ? 2 : 1;
+      const auto x = randn(size_t(c.M * c.K), seed++);
+      const std::string what = "levels " + std::to_string(levels) + " M " + std::to_string(c.M) + " K " +
+                               std::to_string(c.K) + " N " + std::to_string(c.N0) + "+" + std::to_string(c.N1);
+      const auto a = paired_linear(b2, w0, w1, n, x, c.M, what), b = paired_linear(b2, w0, w1, n, x, c.M, what);
+      const auto u = paired_linear(b1, w0, w1, n, x, c.M, what);
+      EXPECT_TRUE(a.first == b.first && (n == 1 || a.second == b.second)) << "run to run, " << what;
+      cuda::TernaryDev t[2] = {{nullptr, nullptr, nullptr, c.N0}, {nullptr, nullptr, nullptr, c.N1}};
+      auto whole = [&](int occ) {
+        const cuda::Gemm3Fold f = cuda::gemm3_fold_plan(t, n, c.K, c.M, levels, sms, occ);
+        return f.kt <= 1 && cuda::gemm3_ksplit(t, n, c.K, c.M, levels, sms, occ) == 1;
+      };
+      const double r0 = rel_err(a.first, quantised_reference(w0, x, c.M, levels));
+      EXPECT_LE(r0, 1e-5) << what;
+      if (n == 2) EXPECT_LE(rel_err(a.second, quantised_reference(w1, x, c.M, levels)), 1e-5) << what;
+      if (whole(1) && whole(2)) EXPECT_TRUE(a.first == u.first && (n == 1 || a.second == u.second)) << "vs one block, " << what;
+      else EXPECT_LE(rel_err(a.first, u.first), 2e-6) << what;
+      std::printf("[gemm3 occ2] %s: vs quantised %.2e, vs one block %.2e (%s)\n", what.c_str(), r0,
+                  rel_err(a.first, u.first), whole(1) && whole(2) ? "no split: EQUAL" : "split plans differ");
     }
   }
 }

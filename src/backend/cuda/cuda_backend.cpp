@@ -90,6 +90,7 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   o.gemm2_swizzle = flag("BONSAI_CUDA_GEMM2_SWIZZLE", o.gemm2_swizzle);
   if (const char* e = std::getenv("BONSAI_CUDA_GEMM2_WGS"); e && *e) o.gemm2_wgs = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_GEMM3_CVT"); e && *e) o.gemm3_cvt = std::atoi(e);
+  if (const char* e = std::getenv("BONSAI_CUDA_GEMM3_OCC"); e && *e) o.gemm3_occ = std::atoi(e) == 2 ? 2 : 1;
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC_ROWS"); e && *e) o.matvec_rows = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC"); e && *e) o.matvec = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC_EARLY"); e && *e) o.matvec_early = std::atoi(e);
@@ -371,20 +372,29 @@ struct CudaBackend::Impl {
     const bool v3 = hopper && (opt.gemm == 3 || opt.gemm == 0);
     const bool v2 = hopper && opt.gemm == 2;
     const int wgs = opt.gemm2_wgs == 2 ? 2 : 1;
-    const int ks = v3   ? cuda::gemm3_ksplit(t, n, K, M, lv, sms)
+    // Round 17: two v3 blocks per SM (Options::gemm3_occ) at 9..32 tokens where the grid has more blocks than SMs:
+    // below that each SM holds one block either way, and the two-block instance's ring is 7 stages instead of 12 (H200
+    // kernel table, us, one / two blocks: gate+up M32 56.4 / 44.6, head M32 366 / 295, down M32 28.8 / 27.5 (40 tiles
+    // x 6 slices), but attn_o M32 12.9 / 18.5: 40 tiles x 3 slices). At B = 4 / 8 the model was 3 % slower with it
+    // (418 / 740 vs 406 / 720 tok/s) though down M8 ran 28.2 -> 26.6 us alone: not investigated, so M <= 8 keeps one.
+    const int occ = opt.gemm3_occ == 2 && M > 8 && M <= 32 && cuda::gemm3_fold_plan(t, n, K, M, lv, sms, 2).tiles *
+                                                             cuda::gemm3_ksplit(t, n, K, M, lv, sms, 2) > sms
+                        ? 2
+                        : 1;
+    const int ks = v3   ? cuda::gemm3_ksplit(t, n, K, M, lv, sms, occ)
                    : v2 ? cuda::gemm2_ksplit(t, n, K, M, lv, sms, wgs)
                         : cuda::gemm_ksplit(t, n, K, M, sms, opt.gemm_wave_split);
     auto gemm = [&](const cuda::TernaryDev* o, int kslices, int64_t stride) {
-      return v3   ? cuda::gemm3_launch(o, n, K, xq, xds, M, lv, kslices, stride, opt.gemm3_cvt)
+      return v3   ? cuda::gemm3_launch(o, n, K, xq, xds, M, lv, kslices, stride, opt.gemm3_cvt, occ)
              : v2 ? cuda::gemm2_launch(o, n, K, xq, xds, M, lv, wgs, kslices, stride, opt.gemm2_swizzle)
                   : cuda::gemm_launch(o, n, K, xq, xds, M, lv, sms, kslices, stride);
     };
     if (v3 && opt.gemm3_fold) {  // round 11b: the split-K sums inside the GEMM, and the last wave split in K
-      const cuda::Gemm3Fold f = cuda::gemm3_fold_plan(t, n, K, M, lv, sms);
+      const cuda::Gemm3Fold f = cuda::gemm3_fold_plan(t, n, K, M, lv, sms, occ);
       if (f.kt > 1 && f.tiles - f.nfull <= kFoldHead) {
         float* buf = fold_buffer(f);
         return out.push_back(cuda::gemm3_fold_launch(t, n, K, xq, xds, M, lv, f, buf + kFoldHead,
-                                                     reinterpret_cast<int32_t*>(buf), opt.gemm3_cvt));
+                                                     reinterpret_cast<int32_t*>(buf), opt.gemm3_cvt, occ));
       }
     }  // else (no split, or more split tiles than counters) as before
     split_k_launches(t, n, M, ks, out, gemm);

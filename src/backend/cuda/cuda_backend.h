@@ -171,6 +171,11 @@ class CudaBackend final : public Backend {
                                // rounds 5 and 7; BONSAI_CUDA_GEMM=0|1|2|3
     int gemm2_wgs = 2;         // v2 warpgroups per block: 1 (64 rows, 3-4 blocks per SM) or 2 (128 rows, 1-2 per SM,
                                // 128-token tiles for M > 64); BONSAI_CUDA_GEMM2_WGS
+    int gemm3_occ = 2;         // round 17: v3's blocks per SM at 9..32 tokens (batched decode): 2 = two blocks of 7
+                               // stages with 96-register consumers where the grid has more blocks than SMs (their warps
+                               // hide each other's per-group latency; ternary_launches has the rule), 1 = always one
+                               // block of 12 stages with 232-register consumers (H200, B = 16 / 32: 1,445 / 2,432 vs
+                               // 1,309 / 2,268 tok/s); BONSAI_CUDA_GEMM3_OCC=1|2
     int gemm3_cvt = 1;         // v3's per-group int -> float: 1 = I2FP.F32.S32 (one instruction), 0 = the 1.5 x 2^23
                                // mantissa add (two); bit-identical results; 1 measured faster (H200 round 7: gate+up
                                // M256 234.6 vs 251.0 us, pp2048 2,592 vs 2,532 tok/s); BONSAI_CUDA_GEMM3_CVT

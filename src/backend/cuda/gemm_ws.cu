@@ -20,6 +20,9 @@
 //   - setmaxnreg: the producer drops to 40 registers, the consumers rise to 232 (2 x 64 int32 + 64 fp32
 //     accumulators at 128 tokens); 40 x 128 + 232 x 256 = 64,512 of the SM's 65,536 (ptxas, nvcc 13.0: no
 //     spills; at 56 / 224 the consumers spilled 20-48 B).
+//   - round 17, batched decode (9..32 tokens, grids of more blocks than SMs; Options::gemm3_occ): an instance of TWO
+//     blocks per SM, each 7 stages (2 x 102 KB) with 40-register producers and 96-register consumers, so the four
+//     consumer warpgroups of an SM overlap their per-group waits and scaling (gate+up M32 56.4 -> 44.6 us).
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/gemm3_fold.h"
 #include "backend/cuda/gemm_fold.cuh"
@@ -96,8 +99,11 @@ struct Gemm3Args {
   int32_t kt, pad;
 };
 
-template <int TOK, int L, int S, int CVT>
-__global__ __launch_bounds__(kWsThreads, 1) void gemm3_kernel(const Gemm3Args fa) {
+// MINB blocks per SM (round 17): 2 halves every thread's registers (the launch bound's 80; producer 40, consumers 96:
+// enough for TOK = 32's 2 x 16 int32 + 16 fp32 accumulators) so two blocks' warps hide each other's per-group latency.
+template <int TOK, int L, int S, int CVT, int MINB = 1>
+__global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args fa) {
+  static_assert(MINB == 1 || (MINB == 2 && TOK == 32), "two blocks per SM only fit TOK = 32's accumulators");
   const Gemm2Args& a = fa.g;
   static_assert(TOK == 32 || TOK == 64 || TOK == 128);
   using Lay = WsLayout<TOK, L, S>;
@@ -199,7 +205,11 @@ __global__ __launch_bounds__(kWsThreads, 1) void gemm3_kernel(const Gemm3Args fa
   } else {
     // ---------------- consumers ----------------
 #ifdef BONSAI_WGMMA
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    // MINB 2: 80 -> 96. The consumers may take only what their CTA's producer released (128 x 40 = 5,120: 20 each,
+    // 16 in steps of 8); an inc past that never returns (round 17's first device call hung at 104). At 80 (no
+    // setmaxnreg) ptxas spilled 100 bytes.
+    if constexpr (MINB == 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    else asm volatile("setmaxnreg.inc.sync.aligned.u32 96;");
 #endif
     pdl_wait();
     const int c = (tid >> 7) - 1, ct = tid & 127, warp = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
@@ -291,47 +301,54 @@ struct Gemm3Pick {
   int tok;
 };
 // Stages: as deep as ~200 KB of shared memory allows (the weight stream of small M needs bytes in flight).
-template <int TOK, int L, int S, int CVT>
+template <int TOK, int L, int S, int CVT, int MINB = 1>
 Gemm3Pick gemm3_cfg() {
-  return {reinterpret_cast<const void*>(&gemm3_kernel<TOK, L, S, CVT>), uint32_t(1024 + WsLayout<TOK, L, S>::bytes), TOK};
+  return {reinterpret_cast<const void*>(&gemm3_kernel<TOK, L, S, CVT, MINB>), uint32_t(1024 + WsLayout<TOK, L, S>::bytes), TOK};
 }
+
+// occ 2 (M <= 32 only): two blocks per SM of 7 stages each (2 x 102 KB).
 template <int L, int CVT>
-Gemm3Pick gemm3_pick_l(int64_t M) {
-  return M <= 32 ? gemm3_cfg<32, L, 12, CVT>() : M <= 64 ? gemm3_cfg<64, L, 8, CVT>() : gemm3_cfg<128, L, 5, CVT>();
+Gemm3Pick gemm3_pick_l(int64_t M, int occ) {
+  if (M <= 32) return occ == 2 ? gemm3_cfg<32, L, 7, CVT, 2>() : gemm3_cfg<32, L, 12, CVT>();
+  return M <= 64 ? gemm3_cfg<64, L, 8, CVT>() : gemm3_cfg<128, L, 5, CVT>();
 }
-Gemm3Pick gemm3_pick(int levels, int64_t M, int cvt) {
-  if (cvt) return levels == 2 ? gemm3_pick_l<2, 1>(M) : gemm3_pick_l<1, 1>(M);
-  return levels == 2 ? gemm3_pick_l<2, 0>(M) : gemm3_pick_l<1, 0>(M);
+Gemm3Pick gemm3_pick(int levels, int64_t M, int cvt, int occ) {
+  if (cvt) return levels == 2 ? gemm3_pick_l<2, 1>(M, occ) : gemm3_pick_l<1, 1>(M, occ);
+  return levels == 2 ? gemm3_pick_l<2, 0>(M, occ) : gemm3_pick_l<1, 0>(M, occ);
 }
+// Blocks of the pick that run at once on one SM.
+int gemm3_blocks_per_sm(int64_t M, int occ) { return M <= 32 && occ == 2 ? 2 : 1; }
 
 }  // namespace
 
 void init_gemm3_attributes() {
   for (int lv : {1, 2})
     for (int cvt : {0, 1})
+    for (int occ : {1, 2})
     for (int64_t m : {32, 64, 128}) {
-      const Gemm3Pick p = gemm3_pick(lv, m, cvt);
+      const Gemm3Pick p = gemm3_pick(lv, m, cvt, occ);
       cudaFuncSetAttribute(p.func, cudaFuncAttributeMaxDynamicSharedMemorySize, int(p.smem));
     }
 }
 
-int gemm3_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms) {
-  const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, 0);
-  return wave_ksplit(gemm_blocks(outs, n_outs, M, kWsRows, p.tok), sms, K / 128);  // one block per SM
+int gemm3_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms, int occ) {
+  const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, 0, occ);
+  return wave_ksplit(gemm_blocks(outs, n_outs, M, kWsRows, p.tok), sms * gemm3_blocks_per_sm(M, occ), K / 128);
 }
 
 Launch gemm3_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                    int levels, int ks, int64_t part_stride, int cvt) {
-  const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, cvt);
+                    int levels, int ks, int64_t part_stride, int cvt, int occ) {
+  const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, cvt, occ);
   Gemm3Args a{};
   a.g = gemm_args(outs, n_outs, K, xq, xds, M, ks, part_stride, /*swizzle=*/true, kWsRows);
   const dim3 grid{unsigned(gemm_row_blocks(outs, n_outs, kWsRows)), unsigned((M + p.tok - 1) / p.tok), unsigned(ks)};
   return make_launch(p.func, grid, dim3(kWsThreads), p.smem, a);
 }
 
-Gemm3Fold gemm3_fold_plan(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms) {
-  const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, 0);
-  return fold_plan(gemm_blocks(outs, n_outs, M, kWsRows, p.tok), sms, K / 128, int64_t(kWsRows) * p.tok);
+Gemm3Fold gemm3_fold_plan(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms, int occ) {
+  const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, 0, occ);
+  return fold_plan(gemm_blocks(outs, n_outs, M, kWsRows, p.tok), sms * gemm3_blocks_per_sm(M, occ), K / 128,
+                   int64_t(kWsRows) * p.tok);
 }
 
 Gemm3Fold fold_plan(int64_t B, int sms, int64_t G, int64_t tile_floats) {
@@ -353,8 +370,8 @@ Gemm3Fold fold_plan(int64_t B, int sms, int64_t G, int64_t tile_floats) {
 }
 
 Launch gemm3_fold_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                         int levels, const Gemm3Fold& f, float* part, int32_t* cnt, int cvt) {
-  const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, cvt);
+                         int levels, const Gemm3Fold& f, float* part, int32_t* cnt, int cvt, int occ) {
+  const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, cvt, occ);
   Gemm3Args a{};
   a.g = gemm_args(outs, n_outs, K, xq, xds, M, f.kt, 0, /*swizzle=*/true, kWsRows);
   a.part = part;

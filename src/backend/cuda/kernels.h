@@ -184,12 +184,13 @@ Launch gemm2_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t*
 // GEMM v3 (gemm_ws.cu, BONSAI_CUDA_GEMM=3): warp-specialised wgmma: a producer warpgroup streams the raw
 // words and swizzled activation tiles into an mbarrier ring, two consumer warpgroups (64 rows each, weights
 // decoded into wgmma's register A operand) take turns on the tensor pipe. Blocks of 128 rows x 32 / 64 / 128
-// tokens (M <= 32 / <= 64 / above), one per SM. Same outputs, pairing and split-K contract as gemm2_launch.
+// tokens (M <= 32 / <= 64 / above), one per SM (occ 2, M <= 32: two, round 17). Same outputs, pairing and split-K
+// contract as gemm2_launch.
 // sm_90 only (gemm2_supported). cvt: the per-group int -> float as I2FP (1) or the mantissa add (0): bit-identical.
 void init_gemm3_attributes();  // called by init_kernel_attributes
-int gemm3_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms);
+int gemm3_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms, int occ = 1);
 Launch gemm3_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                    int levels, int ks = 1, int64_t part_stride = 0, int cvt = 1);
+                    int levels, int ks = 1, int64_t part_stride = 0, int cvt = 1, int occ = 1);
 // GEMM v4 (gemm_f16.cu, Options::gemm_f16, round 13): the product on the fp16 tensor cores with each group's scale
 // folded into the weights (A = (code - 1) d_w, exact in fp16) and the activation in fp16 (xh, written from the site's
 // digits by xh_pack_launch): fp32 accumulation over all of K, no per-group scaling. Same outputs, pairing and split-K
