@@ -112,6 +112,7 @@ void bench(const BenchArgs& a) {
     BackendOptions bo;
     bo.threads = a.threads;
     bo.activations = a.act;
+    bo.exclusive_model = true;  // this command's model serves this backend only
     backend = make_backend(a.backend, bo);
   }
   std::string act_name;  // the activation precision of the ternary products, as --act spells it

@@ -100,6 +100,7 @@ std::unique_ptr<ChatRuntime> load_chat(const ChatCliArgs& a) {
   BackendOptions bo;
   bo.threads = a.threads;
   bo.activations = a.act;
+  bo.exclusive_model = true;  // this command's model serves this backend only
   r->backend = make_backend(a.backend, bo);
   r->decoder = std::make_unique<Decoder>(*r->model, *r->backend);
   SessionOptions so;

@@ -59,6 +59,7 @@ void gate(const GateArgs& a) {
   BackendOptions bo;
   bo.threads = a.threads;
   bo.activations = a.act;
+  bo.exclusive_model = true;  // this command's model serves this backend only
   std::unique_ptr<Backend> backend = make_backend(a.backend, bo);
   Decoder decoder(model, *backend);
   const auto t0 = std::chrono::steady_clock::now();

@@ -117,6 +117,7 @@ void run(const RunArgs& a) {
   BackendOptions bo;
   bo.threads = a.threads;
   bo.activations = a.act;
+  bo.exclusive_model = true;  // this command's model serves this backend only
   std::unique_ptr<Backend> backend = make_backend(a.backend, bo);
   Decoder decoder(model, *backend);
   SessionOptions so;

@@ -26,6 +26,7 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOpti
     }
     CpuBackend::Options o;
     o.threads = opt.threads;
+    o.release_owned = opt.exclusive_model;
     return std::make_unique<CpuBackend>(o);
   }
   if (name == "cuda") {

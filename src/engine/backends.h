@@ -18,6 +18,10 @@ struct BackendOptions {
   // ~95% argmax agreement, README "Parity"); f16 runs the GEMM products (prefill chunks; a batched step's gate+up) on
   // fp16 activations (passes the gate's argmax agreement, looser max |dlogit| / KL than q16); ref ignores it (fp64).
   std::string activations;
+  // The backend is the model's only user (the commands: run, chat, bench, gate): cpu releases each transcoded
+  // (owned) canonical buffer once its tiles are built (CpuBackend::Options::release_owned), so a PTQ1_0 / MLX pack
+  // holds ~1x the weights instead of 2x.
+  bool exclusive_model = false;
 };
 
 // Throws bonsai::Error listing the known names for an unknown one.

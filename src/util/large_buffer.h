@@ -59,7 +59,7 @@ struct HugePageAllocator {
   template <typename U>
   bool operator==(const HugePageAllocator<U>&) const noexcept { return true; }
 
- private:
+  // The length of the mapping behind an allocation of b >= kThreshold bytes (whole huge pages).
   static size_t round_up(size_t b) { return (b + kHuge - 1) & ~(kHuge - 1); }
 };
 

@@ -28,7 +28,10 @@ bool tiles_enabled_by_env() {
 void CpuBackend::prepare(const Model& m) {
   // Only when the active variant can use them: a variant switched to later (tests) finds tiles it
   // cannot read ignored (the op layer checks the variant), never misread.
-  if (opt_.tile_weights && tiles_enabled_by_env() && cpu::kernels().ternary_tiles_q8_x1) tiles_.build(m);
+  // Owned buffers are released only where the tiles will serve every product: integer activations (f32 reads the
+  // canonical blocks).
+  if (opt_.tile_weights && tiles_enabled_by_env() && cpu::kernels().ternary_tiles_q8_x1)
+    tiles_.build(m, opt_.release_owned && cpu::activation_levels(cpu::ternary_activation()) > 0);
 }
 
 void CpuBackend::embed_rows(const TernaryMatrix& table, const int32_t* host_ids, int64_t M, float* out) {
@@ -50,8 +53,21 @@ void CpuBackend::linear(const LinearOut* outs, int n_outs, int64_t K, const floa
   for (int i = 0; i < n_outs; ++i) {
     const TernaryMatrix& w = *outs[i].w;
     if (w.cols != K) fail("linear: {} has K = {}, the input has {}", w.name, w.cols, K);
-    t[i] = {w.blocks, w.rows, outs[i].y, w.row_runs.data(), int64_t(w.row_runs.size()), tiles_.find(w)};
+    // (A released matrix has tiles only: its blocks pointer is withheld so no path can read the returned pages.)
+    t[i] = {tiles_.released(w) ? nullptr : w.blocks, w.rows, outs[i].y, w.row_runs.data(), int64_t(w.row_runs.size()),
+            tiles_.find(w)};
   }
+  // The tiled integer kernels serve a product only when every output has tiles (ternary_matmul_multi); any other
+  // path reads the canonical blocks, which a released matrix no longer has.
+  bool tiled = cpu::activation_levels(cpu::ternary_activation()) > 0 && cpu::kernels().ternary_tiles_q8_x1;
+  for (int i = 0; i < n_outs; ++i) tiled = tiled && t[i].tiles;
+  if (!tiled)
+    for (int i = 0; i < n_outs; ++i)
+      if (!t[i].blocks)
+        fail("linear: {}'s canonical weights were returned to the system after tiling (CpuBackend::Options::"
+             "release_owned), but this product needs them (activation precision {}, kernels {}): keep them by "
+             "not setting release_owned",
+             outs[i].w->name, cpu::activation_name(cpu::ternary_activation()), cpu::kernels().name);
   cpu::ternary_matmul_multi(t, n_outs, K, x, M);
 }
 

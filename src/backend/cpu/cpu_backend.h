@@ -20,6 +20,9 @@ class CpuBackend final : public HostBackend {
     int threads = 0;           // <= 0: hardware_concurrency (resizes the process-wide CPU pool)
     bool gdn_chunked = false;  // prefill chunks through gdn_chunked instead of gdn_recurrent
     bool tile_weights = true;  // prepare() builds the tiled copies (BONSAI_CPU_TILES=0 also turns it off)
+    bool release_owned = false;  // this backend is the model's only user: prepare() returns each transcoded (owned)
+                                 // canonical buffer once its tiles are built (weight_tiles.h; PTQ1_0 / MLX packs hold
+                                 // ~1x the weights instead of 2x); a product that would need them is refused
   };
   static constexpr int64_t kGdnChunk = 64;
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/cpu/tiles.h"
+#include "util/large_buffer.h"
 #include "util/progress.h"
 
 namespace bonsai::cpu {
@@ -21,6 +22,17 @@ void release_view_pages(const uint8_t* p, uint64_t n) {
   const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
   const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + n) & ~(page - 1);
   if (b > a) ::madvise(reinterpret_cast<void*>(a), size_t(b - a), MADV_DONTNEED);  // best effort
+}
+
+// Returns the pages of an owned canonical buffer (a LargeVector mapping of its own: >= 4 MiB, 2 MiB aligned, see
+// util/large_buffer.h) to the system and makes them unreadable: a read after this is a fault, never zeros. The
+// mapping itself stays (its owner unmaps it as usual). False when p is not such a mapping or the calls fail.
+bool release_owned_pages(const uint8_t* p, uint64_t n) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (n < HugePageAllocator<uint8_t>::kThreshold || a % HugePageAllocator<uint8_t>::kHuge != 0) return false;
+  const size_t len = HugePageAllocator<uint8_t>::round_up(size_t(n));
+  if (::madvise(reinterpret_cast<void*>(a), len, MADV_DONTNEED) != 0) return false;
+  return ::mprotect(reinterpret_cast<void*>(a), len, PROT_NONE) == 0;
 }
 
 // MemAvailable of /proc/meminfo in bytes; 0 when unknown.
@@ -42,9 +54,17 @@ std::vector<const TernaryMatrix*> linears(const Model& m) {
   return out;
 }
 
+// Whether another matrix of m reads w's buffer (a tied head and its embedding share one): the embedding is never
+// tiled, so such a buffer must stay.
+bool shared_with_canonical(const Model& m, const TernaryMatrix& w) {
+  for (const TernaryMatrix* o : m.ternary_matrices())
+    if (o != &w && o->storage && o->storage == w.storage) return true;
+  return false;
+}
+
 }  // namespace
 
-void WeightTiles::build(const Model& m) {
+void WeightTiles::build(const Model& m, bool release_owned) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<const TernaryMatrix*> ws = linears(m);
   // The same model again (a second Decoder on this backend): its tiles are all here, keep them.
@@ -52,8 +72,10 @@ void WeightTiles::build(const Model& m) {
   for (const TernaryMatrix* w : ws) have_all = have_all && (w->rows == 0 || find(*w) != nullptr);
   if (have_all) return;
   ++builds_;
+  // Entries still valid for this model are kept, not rebuilt: a released matrix cannot be tiled again.
+  std::unordered_map<const TernaryMatrix*, Entry> prev = std::move(by_matrix_);
   by_matrix_.clear();
-  bytes_ = 0;
+  bytes_ = released_bytes_ = 0;
   uint64_t total = 0, owned = 0;
   for (const TernaryMatrix* w : ws) {
     total += w->bytes();
@@ -62,8 +84,9 @@ void WeightTiles::build(const Model& m) {
   // A view's pages are released as its tiles are built (net ~0), but an owned canonical buffer stays: its
   // tiles are extra memory. Skip those (they keep the canonical kernels) when they would not fit with a
   // 1 GiB margin, rather than push the machine into the OOM killer.
+  // (With release_owned each owned buffer is returned as its tiles are built: net ~0 but one matrix at a time.)
   const uint64_t avail = mem_available_bytes();
-  const bool tile_owned = owned == 0 || avail == 0 || owned + (uint64_t(1) << 30) <= avail;
+  const bool tile_owned = owned == 0 || avail == 0 || release_owned || owned + (uint64_t(1) << 30) <= avail;
   if (!tile_owned) {
     std::fprintf(stderr,
                  "note: not tiling %.2f GB of transcoded weights for the CPU kernels (%.2f GB available): they run "
@@ -74,6 +97,14 @@ void WeightTiles::build(const Model& m) {
   Progress progress("tiling weights for the CPU kernels", total, stderr_is_tty() && total > (uint64_t(1) << 30));
   for (const TernaryMatrix* w : ws) {
     if (!w->blocks || w->rows == 0 || w->cols % 128 != 0 || (w->owned && !tile_owned)) continue;
+    if (const auto it = prev.find(w); it != prev.end() && it->second.blocks == w->blocks && it->second.rows == w->rows &&
+                                      it->second.cols == w->cols) {
+      bytes_ += tiled_bytes(w->rows, w->cols);
+      if (it->second.released) released_bytes_ += w->bytes();
+      by_matrix_.emplace(w, std::move(it->second));
+      progress.advance(w->bytes());
+      continue;
+    }
     TiledCopy copy;
     try {
       copy = make_tiled_copy(w->blocks, w->row_runs.data(), int64_t(w->row_runs.size()), w->rows, w->cols);
@@ -84,16 +115,26 @@ void WeightTiles::build(const Model& m) {
     }
     Entry e{w->blocks, w->rows, w->cols, w->storage, std::move(copy)};
     bytes_ += tiled_bytes(w->rows, w->cols);
+    uint64_t stored = 0;  // rows the canonical buffer holds (a row map may store fewer or reorder them)
+    for (const RowRun& r : w->row_runs) stored = std::max<uint64_t>(stored, uint64_t(r.src + r.count));
+    const uint64_t canon_bytes = std::max<uint64_t>(stored, uint64_t(w->rows)) * w->row_bytes();
     if (!w->owned) {  // a view into the mapped pack: its pages are no longer needed resident
-      uint64_t stored = 0;
-      for (const RowRun& r : w->row_runs) stored = std::max<uint64_t>(stored, uint64_t(r.src + r.count));
-      release_view_pages(w->blocks, std::max<uint64_t>(stored, uint64_t(w->rows)) * w->row_bytes());
+      release_view_pages(w->blocks, canon_bytes);
+    } else if (release_owned && w->row_runs.empty() && !shared_with_canonical(m, *w) &&
+               release_owned_pages(w->blocks, w->bytes())) {  // (allocate()'s buffer: exactly bytes(), no row map)
+      e.released = true;
+      released_bytes_ += w->bytes();
     }
     by_matrix_.emplace(w, std::move(e));
     progress.advance(w->bytes());
   }
   progress.finish();
   seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+bool WeightTiles::released(const TernaryMatrix& w) const {
+  const auto it = by_matrix_.find(&w);
+  return it != by_matrix_.end() && it->second.released && it->second.blocks == w.blocks;
 }
 
 const uint8_t* WeightTiles::find(const TernaryMatrix& w) const {
