@@ -377,7 +377,7 @@ struct CudaBackend::Impl {
     // kernel table, us, one / two blocks: gate+up M32 56.4 / 44.6, head M32 366 / 295, down M32 28.8 / 27.5 (40 tiles
     // x 6 slices), but attn_o M32 12.9 / 18.5: 40 tiles x 3 slices). At B = 4 / 8 the model was 3 % slower with it
     // (418 / 740 vs 406 / 720 tok/s) though down M8 ran 28.2 -> 26.6 us alone: not investigated, so M <= 8 keeps one.
-    const int occ = opt.gemm3_occ == 2 && M > 8 && M <= 32 && cuda::gemm3_fold_plan(t, n, K, M, lv, sms, 2).tiles *
+    const int occ = v3 && opt.gemm3_occ == 2 && M > 8 && M <= 32 && cuda::gemm3_fold_plan(t, n, K, M, lv, sms, 2).tiles *
                                                              cuda::gemm3_ksplit(t, n, K, M, lv, sms, 2) > sms
                         ? 2
                         : 1;
