@@ -59,7 +59,16 @@ struct HugePageAllocator {
   template <typename U>
   bool operator==(const HugePageAllocator<U>&) const noexcept { return true; }
 
-  // The length of the mapping behind an allocation of b >= kThreshold bytes (whole huge pages).
+  // For an allocation of `bytes` at p that came from allocate(): returns its pages to the system and makes them
+  // unreadable (a later read faults instead of seeing zeros); the mapping stays until deallocate. Only allocations
+  // that are mappings of their own (>= kThreshold); false for heap ones or when the calls fail.
+  static bool retire_pages(const void* p, size_t bytes) noexcept {
+    if (bytes < kThreshold || reinterpret_cast<uintptr_t>(p) % kHuge != 0) return false;
+    void* a = const_cast<void*>(p);
+    return ::madvise(a, round_up(bytes), MADV_DONTNEED) == 0 && ::mprotect(a, round_up(bytes), PROT_NONE) == 0;
+  }
+
+ private:
   static size_t round_up(size_t b) { return (b + kHuge - 1) & ~(kHuge - 1); }
 };
 

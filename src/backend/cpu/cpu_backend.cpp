@@ -50,18 +50,18 @@ void CpuBackend::linear(const LinearOut* outs, int n_outs, int64_t K, const floa
   constexpr int kMax = 8;  // a site feeds at most 3 linears; a fixed array keeps the hot path allocation-free
   if (n_outs < 1 || n_outs > kMax) fail("linear: {} outputs (1..{} supported)", n_outs, kMax);
   TernaryOut t[kMax];
+  bool any_released = false;
   for (int i = 0; i < n_outs; ++i) {
     const TernaryMatrix& w = *outs[i].w;
     if (w.cols != K) fail("linear: {} has K = {}, the input has {}", w.name, w.cols, K);
+    bool released = false;
+    const uint8_t* tiles = tiles_.find(w, &released);
+    any_released = any_released || released;
     // (A released matrix has tiles only: its blocks pointer is withheld so no path can read the returned pages.)
-    t[i] = {tiles_.released(w) ? nullptr : w.blocks, w.rows, outs[i].y, w.row_runs.data(), int64_t(w.row_runs.size()),
-            tiles_.find(w)};
+    t[i] = {released ? nullptr : w.blocks, w.rows, outs[i].y, w.row_runs.data(), int64_t(w.row_runs.size()), tiles};
   }
-  // The tiled integer kernels serve a product only when every output has tiles (ternary_matmul_multi); any other
-  // path reads the canonical blocks, which a released matrix no longer has.
-  bool tiled = cpu::activation_levels(cpu::ternary_activation()) > 0 && cpu::kernels().ternary_tiles_q8_x1;
-  for (int i = 0; i < n_outs; ++i) tiled = tiled && t[i].tiles;
-  if (!tiled)
+  // A product not served by the tiles alone reads the canonical blocks, which a released matrix no longer has.
+  if (any_released && M > 0 && !cpu::ternary_takes_tiles(t, n_outs, M))
     for (int i = 0; i < n_outs; ++i)
       if (!t[i].blocks)
         fail("linear: {}'s canonical weights were returned to the system after tiling (CpuBackend::Options::"

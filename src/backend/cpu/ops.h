@@ -40,6 +40,9 @@ void ternary_matmul(const uint8_t* blocks, int64_t N, int64_t K, const float* x,
 // Several weight sets with the same K sharing one x (q+k+v, qkv+z, gate+up): outs[i].y [M, outs[i].N]
 // = x W_i^T, one call. n_outs >= 1.
 void ternary_matmul_multi(const TernaryOut* outs, int n_outs, int64_t K, const float* x, int64_t M);
+// Whether ternary_matmul_multi serves these outputs from their tiles alone (integer activations, a kernel variant
+// with tiled kernels, every output tiled, M > 0); otherwise it reads the canonical blocks.
+bool ternary_takes_tiles(const TernaryOut* outs, int n_outs, int64_t M);
 // Dequantise row `row` of W (for the embedding gather): out fp32 [K] = W[row][:].
 void ternary_dequant_row(const uint8_t* blocks, int64_t K, int64_t row, float* out);
 

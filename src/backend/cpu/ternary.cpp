@@ -103,6 +103,12 @@ void ternary_matmul(const uint8_t* blocks, int64_t N, int64_t K, const float* x,
   ternary_matmul_multi(&o, 1, K, x, M);
 }
 
+bool ternary_takes_tiles(const TernaryOut* outs, int n_outs, int64_t M) {
+  bool all_tiled = activation_levels(ternary_activation()) > 0 && M > 0 && kernels().ternary_tiles_q8_x1 != nullptr;
+  for (int i = 0; i < n_outs; ++i) all_tiled = all_tiled && outs[i].tiles;
+  return all_tiled;
+}
+
 void ternary_matmul_multi(const TernaryOut* outs, int n_outs, int64_t K, const float* x, int64_t M) {
   check_k(K);
   // Integer-activation modes: one quantisation per activation site, shared by every weight set and thread.
@@ -111,9 +117,7 @@ void ternary_matmul_multi(const TernaryOut* outs, int n_outs, int64_t K, const f
   if (const int levels = activation_levels(ternary_activation()); levels > 0 && M > 0) {
     xq_site = quantize_activation(x, M, K, levels);
     xq = &xq_site;
-    bool all_tiled = kernels().ternary_tiles_q8_x1 != nullptr;
-    for (int i = 0; i < n_outs; ++i) all_tiled = all_tiled && outs[i].tiles;
-    if (all_tiled) return tiled_matmul_multi(outs, n_outs, K, *xq, M);
+    if (ternary_takes_tiles(outs, n_outs, M)) return tiled_matmul_multi(outs, n_outs, K, *xq, M);
   }
   parallel_over_sets(
       n_outs, [&](int i) { return outs[i].N; }, row_grain(K, M),

@@ -24,17 +24,6 @@ void release_view_pages(const uint8_t* p, uint64_t n) {
   if (b > a) ::madvise(reinterpret_cast<void*>(a), size_t(b - a), MADV_DONTNEED);  // best effort
 }
 
-// Returns the pages of an owned canonical buffer (a LargeVector mapping of its own: >= 4 MiB, 2 MiB aligned, see
-// util/large_buffer.h) to the system and makes them unreadable: a read after this is a fault, never zeros. The
-// mapping itself stays (its owner unmaps it as usual). False when p is not such a mapping or the calls fail.
-bool release_owned_pages(const uint8_t* p, uint64_t n) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  if (n < HugePageAllocator<uint8_t>::kThreshold || a % HugePageAllocator<uint8_t>::kHuge != 0) return false;
-  const size_t len = HugePageAllocator<uint8_t>::round_up(size_t(n));
-  if (::madvise(reinterpret_cast<void*>(a), len, MADV_DONTNEED) != 0) return false;
-  return ::mprotect(reinterpret_cast<void*>(a), len, PROT_NONE) == 0;
-}
-
 // MemAvailable of /proc/meminfo in bytes; 0 when unknown.
 uint64_t mem_available_bytes() {
   std::FILE* f = std::fopen("/proc/meminfo", "r");
@@ -97,8 +86,7 @@ void WeightTiles::build(const Model& m, bool release_owned) {
   Progress progress("tiling weights for the CPU kernels", total, stderr_is_tty() && total > (uint64_t(1) << 30));
   for (const TernaryMatrix* w : ws) {
     if (!w->blocks || w->rows == 0 || w->cols % 128 != 0 || (w->owned && !tile_owned)) continue;
-    if (const auto it = prev.find(w); it != prev.end() && it->second.blocks == w->blocks && it->second.rows == w->rows &&
-                                      it->second.cols == w->cols) {
+    if (const auto it = prev.find(w); it != prev.end() && it->second.built_from(*w)) {
       bytes_ += tiled_bytes(w->rows, w->cols);
       if (it->second.released) released_bytes_ += w->bytes();
       by_matrix_.emplace(w, std::move(it->second));
@@ -121,7 +109,8 @@ void WeightTiles::build(const Model& m, bool release_owned) {
     if (!w->owned) {  // a view into the mapped pack: its pages are no longer needed resident
       release_view_pages(w->blocks, canon_bytes);
     } else if (release_owned && w->row_runs.empty() && !shared_with_canonical(m, *w) &&
-               release_owned_pages(w->blocks, w->bytes())) {  // (allocate()'s buffer: exactly bytes(), no row map)
+               HugePageAllocator<uint8_t>::retire_pages(w->blocks, size_t(w->bytes()))) {
+      // (An owned buffer with no row map is allocate()'s: exactly bytes() from the huge-page allocator.)
       e.released = true;
       released_bytes_ += w->bytes();
     }
@@ -132,16 +121,20 @@ void WeightTiles::build(const Model& m, bool release_owned) {
   seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-bool WeightTiles::released(const TernaryMatrix& w) const {
+const WeightTiles::Entry* WeightTiles::entry(const TernaryMatrix& w) const {
   const auto it = by_matrix_.find(&w);
-  return it != by_matrix_.end() && it->second.released && it->second.blocks == w.blocks;
+  return it != by_matrix_.end() && it->second.built_from(w) ? &it->second : nullptr;
 }
 
-const uint8_t* WeightTiles::find(const TernaryMatrix& w) const {
-  const auto it = by_matrix_.find(&w);
-  if (it == by_matrix_.end()) return nullptr;
-  const Entry& e = it->second;
-  return e.blocks == w.blocks && e.rows == w.rows && e.cols == w.cols ? e.copy.tiles : nullptr;
+bool WeightTiles::released(const TernaryMatrix& w) const {
+  const Entry* e = entry(w);
+  return e && e->released;
+}
+
+const uint8_t* WeightTiles::find(const TernaryMatrix& w, bool* released) const {
+  const Entry* e = entry(w);
+  if (released) *released = e && e->released;
+  return e ? e->copy.tiles : nullptr;
 }
 
 }  // namespace bonsai::cpu

@@ -29,8 +29,9 @@ class WeightTiles {
   // release_owned: above (only owned buffers of >= 4 MiB, which are whole mappings of their own, and only those no
   // matrix that stays canonical shares, e.g. a tied head's embedding).
   void build(const Model& m, bool release_owned = false);
-  // The tiles of w, or nullptr when this holder has none for it (never built, another model, an empty matrix).
-  const uint8_t* find(const TernaryMatrix& w) const;
+  // The tiles of w, or nullptr when this holder has none for it (never built, another model, an empty matrix);
+  // released (optional): whether w's canonical blocks were returned (below), from the same lookup.
+  const uint8_t* find(const TernaryMatrix& w, bool* released = nullptr) const;
   uint64_t bytes() const { return bytes_; }      // tiled bytes held
   double seconds() const { return seconds_; }    // the last build's wall time
   size_t count() const { return by_matrix_.size(); }
@@ -45,7 +46,10 @@ class WeightTiles {
     std::shared_ptr<const void> keep;    // keeps those blocks alive, so their address cannot be reused
     TiledCopy copy;                      // the tiles (backend/cpu/tiles.h)
     bool released = false;               // the canonical pages were returned (release_owned)
+    // Whether these tiles are w's (the same buffer and shape it was built from).
+    bool built_from(const TernaryMatrix& w) const { return blocks == w.blocks && rows == w.rows && cols == w.cols; }
   };
+  const Entry* entry(const TernaryMatrix& w) const;  // w's entry if it is still w's, else nullptr
   std::unordered_map<const TernaryMatrix*, Entry> by_matrix_;
   uint64_t bytes_ = 0, released_bytes_ = 0;
   double seconds_ = 0;
