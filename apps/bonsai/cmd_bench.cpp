@@ -329,9 +329,7 @@ void register_bench(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("-r,--repetitions", a->reps, "Repetitions of each test (after one warm-up)")->capture_default_str();
   cmd->add_option("--threads", a->threads, "CPU threads (0: all)")->capture_default_str();
-  cmd->add_option("--act", a->act,
-                  "Activation precision of the ternary products: cpu f32|q8|q16|q24 (default q16), cuda q8|q16|f16|exact "
-                  "(default q16); q8 is the fastest and fails the fixture gate (README, Parity)");
+  cmd->add_option("--act", a->act, kActHelp);
   cmd->add_option("--backend", a->backend, "ref, cpu or cuda")->capture_default_str();
   cmd->add_option("--batch", a->batch,
                   "Generation with B concurrent sequences in one forward per step, comma-separated sizes (e.g. "

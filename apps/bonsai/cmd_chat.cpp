@@ -462,9 +462,7 @@ void register_chat(CLI::App& app) {
   cmd->add_option("--seed", a->sampling.seed, "Sampling seed (/reset restarts it)")->capture_default_str();
   cmd->add_option("--ctx", a->ctx, "Context (KV capacity) in tokens (0: min(context length, 4096))")->capture_default_str();
   cmd->add_option("--threads", a->threads, "CPU threads (0: all)")->capture_default_str();
-  cmd->add_option("--act", a->act,
-                  "Activation precision of the ternary products: cpu f32|q8|q16|q24 (default q16), cuda q8|q16|f16|exact "
-                  "(default q16); q8 is the fastest and fails the fixture gate (README, Parity)");
+  cmd->add_option("--act", a->act, kActHelp);
   cmd->add_option("--backend", a->backend, "ref (fp64 reference, slow) or cpu")->capture_default_str();
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Do not stop a reply on the pack's stop ids (benchmarking, tests)");
   cmd->add_flag("-v,--verbose", a->verbose, "After each reply, a line with the turn's prefill and decode accounting");

@@ -162,8 +162,11 @@ GateReport run_gate(Decoder& decoder, const GateFixture& fx, const GateOptions& 
     rep.prompts.push_back(std::move(s));
   }
   const GateStats& o = rep.overall;
-  if (o.agree < o.counted)
-    rep.failures.push_back(fmt::format("argmax agreement {}/{} counted positions is below 100%", o.agree, o.counted));
+  if (opt.min_agreement >= 1.0 ? o.agree < o.counted : !(o.agreement() >= opt.min_agreement))
+    rep.failures.push_back(fmt::format("argmax agreement {}/{} counted positions ({:.2f}%) is below {}", o.agree,
+                                       o.counted, 100.0 * o.agreement(),
+                                       opt.min_agreement >= 1.0 ? std::string("100%")
+                                                                : fmt::format("--min-agreement {:g}", opt.min_agreement)));
   if (!(o.max_delta <= opt.max_delta))
     rep.failures.push_back(fmt::format("max |delta logit| {:.4g} exceeds --max-delta {:.4g}", o.max_delta, opt.max_delta));
   if (!(o.mean_kl() <= opt.max_kl))

@@ -39,6 +39,8 @@ void write_gate_fixture(const std::string& path, const GateFixture& f);
 
 struct GateOptions {
   double tie_band = 1e-3;                                     // --tie-band
+  double min_agreement = 1.0;  // --min-agreement: argmax agreement among the counted positions (1: every one; a
+                               // stated looser bound, e.g. CPU q8 activations' 0.95, README "Parity")
   double max_delta = std::numeric_limits<double>::infinity();  // --max-delta
   double max_kl = std::numeric_limits<double>::infinity();     // --max-kl
 };

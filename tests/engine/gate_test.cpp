@@ -98,6 +98,15 @@ TEST(Gate, CorruptedFixtureFails) {
     EXPECT_FALSE(r.pass());
     EXPECT_EQ(r.overall.agree + 1, r.overall.counted);
     EXPECT_THAT(r.failures.at(0), HasSubstr("argmax agreement"));
+    // --min-agreement: a stated looser bound passes one miss when it allows it, and fails just above it.
+    GateOptions loose;  // agreement only (the moved logit is also far outside max |delta|)
+    const double got = r.overall.agreement();
+    loose.min_agreement = got;
+    EXPECT_TRUE(run_gate(dec, bad, loose, so).pass()) << got;
+    loose.min_agreement = std::nextafter(got, 1.0);
+    const GateReport above = run_gate(dec, bad, loose, so);
+    EXPECT_FALSE(above.pass());
+    EXPECT_THAT(above.failures.at(0), HasSubstr("--min-agreement"));
   }
   {  // A constant shift of one row: same softmax and argmax, but |delta| = 0.01 > 1e-3.
     GateFixture bad = fx;

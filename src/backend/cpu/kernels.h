@@ -111,7 +111,8 @@ bool set_kernels(const char* name);
 // Default: q16 on the SIMD variants (the fast path, with a stated looser bound: see kernels.cpp), f32 on
 // portable; BONSAI_CPU_ACT=f32|q8|q16|q24 overrides at startup. Measured on the HF fixture (tiny pack, 726
 // counted positions): f32 and q24 726/726 (max |dlogit| 2.1e-5 / 1.6e-5), q16 726/726 (2.0e-3, mean KL
-// 4.3e-8), q8 691/726 (0.50: fails the gate).
+// 4.3e-8), q8 691-695/726 (0.45-0.50: fails the gate's 100% rule; its stated looser bound, held by
+// HfFixture.CpuQ8PassesItsStatedLooserBound: agreement >= 95%, max |dlogit| <= 0.6, mean KL <= 4e-3).
 enum class TernaryActivation { f32, q8, q16, q24 };
 inline int activation_levels(TernaryActivation a) { return int(a); }  // 0 for f32, else the digits
 inline const char* activation_name(TernaryActivation a) {  // "f32", "q8", "q16", "q24" (BONSAI_CPU_ACT's words)
