@@ -374,10 +374,11 @@ TEST(CudaOps, GemmF16Small) {
 // (a negative graph segment is none, one graph per step).
 TEST(CudaOps, DecodeSwitchesFromTheEnvironment) {
   const char* names[] = {"BONSAI_CUDA_GRAPH_SEGMENT", "BONSAI_CUDA_DELTA_STEP", "BONSAI_CUDA_ATTN_LONG", "BONSAI_CUDA_MV7_K32",
-                         "BONSAI_CUDA_MV7_FIRST"};
-  std::string kept[5];
-  bool had[5];
-  for (int i = 0; i < 5; ++i) {
+                         "BONSAI_CUDA_MV7_FIRST",     "BONSAI_CUDA_DELTA_ROWS", "BONSAI_CUDA_PREFILL_CHUNK"};
+  constexpr int kNames = 7;
+  std::string kept[kNames];
+  bool had[kNames];
+  for (int i = 0; i < kNames; ++i) {
     const char* v = std::getenv(names[i]);
     had[i] = v != nullptr;
     kept[i] = v ? v : "";
@@ -389,6 +390,8 @@ TEST(CudaOps, DecodeSwitchesFromTheEnvironment) {
   EXPECT_EQ(d.attn_long, 1);
   EXPECT_EQ(d.matvec7_k32, 1);  // round 15: k32 but on ffn_down
   EXPECT_EQ(d.matvec7_first, -1);  // round 15: the ragged stage first
+  EXPECT_EQ(d.delta_rows, 8);       // round 18
+  EXPECT_EQ(d.prefill_chunk, 256);
   setenv("BONSAI_CUDA_GRAPH_SEGMENT", "0", 1);
   setenv("BONSAI_CUDA_DELTA_STEP", "4", 1);
   setenv("BONSAI_CUDA_ATTN_LONG", "0", 1);
@@ -404,7 +407,20 @@ TEST(CudaOps, DecodeSwitchesFromTheEnvironment) {
   EXPECT_EQ(cuda_options(0, "").graph_segment, 0);
   setenv("BONSAI_CUDA_GRAPH_SEGMENT", "200", 1);
   EXPECT_EQ(cuda_options(0, "").graph_segment, 200);
-  for (int i = 0; i < 5; ++i) {
+  setenv("BONSAI_CUDA_DELTA_ROWS", "0", 1);
+  setenv("BONSAI_CUDA_PREFILL_CHUNK", "1024", 1);
+  EXPECT_EQ(cuda_options(0, "").delta_rows, 0);
+  EXPECT_EQ(cuda_options(0, "").prefill_chunk, 1024);
+  for (const char* bad : {"100", "0", "8192", "x"}) {
+    setenv("BONSAI_CUDA_PREFILL_CHUNK", bad, 1);
+    try {
+      (void)cuda_options(0, "");
+      ADD_FAILURE() << "BONSAI_CUDA_PREFILL_CHUNK=" << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("BONSAI_CUDA_PREFILL_CHUNK"), std::string::npos) << e.what();
+    }
+  }
+  for (int i = 0; i < kNames; ++i) {
     if (had[i]) setenv(names[i], kept[i].c_str(), 1);
     else unsetenv(names[i]);
   }
@@ -1201,7 +1217,9 @@ TEST(CudaOps, DeltaRuleReadsQkvInPlaceFromTheConvOutput) {
     int mode;   // Options::delta: 1 token loop, 2 chunked
     bool rows;  // batched: row m is one token of sequence m
     int step_warps = 8;  // Options::delta_step (T = 1 of one sequence)
-  } cases[] = {{3, 1, false}, {70, 2, false}, {70, 1, false}, {5, 1, true}, {32, 1, true}, {1, 1, false}, {1, 1, false, 0}};
+    int rows_warps = 8;  // Options::delta_rows (batched rows; 0: delta_kernel)
+  } cases[] = {{3, 1, false}, {70, 2, false},        {70, 1, false},        {5, 1, true},         {32, 1, true},
+               {5, 1, true, 8, 16}, {32, 1, true, 8, 16}, {32, 1, true, 8, 0}, {1, 1, false}, {1, 1, false, 0}};
   uint32_t seed = 900;
   for (const Case& c : cases) {
     const int64_t T = c.T, S = c.rows ? T : 1;  // S states
@@ -1231,6 +1249,7 @@ TEST(CudaOps, DeltaRuleReadsQkvInPlaceFromTheConvOutput) {
       o.fuse = fuse;
       o.delta = c.mode;
       o.delta_step = c.step_warps;
+      o.delta_rows = c.rows_warps;
       o.graphs = false;
       CudaBackend be(o);
       Buffer dconv = up(be, conv), ds = up(be, s0), da = up(be, a), db = up(be, b), dA = up(be, A), dd = up(be, dtb),
@@ -1256,7 +1275,7 @@ TEST(CudaOps, DeltaRuleReadsQkvInPlaceFromTheConvOutput) {
       kernels[fuse ? 0 : 1] = be.stats().kernels - k0;
       const std::string what = "T " + std::to_string(T) + " delta " + std::to_string(c.mode) +
                                (c.rows ? " rows" : " one sequence") + (fuse ? " fused" : " unfused") + " step warps " +
-                               std::to_string(c.step_warps);
+                               std::to_string(c.step_warps) + " rows warps " + std::to_string(c.rows_warps);
       EXPECT_LE(rel_err(got, want), 5e-5) << what;
       EXPECT_LE(rel_err(down(be, ds), st), 5e-5) << what;
       EXPECT_LE(rel_err(down(be, dbeta), beta), 1e-5) << what;

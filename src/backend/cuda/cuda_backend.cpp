@@ -91,6 +91,12 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   if (const char* e = std::getenv("BONSAI_CUDA_GEMM2_WGS"); e && *e) o.gemm2_wgs = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_GEMM3_CVT"); e && *e) o.gemm3_cvt = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_GEMM3_OCC"); e && *e) o.gemm3_occ = std::atoi(e) == 2 ? 2 : 1;
+  if (const char* e = std::getenv("BONSAI_CUDA_PREFILL_CHUNK"); e && *e) {
+    const int c = std::atoi(e);
+    if (c < 16 || c > 4096 || c % 16 != 0)
+      fail("BONSAI_CUDA_PREFILL_CHUNK = '{}': expected a multiple of 16 in 16..4096", e);
+    o.prefill_chunk = c;
+  }
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC_ROWS"); e && *e) o.matvec_rows = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC"); e && *e) o.matvec = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MATVEC_EARLY"); e && *e) o.matvec_early = std::atoi(e);
@@ -112,6 +118,7 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA"); e && *e) o.delta = std::atoi(e);
   o.delta_mma = flag("BONSAI_CUDA_DELTA_MMA", o.delta_mma);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA_STEP"); e && *e) o.delta_step = std::atoi(e);
+  if (const char* e = std::getenv("BONSAI_CUDA_DELTA_ROWS"); e && *e) o.delta_rows = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_ATTN"); e && *e) o.attn = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_ATTN_MMA"); e && *e) o.attn_prefill_mma = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_ACT"); e && *e) {
@@ -917,6 +924,8 @@ struct CudaBackend::Impl {
 CudaBackend::CudaBackend() : CudaBackend(Options{}) {}
 
 CudaBackend::CudaBackend(const Options& o) : p_(std::make_unique<Impl>()) {
+  if (o.prefill_chunk < 16 || o.prefill_chunk > 4096 || o.prefill_chunk % 16 != 0)
+    fail("CUDA backend: prefill_chunk = {}: expected a multiple of 16 in 16..4096", o.prefill_chunk);
   p_->opt = o;
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
@@ -1494,6 +1503,7 @@ void CudaBackend::Impl::emit_delta(float* state, const cuda::RowTable* rows, con
     return;
   }
   d.step_warps = opt.delta_step;
+  d.rows_warps = opt.delta_rows;
   emit(cuda::delta_launch(d));
 }
 
@@ -1672,6 +1682,7 @@ void CudaBackend::set_options(const Options& o) {
   p_->shadow = {};  // a quantised activation of the old options (digit count) must not be reused
 }
 CudaBackend::Options CudaBackend::options() const { return p_->opt; }
+int64_t CudaBackend::prefill_chunk() const { return p_->opt.prefill_chunk; }
 
 CudaBackend::Stats CudaBackend::stats() const { return p_->st; }
 

@@ -72,6 +72,9 @@ class CudaBackend final : public Backend {
                                // round 8b); batched rows always token by token; BONSAI_CUDA_DELTA=0|1|2
     int delta_step = 8;        // round 14: one sequence's decode token (T = 1) on delta_step_kernel with this many warps
                                // (8 or 4; one block barrier), 0 = delta_kernel (five); BONSAI_CUDA_DELTA_STEP
+    int delta_rows = 8;        // round 18: batched decode's delta rule on delta_rows_kernel with this many warps (8 or
+                               // 16: one barrier, vector loads, a block per (head, sequence)), 0 = delta_kernel;
+                               // BONSAI_CUDA_DELTA_ROWS
     bool delta_mma = true;     // round 12: the chunked form's products on tensor cores (3xTF32) and its solve one column
                                // per thread (delta_prep2 / delta_scan2_kernel); BONSAI_CUDA_DELTA_MMA=0: round 8b's FFMA
                                // kernels (docs/cuda-kernels.md round 12)
@@ -171,6 +174,8 @@ class CudaBackend final : public Backend {
                                // rounds 5 and 7; BONSAI_CUDA_GEMM=0|1|2|3
     int gemm2_wgs = 2;         // v2 warpgroups per block: 1 (64 rows, 3-4 blocks per SM) or 2 (128 rows, 1-2 per SM,
                                // 128-token tiles for M > 64); BONSAI_CUDA_GEMM2_WGS
+    int prefill_chunk = 256;   // tokens per prefill chunk (the decoder's max chunk; a multiple of 16 in 16..4096);
+                               // BONSAI_CUDA_PREFILL_CHUNK. 256: pp2048 1,755 tok/s vs 1,409 at 64 (H200, round 4)
     int gemm3_occ = 2;         // round 17: v3's blocks per SM at 9..32 tokens (batched decode): 2 = two blocks of 7
                                // stages with 96-register consumers where the grid has more blocks than SMs (their warps
                                // hide each other's per-group latency; ternary_launches has the rule), 1 = always one
@@ -216,8 +221,7 @@ class CudaBackend final : public Backend {
   CudaBackend& operator=(const CudaBackend&) = delete;
 
   const char* name() const override { return "cuda"; }
-  // 256: pp2048 1,755 tok/s vs 1,409 at 64-token chunks (H200, docs/cuda-kernels.md round 4).
-  int64_t prefill_chunk() const override { return 256; }
+  int64_t prefill_chunk() const override;  // Options::prefill_chunk
   void prepare(const Model& m) override;
 
   float* allocate(size_t n) override;

@@ -332,6 +332,7 @@ struct DeltaDesc {
   // are read in place from the conv output [T, C] instead of through three copies (emit_delta).
   int64_t ldq = 0, ldk = 0, ldv = 0;
   int step_warps = 8;  // T = 1 of one sequence: delta_step_kernel with 8 / 4 warps; 0: delta_kernel
+  int rows_warps = 0;  // batched rows: delta_rows_kernel with 8 / 16 warps (Dv = 128); 0: delta_kernel
 };
 Launch delta_launch(const DeltaDesc& d);
 

@@ -682,6 +682,137 @@ __global__ __launch_bounds__(W * 32) void delta_step_kernel(const DeltaArgs a) {
     if (ii < R) Sg[(warp + W * ii) * a.Dv + j] = decay * s[ii] + kr[ii] * kd;
 }
 
+// Batched decode (round 18): one token of each of B sequences, one block per (V head, sequence) with W warps, the
+// one-barrier algebra of delta_step_kernel. Lane l owns columns CPL l .. CPL l + CPL - 1 (Dv = 32 CPL = 128: float4 loads and
+// stores of CPL floats, a warp covers a whole state row), warp w rows w, w + W, ... So a block streams its whole
+// [Dk, Dv] state (64 KB at 128 x 128) with every load issued before the first use, and one barrier per token
+// instead of delta_kernel's five (the state traffic is the limit at B = 32: 32 x 151 MB read and written per step).
+template <int CPL>
+struct ColsOf;  // a lane's CPL columns as one vector
+template <>
+struct ColsOf<4> {
+  using T = float4;
+};
+template <class V>
+__device__ __forceinline__ float* cols(V& v) {
+  return reinterpret_cast<float*>(&v);
+}
+template <class V>
+__device__ __forceinline__ const float* cols(const V& v) {
+  return reinterpret_cast<const float*>(&v);
+}
+
+template <int W, int CPL>
+__global__ __launch_bounds__(W * 32, 2) void delta_rows_kernel(const DeltaRowsArgs args) {
+  using V = typename ColsOf<CPL>::T;
+  constexpr int kR = int(kDeltaMaxDk) / W;  // state rows per thread at most
+  constexpr int kDv = 32 * CPL;
+  const DeltaArgs& a = args.a;
+  __shared__ float part[W][2][kDv];  // [warp][P, Q][column]
+  __shared__ float dots[W][3];       // [warp][k.k, q.q, k.q]
+  pdl_trigger();
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int64_t h = blockIdx.x, m = blockIdx.y;  // V head, row (its own sequence's token)
+  const int64_t rep = a.Nv / a.Nk, kh = h / rep;
+  const int R = int(a.Dk) / W;
+  float* Sg = args.t.a[m] + h * a.Dk * kDv;
+  // The state into L2 while the previous kernel still runs (as delta_kernel): one 128-byte line per 32 / CPL lanes.
+  if ((lane & (32 / CPL - 1)) == 0)
+    for (int ii = 0; ii < R; ++ii) prefetch_l2(Sg + (warp + W * ii) * kDv + CPL * lane);
+  pdl_wait();
+  V s[kR];
+  float kr[kR];
+  const float* kp = a.k + m * a.ldk + kh * a.Dk;
+  const float* qp = a.q + m * a.ldq + kh * a.Dk;
+#pragma unroll
+  for (int ii = 0; ii < kR; ++ii) {
+    const int i = warp + W * ii;
+    if (ii < R) {
+      s[ii] = *reinterpret_cast<const V*>(Sg + i * kDv + CPL * lane);
+      kr[ii] = kp[i];  // the same address in every lane: one broadcast load
+    }
+  }
+  const V vj = *reinterpret_cast<const V*>(a.v + m * a.ldv + h * kDv + CPL * lane);
+  const float ga = a.a ? a.a[m * a.Nv + h] : a.g[m * a.Nv + h];
+  const float gbv = a.a ? a.b[m * a.Nv + h] : a.beta[m * a.Nv + h];
+  float P[CPL], Q[CPL], kk = 0.f, qq = 0.f, kq = 0.f;
+#pragma unroll
+  for (int c = 0; c < CPL; ++c) P[c] = Q[c] = 0.f;
+#pragma unroll
+  for (int ii = 0; ii < kR; ++ii) {
+    if (ii < R) {
+      const float qi = qp[warp + W * ii];
+#pragma unroll
+      for (int c = 0; c < CPL; ++c) {
+        P[c] += cols(s[ii])[c] * kr[ii];
+        Q[c] += cols(s[ii])[c] * qi;
+      }
+      kk += kr[ii] * kr[ii];
+      qq += qi * qi;
+      kq += kr[ii] * qi;
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < CPL; ++c) {
+    part[warp][0][CPL * lane + c] = P[c];
+    part[warp][1][CPL * lane + c] = Q[c];
+  }
+  if (lane == 0) {
+    dots[warp][0] = kk;
+    dots[warp][1] = qq;
+    dots[warp][2] = kq;
+  }
+  float gv, bv;  // the gates, in every thread, before the barrier
+  if (a.a) {
+    const float u = ga + a.dt_bias[h];
+    gv = a.A[h] * (u > 20.f ? u : log1pf(expf(u)));
+    bv = 1.f / (1.f + expf(-gbv));
+  } else {
+    gv = ga;
+    bv = gbv;
+  }
+  const float decay = expf(gv);
+  __syncthreads();
+  kk = qq = kq = 0.f;
+#pragma unroll
+  for (int c = 0; c < CPL; ++c) P[c] = Q[c] = 0.f;
+#pragma unroll
+  for (int w = 0; w < W; ++w) {
+#pragma unroll
+    for (int c = 0; c < CPL; ++c) {
+      P[c] += part[w][0][CPL * lane + c];
+      Q[c] += part[w][1][CPL * lane + c];
+    }
+    kk += dots[w][0];
+    qq += dots[w][1];
+    kq += dots[w][2];
+  }
+  const float nk = a.l2_k ? rsqrtf(kk + a.eps_k) : 1.f;
+  const float nq = (a.l2_q ? rsqrtf(qq + a.eps_q) : 1.f) * a.q_scale;
+  V o, kd;
+#pragma unroll
+  for (int c = 0; c < CPL; ++c) {
+    const float delta = bv * (cols(vj)[c] - decay * nk * P[c]);
+    cols(o)[c] = decay * nq * Q[c] + delta * nk * nq * kq;
+    cols(kd)[c] = nk * delta;
+  }
+  if (warp == 0) *reinterpret_cast<V*>(a.out + (m * a.Nv + h) * kDv + CPL * lane) = o;
+  if (a.a && tid == 0) {  // as delta_kernel: the gates for the buffers' later readers
+    a.g[m * a.Nv + h] = gv;
+    a.beta[m * a.Nv + h] = bv;
+  }
+#pragma unroll
+  for (int ii = 0; ii < kR; ++ii) {
+    if (ii < R) {
+      V n;
+#pragma unroll
+      for (int c = 0; c < CPL; ++c)
+        cols(n)[c] = decay * cols(s[ii])[c] + kr[ii] * cols(kd)[c];
+      *reinterpret_cast<V*>(Sg + (warp + W * ii) * kDv + CPL * lane) = n;
+    }
+  }
+}
+
 }  // namespace
 
 Launch delta_launch(const DeltaDesc& d) {
@@ -714,6 +845,16 @@ Launch delta_launch(const DeltaDesc& d) {
   // registers (74 at 8 warps, 135 at 4, vs 64) leave fewer bytes in flight per SM: B = 32 measured 1,950 vs 2,206 tok/s.
   if (d.rows) {
     DeltaRowsArgs r{a, *d.rows};
+    // Round 18: delta_rows_kernel (Options::delta_rows warps, 0 = delta_kernel) where Dv = 128 and W divides Dk.
+    const int rw = d.rows_warps;
+    bool vec = d.ldv % 4 == 0 && aligned16(d.v) && aligned16(d.out);
+    for (int64_t m = 0; m < d.T; ++m) vec = vec && aligned16(d.rows->a[m]);
+    if ((rw == 8 || rw == 16) && d.Dk % rw == 0 && d.Dv == 128 && vec) {
+      const dim3 grid(unsigned(d.Nv), unsigned(d.T));
+      const void* f = rw == 8 ? reinterpret_cast<const void*>(&delta_rows_kernel<8, 4>)
+                              : reinterpret_cast<const void*>(&delta_rows_kernel<16, 4>);
+      return make_launch(f, grid, dim3(rw * 32), 0, r);
+    }
     const dim3 grid(unsigned(d.Nv), unsigned(d.Dv / 32), unsigned(d.T));
     return make_launch(reinterpret_cast<const void*>(&delta_kernel<DeltaRowsArgs>), grid, dim3(kDeltaWarps * 32), 0, r);
   }

@@ -47,8 +47,6 @@ __global__ __launch_bounds__(kRowThreads) void site_row_kernel(const SiteRowArgs
                          a.xds + r * (a.K >> 6), v);
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 bool site_row_supported(const SiteDesc& d) {

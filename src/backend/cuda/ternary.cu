@@ -618,8 +618,8 @@ bool site_norm_warp_supported(const SiteDesc& d) {
   if (!d.warp || d.pre != kPreAddNorm || d.rows < kSiteWarpMinRows || d.inverse || d.perm || !d.gain) return false;
   if (d.K % 1024 != 0 || d.K > kSiteNormWarpMaxK || d.n > 1024 || d.ld % 4 != 0 || d.rows > 0x7fffffff) return false;
   // float4 access to src / resid / pre_out / gain, site_warp_tail's 16-byte stores of dst and xq
-  auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return al(d.src) && al(d.resid) && al(d.pre_out) && al(d.gain) && al(d.dst) && al(d.xq) &&
+  return aligned16(d.src) && aligned16(d.resid) && aligned16(d.pre_out) && aligned16(d.gain) && aligned16(d.dst) &&
+         aligned16(d.xq) &&
          (!d.signs || reinterpret_cast<uintptr_t>(d.signs) % 4 == 0);
 }
 

@@ -1,0 +1,51 @@
+#!/bin/bash
+# Round 18 device run (batched decode's delta rule on delta_rows_kernel; the prefill chunk size). Binaries: DEVBIN=.devbin-me
+# BUILD=build STAGE_GZ=1 tests/cuda/stage_devbin.sh; run `bash .devbin-me/device_round18.sh` with carry [".devbin-me"].
+# In order: the fixture gate per GATE_ENVS entry, test_cuda (TEST_FILTER), memcheck (SAN_FILTER), then on the 27b pack:
+#   BAB="name:ENV=V,ENV=V ..."  `bench -p 0 -n 32 -r 2 --batch $BATCHES` per entry (repeat entries to bracket drift)
+#   PAB="name:ENV=V ..."        `bench -p 512,2048 -n 0 -r 2` per entry
+#   PROF="name:ENV=V ..."       eager per-kernel profile of a B = $PROF_BATCH step (-n 8) per entry, its top lines
+#   FINAL=1                     the default binary's `bench -p 512,2048 -n 128 -r 2 -d 0,8192 --json` and the batches
+source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
+device_header "$OUT/gpu.csv"
+start_27b_pack
+make_tiny_packs
+run_gates "${GATE_ENVS:-X=1}" 60
+stamp "gates"
+if [ -n "${TEST_FILTER:-}" ]; then
+  run_test_cuda ${TEST_TIMEOUT:-200}
+  grep -E "^\[  FAILED|^\[  PASSED|Failure|Expected|Which is" "$OUT/test_cuda.log" | head -20
+  stamp "test_cuda"
+fi
+[ -n "${SAN_FILTER:-}" ] && { run_sanitizer "$SAN_FILTER" ${SAN_TIMEOUT:-90}; stamp "sanitizer"; }
+if [ -n "${ENGINE_FILTER:-}" ]; then
+  BONSAI_TINY_PACK=/tmp/tiny/tiny-pq2_0.gguf timeout 90 $B/test_engine --gtest_filter="$ENGINE_FILTER" > "$OUT/test_engine.log" 2>&1
+  echo "test_engine rc=$?"; grep -E "^\[  FAILED|^\[  PASSED" "$OUT/test_engine.log" | head -5
+fi
+wait $MP
+stamp "27b pack"
+for cfg in ${BAB:-}; do
+  name=${cfg%%:*}; env=${cfg#*:}
+  echo "== $name ($env)" | tee -a "$OUT/bab.txt"
+  env ${env//,/ } timeout 120 $B/bonsai bench --backend cuda -m "$P27" -p 0 -n 32 -r 2 --batch ${BATCHES:-8,16,32} 2>&1 \
+    | grep -E "^tg|rror" | tee -a "$OUT/bab.txt"
+done
+for cfg in ${PAB:-}; do
+  name=${cfg%%:*}; env=${cfg#*:}
+  echo "== $name ($env)" | tee -a "$OUT/pab.txt"
+  env ${env//,/ } timeout 150 $B/bonsai bench --backend cuda -m "$P27" -p 512,2048 -n 0 -r 2 2>&1 | grep -E "^pp|rror" \
+    | tee -a "$OUT/pab.txt"
+done
+for cfg in ${PROF:-}; do
+  name=${cfg%%:*}; env=${cfg#*:}
+  env ${env//,/ } BONSAI_CUDA_PROFILE=1 BONSAI_CUDA_GRAPHS=0 timeout 120 $B/bonsai bench --backend cuda -m "$P27" -p 0 \
+    -n 8 -r 1 --batch ${PROF_BATCH:-32} > "$L/prof_bench.txt" 2> "$OUT/prof_$name.txt"
+  echo "== profile $name ($env) rc=$?"; head -14 "$OUT/prof_$name.txt"
+done
+if [ "${FINAL:-0}" = 1 ]; then
+  timeout 200 $B/bonsai bench --backend cuda -m "$P27" -p 512,2048 -n 128 -r 2 -d 0,8192 --json > "$OUT/bench.json" 2> "$OUT/bench.txt"
+  echo "bench rc=$?"; tail -6 "$OUT/bench.txt"
+  timeout 120 $B/bonsai bench --backend cuda -m "$P27" -p 0 -n 32 -r 2 --batch 4,8,16,32 > "$OUT/batch.txt" 2>&1
+  echo "batch rc=$?"; tail -4 "$OUT/batch.txt"
+fi
+stamp "done"
