@@ -39,7 +39,7 @@ struct BatchOptions {
   // > 0: every sequence gets this many (bounded by the model's context length).
   int64_t capacity = 0;
   // Prefill chunk sizes (SessionOptions::chunks).
-  std::vector<int64_t> chunks{SessionOptions::kMaxChunk, 16};
+  std::vector<int64_t> chunks{SessionOptions::kMaxChunk};
 };
 
 struct BatchStats {

@@ -3,7 +3,8 @@
 # BUILD=build STAGE_GZ=1 tests/cuda/stage_devbin.sh; run `bash .devbin-me/device_round18.sh` with carry [".devbin-me"].
 # In order: the fixture gate per GATE_ENVS entry, test_cuda (TEST_FILTER), memcheck (SAN_FILTER), then on the 27b pack:
 #   BAB="name:ENV=V,ENV=V ..."  `bench -p 0 -n 32 -r 2 --batch $BATCHES` per entry (repeat entries to bracket drift)
-#   PAB="name:ENV=V ..."        `bench -p 512,2048 -n 0 -r 2` per entry
+#   PAB="name:ENV=V ..."        `bench -p $PP -n 0 -r $PR` per entry (PP default 512,2048, PR 2; a name prev* runs
+#                               bonsai_prev, an earlier build copied beside the binaries)
 #   PROF="name:ENV=V ..."       eager per-kernel profile of a B = $PROF_BATCH step (-n 8) per entry, its top lines
 #   FINAL=1                     the default binary's `bench -p 512,2048 -n 128 -r 2 -d 0,8192 --json` and the batches
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
@@ -32,9 +33,10 @@ for cfg in ${BAB:-}; do
 done
 for cfg in ${PAB:-}; do
   name=${cfg%%:*}; env=${cfg#*:}
-  echo "== $name ($env)" | tee -a "$OUT/pab.txt"
-  env ${env//,/ } timeout 150 $B/bonsai bench --backend cuda -m "$P27" -p 512,2048 -n 0 -r 2 2>&1 | grep -E "^pp|rror" \
-    | tee -a "$OUT/pab.txt"
+  bin=$B/bonsai; case $name in prev*) bin=$B/bonsai_prev ;; esac
+  echo "== $name ($env, $(basename $bin))" | tee -a "$OUT/pab.txt"
+  env ${env//,/ } timeout 150 $bin bench --backend cuda -m "$P27" -p ${PP:-512,2048} -n 0 -r ${PR:-2} 2>&1 \
+    | grep -E "^pp|rror" | tee -a "$OUT/pab.txt"
 done
 for cfg in ${PROF:-}; do
   name=${cfg%%:*}; env=${cfg#*:}

@@ -54,7 +54,8 @@ TEST(Gate, CpuPassesAgainstTheRefFixtureInEveryChunkMode) {
   const GateFixture fx = read_gate_fixture(ref_fixture_path());
   CpuBackend cb;
   Decoder dec(tiny_model("pq2"), cb);
-  for (auto [name, chunks] : {std::pair<const char*, std::vector<int64_t>>{"auto", {64, 16}},
+  for (auto [name, chunks] : {std::pair<const char*, std::vector<int64_t>>{"auto", SessionOptions{}.chunks},
+                              {"64, 16", {64, 16}},
                               {"1", {}},
                               {"16", {16}},
                               {"64", {64}}}) {

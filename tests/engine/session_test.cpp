@@ -8,6 +8,7 @@
 #include <set>
 
 #include "backend/cpu/cpu_backend.h"
+#include "engine/batch.h"
 #include "engine/generate.h"
 #include "engine/sampler.h"
 #include "engine/session.h"
@@ -48,6 +49,13 @@ TEST(PrefillPlanner, LargestChunkThatFitsThenOneRaggedChunk) {
 TEST(PrefillPlanner, DefaultChunksFollowTheDecodersMaxChunk) {
   constexpr int64_t kMax = SessionOptions::kMaxChunk;
   EXPECT_EQ(resolve_chunks({kMax, 16}, 256, ""), std::vector<int64_t>({256, 16}));
+  // The default (round 18): max_chunk only, so a prompt shorter than it is one forward, not 16-token ones.
+  const std::vector<int64_t> def = resolve_chunks(SessionOptions{}.chunks, 256, "");
+  EXPECT_EQ(def, std::vector<int64_t>({256}));
+  EXPECT_EQ(plan_prefill(200, def), std::vector<int64_t>({200}));
+  EXPECT_EQ(plan_prefill(300, def), std::vector<int64_t>({256, 44}));
+  EXPECT_EQ(plan_prefill(512, def), std::vector<int64_t>({256, 256}));
+  EXPECT_EQ(BatchOptions{}.chunks, SessionOptions{}.chunks);
   EXPECT_EQ(resolve_chunks({16, kMax}, 16, ""), std::vector<int64_t>({16}));  // sorted, duplicates removed
   EXPECT_EQ(resolve_chunks({}, 64, ""), std::vector<int64_t>{});                // walk
   EXPECT_THAT(error_of([] { resolve_chunks({kMax, 128}, 64, "batch: "); }),
