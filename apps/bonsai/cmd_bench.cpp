@@ -12,6 +12,7 @@
 // sequence's state) and the KV + state bytes each sequence holds; it replaces the single-sequence tg.
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <cmath>
 #include <cstdio>
 #include <fmt/format.h>
@@ -96,6 +97,17 @@ double macs_per_token(const Model& m) {
     if (t != &m.embed) macs += double(t->rows) * double(t->cols);
   for (const LayerWeights& l : m.layers) macs += double(l.gdn.a.size() + l.gdn.b.size());
   return macs;
+}
+
+// Bytes of a pack as stored: the GGUF file, or every regular file of an MLX folder.
+uint64_t pack_bytes_on_disk(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec)) return fs::file_size(path, ec);
+  uint64_t n = 0;
+  for (const auto& e : fs::recursive_directory_iterator(path, ec))
+    if (e.is_regular_file(ec)) n += e.file_size(ec);
+  return n;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -195,6 +207,24 @@ void bench(const BenchArgs& a) {
   j["load_seconds"] = load_s;
   j["prepare_seconds"] = prepare_s;
   if (cpu_be) j["cpu_tiled_weight_bytes"] = cpu_be->weight_tiles().bytes();
+  std::string device_memory;  // the CUDA line below the header (text mode)
+#ifdef BONSAI_HAVE_CUDA
+  if (const auto* cuda = dynamic_cast<const CudaBackend*>(backend.get())) {
+    // Issue 5's memory bound: the device copy of the weights against the pack's bytes on disk, and what the process holds
+    // on the device once the weights and the workspace (max(prefill chunk, largest batch) rows) are there.
+    const uint64_t wb = cuda->stats().weight_bytes, pb = pack_bytes_on_disk(a.model);
+    const uint64_t used = cuda->device_total_bytes() - cuda->device_free_bytes();
+    j["cuda_weight_bytes"] = wb;
+    j["pack_bytes"] = pb;
+    j["cuda_weights_over_pack"] = pb ? double(wb) / double(pb) : 0.0;
+    j["cuda_device_used_bytes"] = used;
+    j["cuda_prefill_chunk"] = cuda->prefill_chunk();
+    device_memory = fmt::format("device memory: weights {:.3f} GB = {:.4f} x the pack's {:.3f} GB; {:.2f} GB in use with the "
+                                "workspace ({}-token prefill chunks)",
+                                double(wb) / 1e9, pb ? double(wb) / double(pb) : 0.0, double(pb) / 1e9, double(used) / 1e9,
+                                cuda->prefill_chunk());
+  }
+#endif
   j["weight_bytes_per_token"] = model.decode_weight_bytes();
   j["macs_per_token"] = macs;
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
@@ -209,6 +239,7 @@ void bench(const BenchArgs& a) {
     std::printf("%s | %s | %s backend, %d threads, %s kernels, activations %s | read %.2f GB/s, %s (probed)\n",
                 a.model.c_str(), model.source_format.c_str(), backend->name(), threads, gpu ? "cuda" : cpu::kernels_name(),
                 act_name.c_str(), read_gbs, peak.c_str());
+    if (!device_memory.empty()) std::printf("%s\n", device_memory.c_str());
   }
   for (int64_t p : pps) {
     std::vector<double> tps;

@@ -117,7 +117,7 @@ void register_gate(CLI::App& app) {
   cmd->add_option("--max-delta", a->gate.max_delta, "Fail when max |delta logit| exceeds this");
   cmd->add_option("--max-kl", a->gate.max_kl, "Fail when the mean KL(ref || ours) exceeds this");
   cmd->add_option("--backend", a->backend, "ref, cpu or cuda")->capture_default_str();
-  cmd->add_option("--chunk", a->chunk, "Prefill chunks: auto (the backend's prefill chunk: 64 on the CPU, 256 on CUDA; then one ragged chunk), 1 (walk), 16, 64")
+  cmd->add_option("--chunk", a->chunk, "Prefill chunks: auto (the backend's prefill chunk: 64 on the CPU, 2048 on CUDA; then one ragged chunk), 1 (walk), 16, 64")
       ->capture_default_str();
   cmd->add_option("--threads", a->threads, "CPU threads (0: all)")->capture_default_str();
   cmd->add_option("--act", a->act, kActHelp);

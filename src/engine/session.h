@@ -29,7 +29,7 @@ struct SessionOptions {
   int64_t capacity = 0;
   // Prefill chunk sizes, each <= the decoder's max_chunk (sorted largest first). Empty: walk every token.
   // kMaxChunk stands for the decoder's max_chunk() (by default the backend's prefill chunk: 64 on the
-  // CPU, 256 on CUDA).
+  // CPU, 2048 on CUDA).
   static constexpr int64_t kMaxChunk = -1;
   std::vector<int64_t> chunks{kMaxChunk};
 };

@@ -391,7 +391,7 @@ TEST(CudaOps, DecodeSwitchesFromTheEnvironment) {
   EXPECT_EQ(d.matvec7_k32, 1);  // round 15: k32 but on ffn_down
   EXPECT_EQ(d.matvec7_first, -1);  // round 15: the ragged stage first
   EXPECT_EQ(d.delta_rows, 8);       // round 18
-  EXPECT_EQ(d.prefill_chunk, 256);
+  EXPECT_EQ(d.prefill_chunk, 2048);
   setenv("BONSAI_CUDA_GRAPH_SEGMENT", "0", 1);
   setenv("BONSAI_CUDA_DELTA_STEP", "4", 1);
   setenv("BONSAI_CUDA_ATTN_LONG", "0", 1);

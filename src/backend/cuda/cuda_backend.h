@@ -174,8 +174,10 @@ class CudaBackend final : public Backend {
                                // rounds 5 and 7; BONSAI_CUDA_GEMM=0|1|2|3
     int gemm2_wgs = 2;         // v2 warpgroups per block: 1 (64 rows, 3-4 blocks per SM) or 2 (128 rows, 1-2 per SM,
                                // 128-token tiles for M > 64); BONSAI_CUDA_GEMM2_WGS
-    int prefill_chunk = 256;   // tokens per prefill chunk (the decoder's max chunk; a multiple of 16 in 16..4096);
-                               // BONSAI_CUDA_PREFILL_CHUNK. 256: pp2048 1,755 tok/s vs 1,409 at 64 (H200, round 4)
+    int prefill_chunk = 2048;  // tokens per prefill chunk (the decoder's max chunk; a multiple of 16 in 16..4096);
+                               // BONSAI_CUDA_PREFILL_CHUNK. Round 18 (H200, 27b, same call, 3 reps): pp512 / pp2048
+                               // 6,680 / 6,475 tok/s at 2048 vs 6,130 / 5,864 at 256 (1024: 6,683 / 6,388); round 4:
+                               // 256 over 64
     int gemm3_occ = 2;         // round 17: v3's blocks per SM at 9..32 tokens (batched decode): 2 = two blocks of 7
                                // stages with 96-register consumers where the grid has more blocks than SMs (their warps
                                // hide each other's per-group latency; ternary_launches has the rule), 1 = always one
