@@ -6,6 +6,7 @@
 #   PAB="name:ENV=V ..."        `bench -p $PP -n 0 -r $PR` per entry (PP default 512,2048, PR 2; a name prev* runs
 #                               bonsai_prev, an earlier build copied beside the binaries)
 #   PROF="name:ENV=V ..."       eager per-kernel profile of a B = $PROF_BATCH step (-n 8) per entry, its top lines
+#   PROF_PP=N                   eager profile of two N-token prefills, then clocks / power over `-p N -r 5`
 #   FINAL=1                     the default binary's `bench -p 512,2048 -n 128 -r 2 -d 0,8192 --json` and the batches
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
 device_header "$OUT/gpu.csv"
@@ -44,6 +45,20 @@ for cfg in ${PROF:-}; do
     -n 8 -r 1 --batch ${PROF_BATCH:-32} > "$L/prof_bench.txt" 2> "$OUT/prof_$name.txt"
   echo "== profile $name ($env) rc=$?"; head -14 "$OUT/prof_$name.txt"
 done
+# PROF_PP=N: the eager per-kernel profile of two N-token prefills (the default chunk), then the SM clock and power
+# sampled every 100 ms over `bench -p N -n 0 -r 5` (the spread of the 2,048-token chunks: clocks or not?).
+if [ -n "${PROF_PP:-}" ]; then
+  BONSAI_CUDA_PROFILE=1 BONSAI_CUDA_GRAPHS=0 timeout 120 $B/bonsai bench --backend cuda -m "$P27" -p $PROF_PP -n 0 -r 1 \
+    > "$L/prof_pp.txt" 2> "$OUT/prof_pp$PROF_PP.txt"
+  echo "== profile pp$PROF_PP rc=$?"; head -24 "$OUT/prof_pp$PROF_PP.txt"
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader -lms 100 > "$OUT/clocks.csv" &
+  SMI=$!
+  timeout 150 $B/bonsai bench --backend cuda -m "$P27" -p $PROF_PP -n 0 -r 5 2>&1 | grep -E "^pp|rror" | tee "$OUT/pp_r5.txt"
+  kill $SMI
+  awk -F', ' '{gsub(/ MHz/,"",$2); gsub(/ W/,"",$3); if ($3 > 300) {n++; c+=$2; p+=$3; if (min == "" || $2 < min) min = $2; if ($2 > max) max = $2}}
+    END {if (n) printf "busy samples %d: SM clock mean %.0f MHz (min %d, max %d), power mean %.0f W\n", n, c / n, min, max, p / n}' \
+    "$OUT/clocks.csv"
+fi
 if [ "${FINAL:-0}" = 1 ]; then
   timeout 200 $B/bonsai bench --backend cuda -m "$P27" -p 512,2048 -n 128 -r 2 -d 0,8192 --json > "$OUT/bench.json" 2> "$OUT/bench.txt"
   echo "bench rc=$?"; tail -6 "$OUT/bench.txt"
