@@ -2,6 +2,7 @@
 # Round 18 device run (batched decode's delta rule on delta_rows_kernel; the prefill chunk size). Binaries: DEVBIN=.devbin-me
 # BUILD=build STAGE_GZ=1 tests/cuda/stage_devbin.sh; run `bash .devbin-me/device_round18.sh` with carry [".devbin-me"].
 # In order: the fixture gate per GATE_ENVS entry, test_cuda (TEST_FILTER), memcheck (SAN_FILTER), then on the 27b pack:
+#   AB="name:ENV=V,ENV=V ..."  `bench -p 0 -n 128 -r 2 -d $DEPTHS` per entry (batch-1 decode; DEPTHS default 0)
 #   BAB="name:ENV=V,ENV=V ..."  `bench -p 0 -n 32 -r 2 --batch $BATCHES` per entry (repeat entries to bracket drift)
 #   PAB="name:ENV=V ..."        `bench -p $PP -n 0 -r $PR` per entry (PP default 512,2048, PR 2; a name prev* runs
 #                               bonsai_prev, an earlier build copied beside the binaries)
@@ -26,6 +27,12 @@ if [ -n "${ENGINE_FILTER:-}" ]; then
 fi
 wait $MP
 stamp "27b pack"
+for cfg in ${AB:-}; do
+  name=${cfg%%:*}; env=${cfg#*:}
+  echo "== $name ($env)" | tee -a "$OUT/ab.txt"
+  env ${env//,/ } timeout 150 $B/bonsai bench --backend cuda -m "$P27" -p 0 -n 128 -r 2 -d ${DEPTHS:-0} 2>&1 \
+    | grep -E "^tg|rror" | tee -a "$OUT/ab.txt"
+done
 for cfg in ${BAB:-}; do
   name=${cfg%%:*}; env=${cfg#*:}
   echo "== $name ($env)" | tee -a "$OUT/bab.txt"
