@@ -374,9 +374,8 @@ TEST(CudaOps, GemmF16Small) {
 // (a negative graph segment is none, one graph per step).
 TEST(CudaOps, DecodeSwitchesFromTheEnvironment) {
   const char* names[] = {"BONSAI_CUDA_GRAPH_SEGMENT", "BONSAI_CUDA_DELTA_STEP", "BONSAI_CUDA_ATTN_LONG", "BONSAI_CUDA_MV7_K32",
-                         "BONSAI_CUDA_MV7_FIRST",     "BONSAI_CUDA_DELTA_ROWS", "BONSAI_CUDA_PREFILL_CHUNK",
-                         "BONSAI_CUDA_DELTA_SITE"};
-  constexpr int kNames = 8;
+                         "BONSAI_CUDA_MV7_FIRST",     "BONSAI_CUDA_DELTA_ROWS", "BONSAI_CUDA_PREFILL_CHUNK"};
+  constexpr int kNames = 7;
   std::string kept[kNames];
   bool had[kNames];
   for (int i = 0; i < kNames; ++i) {
@@ -392,7 +391,6 @@ TEST(CudaOps, DecodeSwitchesFromTheEnvironment) {
   EXPECT_EQ(d.matvec7_k32, 1);  // round 15: k32 but on ffn_down
   EXPECT_EQ(d.matvec7_first, -1);  // round 15: the ragged stage first
   EXPECT_EQ(d.delta_rows, 8);       // round 18
-  EXPECT_TRUE(d.delta_site);
   EXPECT_EQ(d.prefill_chunk, 2048);
   setenv("BONSAI_CUDA_GRAPH_SEGMENT", "0", 1);
   setenv("BONSAI_CUDA_DELTA_STEP", "4", 1);
@@ -412,8 +410,6 @@ TEST(CudaOps, DecodeSwitchesFromTheEnvironment) {
   setenv("BONSAI_CUDA_DELTA_ROWS", "0", 1);
   setenv("BONSAI_CUDA_PREFILL_CHUNK", "1024", 1);
   EXPECT_EQ(cuda_options(0, "").delta_rows, 0);
-  setenv("BONSAI_CUDA_DELTA_SITE", "0", 1);
-  EXPECT_FALSE(cuda_options(0, "").delta_site);
   EXPECT_EQ(cuda_options(0, "").prefill_chunk, 1024);
   for (const char* bad : {"100", "0", "8192", "x"}) {
     setenv("BONSAI_CUDA_PREFILL_CHUNK", bad, 1);
@@ -1130,64 +1126,6 @@ TEST(CudaOps, DeltaRuleAloneAndFused) {
         EXPECT_LE(rel_err(down(be, dk), k), 1e-5) << what;
       }
     }
-  }
-}
-
-// Round 18 (Options::delta_site): a decode token's GDN tail as the forward issues it (norms, scale, gates, the delta
-// rule, the gated norm in place, copy, sign + FWHT, the out product) with the gated-norm site inside the delta step's
-// launch (the chunk's last block computes it with the decode-row site's slot functions) against the two launches:
-// EQUAL products, states and gated-norm outputs, one launch fewer per token, two tokens in a row (the arrival
-// counters back at zero), q16 and q8, 2 and 6 chunks (the 27b shape: 16 K heads, 48 V heads).
-TEST(CudaOps, DeltaStepFusesTheGatedNormSite) {
-  BONSAI_REQUIRE_GPU();
-  for (const int levels : {2, 1})
-  for (const auto& [Nk, Nv] : {std::pair<int64_t, int64_t>{4, 16}, {16, 48}}) {
-    const int64_t Dk = 128, Dv = 128, KD = Nk * Dk, K = Nv * Dv;
-    const uint32_t seed = uint32_t(1400 + Nv + levels);
-    TernaryMatrix& w = random_matrix(300, K, seed, 0.02);
-    const auto s0 = randn(size_t(Nv * Dk * Dv), seed + 1, 0.1f), gain = uniform(size_t(Dv), seed + 2, 0.5f, 1.5f),
-               A = uniform(size_t(Nv), seed + 3, -2.f, -0.1f), dtb = randn(size_t(Nv), seed + 4);
-    const auto signs = random_signs(size_t(K), seed + 5);
-    std::vector<float> y[2], st[2], o[2];
-    int64_t launches[2] = {0, 0};
-    for (const bool fuse : {true, false}) {
-      CudaBackend::Options opt;
-      opt.delta_site = fuse;
-      opt.act_levels = levels;
-      CudaBackend be(opt);
-      be.prepare_matrix(w);
-      Buffer ds = up(be, s0), dg = up(be, gain), dA = up(be, A), dd = up(be, dtb), dsg = up_bytes(be, signs);
-      const int64_t k0 = be.stats().kernels;
-      for (int tok = 0; tok < 2; ++tok) {
-        const uint32_t ts = seed + 10 * uint32_t(tok + 1);
-        Buffer dq = up(be, randn(size_t(KD), ts)), dk = up(be, randn(size_t(KD), ts + 1)),
-               dv = up(be, randn(size_t(K), ts + 2)), dz = up(be, randn(size_t(K), ts + 3)),
-               da = up(be, randn(size_t(Nv), ts + 4)), db = up(be, randn(size_t(Nv), ts + 5));
-        Buffer g = poisoned(be, size_t(Nv)), beta = poisoned(be, size_t(Nv)), out = poisoned(be, size_t(K)),
-               site = poisoned(be, size_t(K)), dy = poisoned(be, size_t(w.rows));
-        be.l2norm_heads(dq.data(), Nk, Dk, 1e-6f);
-        be.l2norm_heads(dk.data(), Nk, Dk, 1e-6f);
-        be.scale(dq.data(), size_t(KD), 0.088f);
-        be.gdn_gates(da.data(), db.data(), dA.data(), dd.data(), 1, Nv, g.data(), beta.data());
-        be.gdn_delta_rule(ds.data(), dq.data(), dk.data(), dv.data(), g.data(), beta.data(), 1, Nk, Nv, Dk, Dv, out.data());
-        be.gated_rmsnorm(out.data(), dz.data(), dg.data(), Nv, Dv, 1e-6f, out.data());
-        be.copy_rows(site.data(), K, out.data(), K, 1, K);
-        be.hadamard_forward(site.data(), 1, K, reinterpret_cast<const int8_t*>(dsg.data()), 1024);
-        const LinearOut lo{&w, dy.data()};
-        be.linear(&lo, 1, K, site.data(), 1);
-        const auto yv = down(be, dy), ov = down(be, out);
-        for (float v : yv) ASSERT_TRUE(std::isfinite(v)) << "fuse " << fuse << " token " << tok;  // every output written
-        y[fuse ? 0 : 1].insert(y[fuse ? 0 : 1].end(), yv.begin(), yv.end());
-        o[fuse ? 0 : 1].insert(o[fuse ? 0 : 1].end(), ov.begin(), ov.end());
-      }
-      launches[fuse ? 0 : 1] = be.stats().kernels - k0;
-      st[fuse ? 0 : 1] = down(be, ds);
-    }
-    const std::string what = "levels " + std::to_string(levels) + " Nv " + std::to_string(Nv);
-    EXPECT_EQ(y[0], y[1]) << what;
-    EXPECT_EQ(st[0], st[1]) << what;
-    EXPECT_EQ(o[0], o[1]) << what;
-    EXPECT_EQ(launches[0] + 2, launches[1]) << what << ": one launch fewer per token";
   }
 }
 

@@ -12,7 +12,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <optional>
 #include <random>
 #include <string>
 #include <unordered_map>
@@ -120,7 +119,6 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   o.delta_mma = flag("BONSAI_CUDA_DELTA_MMA", o.delta_mma);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA_STEP"); e && *e) o.delta_step = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA_ROWS"); e && *e) o.delta_rows = std::atoi(e);
-  o.delta_site = flag("BONSAI_CUDA_DELTA_SITE", o.delta_site);
   if (const char* e = std::getenv("BONSAI_CUDA_ATTN"); e && *e) o.attn = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_ATTN_MMA"); e && *e) o.attn_prefill_mma = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_ACT"); e && *e) {
@@ -220,7 +218,6 @@ struct CudaBackend::Impl {
   Scratch mvw_part, mvw_cnt;  // batched wgmma: partials float [2 SMs, 16, 512], counters int32 [row blocks] (zeroed)
   Scratch xh;                 // GEMM v4's fp16 activation tiles [ceil(M / 8)][K / 64][1024 B]
   const uint32_t* head_words = nullptr;  // the output head's device words (GEMM v4 leaves it to q16 unless gemm_f16_head)
-  Scratch delta_site_cnt;     // round 18: the delta step's fused site, int32 [K / 1024] arrivals per chunk (zeroed)
   Scratch site_cnt;           // v7's fused AddNorm site: int32 [2] {prologues done, residual slices written} (zeroed)
   Scratch delta_scratch;  // chunked delta rule: W, U, decayed Q/K, masked Q K^T per (V head, chunk)
   std::vector<cuda::Launch> launches;  // scratch list for one linear's launches (no allocation once warm)
@@ -270,9 +267,6 @@ struct CudaBackend::Impl {
   // can compute it as its prologue (Options::fuse_site); any other op launches it first (flush_pending).
   bool deferred_site = false;
   cuda::SiteDesc site_desc;
-  // Round 18 (Options::delta_site): a decode token's delta-rule launch, held back so the gated-norm site of its output
-  // can join it (site()); any other launch or flush emits it first.
-  std::optional<cuda::DeltaDesc> held_delta;
   bool recording = false;
   std::vector<cuda::Launch> rec;
   // Index in rec of the step's last M = 1 matvec (-1: none yet): the next one patches it to prefetch its
@@ -527,16 +521,6 @@ struct CudaBackend::Impl {
   }
 
   void emit(const cuda::Launch& l) {
-    release_delta();
-    emit_now(l);
-  }
-  void release_delta() {
-    if (!held_delta) return;
-    const cuda::DeltaDesc d = *held_delta;
-    held_delta.reset();
-    emit_now(cuda::delta_launch(d));
-  }
-  void emit_now(const cuda::Launch& l) {
     if (!opt.skip.empty() && skipped(l)) return;
     ++st.kernels;
     if (!recording) return launch_now(l);
@@ -570,7 +554,6 @@ struct CudaBackend::Impl {
     }
   }
   void flush_pending() {
-    release_delta();  // it precedes everything still pending (deferred after it)
     if (deferred_site) {  // it precedes everything still pending (its producers were folded into it)
       deferred_site = false;
       emit(site_kernel_launch(site_desc));
@@ -904,13 +887,6 @@ struct CudaBackend::Impl {
         }
       }
     }
-    // Round 18: the gated-norm site of a held decode delta rule's output runs inside that launch (Options::delta_site).
-    std::optional<cuda::DeltaDesc> fuse_into;
-    if (held_delta && pend.empty() && quantise && !inverse && !d.perm && d.pre == cuda::kPreGatedNorm &&
-        d.src == held_delta->out) {
-      fuse_into = held_delta;
-      held_delta.reset();
-    }
     flush_pending();
     if (d.pre_out == d.dst) d.pre_out = nullptr;  // the site writes it anyway (n = 1, quantise only)
     // Quantise-only of x itself: x already holds the values, skip the fp32 write.
@@ -921,17 +897,6 @@ struct CudaBackend::Impl {
       d.xq = static_cast<int8_t*>(ensure(xq, size_t(rows * levels() * K), "the int8 activations"));
       d.xds = static_cast<float2*>(ensure(xds, size_t(rows * (K / 64)) * sizeof(float2), "the activation scales"));
       shadow = {x, rows, K, seq};
-    }
-    if (fuse_into) {
-      fuse_into->site_count =
-          static_cast<int32_t*>(ensure(delta_site_cnt, size_t(K / 1024 + 1) * 4, "the fused site's counters", true));
-      if (cuda::delta_site_supported(*fuse_into, d)) {
-        fuse_into->site = &d;
-        emit(cuda::delta_launch(*fuse_into));
-        return;
-      }
-      fuse_into->site_count = nullptr;
-      emit(cuda::delta_launch(*fuse_into));  // not this site's shape: the two launches as before
     }
     // Held back for the matvec prologue: one row, int8 output, a pre-op the prologue knows, no gather.
     // The fused form does not write d.dst / d.pre_out: the forward reads a site's outputs only through
@@ -1539,10 +1504,6 @@ void CudaBackend::Impl::emit_delta(float* state, const cuda::RowTable* rows, con
   }
   d.step_warps = opt.delta_step;
   d.rows_warps = opt.delta_rows;
-  if (opt.delta_site && opt.fuse && !opt.exact && T == 1 && !rows && d.step_warps == 8) {
-    held_delta = d;  // site() may fold the output's gated-norm site into it
-    return;
-  }
   emit(cuda::delta_launch(d));
 }
 

@@ -72,9 +72,6 @@ class CudaBackend final : public Backend {
                                // round 8b); batched rows always token by token; BONSAI_CUDA_DELTA=0|1|2
     int delta_step = 8;        // round 14: one sequence's decode token (T = 1) on delta_step_kernel with this many warps
                                // (8 or 4; one block barrier), 0 = delta_kernel (five); BONSAI_CUDA_DELTA_STEP
-    bool delta_site = true;    // round 18: a decode token's gated-norm site of the GDN output inside the delta step's
-                               // launch (the chunk's last block computes it; one launch and hop fewer per GDN layer);
-                               // BONSAI_CUDA_DELTA_SITE=0 keeps the two launches
     int delta_rows = 8;        // round 18: batched decode's delta rule on delta_rows_kernel with this many warps (8 or
                                // 16: one barrier, vector loads, a block per (head, sequence)), 0 = delta_kernel;
                                // BONSAI_CUDA_DELTA_ROWS

@@ -333,17 +333,8 @@ struct DeltaDesc {
   int64_t ldq = 0, ldk = 0, ldv = 0;
   int step_warps = 8;  // T = 1 of one sequence: delta_step_kernel with 8 / 4 warps; 0: delta_kernel
   int rows_warps = 0;  // batched rows: delta_rows_kernel with 8 / 16 warps (Dv = 128); 0: delta_kernel
-  // Round 18: the decode-row site of the output (the gated norm, signs, FWHT, the int8 digits) fused into the step
-  // (delta_site_supported): the last of a 1024-element chunk's 32 blocks to finish computes it. site_count: int32
-  // [Nv Dv / 1024], zero between launches (the last arrival resets its chunk's).
-  const SiteDesc* site = nullptr;
-  int32_t* site_count = nullptr;
 };
 Launch delta_launch(const DeltaDesc& d);
-// May the decode-row site s of the delta rule's output run inside d's launch? One token of one sequence on the 8-warp
-// step kernel, s a gated-norm site of that output row (site_row_supported) with 1024-element Hadamard blocks and whole
-// heads per block.
-bool delta_site_supported(const DeltaDesc& d, const SiteDesc& s);
 
 // The attention prologue (attn_prep.cu; Backend::attention_prep): q = rope(rmsnorm(q half of q_gate) * q_gain),
 // gate = the gate half, and rope(rmsnorm(k) * k_gain) and v appended to the KV cache(s), one launch.

@@ -2,11 +2,9 @@
 // Gated DeltaNet delta rule (token by token, state slice in registers, optional fused prologue).
 #include <algorithm>
 #include <cmath>
-#include <stdexcept>
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/common.cuh"
-#include "backend/cuda/warp_site.cuh"
 
 namespace bonsai::cuda {
 
@@ -478,13 +476,6 @@ struct DeltaArgs {
   int32_t l2_q, l2_k;
   float eps_q, eps_k, q_scale;
   int32_t pad;
-  // The fused decode-row site of `out` (delta_step_kernel's SLV > 0 instances; DeltaDesc::site).
-  SitePrologue site;
-  float* site_dst;      // [K] the fp32 site, or null
-  int8_t* site_xq;      // [LV, K]
-  float2* site_xds;     // [K / 64]
-  int32_t* site_count;  // [K / 1024]
-  int32_t site_K, site_pad;
 };
 using DeltaRowsArgs = WithRows<DeltaArgs>;  // batched decode: token m is row m's, with its own state
 
@@ -611,13 +602,9 @@ __global__ __launch_bounds__(kDeltaWarps * 32) void delta_kernel(const Args args
 // itself (a few transcendental instructions instead of a barrier). delta_kernel needed five barriers per token
 // and two block reductions in a row before the state pass; the decode chain measured it at 7.7 us per layer.
 // W warps per block: warp w owns state rows w, w + W, ... of the block's 32-column slice.
-// SLV > 0 (round 18): the output row's decode-row site, LV = SLV digits, fused in (DeltaDesc::site): after its outputs,
-// each block counts itself on its 1024-element chunk; the chunk's last block runs site_row_kernel's slot functions on
-// the chunk with its first 128 threads (the same operations in the same order: the site_row kernel's digits bit for bit).
-template <int W, int SLV = 0>
+template <int W>
 __global__ __launch_bounds__(W * 32) void delta_step_kernel(const DeltaArgs a) {
   constexpr int kR = int(kDeltaMaxDk) / W;  // state rows per thread at most
-  static_assert(SLV == 0 || W * 32 >= 128, "the fused site needs 128 threads");
   __shared__ float part[W][2][32];  // [warp][P, Q][lane]
   __shared__ float dots[W][3];      // [warp][k.k, q.q, k.q]
   pdl_trigger();
@@ -693,27 +680,6 @@ __global__ __launch_bounds__(W * 32) void delta_step_kernel(const DeltaArgs a) {
 #pragma unroll
   for (int ii = 0; ii < kR; ++ii)
     if (ii < R) Sg[(warp + W * ii) * a.Dv + j] = decay * s[ii] + kr[ii] * kd;
-  if constexpr (SLV > 0) {
-    __shared__ __align__(16) float scratch[128 * 8];  // [128 slots][8]: the site's strides 256 / 512
-    __shared__ int last;
-    __threadfence();  // this block's outputs (warp 0) before its arrival
-    __syncthreads();
-    const int chunk = int((h * a.Dv + int64_t(blockIdx.y) * 32) >> 10);
-    if (tid == 0) last = atomicAdd(&a.site_count[chunk], 1) == 1024 / 32 - 1;
-    __syncthreads();
-    if (!last) return;
-    if (tid == 0) a.site_count[chunk] = 0;  // every block of the chunk has arrived: zero for the next launch
-    __threadfence();                        // the other blocks' outputs, read below
-    const int e = chunk * 1024 + 8 * tid;
-    float v[8];
-    if (tid < 128) site_slot_front(a.site, e, lane, 0.f, false, a.site.pre_out, v);
-    if ((1 << a.site.log2n) > 256) {
-      if (tid < 128) store8(scratch + tid * 8, v);
-      __syncthreads();
-      if (tid < 128) site_slot_exchange(1 << a.site.log2n, tid >> 5, lane, scratch, v);
-    }
-    if (tid < 128) site_slot_quantise<SLV>(a.site, a.site_K, e, lane, a.site_dst, a.site_xq, a.site_xds, v);
-  }
 }
 
 // Batched decode (round 18): one token of each of B sequences, one block per (V head, sequence) with W warps, the
@@ -849,13 +815,6 @@ __global__ __launch_bounds__(W * 32, 2) void delta_rows_kernel(const DeltaRowsAr
 
 }  // namespace
 
-bool delta_site_supported(const DeltaDesc& d, const SiteDesc& s) {
-  const int64_t K = d.Nv * d.Dv;
-  return d.T == 1 && !d.rows && d.step_warps == 8 && d.Dk % 8 == 0 && d.Dv % 32 == 0 && K % 1024 == 0 &&
-         1024 % d.Dv == 0 && site_row_supported(s) && s.rows == 1 && s.K == K && s.n == 1024 && s.src == d.out &&
-         s.ld == K && s.pre == kPreGatedNorm && s.seg == d.Dv && d.site_count != nullptr;
-}
-
 Launch delta_launch(const DeltaDesc& d) {
   DeltaArgs a{d.state,
               d.q,
@@ -903,18 +862,6 @@ Launch delta_launch(const DeltaDesc& d) {
   // H200 tg128 +2.3 % at depth 0, +1.6 % at 8k over delta_kernel, round 14).
   const int sw = (d.step_warps == 8 || d.step_warps == 4) && d.Dk % d.step_warps == 0 ? d.step_warps : 0;
   const dim3 grid(unsigned(d.Nv), unsigned(d.Dv / 32));
-  if (d.site) {
-    if (!delta_site_supported(d, *d.site)) throw std::logic_error("delta_launch: a fused site it does not support");
-    a.site = site_prologue_of(*d.site);
-    a.site_dst = d.site->dst;
-    a.site_xq = d.site->xq;
-    a.site_xds = d.site->xds;
-    a.site_count = d.site_count;
-    a.site_K = int32_t(d.site->K);
-    const void* f = d.site->levels == 2 ? reinterpret_cast<const void*>(&delta_step_kernel<8, 2>)
-                                        : reinterpret_cast<const void*>(&delta_step_kernel<8, 1>);
-    return make_launch(f, grid, dim3(256), 0, a);
-  }
   if (d.T == 1 && sw == 8) return make_launch(reinterpret_cast<const void*>(&delta_step_kernel<8>), grid, dim3(256), 0, a);
   if (d.T == 1 && sw == 4) return make_launch(reinterpret_cast<const void*>(&delta_step_kernel<4>), grid, dim3(128), 0, a);
   return make_launch(reinterpret_cast<const void*>(&delta_kernel<DeltaArgs>), grid, dim3(kDeltaWarps * 32), 0, a);
