@@ -915,12 +915,14 @@ TEST(CudaOps, AttentionPrefillMma) {
                {40, 5000, 12, 2, 128}, {256, 1792, 24, 4, 256}};
   const int modes[3] = {1, 2, 0};              // attn_prefill_mma: hi + lo, f16, off (the fp32 kernel)
   const double bound[3] = {2e-5, 2e-3, 2e-5};  // per mode, max |x - ref| / max |ref|
-  std::vector<std::unique_ptr<CudaBackend>> bes;
+  std::vector<std::unique_ptr<CudaBackend>> bes, conv;  // conv: round 12's per-block conversion (attn_planes off)
   for (int mode : modes) {
     CudaBackend::Options o;
     o.attn = 3;
     o.attn_prefill_mma = mode;
     bes.push_back(std::make_unique<CudaBackend>(o));
+    o.attn_planes = false;
+    conv.push_back(std::make_unique<CudaBackend>(o));
   }
   double worst[3] = {}, worst_abs[3] = {};
   uint32_t seed = 90;
@@ -948,6 +950,11 @@ TEST(CudaOps, AttentionPrefillMma) {
       for (size_t j = 0; j < got.size(); ++j) worst_abs[i] = std::max(worst_abs[i], double(std::fabs(got[j] - want[j])));
       be.attention(dq.data(), dk.data(), dv.data(), c.M, c.p0, c.Hq, c.Hkv, c.D, scale, out.data());
       EXPECT_EQ(down(be, out), got) << what << ": second run";
+      // Round 18: the f16 planes written once per launch are the per-block conversion's operands: EQUAL outputs.
+      CudaBackend& cb = *conv[size_t(i)];
+      Buffer cq = up(cb, q), ck = up(cb, k), cv = up(cb, v), cout = poisoned(cb, q.size());
+      cb.attention(cq.data(), ck.data(), cv.data(), c.M, c.p0, c.Hq, c.Hkv, c.D, scale, cout.data());
+      EXPECT_EQ(down(cb, cout), got) << what << ": attn_planes off";
     }
   }
   for (int i = 0; i < 3; ++i)

@@ -41,6 +41,8 @@ struct MmaArgs {
   int64_t M, p0, Hq, Hkv, D;
   float scale;
   int32_t pad_;
+  const __half* planes;  // PRE instances: [Hkv][4][tp][D] K hi, K lo, V hi, V lo (kv_planes_kernel), else null
+  int64_t tp;            // positions per plane (>= p0 + M)
 };
 
 // Dynamic shared memory: fp32 stage [2][kKeys][kAttnMaxDim] (K then V of the next tile, cp.async) + f16 planes
@@ -76,14 +78,53 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t (&d)[4], uint32_t addr) {
                : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "r"(addr) : "memory");
 }
 
+// Round 18 (PRE instances): the K / V of the chunk's window as f16 hi / lo planes in global memory, written once per
+// launch by kv_planes_kernel with the same split2 as the per-block conversion (so bit-identical operands): each block
+// copies its tiles' planes straight into shared memory, two tiles in flight (no fp32 stage, no conversion, one barrier
+// per tile instead of two). Without it every block converted every tile it read: at M = 2048 up to 256 blocks per KV
+// head converted the same tile.
+constexpr uint32_t kPreSmemBytes = 2 * kPlaneBytes + kPartBytes;
+
+// K and V rows [0, T) of the cache -> planes [Hkv][4][tp][D] (K hi, K lo, V hi, V lo): one float4 a thread.
+struct PlanesArgs {
+  const float* k;  // [T][Hkv][D]
+  const float* v;  // [T][Hkv][D]
+  __half* planes;  // [Hkv][4][tp][D]
+  int64_t T, Hkv, D, tp;
+};
+__global__ void kv_planes_kernel(const PlanesArgs a) {
+  pdl_trigger();
+  pdl_wait();
+  const float *k = a.k, *v = a.v;
+  __half* planes = a.planes;
+  const int64_t T = a.T, Hkv = a.Hkv, D = a.D, tp = a.tp;
+  const int64_t D4 = D / 4, n = T * Hkv * D4;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t d4 = i % D4, h = (i / D4) % Hkv, pos = i / (D4 * Hkv);
+    const int64_t src = (pos * Hkv + h) * D + 4 * d4;
+    __half* base = planes + (h * 4 * tp + pos) * D + 4 * d4;
+#pragma unroll
+    for (int kv = 0; kv < 2; ++kv) {
+      const float4 x = *reinterpret_cast<const float4*>((kv ? v : k) + src);
+      uint2 hi, lo;
+      split2(x.x, x.y, hi.x, lo.x);
+      split2(x.z, x.w, hi.y, lo.y);
+      *reinterpret_cast<uint2*>(base + (2 * kv) * tp * D) = hi;
+      *reinterpret_cast<uint2*>(base + (2 * kv + 1) * tp * D) = lo;
+    }
+  }
+}
+
 // kMaxPairs: head pairs the launch bound allows, 3 (G <= 6: 384 threads, up to 168 registers) or kPairs (G <= 8:
-// 512 threads, 128 registers: a few spilled).
-template <bool kSplit, int kMaxPairs>
+// 512 threads, 128 registers: a few spilled). PRE: the operands from kv_planes_kernel's planes (above).
+template <bool kSplit, int kMaxPairs, bool PRE = false>
 __global__ __launch_bounds__(kMaxPairs * kQuarters * 32, 1) void attn_prefill_mma_kernel(const MmaArgs a) {
   extern __shared__ __align__(16) unsigned char sm[];
+  // Not PRE: fp32 stage [2][kKeys][D] | planes [4][kKeys][kLdH] | partial scores. PRE: planes [2 tiles][4][kKeys][kLdH]
+  // | partial scores.
   float* stage = reinterpret_cast<float*>(sm);                      // [2][kKeys][D] fp32 K, V of the next tile
-  __half* planes = reinterpret_cast<__half*>(sm + kStageBytes);     // [4][kKeys][kLdH] K hi, K lo, V hi, V lo
-  float* part = reinterpret_cast<float*>(sm + kStageBytes + kPlaneBytes);  // [kWarps][16][32] partial scores
+  __half* planes = reinterpret_cast<__half*>(sm + (PRE ? 0 : kStageBytes));  // [4][kKeys][kLdH] K hi, K lo, V hi, V lo
+  float* part = reinterpret_cast<float*>(sm + (PRE ? 2 * kPlaneBytes : kStageBytes + kPlaneBytes));  // [kWarps][16][32]
   pdl_trigger();
   pdl_wait();
   const int tid = threadIdx.x, nthr = blockDim.x, warp = tid >> 5, lane = tid & 31;
@@ -106,6 +147,20 @@ __global__ __launch_bounds__(kMaxPairs * kQuarters * 32, 1) void attn_prefill_mm
   const float* kbase = a.k + kvh * a.D;
   const float* vbase = a.v + kvh * a.D;
   auto issue = [&](int tile) {
+    if constexpr (PRE) {  // tile -> plane buffer tile & 1: 4 (hi only: 2) planes x kKeys rows, 16 B a lane
+      const int np = kSplit ? 4 : 2, D8 = D / 8;
+      __half* buf = planes + (tile & 1) * 4 * kKeys * kLdH;
+      for (int row = warp; row < np * kKeys; row += nwarps) {
+        const int pl = kSplit ? row / kKeys : 2 * (row / kKeys), key = row % kKeys;
+        const int64_t pos = int64_t(tile) * kKeys + key;
+        const bool ok = pos <= qlast;
+        const __half* src = a.planes + ((kvh * 4 + pl) * a.tp + (ok ? pos : 0)) * a.D;
+        for (int d8 = lane; d8 < D8; d8 += 32)
+          cp_async16(buf + (pl * kKeys + key) * kLdH + 8 * d8, src + 8 * d8, ok ? 16 : 0);
+      }
+      cp_async_commit();
+      return;
+    }
     for (int row = warp; row < 2 * kKeys; row += nwarps) {
       const int key = row % kKeys;
       const int64_t pos = int64_t(tile) * kKeys + key;
@@ -137,7 +192,7 @@ __global__ __launch_bounds__(kMaxPairs * kQuarters * 32, 1) void attn_prefill_mm
 
   float o[kGroups][2][4] = {};  // [group][8-dim block][C fragment] unnormalised output
   float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;  // running max; this thread's columns' sum
-  const uint32_t planes_s = uint32_t(__cvta_generic_to_shared(planes));
+  const uint32_t planes_s0 = uint32_t(__cvta_generic_to_shared(planes));
   constexpr uint32_t kPlane = kKeys * kLdH * 2;  // bytes per plane
   // ldmatrix row addresses: lane l gives row l % 8 of matrix l / 8.
   //  K (scores, B = K^T): matrices [keys 0-7][dims 0-7], [0-7][8-15], [8-15][0-7], [8-15][8-15] of an n-block pair
@@ -148,6 +203,10 @@ __global__ __launch_bounds__(kMaxPairs * kQuarters * 32, 1) void attn_prefill_mm
   for (int tile = 0; tile < ntiles; ++tile) {
     cp_async_wait<0>();
     __syncthreads();  // the stage is complete; every warp is done with the planes and partial scores of tile - 1
+    const uint32_t planes_s = planes_s0 + (PRE ? uint32_t(tile & 1) * 4 * kPlane : 0u);
+    if constexpr (PRE) {
+      if (tile + 1 < ntiles) issue(tile + 1);  // into the other buffer: tile - 1's, which every warp is done with
+    } else {
     for (int row = warp; row < 2 * kKeys; row += nwarps) {
       // stage row (K rows 0 .. kKeys - 1, then V) -> its hi plane (0: K, 2: V) and the lo plane after it
       __half* dst = planes + (row < kKeys ? row : row + kKeys) * kLdH;
@@ -162,6 +221,7 @@ __global__ __launch_bounds__(kMaxPairs * kQuarters * 32, 1) void attn_prefill_mm
     }
     __syncthreads();  // planes written; the stage is free
     if (tile + 1 < ntiles) issue(tile + 1);
+    }
 
     // Partial scores over this warp's groups: s[n-block of 8 keys][C fragment].
     float s[4][4] = {};
@@ -293,25 +353,40 @@ __global__ __launch_bounds__(kMaxPairs * kQuarters * 32, 1) void attn_prefill_mm
   }
 }
 
+template <bool PRE>
+const void* mma_kernel(bool split, int pairs) {
+  return pairs <= 3 ? (split ? reinterpret_cast<const void*>(&attn_prefill_mma_kernel<true, 3, PRE>)
+                             : reinterpret_cast<const void*>(&attn_prefill_mma_kernel<false, 3, PRE>))
+                    : (split ? reinterpret_cast<const void*>(&attn_prefill_mma_kernel<true, kPairs, PRE>)
+                             : reinterpret_cast<const void*>(&attn_prefill_mma_kernel<false, kPairs, PRE>));
+}
+
 }  // namespace
 
 void init_attn_prefill_mma_attributes() {
-  for (const void* f : {reinterpret_cast<const void*>(&attn_prefill_mma_kernel<true, 3>),
-                        reinterpret_cast<const void*>(&attn_prefill_mma_kernel<false, 3>),
-                        reinterpret_cast<const void*>(&attn_prefill_mma_kernel<true, kPairs>),
-                        reinterpret_cast<const void*>(&attn_prefill_mma_kernel<false, kPairs>)})
-    cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes));
+  for (bool split : {true, false})
+    for (int pairs : {3, kPairs}) {
+      cudaFuncSetAttribute(mma_kernel<false>(split, pairs), cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes));
+      cudaFuncSetAttribute(mma_kernel<true>(split, pairs), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(kPreSmemBytes));
+    }
 }
 
-Launch attention_prefill_mma_launch(const AttnDesc& d, bool split) {
-  const MmaArgs a{d.q, d.k, d.v, d.out, d.M, d.p0, d.Hq, d.Hkv, d.D, d.scale, 0};
+int64_t kv_planes_halves(int64_t T, int64_t Hkv, int64_t D) { return Hkv * 4 * T * D; }
+
+Launch kv_planes_launch(const AttnDesc& d, void* planes, int64_t tp) {
+  const int64_t T = d.p0 + d.M, n = T * d.Hkv * (d.D / 4);
+  const PlanesArgs a{d.k, d.v, static_cast<__half*>(planes), T, d.Hkv, d.D, tp};
+  return make_launch(reinterpret_cast<const void*>(&kv_planes_kernel), dim3(blocks_for(n, 256)), dim3(256), 0, a);
+}
+
+Launch attention_prefill_mma_launch(const AttnDesc& d, bool split, const void* planes, int64_t tp) {
+  const MmaArgs a{d.q, d.k, d.v, d.out, d.M, d.p0, d.Hq, d.Hkv, d.D, d.scale, 0, static_cast<const __half*>(planes), tp};
   const int pairs = int(d.Hq / d.Hkv + 1) / 2;
   const dim3 grid(unsigned((d.M + kPos - 1) / kPos), unsigned(d.Hkv));
-  const void* f = pairs <= 3 ? (split ? reinterpret_cast<const void*>(&attn_prefill_mma_kernel<true, 3>)
-                                      : reinterpret_cast<const void*>(&attn_prefill_mma_kernel<false, 3>))
-                             : (split ? reinterpret_cast<const void*>(&attn_prefill_mma_kernel<true, kPairs>)
-                                      : reinterpret_cast<const void*>(&attn_prefill_mma_kernel<false, kPairs>));
-  return make_launch(f, grid, dim3(pairs * kQuarters * 32), kSmemBytes, a);
+  if (planes)
+    return make_launch(mma_kernel<true>(split, pairs), grid, dim3(pairs * kQuarters * 32), kPreSmemBytes, a);
+  return make_launch(mma_kernel<false>(split, pairs), grid, dim3(pairs * kQuarters * 32), kSmemBytes, a);
 }
 
 }  // namespace bonsai::cuda

@@ -121,6 +121,7 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA_ROWS"); e && *e) o.delta_rows = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_ATTN"); e && *e) o.attn = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_ATTN_MMA"); e && *e) o.attn_prefill_mma = std::atoi(e);
+  o.attn_planes = flag("BONSAI_CUDA_ATTN_PLANES", o.attn_planes);
   if (const char* e = std::getenv("BONSAI_CUDA_ACT"); e && *e) {
     const std::string v = e;
     if (v == "q8") o.act_levels = 1;
@@ -218,6 +219,7 @@ struct CudaBackend::Impl {
   Scratch mvw_part, mvw_cnt;  // batched wgmma: partials float [2 SMs, 16, 512], counters int32 [row blocks] (zeroed)
   Scratch xh;                 // GEMM v4's fp16 activation tiles [ceil(M / 8)][K / 64][1024 B]
   const uint32_t* head_words = nullptr;  // the output head's device words (GEMM v4 leaves it to q16 unless gemm_f16_head)
+  Scratch attn_planes;        // round 18: prefill attention's K / V window as f16 hi / lo planes [Hkv][4][p0 + M][D]
   Scratch site_cnt;           // v7's fused AddNorm site: int32 [2] {prologues done, residual slices written} (zeroed)
   Scratch delta_scratch;  // chunked delta rule: W, U, decayed Q/K, masked Q K^T per (V head, chunk)
   std::vector<cuda::Launch> launches;  // scratch list for one linear's launches (no allocation once warm)
@@ -1344,9 +1346,16 @@ void CudaBackend::attention(const float* q, const float* k_cache, const float* v
   // Round 8b: 32 x 32 tiles for a prefill chunk (BONSAI_CUDA_ATTN=1 keeps the flash-decoding kernel); 4 rows per
   // thread by default (pp2048 3,828 vs 3,796 tok/s for 2, same run; docs/cuda-kernels.md round 8b).
   if (M > 1 && (I.opt.attn >= 2 || (I.opt.attn == 0 && M >= 16))) {
-    if (I.opt.attn != 2 && I.opt.attn_prefill_mma != 0)  // round 12: on the tensor cores
-      I.emit(cuda::attention_prefill_mma_launch(d, I.opt.attn_prefill_mma == 1));
-    else
+    if (I.opt.attn != 2 && I.opt.attn_prefill_mma != 0) {  // round 12: on the tensor cores
+      if (I.opt.attn_planes && D % 8 == 0) {  // round 18: the window's f16 planes once per launch, not once per block
+        const int64_t tp = p0 + M;
+        void* planes = I.ensure(I.attn_planes, size_t(cuda::kv_planes_halves(tp, Hkv, D)) * 2, "attention K / V planes");
+        I.emit(cuda::kv_planes_launch(d, planes, tp));
+        I.emit(cuda::attention_prefill_mma_launch(d, I.opt.attn_prefill_mma == 1, planes, tp));
+      } else {
+        I.emit(cuda::attention_prefill_mma_launch(d, I.opt.attn_prefill_mma == 1));
+      }
+    } else
       I.emit(cuda::attention_prefill_launch(d, I.opt.attn == 2 ? 1 : 2));
     return;
   }

@@ -86,6 +86,9 @@ class CudaBackend final : public Backend {
                                // product (fp32-level; the default: pp2048 5,754 vs 5,012 tok/s in one H200 call), 2 = f16
                                // only (1.3 % faster, 6e-4 op error), 0 = off; docs/cuda-kernels.md round 12;
                                // BONSAI_CUDA_ATTN_MMA=0|1|2
+    bool attn_planes = true;   // round 18: that kernel reads the chunk's K / V window as f16 hi / lo planes written once
+                               // per launch (kv_planes_kernel) instead of every block converting every tile it reads
+                               // (bit-identical); BONSAI_CUDA_ATTN_PLANES=0: the per-block conversion
     int matvec_rows = 4;       // weight rows per matvec warp step: 4 or 2 (see ternary.cu; BONSAI_CUDA_MATVEC_ROWS)
     int matvec = 6;            // M <= 2 (q16) / 4 (q8) kernel: 6 = tensor-core matvec v6 (matvec_mma.cu, the default
                                // since round 8: faster than v3 on every kernel-table shape but ffn_down at M = 1, which keeps v3 unless

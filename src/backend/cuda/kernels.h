@@ -294,7 +294,11 @@ Launch attention_prefill_launch(const AttnDesc& d, int version);
 // Round 12 (attn_prefill_mma.cu): the same on the tensor cores, mma.sync f16 -> f32, grid (ceil(M / 8), Hkv), one
 // block per KV head and 8 query positions. split: each operand as f16 hi + lo, 3 mmas a product (fp32-level); else
 // hi only. Operands must stay within f16 range (|scale q|, |k|, |v| < 65,504).
-Launch attention_prefill_mma_launch(const AttnDesc& d, bool split);
+// Round 18: planes (non-null) = the K / V window [0, p0 + M) as f16 hi / lo planes [Hkv][4][tp][D] that kv_planes_launch
+// wrote (tp >= p0 + M positions per plane): the blocks copy them instead of converting every tile (bit-identical).
+Launch attention_prefill_mma_launch(const AttnDesc& d, bool split, const void* planes = nullptr, int64_t tp = 0);
+int64_t kv_planes_halves(int64_t T, int64_t Hkv, int64_t D);  // halves of the planes for T positions
+Launch kv_planes_launch(const AttnDesc& d, void* planes, int64_t tp);  // planes: fp16 [Hkv][4][tp][D]
 void init_attention_attributes();  // called by init_kernel_attributes
 constexpr int64_t kAttnMaxGroup = 8;    // Hq / Hkv
 constexpr int64_t kAttnMaxDim = 256;    // D (multiple of 32)
