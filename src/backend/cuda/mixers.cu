@@ -482,19 +482,6 @@ using DeltaRowsArgs = WithRows<DeltaArgs>;  // batched decode: token m is row m'
 // Fetch the 128-byte line holding p into L2 (no register written, nothing waits for it).
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
-// The gates of V head h: g = A softplus(a + dt_bias) and beta = sigmoid(b) when the launch computes them (a.a set),
-// else the given g and beta.
-__device__ __forceinline__ void delta_gates(const DeltaArgs& a, int64_t h, float ga, float gb, float& gv, float& bv) {
-  if (a.a) {
-    const float u = ga + a.dt_bias[h];
-    gv = a.A[h] * (u > 20.f ? u : log1pf(expf(u)));
-    bv = 1.f / (1.f + expf(-gb));
-  } else {
-    gv = ga;
-    bv = gb;
-  }
-}
-
 template <class Args>
 __global__ __launch_bounds__(kDeltaWarps * 32) void delta_kernel(const Args args) {
   constexpr bool kRows = is_rows_v<Args>;
@@ -551,10 +538,17 @@ __global__ __launch_bounds__(kDeltaWarps * 32) void delta_kernel(const Args args
     }
     if (tid == 0) {
       float gv, bv;
-      delta_gates(a, h, ga, gbv, gv, bv);
-      if (a.a && blockIdx.y == 0) {
-        a.g[t * a.Nv + h] = gv;
-        a.beta[t * a.Nv + h] = bv;
+      if (a.a) {
+        const float u = ga + a.dt_bias[h];
+        gv = a.A[h] * (u > 20.f ? u : log1pf(expf(u)));
+        bv = 1.f / (1.f + expf(-gbv));
+        if (blockIdx.y == 0) {
+          a.g[t * a.Nv + h] = gv;
+          a.beta[t * a.Nv + h] = bv;
+        }
+      } else {
+        gv = ga;
+        bv = gbv;
       }
       gb[0] = expf(gv);
       gb[1] = bv;
@@ -655,7 +649,14 @@ __global__ __launch_bounds__(W * 32) void delta_step_kernel(const DeltaArgs a) {
   }
   // The gates, in every thread (before the barrier: their latency overlaps the other warps' passes).
   float gv, bv;
-  delta_gates(a, h, ga, gbv, gv, bv);
+  if (a.a) {
+    const float u = ga + a.dt_bias[h];
+    gv = a.A[h] * (u > 20.f ? u : log1pf(expf(u)));
+    bv = 1.f / (1.f + expf(-gbv));
+  } else {
+    gv = ga;
+    bv = gbv;
+  }
   const float decay = expf(gv);
   __syncthreads();
   P = Q = kk = qq = kq = 0.f;
@@ -762,7 +763,14 @@ __global__ __launch_bounds__(W * 32, 2) void delta_rows_kernel(const DeltaRowsAr
     dots[warp][2] = kq;
   }
   float gv, bv;  // the gates, in every thread, before the barrier
-  delta_gates(a, h, ga, gbv, gv, bv);
+  if (a.a) {
+    const float u = ga + a.dt_bias[h];
+    gv = a.A[h] * (u > 20.f ? u : log1pf(expf(u)));
+    bv = 1.f / (1.f + expf(-gbv));
+  } else {
+    gv = ga;
+    bv = gbv;
+  }
   const float decay = expf(gv);
   __syncthreads();
   kk = qq = kq = 0.f;
