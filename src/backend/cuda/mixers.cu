@@ -592,6 +592,19 @@ __global__ __launch_bounds__(kDeltaWarps * 32) void delta_kernel(const Args args
     if (ii < R) Sg[(warp + kDeltaWarps * ii) * a.Dv + j] = s[ii];
 }
 
+// The gates of V head h (delta_step_kernel, delta_rows_kernel; delta_kernel computes them in one thread): g = A softplus(a + dt_bias) and beta = sigmoid(b) when the launch computes them (a.a set),
+// else the given g and beta.
+__device__ __forceinline__ void delta_gates(const DeltaArgs& a, int64_t h, float ga, float gb, float& gv, float& bv) {
+  if (a.a) {
+    const float u = ga + a.dt_bias[h];
+    gv = a.A[h] * (u > 20.f ? u : log1pf(expf(u)));
+    bv = 1.f / (1.f + expf(-gb));
+  } else {
+    gv = ga;
+    bv = gb;
+  }
+}
+
 // One decode token of one sequence (T = 1), with ONE block barrier (round 14). The delta rule
 // rearranged so the pass over the old state needs neither the norms nor the gates: with raw k, q, nk = 1 / |k|,
 // nq = q_scale / |q|, P_j = sum_i S_ij k_i, Q_j = sum_i S_ij q_i, kq = k . q (all from the OLD state),
@@ -649,14 +662,7 @@ __global__ __launch_bounds__(W * 32) void delta_step_kernel(const DeltaArgs a) {
   }
   // The gates, in every thread (before the barrier: their latency overlaps the other warps' passes).
   float gv, bv;
-  if (a.a) {
-    const float u = ga + a.dt_bias[h];
-    gv = a.A[h] * (u > 20.f ? u : log1pf(expf(u)));
-    bv = 1.f / (1.f + expf(-gbv));
-  } else {
-    gv = ga;
-    bv = gbv;
-  }
+  delta_gates(a, h, ga, gbv, gv, bv);
   const float decay = expf(gv);
   __syncthreads();
   P = Q = kk = qq = kq = 0.f;
@@ -763,14 +769,7 @@ __global__ __launch_bounds__(W * 32, 2) void delta_rows_kernel(const DeltaRowsAr
     dots[warp][2] = kq;
   }
   float gv, bv;  // the gates, in every thread, before the barrier
-  if (a.a) {
-    const float u = ga + a.dt_bias[h];
-    gv = a.A[h] * (u > 20.f ? u : log1pf(expf(u)));
-    bv = 1.f / (1.f + expf(-gbv));
-  } else {
-    gv = ga;
-    bv = gbv;
-  }
+  delta_gates(a, h, ga, gbv, gv, bv);
   const float decay = expf(gv);
   __syncthreads();
   kk = qq = kq = 0.f;
