@@ -689,28 +689,18 @@ __global__ __launch_bounds__(W * 32) void delta_step_kernel(const DeltaArgs a) {
 }
 
 // Batched decode (round 18): one token of each of B sequences, one block per (V head, sequence) with W warps, the
-// one-barrier algebra of delta_step_kernel. Lane l owns columns CPL l .. CPL l + CPL - 1 (Dv = 32 CPL = 128: float4 loads and
-// stores of CPL floats, a warp covers a whole state row), warp w rows w, w + W, ... So a block streams its whole
+// one-barrier algebra of delta_step_kernel. Lane l owns columns 4l .. 4l + 3 (Dv = 128: float4 loads and stores, a
+// warp covers a whole state row), warp w rows w, w + W, ... So a block streams its whole
 // [Dk, Dv] state (64 KB at 128 x 128) with every load issued before the first use, and one barrier per token
 // instead of delta_kernel's five (the state traffic is the limit at B = 32: 32 x 151 MB read and written per step).
-template <int CPL>
-struct ColsOf;  // a lane's CPL columns as one vector
-template <>
-struct ColsOf<4> {
-  using T = float4;
-};
-template <class V>
-__device__ __forceinline__ float* cols(V& v) {
-  return reinterpret_cast<float*>(&v);
-}
-template <class V>
-__device__ __forceinline__ const float* cols(const V& v) {
-  return reinterpret_cast<const float*>(&v);
-}
+// A lane's 4 columns of a float4.
+__device__ __forceinline__ float* cols(float4& v) { return reinterpret_cast<float*>(&v); }
+__device__ __forceinline__ const float* cols(const float4& v) { return reinterpret_cast<const float*>(&v); }
 
-template <int W, int CPL>
+template <int W>
 __global__ __launch_bounds__(W * 32, 2) void delta_rows_kernel(const DeltaRowsArgs args) {
-  using V = typename ColsOf<CPL>::T;
+  using V = float4;
+  constexpr int CPL = 4;  // columns per lane
   constexpr int kR = int(kDeltaMaxDk) / W;  // state rows per thread at most
   constexpr int kDv = 32 * CPL;
   const DeltaArgs& a = args.a;
@@ -850,8 +840,8 @@ Launch delta_launch(const DeltaDesc& d) {
     for (int64_t m = 0; m < d.T; ++m) vec = vec && aligned16(d.rows->a[m]);
     if ((rw == 8 || rw == 16) && d.Dk % rw == 0 && d.Dv == 128 && vec) {
       const dim3 grid(unsigned(d.Nv), unsigned(d.T));
-      const void* f = rw == 8 ? reinterpret_cast<const void*>(&delta_rows_kernel<8, 4>)
-                              : reinterpret_cast<const void*>(&delta_rows_kernel<16, 4>);
+      const void* f = rw == 8 ? reinterpret_cast<const void*>(&delta_rows_kernel<8>)
+                              : reinterpret_cast<const void*>(&delta_rows_kernel<16>);
       return make_launch(f, grid, dim3(rw * 32), 0, r);
     }
     const dim3 grid(unsigned(d.Nv), unsigned(d.Dv / 32), unsigned(d.T));
