@@ -216,13 +216,13 @@ void bench(const BenchArgs& a) {
     const uint64_t used = cuda->device_total_bytes() - cuda->device_free_bytes();
     j["cuda_weight_bytes"] = wb;
     j["pack_bytes"] = pb;
-    j["cuda_weights_over_pack"] = pb ? double(wb) / double(pb) : 0.0;
+    const double ratio = pb ? double(wb) / double(pb) : 0.0;
+    j["cuda_weights_over_pack"] = ratio;
     j["cuda_device_used_bytes"] = used;
     j["cuda_prefill_chunk"] = cuda->prefill_chunk();
     device_memory = fmt::format("device memory: weights {:.3f} GB = {:.4f} x the pack's {:.3f} GB; {:.2f} GB in use with the "
                                 "workspace ({}-token prefill chunks)",
-                                double(wb) / 1e9, pb ? double(wb) / double(pb) : 0.0, double(pb) / 1e9, double(used) / 1e9,
-                                cuda->prefill_chunk());
+                                double(wb) / 1e9, ratio, double(pb) / 1e9, double(used) / 1e9, cuda->prefill_chunk());
   }
 #endif
   j["weight_bytes_per_token"] = model.decode_weight_bytes();

@@ -5,10 +5,10 @@
 //
 // Prefill planner: a prompt of n tokens is fed as the largest chunk that fits, repeatedly, and a rest shorter
 // than every chunk as ONE ragged chunk. By default the only chunk is the decoder's max_chunk: 125 tokens at 64
-// = 64 + 61, 512 = 8 x 64, a 200-token chat turn on CUDA (256) one chunk of 200. Round 18: the default was {max_chunk,
-// 16}, so every prompt shorter than max_chunk ran as 16-token forwards, each streaming all the weights (27b: pp60
-// on the CPU 4.46 -> see README; CUDA pp512 with 1024-token chunks 1,339 tok/s). Explicit lists keep the old
-// form: with chunks {64, 16}, 125 = 64 + 16 + 16 + 16 + 13.
+// = 64 + 61, 512 = 8 x 64, a 200-token chat turn on CUDA (2048) one chunk of 200. Round 18: the default was
+// {max_chunk, 16}, so every prompt shorter than max_chunk ran as 16-token forwards, each streaming all the weights
+// (27b on the H200: pp100 1,271 -> 4,277 tok/s; on the CPU pp60 unchanged, its 16-token GEMMs are compute-bound).
+// Explicit lists keep the old form: with chunks {64, 16}, 125 = 64 + 16 + 16 + 16 + 13.
 // The last chunk's last row yields the next-token logits (LogitsMode::Last). Why not the Apple host's plan
 // (the spec's "64 + 16 + 16 + 16 + 13 walked", the last token a step of its own): its compiled graphs took
 // fixed query lengths, ours take any M, and a walked token costs ~1.4x a chunked one on the CPU (pp512

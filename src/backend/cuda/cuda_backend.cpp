@@ -56,6 +56,11 @@ int cuda_device_count() {
   return n;
 }
 
+namespace {
+// Options::prefill_chunk's range (the environment and the constructor check the same rule).
+bool prefill_chunk_ok(int64_t c) { return c >= 16 && c <= 4096 && c % 16 == 0; }
+}  // namespace
+
 CudaBackend::Options cuda_options(int device, const std::string& activations) {
   CudaBackend::Options o;
   o.device = device;
@@ -93,7 +98,7 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   if (const char* e = std::getenv("BONSAI_CUDA_GEMM3_OCC"); e && *e) o.gemm3_occ = std::atoi(e) == 2 ? 2 : 1;
   if (const char* e = std::getenv("BONSAI_CUDA_PREFILL_CHUNK"); e && *e) {
     const int c = std::atoi(e);
-    if (c < 16 || c > 4096 || c % 16 != 0)
+    if (!prefill_chunk_ok(c))
       fail("BONSAI_CUDA_PREFILL_CHUNK = '{}': expected a multiple of 16 in 16..4096", e);
     o.prefill_chunk = c;
   }
@@ -926,7 +931,7 @@ struct CudaBackend::Impl {
 CudaBackend::CudaBackend() : CudaBackend(Options{}) {}
 
 CudaBackend::CudaBackend(const Options& o) : p_(std::make_unique<Impl>()) {
-  if (o.prefill_chunk < 16 || o.prefill_chunk > 4096 || o.prefill_chunk % 16 != 0)
+  if (!prefill_chunk_ok(o.prefill_chunk))
     fail("CUDA backend: prefill_chunk = {}: expected a multiple of 16 in 16..4096", o.prefill_chunk);
   p_->opt = o;
   int n = 0;
