@@ -386,8 +386,10 @@ TEST(CudaModel, Q16PassesTheFixtureGate) {
     int levels, f16;          // Options::act_levels, Options::gemm_f16
     double max_delta, max_kl;  // the bound it is held to (0: reported only)
     int chunk = 2048;          // Options::prefill_chunk (the default: every prompt one chunk; 64: the long one in 6)
+    bool row_units = true;     // Options::row_units (round 19, the default): the prefill sites' one unit per row
   } modes[] = {{"q16", 2, 0, 5e-3, 1e-7},
                {"q16 chunk 64", 2, 0, 5e-3, 1e-7, 64},
+               {"q16 group units", 2, 0, 5e-3, 1e-7, 2048, false},  // one unit per 128-group (round 18's default)
                // GEMM v4 on every product of >= 3 rows (the 64 / 16 chunks here): the stated looser
                // bound of fp16 activations (H200, round 13: 726/726, 0.0164, 2.5e-6 through `bonsai gate`)
                {"f16", 2, 3, 0.03, 5e-6},
@@ -401,11 +403,12 @@ TEST(CudaModel, Q16PassesTheFixtureGate) {
     o.gemm_f16 = md.f16;
     o.gemm_f16_all = md.f16 > 0;  // the tiny pack's products are all small
     o.prefill_chunk = md.chunk;
+    o.row_units = md.row_units;
     CudaBackend be(o);
     ASSERT_EQ(be.prefill_chunk(), md.chunk);
     Decoder dec(m, be);
     for (const bool walk : {false, true}) {
-      if (walk && (md.f16 || md.chunk != 2048)) continue;  // the walk is all M = 1 matvecs: q16's
+      if (walk && (md.f16 || md.chunk != 2048 || !md.row_units)) continue;  // the walk is all M = 1 matvecs: q16's
       SessionOptions so;
       if (walk) so.chunks = {};
       const GateReport r = run_gate(dec, fx, bounds, so);

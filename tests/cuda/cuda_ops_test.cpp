@@ -254,7 +254,8 @@ TEST(CudaOps, GemmV3FoldedSplitMatchesUnfusedAndQuantisedReference) {
         EXPECT_TRUE(a == u) << "folded vs unfused, " << what;
         continue;
       }
-      const auto e0 = quantised_reference(w0, x, c.M, levels), e1 = quantised_reference(w1, x, c.M, levels);
+      const bool ru = bon.row_quantised(c.M, c.K);
+      const auto e0 = quantised_reference(w0, x, c.M, levels, ru), e1 = quantised_reference(w1, x, c.M, levels, ru);
       const double r0 = rel_err(a.first, e0), r1 = rel_err(a.second, e1);
       const double d0 = rel_err(a.first, u.first), d1 = rel_err(a.second, u.second);
       EXPECT_LE(r0, 1e-5) << what;
@@ -313,6 +314,49 @@ TEST(CudaOps, GemmV3TwoBlocksPerSmMatchesOneBlock) {
   }
 }
 
+// Round 19 (Options::row_units): at prefill rows the warp site quantises each row with ONE unit and GEMM v3 scales a
+// group by d_w alone and each output by its token's unit once. Against the exact int8 product of the row-quantised
+// digits (quantised_reference with row units) <= 1e-5 for token tiles 64 and 128, ragged M and N, paired outputs, K
+// of 1 to 17 chunks (ffn_down's), split and folded-split plans, q16 and q8; every output written, two runs EQUAL. Each
+// row holds one outlier (30x), so the row unit is coarse: the per-group reference must then be far off (the row units
+// were really used), and the per-group backend (row_units off) must still match that one.
+TEST(CudaOps, GemmV3RowUnitsMatchTheRowQuantisedReference) {
+  BONSAI_REQUIRE_GPU();
+  for (const int levels : {2, 1}) {
+    CudaBackend::Options ru, pg;
+    ru.row_units = true;
+    pg.row_units = false;
+    ru.act_levels = pg.act_levels = levels;
+    CudaBackend bru(ru), bpg(pg);
+    uint32_t seed = 4100;
+    struct Case {
+      int64_t M, K, N0, N1;
+    } cases[] = {{64, 1024, 300, 129}, {130, 5120, 2000, 77}, {300, 6144, 520, 0}, {64, 17408, 200, 0},
+                 {97, 4096, 17000, 100}, {257, 2048, 130, 3}};
+    for (const Case& c : cases) {
+      TernaryMatrix& w0 = random_matrix(c.N0, c.K, seed++, 0.02);
+      TernaryMatrix& w1 = random_matrix(c.N1 > 0 ? c.N1 : 1, c.K, seed++, 0.02);
+      const int n = c.N1 > 0 ? 2 : 1;
+      auto x = randn(size_t(c.M * c.K), seed++);
+      for (int64_t m = 0; m < c.M; ++m) x[size_t(m * c.K + (m * 37) % c.K)] *= 30.f;  // one outlier per row
+      const std::string what = "levels " + std::to_string(levels) + " M " + std::to_string(c.M) + " K " +
+                               std::to_string(c.K) + " N " + std::to_string(c.N0) + "+" + std::to_string(c.N1);
+      const auto a = paired_linear(bru, w0, w1, n, x, c.M, what), b = paired_linear(bru, w0, w1, n, x, c.M, what);
+      EXPECT_TRUE(a.first == b.first && (n == 1 || a.second == b.second)) << "run to run, " << what;
+      const auto er = quantised_reference(w0, x, c.M, levels, true), eg = quantised_reference(w0, x, c.M, levels);
+      const double r0 = rel_err(a.first, er), g0 = rel_err(a.first, eg);
+      EXPECT_LE(r0, 1e-5) << what;
+      EXPECT_GE(g0, 20 * r0 + 1e-6) << "the row units were not used? " << what;
+      if (n == 2) EXPECT_LE(rel_err(a.second, quantised_reference(w1, x, c.M, levels, true)), 1e-5) << what;
+      const auto p = paired_linear(bpg, w0, w1, n, x, c.M, what);
+      EXPECT_TRUE(bru.row_quantised(c.M, c.K) && !bpg.row_quantised(c.M, c.K)) << what;
+      EXPECT_LE(rel_err(p.first, eg), 1e-5) << "per-group units, " << what;
+      std::printf("[gemm3 row units] %s: vs the row-unit product %.2e, vs the per-group product %.2e (group units %.2e)\n",
+                  what.c_str(), r0, g0, rel_err(p.first, eg));
+    }
+  }
+}
+
 // GEMM v4 (round 13, Options::gemm_f16): the fp16 activation tiles (xh_pack) and the fp16 wgmma product with the scales
 // folded into the weights, against f16_reference (the same digits in fp16, exact weights, double sums): every block
 // shape, ragged M and N, paired outputs, the folded split (every tile split: small grids over a long K; the last wave's
@@ -345,13 +389,14 @@ void check_gemm_f16(const std::vector<GemmF16Case>& cases) {
       auto run = [&] { return paired_linear(be, w0, w1, n, x, c.M, what); };
       const auto a = run(), b = run();
       EXPECT_TRUE(a.first == b.first && (n == 1 || a.second == b.second)) << "run to run, " << what;
-      const auto e0 = f16_reference(w0, x, c.M, levels), q0 = quantised_reference(w0, x, c.M, levels);
+      const bool ru = be.row_quantised(c.M, c.K);
+      const auto e0 = f16_reference(w0, x, c.M, levels, ru), q0 = quantised_reference(w0, x, c.M, levels, ru);
       const double r0 = rel_err(a.first, e0), d0 = rel_err(a.first, q0);
       EXPECT_LE(r0, 1e-5) << what;  // fp32 sums of exact fp16 products (measured <= 3.6e-6)
       EXPECT_LE(d0, 3e-3) << what;  // the activation's fp16 rounding against the int8 digits' exact product
       double r1 = 0;
       if (n == 2) {
-        r1 = rel_err(a.second, f16_reference(w1, x, c.M, levels));
+        r1 = rel_err(a.second, f16_reference(w1, x, c.M, levels, ru));
         EXPECT_LE(r1, 1e-5) << what;
       }
       std::printf("[gemm f16] %s: vs f16 reference %.2e / %.2e, vs the int8 product %.2e\n", what.c_str(), r0, r1, d0);
@@ -633,7 +678,7 @@ TEST(CudaOps, TernaryLinearMatchesQuantisedAndFp64References) {
       b->linear(outs.data(), int(outs.size()), c.K, dx.data(), c.M);
       for (size_t i = 0; i < ws.size(); ++i) {
         const auto got = down(*b, ys[i]);
-        const auto exact = quantised_reference(*ws[i], x, c.M, levels);
+        const auto exact = quantised_reference(*ws[i], x, c.M, levels, b->row_quantised(c.M, c.K));
         std::vector<float> truth(size_t(c.M * ws[i]->rows));
         ref::ternary_matmul(ws[i]->blocks, ws[i]->rows, c.K, x.data(), c.M, truth.data());
         const std::string what = "M " + std::to_string(c.M) + " K " + std::to_string(c.K) + " N " +

@@ -106,8 +106,12 @@ TEST(CudaSite, WarpSiteEqualsTheBlockSiteKernel) {
     CudaBackend::Options on, off;
     on.site_warp = true;
     off.site_warp = false;
+    on.row_units = false;  // the per-group units of site_kernel (the row-unit form: warp_ru below)
     on.act_levels = off.act_levels = levels;
     CudaBackend warp(on), block(off);
+    CudaBackend::Options ru = on;
+    ru.row_units = true;
+    CudaBackend warp_ru(ru);
     for (int64_t n : {int64_t(1024), int64_t(128), int64_t(16)})
       for (int kind = 0; kind < 5; ++kind) {  // silu*up, x*sigmoid(g), gated norm, plain rotate, gather + rotate
         const SiteRun r[2] = {run_site(warp, kind, w, s, perm, gain, a, b, rows, K, Dv, n),
@@ -132,6 +136,20 @@ TEST(CudaSite, WarpSiteEqualsTheBlockSiteKernel) {
           EXPECT_EQ(r[0].inv, r[1].inv) << what;
         }
         EXPECT_LE(rel_err(r[0].prod, r[1].prod), kind == 2 ? 1e-5 : 0.0) << what << " (producer output)";
+        // Round 19: the row-unit form (one block per row, Options::row_units) runs the same transform (site and
+        // inverse outputs EQUAL to the per-group warp site), staged or direct alike; only the digits' unit differs,
+        // so the product moves within the quantisation (and must move: the row unit is really used).
+        const SiteRun u = run_site(warp_ru, kind, w, s, perm, gain, a, b, rows, K, Dv, n);
+        setenv("BONSAI_CUDA_SITE_STAGE", "0", 1);
+        const SiteRun ud = run_site(warp_ru, kind, w, s, perm, gain, a, b, rows, K, Dv, n);
+        unsetenv("BONSAI_CUDA_SITE_STAGE");
+        EXPECT_TRUE(warp_ru.row_quantised(rows, K)) << what;
+        EXPECT_EQ(u.site, r[0].site) << what << " (row units)";
+        EXPECT_EQ(u.inv, r[0].inv) << what << " (row units)";
+        EXPECT_EQ(u.prod, r[0].prod) << what << " (row units)";
+        EXPECT_EQ(ud.y, u.y) << what << " (row units, staged vs direct)";
+        EXPECT_NE(u.y, r[0].y) << what << " (row units: the product must differ from the per-group one)";
+        EXPECT_LE(rel_err(u.y, r[0].y), levels == 2 ? 1e-3 : 5e-2) << what << " (row units)";
       }
   }
   // The switch decides, and small row counts keep the block kernel.
@@ -149,6 +167,37 @@ TEST(CudaSite, WarpSiteEqualsTheBlockSiteKernel) {
   d.warp = true;
   d.pre = cuda::kPreAddNorm;
   EXPECT_FALSE(cuda::site_warp_supported(d));
+}
+
+// Round 19 (host only): where the site quantises with one unit per row. Only when asked, on the warp site's rows (>= 64)
+// and shapes, an int8 output, no AddNorm (its own kernels), at most 20 chunks of 1024 (one block of <= 640 threads).
+TEST(CudaSite, RowUnitsRule) {
+  alignas(16) static int8_t buf[16];
+  cuda::SiteDesc d;
+  d.src = reinterpret_cast<const float*>(buf);
+  d.xq = buf;
+  d.rows = 64;
+  d.K = d.ld = 5120;
+  d.n = 1024;
+  EXPECT_FALSE(cuda::site_row_units(d));  // not asked
+  d.row_units = true;
+  EXPECT_TRUE(cuda::site_row_units(d));
+  d.K = d.ld = 17408;  // ffn_down's input: 17 chunks
+  EXPECT_TRUE(cuda::site_row_units(d));
+  d.K = d.ld = 21504;  // 21 chunks: more warps than the row-unit block holds
+  EXPECT_FALSE(cuda::site_row_units(d));
+  d.K = d.ld = 5120;
+  d.rows = 32;  // batched decode: site_kernel
+  EXPECT_FALSE(cuda::site_row_units(d));
+  d.rows = 300;
+  d.xq = nullptr;  // no int8 output: nothing to quantise
+  EXPECT_FALSE(cuda::site_row_units(d));
+  d.xq = buf;
+  d.pre = cuda::kPreAddNorm;
+  EXPECT_FALSE(cuda::site_row_units(d));
+  d.pre = cuda::kPreNone;
+  d.K = d.ld = 5120 + 128;  // not whole 1024 chunks
+  EXPECT_FALSE(cuda::site_row_units(d));
 }
 
 // Round 9: the add_rmsnorm / rmsnorm fused into the site of small row counts as one thread-block cluster per row

@@ -116,12 +116,15 @@ inline TernaryMatrix& random_matrix(int64_t N, int64_t K, uint32_t seed, double 
 // does it (d = amax / 127, v = x * (127 / amax), q0 = rint(v); q16 (levels 2) adds the second digit
 // q1 = rint((v - q0) * 254), x ~= d (q0 + q1 / 254)); fp16: then as GEMM v4's xh_pack_kernel forms it from those
 // digits, fp16(u * (254 q0 + q1)) with the unit u = d / 254 (q16) or fp16(d q0) (q8), in float arithmetic.
-inline std::vector<double> site_activation(const std::vector<float>& x, int64_t M, int64_t K, int levels, bool fp16) {
+// row_units (Options::row_units): amax over the whole row instead of the 128-group.
+inline std::vector<double> site_activation(const std::vector<float>& x, int64_t M, int64_t K, int levels, bool fp16,
+                                           bool row_units = false) {
   std::vector<double> xv(size_t(M * K));
   for (int64_t m = 0; m < M; ++m)
     for (int64_t g = 0; g < K / 128; ++g) {
       float amax = 0.f;
-      for (int64_t i = 0; i < 128; ++i) amax = std::max(amax, std::fabs(x[size_t(m * K + g * 128 + i)]));
+      const int64_t s0 = row_units ? 0 : g * 128, s1 = row_units ? K : g * 128 + 128;
+      for (int64_t i = s0; i < s1; ++i) amax = std::max(amax, std::fabs(x[size_t(m * K + i)]));
       const float d = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
       for (int64_t i = 0; i < 128; ++i) {
         const size_t e = size_t(m * K + g * 128 + i);
@@ -169,12 +172,13 @@ inline std::vector<float> ternary_reference(const TernaryMatrix& w, const std::v
 
 // The exact result of the int8 ternary kernels' arithmetic (q16 / q8 digits, exact integer dots).
 inline std::vector<float> quantised_reference(const TernaryMatrix& w, const std::vector<float>& x, int64_t M,
-                                              int levels = 2) {
-  return ternary_reference(w, site_activation(x, M, w.cols, levels, false), M);
+                                              int levels = 2, bool row_units = false) {
+  return ternary_reference(w, site_activation(x, M, w.cols, levels, false, row_units), M);
 }
 // What GEMM v4 (Options::gemm_f16) computes: the same digits in fp16 times the exact weights.
-inline std::vector<float> f16_reference(const TernaryMatrix& w, const std::vector<float>& x, int64_t M, int levels = 2) {
-  return ternary_reference(w, site_activation(x, M, w.cols, levels, true), M);
+inline std::vector<float> f16_reference(const TernaryMatrix& w, const std::vector<float>& x, int64_t M, int levels = 2,
+                                        bool row_units = false) {
+  return ternary_reference(w, site_activation(x, M, w.cols, levels, true, row_units), M);
 }
 
 }  // namespace bonsai::cudatest

@@ -127,6 +127,7 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   if (const char* e = std::getenv("BONSAI_CUDA_ATTN"); e && *e) o.attn = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_ATTN_MMA"); e && *e) o.attn_prefill_mma = std::atoi(e);
   o.attn_planes = flag("BONSAI_CUDA_ATTN_PLANES", o.attn_planes);
+  o.row_units = flag("BONSAI_CUDA_ROW_UNITS", o.row_units);
   if (const char* e = std::getenv("BONSAI_CUDA_ACT"); e && *e) {
     const std::string v = e;
     if (v == "q8") o.act_levels = 1;
@@ -235,6 +236,7 @@ struct CudaBackend::Impl {
     const float* x = nullptr;
     int64_t rows = 0, K = 0;
     uint64_t seq = ~0ull;
+    bool row_units = false;  // the site used one unit per row (site_row_units)
   } shadow;
   uint64_t seq = 0;
   std::vector<Pending> pend;
@@ -395,11 +397,13 @@ struct CudaBackend::Impl {
                                                              cuda::gemm3_ksplit(t, n, K, M, lv, sms, 2) > sms
                         ? 2
                         : 1;
+    // Round 19: the site that wrote xq (the shadow) used one unit per row: v3 scales per token (Options::row_units).
+    const bool ru = shadow.row_units;
     const int ks = v3   ? cuda::gemm3_ksplit(t, n, K, M, lv, sms, occ)
                    : v2 ? cuda::gemm2_ksplit(t, n, K, M, lv, sms, wgs)
                         : cuda::gemm_ksplit(t, n, K, M, sms, opt.gemm_wave_split);
     auto gemm = [&](const cuda::TernaryDev* o, int kslices, int64_t stride) {
-      return v3   ? cuda::gemm3_launch(o, n, K, xq, xds, M, lv, kslices, stride, opt.gemm3_cvt, occ)
+      return v3   ? cuda::gemm3_launch(o, n, K, xq, xds, M, lv, kslices, stride, opt.gemm3_cvt, occ, ru)
              : v2 ? cuda::gemm2_launch(o, n, K, xq, xds, M, lv, wgs, kslices, stride, opt.gemm2_swizzle)
                   : cuda::gemm_launch(o, n, K, xq, xds, M, lv, sms, kslices, stride);
     };
@@ -408,7 +412,7 @@ struct CudaBackend::Impl {
       if (f.kt > 1 && f.tiles - f.nfull <= kFoldHead) {
         float* buf = fold_buffer(f);
         return out.push_back(cuda::gemm3_fold_launch(t, n, K, xq, xds, M, lv, f, buf + kFoldHead,
-                                                     reinterpret_cast<int32_t*>(buf), opt.gemm3_cvt, occ));
+                                                     reinterpret_cast<int32_t*>(buf), opt.gemm3_cvt, occ, ru));
       }
     }  // else (no split, or more split tiles than counters) as before
     split_k_launches(t, n, M, ks, out, gemm);
@@ -903,7 +907,8 @@ struct CudaBackend::Impl {
       d.levels = levels();
       d.xq = static_cast<int8_t*>(ensure(xq, size_t(rows * levels() * K), "the int8 activations"));
       d.xds = static_cast<float2*>(ensure(xds, size_t(rows * (K / 64)) * sizeof(float2), "the activation scales"));
-      shadow = {x, rows, K, seq};
+      d.row_units = opt.row_units;
+      shadow = {x, rows, K, seq, cuda::site_row_units(d)};
     }
     // Held back for the matvec prologue: one row, int8 output, a pre-op the prologue knows, no gather.
     // The fused form does not write d.dst / d.pre_out: the forward reads a site's outputs only through
@@ -1697,6 +1702,20 @@ void CudaBackend::set_options(const Options& o) {
 }
 CudaBackend::Options CudaBackend::options() const { return p_->opt; }
 int64_t CudaBackend::prefill_chunk() const { return p_->opt.prefill_chunk; }
+
+bool CudaBackend::row_quantised(int64_t rows, int64_t K) const {
+  // linear()'s quantise-only site (Impl::site with n = 1, no signs, no pre-op) on 16-byte aligned buffers
+  alignas(16) static int8_t dummy[16];
+  cuda::SiteDesc d;
+  d.warp = p_->opt.site_warp;
+  d.row_units = p_->opt.row_units;
+  d.src = reinterpret_cast<const float*>(dummy);
+  d.xq = dummy;
+  d.ld = d.K = K;
+  d.rows = rows;
+  d.n = 1;
+  return cuda::site_row_units(d);
+}
 
 CudaBackend::Stats CudaBackend::stats() const { return p_->st; }
 

@@ -89,6 +89,10 @@ class CudaBackend final : public Backend {
     bool attn_planes = true;   // round 18: that kernel reads the chunk's K / V window as f16 hi / lo planes written once
                                // per launch (kv_planes_kernel) instead of every block converting every tile it reads
                                // (bit-identical); BONSAI_CUDA_ATTN_PLANES=0: the per-block conversion
+    bool row_units = true;     // round 19: the prefill warp site quantises each row with ONE unit (not one per 128-group)
+                               // and GEMM v3 scales each group by d_w alone, each output by its token's unit once
+                               // (H200: pp2048 +9 %; gate 726/726, 2.28e-3, KL 6.7e-8 vs 2.07e-3, 4.3e-8 per group);
+                               // BONSAI_CUDA_ROW_UNITS=0: one unit per 128-group everywhere
     int matvec_rows = 4;       // weight rows per matvec warp step: 4 or 2 (see ternary.cu; BONSAI_CUDA_MATVEC_ROWS)
     int matvec = 6;            // M <= 2 (q16) / 4 (q8) kernel: 6 = tensor-core matvec v6 (matvec_mma.cu, the default
                                // since round 8: faster than v3 on every kernel-table shape but ffn_down at M = 1, which keeps v3 unless
@@ -316,6 +320,9 @@ class CudaBackend final : public Backend {
   std::string profile_report();
   std::string device_name() const;
   int sm_count() const;
+  // Whether linear() on a fresh x [rows, K] quantises it with one unit per row (Options::row_units where the prefill
+  // warp site can: rows >= 64, K a multiple of 1024 up to 20,480); the tests' references follow it.
+  bool row_quantised(int64_t rows, int64_t K) const;
   uint64_t device_free_bytes() const;
   uint64_t device_total_bytes() const;
 

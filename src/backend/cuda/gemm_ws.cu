@@ -101,7 +101,10 @@ struct Gemm3Args {
 
 // MINB blocks per SM (round 17): 2 halves every thread's registers (the launch bound's 80; producer 40, consumers 96:
 // enough for TOK = 32's 2 x 16 int32 + 16 fp32 accumulators) so two blocks' warps hide each other's per-group latency.
-template <int TOK, int L, int S, int CVT, int MINB = 1>
+// RU (round 19): the site quantised every row with ONE unit (site_row_units), so a group is scaled by d_w alone
+// (f += d_w (254 I0 + I1): no FMUL d_w u_x per output and group, no unit copies or loads) and each output by its
+// token's unit once, before the fold's sum and the store.
+template <int TOK, int L, int S, int CVT, int MINB = 1, bool RU = false>
 __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args fa) {
   static_assert(MINB == 1 || (MINB == 2 && TOK == 32), "two blocks per SM only fit TOK = 32's accumulators");
   const Gemm2Args& a = fa.g;
@@ -180,7 +183,7 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
 #pragma unroll
         for (int l = 0; l < L; ++l)
           cp_async16_s(dst + uint32_t(l * TOK * 128 + j * 2048), j < nvalid ? src + l * lk : a.xq, j < nvalid ? 16 : 0);
-      if (tid < TOK)
+      if (!RU && tid < TOK)
         asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(udst + uint32_t(s * TOK * 4)),
                      "l"(usrc + kg * 4), "r"(utok < M ? 4 : 0)
                      : "memory");
@@ -277,7 +280,7 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
       wg_wait<0>();
 #pragma unroll
       for (int l = 0; l < L; ++l) pin(acc[l]);
-      scale_group<L, R, CVT>(acc, f, units + s * TOK, dw, q);  // f += d_w u_x (254 I0 + I1)
+      scale_group<L, R, CVT, RU>(acc, f, units + s * TOK, dw, q);  // f += d_w u_x (254 I0 + I1); RU: d_w (..)
       mbar_arrive(empty(s));  // this thread's reads of stage s (raw words, units; its wgmmas) are done
       if (++s == S) s = 0, ph ^= 1u;
     }
@@ -285,6 +288,17 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
     (void)slo, (void)shi, (void)acc;
     __trap();  // built without sm_90a: gemm3_supported() keeps the backend off this kernel
 #endif
+    if constexpr (RU) {  // the token units: any chunk of a row holds its row's unit (chunk 0 here)
+#pragma unroll
+      for (int j = 0; j < R / 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int64_t tok = tok0 + 8 * j + 2 * q + e;
+          const float u = tok < M ? a.xds[tok * C].x : 0.f;
+          f[4 * j + e] *= u;
+          f[4 * j + e + 2] *= u;
+        }
+    }
     if (split >= 0 && !fold_sum(f, fa.part, fa.cnt, split, kz, ksl, tid - 128)) return;  // folded split
 #pragma unroll
     for (int i = 0; i < R; ++i) {
@@ -301,18 +315,25 @@ struct Gemm3Pick {
   int tok;
 };
 // Stages: as deep as ~200 KB of shared memory allows (the weight stream of small M needs bytes in flight).
-template <int TOK, int L, int S, int CVT, int MINB = 1>
+template <int TOK, int L, int S, int CVT, int MINB = 1, bool RU = false>
 Gemm3Pick gemm3_cfg() {
-  return {reinterpret_cast<const void*>(&gemm3_kernel<TOK, L, S, CVT, MINB>), uint32_t(1024 + WsLayout<TOK, L, S>::bytes), TOK};
+  return {reinterpret_cast<const void*>(&gemm3_kernel<TOK, L, S, CVT, MINB, RU>), uint32_t(1024 + WsLayout<TOK, L, S>::bytes),
+          TOK};
 }
 
 // occ 2 (M <= 32 only): two blocks per SM of 7 stages each (2 x 102 KB).
-template <int L, int CVT>
+template <int L, int CVT, bool RU = false>
 Gemm3Pick gemm3_pick_l(int64_t M, int occ) {
-  if (M <= 32) return occ == 2 ? gemm3_cfg<32, L, 7, CVT, 2>() : gemm3_cfg<32, L, 12, CVT>();
-  return M <= 64 ? gemm3_cfg<64, L, 8, CVT>() : gemm3_cfg<128, L, 5, CVT>();
+  if constexpr (!RU)
+    if (M <= 32) return occ == 2 ? gemm3_cfg<32, L, 7, CVT, 2>() : gemm3_cfg<32, L, 12, CVT>();
+  return M <= 64 ? gemm3_cfg<64, L, 8, CVT, 1, RU>() : gemm3_cfg<128, L, 5, CVT, 1, RU>();
 }
-Gemm3Pick gemm3_pick(int levels, int64_t M, int cvt, int occ) {
+// Row units (ru) have I2FP instances of 64 and 128 tokens only: the row-unit site needs >= 64 rows
+// (site_row_units). Dropping ru is always exact: xds then holds the row's unit in every chunk, which the
+// per-group scaling reads.
+Gemm3Pick gemm3_pick(int levels, int64_t M, int cvt, int occ, bool ru = false) {
+  ru = ru && M > 32;
+  if (ru) return levels == 2 ? gemm3_pick_l<2, 1, true>(M, occ) : gemm3_pick_l<1, 1, true>(M, occ);
   if (cvt) return levels == 2 ? gemm3_pick_l<2, 1>(M, occ) : gemm3_pick_l<1, 1>(M, occ);
   return levels == 2 ? gemm3_pick_l<2, 0>(M, occ) : gemm3_pick_l<1, 0>(M, occ);
 }
@@ -325,8 +346,9 @@ void init_gemm3_attributes() {
   for (int lv : {1, 2})
     for (int cvt : {0, 1})
     for (int occ : {1, 2})
+    for (bool ru : {false, true})
     for (int64_t m : {32, 64, 128}) {
-      const Gemm3Pick p = gemm3_pick(lv, m, cvt, occ);
+      const Gemm3Pick p = gemm3_pick(lv, m, cvt, occ, ru);
       cudaFuncSetAttribute(p.func, cudaFuncAttributeMaxDynamicSharedMemorySize, int(p.smem));
     }
 }
@@ -337,8 +359,8 @@ int gemm3_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int l
 }
 
 Launch gemm3_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                    int levels, int ks, int64_t part_stride, int cvt, int occ) {
-  const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, cvt, occ);
+                    int levels, int ks, int64_t part_stride, int cvt, int occ, bool row_units) {
+  const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, cvt, occ, row_units);
   Gemm3Args a{};
   a.g = gemm_args(outs, n_outs, K, xq, xds, M, ks, part_stride, /*swizzle=*/true, kWsRows);
   const dim3 grid{unsigned(gemm_row_blocks(outs, n_outs, kWsRows)), unsigned((M + p.tok - 1) / p.tok), unsigned(ks)};
@@ -370,8 +392,9 @@ Gemm3Fold fold_plan(int64_t B, int sms, int64_t G, int64_t tile_floats) {
 }
 
 Launch gemm3_fold_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                         int levels, const Gemm3Fold& f, float* part, int32_t* cnt, int cvt, int occ) {
-  const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, cvt, occ);
+                         int levels, const Gemm3Fold& f, float* part, int32_t* cnt, int cvt, int occ,
+                         bool row_units) {
+  const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, cvt, occ, row_units);
   Gemm3Args a{};
   a.g = gemm_args(outs, n_outs, K, xq, xds, M, f.kt, 0, /*swizzle=*/true, kWsRows);
   a.part = part;

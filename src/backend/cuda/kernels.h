@@ -53,6 +53,8 @@ struct SiteDesc {
   int32_t xpose = 0;             // 1024 tiles: 1 = FWHT strides 32..n/2 as shuffles after one transpose in shared
                                  // memory (2 barriers instead of one per stride); 2 = also no barrier where each
                                  // thread reads its own element, quantised straight from the transpose; bit-identical
+  bool row_units = false;        // round 19: quantise every 128-group of a row with the ROW's unit where the site
+                                 // can (site_row_units); xds keeps its per-chunk form, each chunk holding that unit
 };
 Launch site_launch(const SiteDesc& d);
 int site_launch_pre(const Launch& l);  // SiteArgs::pre of a site_kernel launch, else -1 (Options::skip's diagnostic)
@@ -60,6 +62,9 @@ int site_launch_pre(const Launch& l);  // SiteArgs::pre of a site_kernel launch,
 // AddNorm pre-op, no gather with a pre-op, a power-of-two gated-norm segment in [32, 1024], 16-byte aligned rows.
 constexpr int64_t kSiteWarpMinRows = 64;  // batched decode (<= 32 rows) keeps site_kernel: the warp grid is too small there (round 3)
 bool site_warp_supported(const SiteDesc& d);
+// Whether site_launch(d) quantises with one unit per row (d.row_units asked, the warp site without its AddNorm or
+// cluster forms, K / 1024 <= 20): then GEMM v3 may scale per token (gemm3_launch's row_units).
+bool site_row_units(const SiteDesc& d);
 // The cluster form of the AddNorm site (site_kernel_cluster, round 9): K a multiple of 1024 with at most
 // kSiteMaxCluster tiles (one cluster per row, portable cluster size), n <= 1024, no gather, gain set, 16-byte
 // aligned src / resid rows. Its sum of squares is norm_kernel's, in norm_kernel's order: bit-identical norms.
@@ -187,10 +192,11 @@ Launch gemm2_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t*
 // tokens (M <= 32 / <= 64 / above), one per SM (occ 2, M <= 32: two, round 17). Same outputs, pairing and split-K
 // contract as gemm2_launch.
 // sm_90 only (gemm2_supported). cvt: the per-group int -> float as I2FP (1) or the mantissa add (0): bit-identical.
+// row_units (round 19): xds holds one unit per token (site_row_units): d_w per group, the unit once per output.
 void init_gemm3_attributes();  // called by init_kernel_attributes
 int gemm3_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms, int occ = 1);
 Launch gemm3_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                    int levels, int ks = 1, int64_t part_stride = 0, int cvt = 1, int occ = 1);
+                    int levels, int ks = 1, int64_t part_stride = 0, int cvt = 1, int occ = 1, bool row_units = false);
 // GEMM v4 (gemm_f16.cu, Options::gemm_f16, round 13): the product on the fp16 tensor cores with each group's scale
 // folded into the weights (A = (code - 1) d_w, exact in fp16) and the activation in fp16 (xh, written from the site's
 // digits by xh_pack_launch): fp32 accumulation over all of K, no per-group scaling. Same outputs, pairing and split-K

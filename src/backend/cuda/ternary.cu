@@ -61,6 +61,7 @@ struct SiteArgs {
 
 constexpr int kSiteThreads = 1024;  // one element per thread for a 1024 tile: short dependency chains at decode
 constexpr int kSiteWarpThreads = 256;  // site_warp_kernel: 8 chunks (warps) per block
+constexpr int kSiteRowUnitsMaxChunks = 20;  // its row-unit form: one block of K / 1024 warps per row
 
 // site_kernel's quantiser for one 128-group held by one warp (lane l: elements 4l..4l+3 of group gq of the tile;
 // xq / xds: the tile's first digit / scale). Header: the q8 / q16 format.
@@ -380,11 +381,12 @@ __device__ __forceinline__ void warp_words_store(int8_t* plane, uint32_t* buf, i
 }
 
 // Stages after the pre-op of the warp site, for the chunk of row r whose lane-l elements start at e0 (v: the
-// pre-op's values, lane l elements e0 .. e0 + 31): signs, FWHT, * norm, fp32 store, the int8 quantiser.
-// Shared by site_warp_kernel and site_norm_warp_kernel (the same operations in the same order).
+// pre-op's values, lane l elements e0 .. e0 + 31): signs, FWHT, * norm, fp32 store (site_warp_transform, which
+// returns the lane's max |v|), then the int8 quantiser (site_warp_quantise). Shared by site_warp_kernel and
+// site_norm_warp_kernel (the same operations in the same order).
 // buf: the warp's [32][33] staging tile (warp_rows_*), or null: direct 16-byte stores.
-__device__ __forceinline__ void site_warp_tail(const SiteArgs& a, float (&v)[32], int64_t r, int64_t e0, int lane,
-                                               float* buf = nullptr) {
+__device__ __forceinline__ float site_warp_transform(const SiteArgs& a, float (&v)[32], int64_t r, int64_t e0, int lane,
+                                                     float* buf) {
   float sg[32];  // the signs, applied before the transform (forward) or after it (inverse)
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
@@ -430,11 +432,13 @@ __device__ __forceinline__ void site_warp_tail(const SiteArgs& a, float (&v)[32]
 #pragma unroll
     for (int k = 0; k < 8; ++k) d[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
   }
-  if (!a.xq) return;
-  // Per 128-group (4 lanes), site_kernel's quantiser: inv = 127 / amax, q0 = rint(v inv), q1 = the residual
-  // * 254 (q16); positions transposed within each 16: element 16w + 4b + t -> byte 16w + 4t + b.
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  return amax;
+}
+// site_kernel's quantiser with the unit of amax (the chunk's 128-group, or the row's under SiteArgs::row_units):
+// inv = 127 / amax, q0 = rint(v inv), q1 = the residual * 254 (q16); positions transposed within each 16: element
+// 16w + 4b + t -> byte 16w + 4t + b; xds per 64-chunk as ever (under row units every chunk of the row has its unit).
+__device__ __forceinline__ void site_warp_quantise(const SiteArgs& a, const float (&v)[32], int64_t r, int64_t e0,
+                                                   int lane, float* buf, float amax) {
   const float d = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
   uint32_t p0[8], p1[8];
 #pragma unroll
@@ -471,6 +475,15 @@ __device__ __forceinline__ void site_warp_tail(const SiteArgs& a, float (&v)[32]
   sum += __shfl_xor_sync(0xffffffffu, sum, 1);  // a 64-chunk is two lanes
   if ((lane & 1) == 0) a.xds[r * (a.K >> 6) + (e0 >> 6)] = make_float2(a.levels == 2 ? d / 254.f : d, float(sum));
 }
+// Both, with the unit of each 128-group (4 lanes).
+__device__ __forceinline__ void site_warp_tail(const SiteArgs& a, float (&v)[32], int64_t r, int64_t e0, int lane,
+                                               float* buf = nullptr) {
+  float amax = site_warp_transform(a, v, r, e0, lane, buf);
+  if (!a.xq) return;
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  site_warp_quantise(a, v, r, e0, lane, buf, amax);
+}
 
 // The site for prefill rows (SiteDesc::warp, rows >= kSiteWarpMinRows): one WARP per 1024-element chunk of a
 // row, the chunk in registers (lane l holds elements 32 l .. 32 l + 31), no block barriers.
@@ -483,18 +496,26 @@ __device__ __forceinline__ void site_warp_tail(const SiteArgs& a, float (&v)[32]
 // warp's shared-memory tile (warp_rows_load / warp_rows_store / warp_words_store), coalesced; the gather (perm)
 // reads stay direct. Bit-identical to STAGE = false. H200, one call: pp2048 4,499 / 4,474 vs 4,337 / 4,354 tok/s
 // without it; the site 25.0 -> 18.0 us per launch on average (docs/cuda-kernels.md round 11).
-template <bool STAGE>
-__global__ __launch_bounds__(kSiteWarpThreads) void site_warp_kernel(const SiteArgs a) {
-  __shared__ float tiles[STAGE ? kSiteWarpThreads / 32 : 1][32 * 33];
+// ROWU (round 19, site_row_units): one block per row, warp w its chunk w (K / 1024 <= 20 warps: 640 threads keep the
+// plain instance's ~94 registers; at a 1024-thread bound ptxas spilled 400 B), the staging
+// tiles in dynamic shared memory ([K / 1024][32 * 33] floats), and every 128-group quantised with the ROW's unit (the
+// row's max |v| after the transform, met in shared memory after one barrier): GEMM v3 then scales a group by d_w
+// alone and each output by its token's unit once (gemm_ws.cu).
+template <bool STAGE, bool ROWU = false>
+__global__ __launch_bounds__(ROWU ? 32 * kSiteRowUnitsMaxChunks : kSiteWarpThreads) void site_warp_kernel(const SiteArgs a) {
+  __shared__ float tiles[STAGE && !ROWU ? kSiteWarpThreads / 32 : 1][32 * 33];
+  extern __shared__ float row_tiles[];  // ROWU && STAGE: [K / 1024][32 * 33]
+  __shared__ float wmax[ROWU ? 32 : 1];
   pdl_trigger();
   pdl_wait();
   const int lane = threadIdx.x & 31;
   const int64_t chunks = a.K >> 10;
-  const int64_t unit = int64_t(blockIdx.x) * (kSiteWarpThreads / 32) + (threadIdx.x >> 5);
-  if (unit >= a.rows * chunks) return;  // warp-uniform: whole warps only
+  const int64_t unit = ROWU ? int64_t(blockIdx.x) * chunks + (threadIdx.x >> 5)
+                            : int64_t(blockIdx.x) * (kSiteWarpThreads / 32) + (threadIdx.x >> 5);
+  if (!ROWU && unit >= a.rows * chunks) return;  // warp-uniform: whole warps only (ROWU: the grid is exact)
   const int64_t r = unit / chunks, c0 = (unit % chunks) << 10, e0 = c0 + 32 * lane;  // e0: lane's first element
   const float* src = a.src + r * a.ld;
-  float* buf = STAGE ? tiles[threadIdx.x >> 5] : nullptr;
+  float* buf = !STAGE ? nullptr : ROWU ? row_tiles + (threadIdx.x >> 5) * (32 * 33) : tiles[threadIdx.x >> 5];
   float v[32];
   if (a.perm) {
 #pragma unroll
@@ -518,7 +539,15 @@ __global__ __launch_bounds__(kSiteWarpThreads) void site_warp_kernel(const SiteA
       for (int k = 0; k < 8; ++k) po[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
     }
   }
-  site_warp_tail(a, v, r, e0, lane, buf);
+  if constexpr (ROWU) {
+    float amax = warp_max(site_warp_transform(a, v, r, e0, lane, buf));
+    if (lane == 0) wmax[threadIdx.x >> 5] = amax;
+    __syncthreads();
+    for (int w = 0; w < int(chunks); ++w) amax = fmaxf(amax, wmax[w]);
+    site_warp_quantise(a, v, r, e0, lane, buf, amax);
+  } else {
+    site_warp_tail(a, v, r, e0, lane, buf);
+  }
 }
 
 // Round 11: the add_rmsnorm / rmsnorm fused into the warp site of prefill rows (SiteDesc::warp, kPreAddNorm, rows
@@ -608,6 +637,11 @@ bool site_warp_supported(const SiteDesc& d) {
          (!d.signs || reinterpret_cast<uintptr_t>(d.signs) % 4 == 0);
 }
 
+bool site_row_units(const SiteDesc& d) {
+  return d.row_units && d.xq && site_warp_supported(d) && !site_norm_warp_supported(d) && !site_cluster_supported(d) &&
+         d.K / 1024 <= kSiteRowUnitsMaxChunks && d.rows <= 0x7fffffff;
+}
+
 // Round 11 A/B switch, read per warp-site launch (prefill only): BONSAI_CUDA_SITE_STAGE=0 turns the staging off.
 static bool site_stage_on() {
   const char* e = std::getenv("BONSAI_CUDA_SITE_STAGE");
@@ -666,6 +700,13 @@ Launch site_launch(const SiteDesc& d) {
     a.norm_threads = int32_t(norm_block_threads(d.K));
     a.cluster = d.cluster;
     return make_launch(kernels[C - 1], dim3(unsigned(C), unsigned(d.rows)), dim3(kSiteThreads), 0, a);
+  }
+  if (site_row_units(d)) {
+    a.stage = site_stage_on();
+    const void* f = a.stage ? reinterpret_cast<const void*>(&site_warp_kernel<true, true>)
+                            : reinterpret_cast<const void*>(&site_warp_kernel<false, true>);
+    const uint32_t smem = a.stage ? uint32_t((d.K >> 10) * 32 * 33 * sizeof(float)) : 0;
+    return make_launch(f, dim3(unsigned(d.rows)), dim3(unsigned(32 * (d.K >> 10))), smem, a);
   }
   if (site_warp_supported(d)) {
     const int64_t warps = d.rows * (d.K >> 10), per_block = kSiteWarpThreads / 32;
@@ -1358,6 +1399,9 @@ void init_kernel_attributes() {
   done = true;
   cudaFuncSetAttribute(reinterpret_cast<const void*>(&site_kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
                        int(kMaxHadamardBlock * sizeof(float)));
+  // the row-unit warp site's staging tiles: up to 20 chunks of [32][33] floats (84 KB)
+  cudaFuncSetAttribute(reinterpret_cast<const void*>(&site_warp_kernel<true, true>),
+                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSiteRowUnitsMaxChunks * 32 * 33 * sizeof(float)));
   init_matvec_bulk_attributes();
   init_attention_attributes();
   init_gemm_attributes();

@@ -44,12 +44,13 @@ __device__ __forceinline__ float i2f22(int c) { return __int_as_float(c + 0x4B40
 // One group's scaling of a wgmma accumulator fragment (R registers: token pairs 8 j + 2 q, + 1 of rows g and
 // g + 8): f += d_w u_x (254 I0 + I1) (q16; d_w u_x I0 for q8), with dw = the two rows' d, unit = the group's
 // token units. I2F: the conversion by the I2F instruction (else i2f22; the same value either way).
-template <int L, int R, bool I2F>
+// RU: the units are per token (applied once after the last group): f += d_w (254 I0 + I1), unit unread.
+template <int L, int R, bool I2F, bool RU = false>
 __device__ __forceinline__ void scale_group(const int (&ac)[L][R], float (&f)[R], const float* unit, float2 dw, int q) {
 #pragma unroll
   for (int j = 0; j < R / 4; ++j) {
-    const float2 u = *reinterpret_cast<const float2*>(unit + 8 * j + 2 * q);
-    const float sc[4] = {dw.x * u.x, dw.x * u.y, dw.y * u.x, dw.y * u.y};
+    const float2 u = RU ? make_float2(1.f, 1.f) : *reinterpret_cast<const float2*>(unit + 8 * j + 2 * q);
+    const float sc[4] = {RU ? dw.x : dw.x * u.x, RU ? dw.x : dw.x * u.y, RU ? dw.y : dw.y * u.x, RU ? dw.y : dw.y * u.y};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       int c = ac[0][4 * j + i];
