@@ -132,7 +132,8 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
     int h = 0;           // Options::gemm_f16: GEMM v4 from this M (round 13; its xh_pack launch included in the time)
     int h_tile = 0;      // Options::gemm_f16_tile (0: chosen per shape; 2 = 256 x 64, 3 = 256 x 128, 4 = 128 x 128)
     int occ = 1;         // Options::gemm3_occ: v3's blocks per SM at M <= 32 (round 17)
-    bool ru = false;     // Options::row_units: the site's one unit per row, v3 scaling per token (round 19; M >= 64)
+    bool ru = true;      // Options::row_units (the default; M >= 64): the site's one unit per row, v3 scaling per token
+                         // (round 19); false: one unit per 128-group
   };
   const Variant variants[] = {{"q16 pdl", 3, true, 2, 1, 2, true},          {"q16 fixed pdl", 3, true, 2, 1, 2, true, true},
                               {"q16 v2 pdl", 3, true, 2, 2, 2, true},       {"q16 v3 pdl", 3, true, 2, 3, 2, true},
@@ -179,7 +180,7 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
                               {"q16 v3occ2 pdl", 3, true, 2, 3, 2, true, false, 1, 0, 1, 0, 1, 0, true, 1, 0, 0, 2},
                               {"q8 v3occ2 pdl", 3, true, 1, 3, 2, true, false, 1, 0, 1, 0, 1, 0, true, 1, 0, 0, 2},
                               // round 19: GEMM v3 on row units
-                              {"q16 v3ru pdl", 3, true, 2, 3, 2, true, false, 1, 0, 1, 0, 1, 0, true, 1, 0, 0, 1, true}};
+                              {"q16 v3g pdl", 3, true, 2, 3, 2, true, false, 1, 0, 1, 0, 1, 0, true, 1, 0, 0, 1, false}};
   const CudaBackend::Options base = be.options();
   for (const Shape& sh : shapes)
   for (const Variant& v : variants) {

@@ -249,6 +249,7 @@ TEST(CudaSite, NormWarpEqualsUnfusedNormAndWarpSite) {
       CudaBackend::Options on, off;
       on.site_norm_warp = true;
       off.site_norm_warp = false;
+      on.row_units = off.row_units = false;  // the fused norm site has no row-unit form (site_row_units): per group
       on.act_levels = off.act_levels = levels;
       CudaBackend fused(on), plain(off);
       for (const int64_t rows : {int64_t(64), int64_t(131)})

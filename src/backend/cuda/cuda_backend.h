@@ -92,7 +92,8 @@ class CudaBackend final : public Backend {
     bool row_units = true;     // round 19: the prefill warp site quantises each row with ONE unit (not one per 128-group)
                                // and GEMM v3 scales each group by d_w alone, each output by its token's unit once
                                // (H200: pp2048 +9 %; gate 726/726, 2.28e-3, KL 6.7e-8 vs 2.07e-3, 4.3e-8 per group);
-                               // BONSAI_CUDA_ROW_UNITS=0: one unit per 128-group everywhere
+                               // BONSAI_CUDA_ROW_UNITS=0: one unit per 128-group everywhere. Not under GEMM v4
+                               // (Options::gemm_f16: nothing to save there)
     int matvec_rows = 4;       // weight rows per matvec warp step: 4 or 2 (see ternary.cu; BONSAI_CUDA_MATVEC_ROWS)
     int matvec = 6;            // M <= 2 (q16) / 4 (q8) kernel: 6 = tensor-core matvec v6 (matvec_mma.cu, the default
                                // since round 8: faster than v3 on every kernel-table shape but ffn_down at M = 1, which keeps v3 unless
