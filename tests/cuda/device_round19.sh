@@ -2,7 +2,7 @@
 # Round 19 device run (GEMM v3: both digit planes in one wgmma). Binaries: DEVBIN=.devbin-me BUILD=build STAGE_GZ=1
 # tests/cuda/stage_devbin.sh, plus an earlier build's bonsai / test_cuda copied in as bonsai_prev / test_cuda_prev
 # (gzipped); run `bash .devbin-me/device_round19.sh` with carry [".devbin-me"]. In order:
-#   the fixture gate per GATE_ENVS entry, test_cuda (TEST_FILTER), memcheck (SAN_FILTER),
+#   the fixture gate per GATE_ENVS entry, test_cuda (TEST_FILTER), memcheck (SAN_FILTER), test_engine (ENGINE_FILTER),
 #   BENCH_SHAPES="gate+up M32,..."  the kernel table (CudaBench.ProbeAndTernaryKernels, tags BENCH_TAGS) of test_cuda
 #                                   and of test_cuda_prev, KT_REPS times each (default 1), alternated
 #   then on the 27b pack, per entry "name:ENV=V,ENV=V" (a name prev* runs bonsai_prev; repeat entries to bracket drift):
@@ -22,6 +22,10 @@ if [ -n "${TEST_FILTER:-}" ]; then
   stamp "test_cuda"
 fi
 [ -n "${SAN_FILTER:-}" ] && { run_sanitizer "$SAN_FILTER" ${SAN_TIMEOUT:-90}; stamp "sanitizer"; }
+if [ -n "${ENGINE_FILTER:-}" ]; then
+  BONSAI_TINY_PACK=/tmp/tiny/tiny-pq2_0.gguf timeout 90 $B/test_engine --gtest_filter="$ENGINE_FILTER" > "$OUT/test_engine.log" 2>&1
+  echo "test_engine rc=$?"; grep -E "^\[  FAILED|^\[  PASSED" "$OUT/test_engine.log" | head -5
+fi
 kernel_table() {  # $1 binary, $2 label
   BONSAI_CUDA_BENCH=1 BONSAI_BENCH_OUT=$L BONSAI_BENCH_SHAPE="$BENCH_SHAPES" BONSAI_BENCH_TAGS="${BENCH_TAGS:-q16 v3 pdl,q16 v3occ2 pdl}" \
     timeout 200 "$1" --gtest_filter=CudaBench.ProbeAndTernaryKernels > "$L/bench_kernels_$2.log" 2>&1
