@@ -179,7 +179,7 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
                               // round 17: GEMM v3 two blocks per SM at M <= 32
                               {"q16 v3occ2 pdl", 3, true, 2, 3, 2, true, false, 1, 0, 1, 0, 1, 0, true, 1, 0, 0, 2},
                               {"q8 v3occ2 pdl", 3, true, 1, 3, 2, true, false, 1, 0, 1, 0, 1, 0, true, 1, 0, 0, 2},
-                              // round 19: GEMM v3 on row units
+                              // round 19: GEMM v3 on per-group units (the plain tags run row units, the default)
                               {"q16 v3g pdl", 3, true, 2, 3, 2, true, false, 1, 0, 1, 0, 1, 0, true, 1, 0, 0, 1, false}};
   const CudaBackend::Options base = be.options();
   for (const Shape& sh : shapes)

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Round 19 device run (GEMM v3: both digit planes in one wgmma). Binaries: DEVBIN=.devbin-me BUILD=build STAGE_GZ=1
+# Round 19 device run (row units for prefill; GEMM v3 A/B against an earlier build). Binaries: DEVBIN=.devbin-me BUILD=build STAGE_GZ=1
 # tests/cuda/stage_devbin.sh, plus an earlier build's bonsai / test_cuda copied in as bonsai_prev / test_cuda_prev
 # (gzipped); run `bash .devbin-me/device_round19.sh` with carry [".devbin-me"]. In order:
 #   the fixture gate per GATE_ENVS entry, test_cuda (TEST_FILTER), memcheck (SAN_FILTER), test_engine (ENGINE_FILTER),

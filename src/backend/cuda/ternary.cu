@@ -637,9 +637,10 @@ bool site_warp_supported(const SiteDesc& d) {
          (!d.signs || reinterpret_cast<uintptr_t>(d.signs) % 4 == 0);
 }
 
+// (site_warp_supported already excludes AddNorm, which the fused-norm and cluster forms that site_launch tries first
+// require.)
 bool site_row_units(const SiteDesc& d) {
-  return d.row_units && d.xq && site_warp_supported(d) && !site_norm_warp_supported(d) && !site_cluster_supported(d) &&
-         d.K / 1024 <= kSiteRowUnitsMaxChunks && d.rows <= 0x7fffffff;
+  return d.row_units && d.xq && site_warp_supported(d) && d.K / 1024 <= kSiteRowUnitsMaxChunks && d.rows <= 0x7fffffff;
 }
 
 // Round 11 A/B switch, read per warp-site launch (prefill only): BONSAI_CUDA_SITE_STAGE=0 turns the staging off.

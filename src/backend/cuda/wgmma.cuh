@@ -50,7 +50,7 @@ __device__ __forceinline__ void scale_group(const int (&ac)[L][R], float (&f)[R]
 #pragma unroll
   for (int j = 0; j < R / 4; ++j) {
     const float2 u = RU ? make_float2(1.f, 1.f) : *reinterpret_cast<const float2*>(unit + 8 * j + 2 * q);
-    const float sc[4] = {RU ? dw.x : dw.x * u.x, RU ? dw.x : dw.x * u.y, RU ? dw.y : dw.y * u.x, RU ? dw.y : dw.y * u.y};
+    const float sc[4] = {dw.x * u.x, dw.x * u.y, dw.y * u.x, dw.y * u.y};  // RU: x * 1 folds to x (exact)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       int c = ac[0][4 * j + i];
