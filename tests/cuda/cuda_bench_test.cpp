@@ -262,6 +262,23 @@ TEST(CudaBench, SyncCosts) {
   }
 }
 
+// Round 20: the int8 rate GEMM v3's consumer loop can reach with its operands resident (CudaBackend::probe_wgmma_tops):
+// the bare wgmma stream (A from registers, and from shared memory), then v3's loop and its pieces removed one at a time.
+TEST(CudaBench, WgmmaCeiling) {
+  if (!bench_enabled()) GTEST_SKIP() << "set BONSAI_CUDA_BENCH=1";
+  BONSAI_REQUIRE_GPU();
+  const char* names[cuda::kWgmmaProbeModes] = {"RS bare", "SS bare", "v3 loop", "v3 no turns", "v3 no scaling",
+                                               "v3 + proxy fence", "v3 pinned fragments"};
+  for (int m = 0; m < cuda::kWgmmaProbeModes; ++m) {
+    const double tops = cudatest::gpu().probe_wgmma_tops(m, 4096);
+    char line[200];
+    std::snprintf(line, sizeof line, "wgmma ceiling, 2 consumers x 8 m64n128k32 per group, 4096 groups: %-18s %.0f TOP/s",
+                  names[m], tops);
+    report("bench_wgmma.txt", line);
+    EXPECT_GT(tops, 0.0);
+  }
+}
+
 TEST(CudaBench, Model27b) {
   BONSAI_REQUIRE_GPU();
   if (!bench_enabled()) GTEST_SKIP() << "set BONSAI_CUDA_BENCH=1";

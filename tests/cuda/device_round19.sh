@@ -9,6 +9,8 @@
 #   PAB   `bench -p $PP -n 0 -r $PR` (PP default 512,2048, PR 2)
 #   BAB   `bench -p 0 -n 32 -r 2 --batch $BATCHES` (BATCHES default 16,32)
 #   AB    `bench -p 0 -n 128 -r 2 -d $DEPTHS` (DEPTHS default 0)
+#   WGMMA=1  (round 20) CudaBench.WgmmaCeiling of test_cuda: the int8 rate of GEMM v3's consumer loop, operands resident
+#   SASS=<regex> (round 20) cuobjdump -sass of test_cuda's kernels whose names match, into $OUT/sass.txt
 #   FINAL=1  the default binary's `bench -p 512,2048 -n 128 -r 2 -d 0,8192 --json` and the batches 4,8,16,32
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
 device_header "$OUT/gpu.csv"
@@ -25,6 +27,15 @@ fi
 if [ -n "${ENGINE_FILTER:-}" ]; then
   BONSAI_TINY_PACK=/tmp/tiny/tiny-pq2_0.gguf timeout 90 $B/test_engine --gtest_filter="$ENGINE_FILTER" > "$OUT/test_engine.log" 2>&1
   echo "test_engine rc=$?"; grep -E "^\[  FAILED|^\[  PASSED" "$OUT/test_engine.log" | head -5
+fi
+if [ "${WGMMA:-0}" = 1 ]; then
+  BONSAI_CUDA_BENCH=1 BONSAI_BENCH_OUT=$L timeout 120 $B/test_cuda --gtest_filter=CudaBench.WgmmaCeiling > "$L/wgmma.log" 2>&1
+  echo "wgmma ceiling rc=$?"; cat "$L/bench_wgmma.txt" 2>/dev/null | tee "$OUT/wgmma.txt"
+  stamp "wgmma ceiling"
+fi
+if [ -n "${SASS:-}" ]; then
+  cuobjdump -sass $B/test_cuda 2>/dev/null | awk -v re="$SASS" '/Function :/ {on = ($0 ~ re)} on' > "$OUT/sass.txt"
+  echo "sass lines: $(wc -l < "$OUT/sass.txt")"; gzip -9 "$OUT/sass.txt"
 fi
 kernel_table() {  # $1 binary, $2 label
   BONSAI_CUDA_BENCH=1 BONSAI_BENCH_OUT=$L BONSAI_BENCH_SHAPE="$BENCH_SHAPES" BONSAI_BENCH_TAGS="${BENCH_TAGS:-q16 v3 pdl,q16 v3occ2 pdl}" \

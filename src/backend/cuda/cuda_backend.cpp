@@ -1811,6 +1811,24 @@ CudaBackend::SyncCosts CudaBackend::probe_sync_us(int launches, int rounds) {
   return c;
 }
 
+double CudaBackend::probe_wgmma_tops(int mode, int groups) {
+  Impl& I = *p_;
+  I.sync();
+  static const bool attr = (cuda::init_wgmma_probe_attributes(), true);
+  (void)attr;
+  const int blocks = I.prop.multiProcessorCount;
+  auto* sink = static_cast<float*>(I.device_alloc(size_t(blocks) * 256 * 4, "the wgmma probe"));
+  const cuda::Launch l = cuda::wgmma_probe_launch(mode, sink, blocks, groups);
+  const bool pdl = I.opt.pdl;
+  I.opt.pdl = false;
+  const std::vector<float> ms = I.timed_runs_ms(1, 3, [&] { I.launch_now(l); });
+  I.opt.pdl = pdl;
+  cudaFree(sink);
+  // per block and group: 2 consumers x 8 wgmmas x 64 x 128 x 32 MACs x 2 ops
+  const double ops = double(blocks) * groups * 2.0 * 8 * 64 * 128 * 32 * 2;
+  return ops / (double(*std::min_element(ms.begin(), ms.end())) * 1e-3) / 1e12;
+}
+
 double CudaBackend::probe_read_gbs(uint64_t bytes, int reps) {
   Impl& I = *p_;
   I.sync();

@@ -337,6 +337,9 @@ class CudaBackend final : public Backend {
     double hop_us = 0, barrier_us = 0;
   };
   SyncCosts probe_sync_us(int launches, int rounds);
+  // The int8 rate (TOP/s, 2 ops per MAC) of GEMM v3's consumer loop in mode cuda::WgmmaProbeMode, with no producer and
+  // no memory traffic: the ceiling the loop itself sets (best of 3 runs, one block per SM).
+  double probe_wgmma_tops(int mode, int groups);
   // Median microseconds of ONE ternary product kernel (no quantisation kernel) for x [M, K] random,
   // rotating over `mats` (each prepared) so the working set exceeds L2. n_outs outputs per launch
   // take mats[i*n_outs .. i*n_outs + n_outs) for launch i. pdl_between: programmatic edges between the

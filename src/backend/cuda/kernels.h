@@ -404,6 +404,22 @@ Launch sync_probe_hop_launch(int32_t* count, int blocks, uint32_t smem);
 Launch sync_probe_barrier_launch(int32_t* count, int rounds, int blocks, uint32_t smem);
 void init_sync_probe_attributes();
 
+// The tensor-core ceiling of GEMM v3's consumer loop (wgmma_probe.cu, round 20): one block per SM, `groups`
+// 128-groups per consumer from one resident stage (no producer, no memory traffic). sink: float [blocks][256].
+enum WgmmaProbeMode {
+  kWgmmaProbeRS = 0,         // the bare wgmma stream, A from registers (8 x m64n128k32 per group)
+  kWgmmaProbeSS = 1,         // the same with A from shared memory
+  kWgmmaProbeV3 = 2,         // v3's consumer loop: decode4 of raw words, the turn-taking, the per-group scaling
+  kWgmmaProbeV3NoTurns = 3,  // v3's loop without the turn-taking
+  kWgmmaProbeV3NoScale = 4,  // v3's loop without the scaling
+  kWgmmaProbeV3Fence = 5,    // v3's loop with its per-group proxy fence (the full barrier's companion)
+  kWgmmaProbeV3Pinned = 6,   // v3's loop with the decoded fragments pinned before the turn (ptxas otherwise sinks the
+                             // decode of k-steps 1-3 between the wgmmas and injects warpgroup.arrive: C7519)
+  kWgmmaProbeModes = 7
+};
+Launch wgmma_probe_launch(int mode, float* sink, int blocks, int groups);
+void init_wgmma_probe_attributes();
+
 // One-time function attributes (dynamic shared memory limits). Idempotent.
 void init_kernel_attributes();
 
