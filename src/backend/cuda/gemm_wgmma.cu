@@ -160,7 +160,7 @@ __global__ __launch_bounds__(WGS * 128, MINB) void gemm2_kernel(const Gemm2Args 
 
   // f += d_w u_x (254 I0 + I1) for one half (R = NH / 2 registers).
   auto scale_half = [&](const int (&ac)[L][R], float (&fh)[R], const float* unit, float2 dw) {
-    scale_group<L, R, false>(ac, fh, unit, dw, q);
+    scale_group<L, R, 0>(ac, fh, unit, dw, q);
   };
 
 #ifdef BONSAI_WGMMA

@@ -230,10 +230,6 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
         af[ks][2] = decode4(wl[2 * ks + 1] >> (2 * q));
         af[ks][3] = decode4(wh[2 * ks + 1] >> (2 * q));
       }
-      // The fragments decoded before the turn: otherwise ptxas sinks k-steps 1-3's decode between the wgmmas, past the
-      // fence, and injects a warpgroup.arrive before each (C7519).
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) pin(af[ks]);
       if (c == 1 || kg > 0) named_sync(my_turn, 256);  // the other consumer has issued its previous group
 #pragma unroll
       for (int l = 0; l < L; ++l) pin(acc[l]);
@@ -299,14 +295,17 @@ Gemm3Pick gemm3_pick_l(int64_t M, int occ) {
     if (M <= 32) return occ == 2 ? gemm3_cfg<32, L, 7, CVT, 2>() : gemm3_cfg<32, L, 12, CVT>();
   return M <= 64 ? gemm3_cfg<64, L, 8, CVT, 1, RU>() : gemm3_cfg<128, L, 5, CVT, 1, RU>();
 }
-// Row units (ru) have I2FP instances of 64 and 128 tokens only: the row-unit site needs >= 64 rows
-// (site_row_units). Dropping ru is always exact: xds then holds the row's unit in every chunk, which the
+// Row units (ru) have instances of 64 and 128 tokens only: the row-unit site needs >= 64 rows (site_row_units). Dropping ru is always exact: xds then holds the row's unit in every chunk, which the
 // per-group scaling reads.
 Gemm3Pick gemm3_pick(int levels, int64_t M, int cvt, int occ, bool ru = false) {
   ru = ru && M > 32;
-  if (ru) return levels == 2 ? gemm3_pick_l<2, 1, true>(M, occ) : gemm3_pick_l<1, 1, true>(M, occ);
-  if (cvt) return levels == 2 ? gemm3_pick_l<2, 1>(M, occ) : gemm3_pick_l<1, 1>(M, occ);
-  return levels == 2 ? gemm3_pick_l<2, 0>(M, occ) : gemm3_pick_l<1, 0>(M, occ);
+  if (levels != 2) {  // q8: no IMAD per output; the split conversion is a q16 instance
+    if (ru) return gemm3_pick_l<1, 1, true>(M, occ);
+    return cvt ? gemm3_pick_l<1, 1>(M, occ) : gemm3_pick_l<1, 0>(M, occ);
+  }
+  if (ru) return cvt == 2 ? gemm3_pick_l<2, 2, true>(M, occ) : cvt == 0 ? gemm3_pick_l<2, 0, true>(M, occ)
+                                                                        : gemm3_pick_l<2, 1, true>(M, occ);
+  return cvt == 2 ? gemm3_pick_l<2, 2>(M, occ) : cvt == 0 ? gemm3_pick_l<2, 0>(M, occ) : gemm3_pick_l<2, 1>(M, occ);
 }
 // Blocks of the pick that run at once on one SM.
 int gemm3_blocks_per_sm(int64_t M, int occ) { return M <= 32 && occ == 2 ? 2 : 1; }
@@ -315,7 +314,7 @@ int gemm3_blocks_per_sm(int64_t M, int occ) { return M <= 32 && occ == 2 ? 2 : 1
 
 void init_gemm3_attributes() {
   for (int lv : {1, 2})
-    for (int cvt : {0, 1})
+    for (int cvt : {0, 1, 2})
     for (int occ : {1, 2})
     for (bool ru : {false, true})
     for (int64_t m : {32, 64, 128}) {

@@ -415,7 +415,9 @@ enum WgmmaProbeMode {
   kWgmmaProbeV3Fence = 5,    // v3's loop with its per-group proxy fence (the full barrier's companion)
   kWgmmaProbeV3Pinned = 6,   // v3's loop with the decoded fragments pinned before the turn (ptxas otherwise sinks the
                              // decode of k-steps 1-3 between the wgmmas and injects warpgroup.arrive: C7519)
-  kWgmmaProbeModes = 7
+  kWgmmaProbeV3Mant = 7,     // v3's loop with the int -> float by the mantissa add (CVT 0)
+  kWgmmaProbeV3Split = 8,    // v3's loop with half the conversions each way (CVT 2)
+  kWgmmaProbeModes = 9
 };
 Launch wgmma_probe_launch(int mode, float* sink, int blocks, int groups);
 void init_wgmma_probe_attributes();

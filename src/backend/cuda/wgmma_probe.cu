@@ -110,7 +110,7 @@ __global__ __launch_bounds__(384, 1) void wgmma_probe_kernel(const WgmmaProbeArg
 #pragma unroll
     for (int l = 0; l < 2; ++l) pin(acc[l]);
     if constexpr (kScale) {
-      scale_group<2, 64, 1, true>(acc, f, nullptr, dw, q);
+      scale_group<2, 64, MODE == kWgmmaProbeV3Mant ? 0 : MODE == kWgmmaProbeV3Split ? 2 : 1, true>(acc, f, nullptr, dw, q);
     } else if (kg + 1 == a.groups) {  // the accumulators once, so the stream is not dead code
 #pragma unroll
       for (int i = 0; i < 64; ++i) f[i] += float(acc[0][i] + acc[1][i]);
@@ -139,7 +139,9 @@ const void* probe_kernel(int mode) {
     case kWgmmaProbeV3NoTurns: return probe_fn<kWgmmaProbeV3NoTurns>();
     case kWgmmaProbeV3NoScale: return probe_fn<kWgmmaProbeV3NoScale>();
     case kWgmmaProbeV3Fence: return probe_fn<kWgmmaProbeV3Fence>();
-    default: return probe_fn<kWgmmaProbeV3Pinned>();
+    case kWgmmaProbeV3Pinned: return probe_fn<kWgmmaProbeV3Pinned>();
+    case kWgmmaProbeV3Mant: return probe_fn<kWgmmaProbeV3Mant>();
+    default: return probe_fn<kWgmmaProbeV3Split>();
   }
 }
 
