@@ -318,6 +318,54 @@ TEST(CudaOps, GemmV3TwoBlocksPerSmMatchesOneBlock) {
   }
 }
 
+// Round 20 (Options::gemm3_persist): persistent blocks run the folded grid's units (tiles, and a split tail's slices) in
+// the order one block per unit would, with the same arithmetic per tile: EQUAL to one block per unit, and <= 1e-5 of
+// the exact int8 product. Shapes of many units per block (up to ~30), unsplit and split tails, paired outputs, token
+// tiles 32 (one and two blocks per SM), 64 and 128, row units and per-group units, q16 and q8; every output written, two
+// runs EQUAL.
+TEST(CudaOps, GemmV3PersistentEqualsOneBlockPerTile) {
+  BONSAI_REQUIRE_GPU();
+  for (const int levels : {2, 1})
+  for (const bool ru : {true, false}) {
+    CudaBackend::Options on, off;
+    on.gemm = off.gemm = 3;
+    on.gemm3_persist = true;
+    off.gemm3_persist = false;
+    on.act_levels = off.act_levels = levels;
+    on.row_units = off.row_units = ru;
+    CudaBackend bon(on), boff(off);
+    uint32_t seed = 5100;
+    struct Case {
+      int64_t M, K, N0, N1;
+    } cases[] = {{1000, 2048, 5000, 300}, {256, 5120, 17408, 0}, {130, 4096, 9000, 77}, {64, 6144, 8000, 0},
+                 {32, 5120, 20000, 4000}, {20, 1024, 40000, 0}, {300, 1152, 2000, 129}};
+    for (const Case& c : cases) {
+      if (levels == 1 && c.M <= 4) continue;
+      TernaryMatrix& w0 = random_matrix(c.N0, c.K, seed++, 0.02);
+      TernaryMatrix& w1 = random_matrix(c.N1 > 0 ? c.N1 : 1, c.K, seed++, 0.02);
+      const int n = c.N1 > 0 ? 2 : 1;
+      const auto x = randn(size_t(c.M * c.K), seed++);
+      const std::string what = "levels " + std::to_string(levels) + " ru " + std::to_string(ru) + " M " +
+                               std::to_string(c.M) + " K " + std::to_string(c.K) + " N " + std::to_string(c.N0) + "+" +
+                               std::to_string(c.N1);
+      const auto a = paired_linear(bon, w0, w1, n, x, c.M, what), b = paired_linear(bon, w0, w1, n, x, c.M, what);
+      const auto u = paired_linear(boff, w0, w1, n, x, c.M, what);
+      EXPECT_TRUE(a.first == b.first && (n == 1 || a.second == b.second)) << "run to run, " << what;
+      EXPECT_TRUE(a.first == u.first && (n == 1 || a.second == u.second)) << "vs one block per unit, " << what;
+      // The reference on the first 24 tokens (each row is quantised on its own; the host product of every token
+      // would take minutes): the first 24 x N outputs.
+      const bool rq = bon.row_quantised(c.M, c.K);
+      const int64_t mr = std::min<int64_t>(c.M, 24);
+      const std::vector<float> xr(x.begin(), x.begin() + mr * c.K);
+      auto head = [&](const std::vector<float>& y, int64_t N) { return std::vector<float>(y.begin(), y.begin() + mr * N); };
+      const double r0 = rel_err(head(a.first, c.N0), quantised_reference(w0, xr, mr, levels, rq));
+      EXPECT_LE(r0, 1e-5) << what;
+      if (n == 2) EXPECT_LE(rel_err(head(a.second, c.N1), quantised_reference(w1, xr, mr, levels, rq)), 1e-5) << what;
+      std::printf("[gemm3 persistent] %s: vs quantised %.2e\n", what.c_str(), r0);
+    }
+  }
+}
+
 // Round 19 (Options::row_units): at prefill rows the warp site quantises each row with ONE unit and GEMM v3 scales a
 // group by d_w alone and each output by its token's unit once. Against the exact int8 product of the row-quantised
 // digits (quantised_reference with row units) <= 1e-5 for token tiles 64 and 128, ragged M and N, paired outputs, K
