@@ -183,30 +183,31 @@ std::pair<std::vector<float>, std::vector<float>> paired_linear(CudaBackend& be,
 }
 
 // GEMM v3's int -> float conversions of the per-group scaling (Options::gemm3_cvt: 0 = the 1.5 x 2^23 mantissa add,
-// 1 = I2FP, 2 = half each; round 20) are all exact, so the outputs are EQUAL, at each token tile (32 / 64 / 128), with
+// 1 = I2FP) are both exact, so the outputs are EQUAL, at each token tile (32 / 64 / 128), with
 // ragged M and N, paired outputs and split-K (K = 8192 with few rows), q16 and q8, with row units and per-group units.
 TEST(CudaOps, GemmV3ConversionsAgree) {
   BONSAI_REQUIRE_GPU();
   for (const bool ru : {true, false})
   for (const int levels : {1, 2}) {
-    CudaBackend::Options o[3];
-    for (int c = 0; c < 3; ++c) {
+    CudaBackend::Options o[2];
+    for (int c = 0; c < 2; ++c) {
       o[c].gemm = 3;
       o[c].gemm3_cvt = c;
       o[c].act_levels = levels;
       o[c].row_units = ru;
     }
-    CudaBackend b0(o[0]), b1(o[1]), b2(o[2]);
-    CudaBackend* bes[3] = {&b0, &b1, &b2};
+    CudaBackend b0(o[0]), b1(o[1]);
+    CudaBackend* bes[2] = {&b0, &b1};
     uint32_t seed = 900;
     for (const auto& [M, K, N0, N1] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{29, 1152, 257, 75},
-                                       {61, 640, 130, 3}, {200, 1152, 300, 129}, {40, 8192, 200, 40}, {130, 5120, 400, 0}, {64, 2048, 300, 129}}) {
+                                       {61, 640, 130, 3}, {200, 1152, 300, 129}, {40, 8192, 200, 40},
+                                       {130, 5120, 400, 0}, {64, 2048, 300, 129}}) {
       TernaryMatrix& w0 = random_matrix(N0, K, seed++, 0.02);
       TernaryMatrix& w1 = random_matrix(N1 > 0 ? N1 : 1, K, seed++, 0.02);
       const int n = N1 > 0 ? 2 : 1;
       const auto x = randn(size_t(M * K), seed++);
-      std::vector<float> y[3];
-      for (int c = 0; c < 3; ++c) {
+      std::vector<float> y[2];
+      for (int c = 0; c < 2; ++c) {
         const std::string what = "cvt " + std::to_string(c) + " ru " + std::to_string(ru) + " levels " +
                                  std::to_string(levels) + " M " + std::to_string(M) + " K " + std::to_string(K);
         auto [v0, v1] = paired_linear(*bes[c], w0, w1, n, x, M, what);
@@ -216,7 +217,6 @@ TEST(CudaOps, GemmV3ConversionsAgree) {
       const std::string what = "ru " + std::to_string(ru) + " levels " + std::to_string(levels) + " M " +
                                std::to_string(M) + " K " + std::to_string(K);
       EXPECT_EQ(y[0], y[1]) << what;
-      EXPECT_EQ(y[2], y[1]) << what;
     }
   }
 }

@@ -9,6 +9,7 @@
 #   PAB   `bench -p $PP -n 0 -r $PR` (PP default 512,2048, PR 2)
 #   BAB   `bench -p 0 -n 32 -r 2 --batch $BATCHES` (BATCHES default 16,32)
 #   AB    `bench -p 0 -n 128 -r 2 -d $DEPTHS` (DEPTHS default 0)
+#   KT_ENVS="name:ENV=V,ENV=V ..." (round 20) the kernel table of test_cuda once more per entry, under its environment
 #   WGMMA=1  (round 20) CudaBench.WgmmaCeiling of test_cuda: the int8 rate of GEMM v3's consumer loop, operands resident
 #   SASS=<regex> (round 20) cuobjdump -sass of test_cuda's kernels whose names match, into $OUT/sass.txt
 #   FINAL=1  the default binary's `bench -p 512,2048 -n 128 -r 2 -d 0,8192 --json` and the batches 4,8,16,32
@@ -45,6 +46,7 @@ kernel_table() {  # $1 binary, $2 label
 }
 if [ -n "${BENCH_SHAPES:-}" ]; then
   for i in $(seq ${KT_REPS:-1}); do kernel_table $B/test_cuda new$i; [ -x $B/test_cuda_prev ] && kernel_table $B/test_cuda_prev prev$i; done
+  for cfg in ${KT_ENVS:-}; do e=${cfg#*:}; env ${e//,/ } bash -c "$(declare -f kernel_table); B=$B L=$L OUT=$OUT BENCH_SHAPES='$BENCH_SHAPES' BENCH_TAGS='${BENCH_TAGS:-}' kernel_table $B/test_cuda ${cfg%%:*}"; done
   stamp "kernel tables"
 fi
 wait $MP

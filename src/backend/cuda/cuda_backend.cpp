@@ -415,7 +415,7 @@ struct CudaBackend::Impl {
       const cuda::Gemm3Fold f = cuda::gemm3_fold_plan(t, n, K, M, lv, sms, occ);
       const bool split = f.kt > 1 && f.tiles - f.nfull <= kFoldHead;
       // Round 20: persistent blocks (Options::gemm3_persist) take the 1-D grid even without a split.
-      if (split || (opt.gemm3_persist && f.kt == 1)) {
+      if (split || (opt.gemm3_persist && f.kt == 1 && cuda::gemm3_persistent(lv, M, opt.gemm3_cvt))) {
         float* buf = split ? fold_buffer(f) : nullptr;
         return out.push_back(cuda::gemm3_fold_launch(t, n, K, xq, xds, M, lv, f, split ? buf + kFoldHead : nullptr,
                                                      split ? reinterpret_cast<int32_t*>(buf) : nullptr, opt.gemm3_cvt,

@@ -23,7 +23,10 @@ Gemm3Fold gemm3_fold_plan(const TernaryDev* outs, int n_outs, int64_t K, int64_t
 // The same rule for a grid of B tiles of tile_floats partial floats each over G 128-groups (GEMM v4's plan uses it too).
 Gemm3Fold fold_plan(int64_t B, int sms, int64_t G, int64_t tile_floats);
 // part: float [(tiles - nfull) kt tile_floats]; cnt: int32 [tiles - nfull], zero (both unused when kt == 1).
-// persist_sms > 0 (round 20, Options::gemm3_persist): persistent blocks, as many as that many SMs hold at once, each
+// Whether a persistent instance exists (q16, I2FP, 64 and 128 tokens: prefill).
+bool gemm3_persistent(int levels, int64_t M, int cvt);
+// persist_sms > 0 (round 20, Options::gemm3_persist) and gemm3_persistent: persistent blocks, as many as that many SMs
+// hold at once, each
 // running the units (tiles and slices) blockIdx.x, + gridDim.x, ... with its ring and turns running on across them: a
 // tile's epilogue overlaps the next one's first stages, and no block pays the ring's ramp twice.
 Launch gemm3_fold_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,

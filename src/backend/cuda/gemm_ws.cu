@@ -23,6 +23,8 @@
 //   - round 17, batched decode (9..32 tokens, grids of more blocks than SMs; Options::gemm3_occ): an instance of TWO
 //     blocks per SM, each 7 stages (2 x 102 KB) with 40-register producers and 96-register consumers, so the four
 //     consumer warpgroups of an SM overlap their per-group waits and scaling (gate+up M32 56.4 -> 44.6 us).
+#include <cstdlib>
+
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/gemm3_fold.h"
 #include "backend/cuda/gemm_fold.cuh"
@@ -64,7 +66,9 @@ struct Gemm3Args {
   int32_t* cnt;
   int64_t nfull, rb;
   int64_t units;  // the folded grid's tiles and slices (kt > 0); a launch of fewer blocks runs them persistently
-  int32_t kt, pad;
+  int32_t kt;
+  int32_t diag;  // timing only (BONSAI_CUDA_GEMM3_DIAG, wrong results): bit 0 skips the activation copies, bit 1 the
+                 // weight copies of every group from the block's S-th on (the stages keep stale bytes)
 };
 
 // MINB blocks per SM (round 17): 2 halves every thread's registers (the launch bound's 80; producer 40, consumers 96:
@@ -72,7 +76,10 @@ struct Gemm3Args {
 // RU (round 19): the site quantised every row with ONE unit (site_row_units), so a group is scaled by d_w alone
 // (f += d_w (254 I0 + I1): no FMUL d_w u_x per output and group, no unit copies or loads) and each output by its
 // token's unit once, before the fold's sum and the store.
-template <int TOK, int L, int S, int CVT, int MINB = 1, bool RU = false>
+// PERSIST (round 20): the block runs the folded grid's units blockIdx.x, + gridDim.x, ... (Gemm3Args::units); without it
+// one unit, and the code is round 19's (a single trip of the unit loop: measured, the loop's bookkeeping made the
+// one-unit instances 1-4 % slower).
+template <int TOK, int L, int S, int CVT, int MINB = 1, bool RU = false, bool PERSIST = false>
 __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args fa) {
   static_assert(MINB == 1 || (MINB == 2 && TOK == 32), "two blocks per SM only fit TOK = 32's accumulators");
   const Gemm2Args& a = fa.g;
@@ -91,9 +98,9 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
   const int64_t K = a.K, M = a.M, KW = K / 16, G = K / 128, C = K / 64;
   const int tid = threadIdx.x;
   // The block's units (round 20, Gemm3Args::units): the folded grid's tiles / slices u = blockIdx.x, + gridDim.x, ...
-  // (a persistent block runs several, its ring and turn-taking running on across them); the 3-D grid: one.
-  const int64_t u_first = fa.kt > 0 ? blockIdx.x : 0, u_step = fa.kt > 0 ? gridDim.x : 1;
-  const int64_t u_end = fa.kt > 0 ? fa.units : 1;
+  // (a persistent block runs several, its ring and turn-taking running on across them); otherwise one.
+  const int64_t u_first = fa.kt > 0 ? blockIdx.x : 0, u_step = PERSIST ? gridDim.x : 1;
+  const int64_t u_end = PERSIST ? fa.units : u_first + 1;
   // Unit u's tile: output o, its first row row0, first token tok0, its K slice's groups [k0, k0 + NG).
   struct Unit {
     FoldTile ft;
@@ -188,9 +195,9 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
       for (int64_t kg = 0; kg < NG; ++kg, ++n) {
         if (!first || kg >= S) {
           if (n >= S) mbar_wait(empty(s), ph ^ 1u);  // the consumers are done with the block's group n - S
-          issue_w(kg, s);
+          if (!(fa.diag & 2) || n < S) issue_w(kg, s);
         }
-        issue_x(kg, s);
+        if (!(fa.diag & 1) || n < S) issue_x(kg, s);
         cp_async_arrive(full(s));
         if (++s == S) s = 0, ph ^= 1u;
       }
@@ -317,9 +324,9 @@ struct Gemm3Pick {
   int tok;
 };
 // Stages: as deep as ~200 KB of shared memory allows (the weight stream of small M needs bytes in flight).
-template <int TOK, int L, int S, int CVT, int MINB = 1, bool RU = false>
+template <int TOK, int L, int S, int CVT, int MINB = 1, bool RU = false, bool PERSIST = false>
 Gemm3Pick gemm3_cfg() {
-  return {reinterpret_cast<const void*>(&gemm3_kernel<TOK, L, S, CVT, MINB, RU>), uint32_t(1024 + WsLayout<TOK, L, S>::bytes),
+  return {reinterpret_cast<const void*>(&gemm3_kernel<TOK, L, S, CVT, MINB, RU, PERSIST>), uint32_t(1024 + WsLayout<TOK, L, S>::bytes),
           TOK};
 }
 
@@ -330,30 +337,46 @@ Gemm3Pick gemm3_pick_l(int64_t M, int occ) {
     if (M <= 32) return occ == 2 ? gemm3_cfg<32, L, 7, CVT, 2>() : gemm3_cfg<32, L, 12, CVT>();
   return M <= 64 ? gemm3_cfg<64, L, 8, CVT, 1, RU>() : gemm3_cfg<128, L, 5, CVT, 1, RU>();
 }
-// Row units (ru) have instances of 64 and 128 tokens only: the row-unit site needs >= 64 rows (site_row_units). Dropping ru is always exact: xds then holds the row's unit in every chunk, which the
-// per-group scaling reads.
-Gemm3Pick gemm3_pick(int levels, int64_t M, int cvt, int occ, bool ru = false) {
+// Row units (ru) have instances of 64 and 128 tokens only: the row-unit site needs >= 64 rows (site_row_units).
+// Dropping ru is always exact: xds then holds the row's unit in every chunk, which the per-group scaling reads.
+// persist: the PERSIST instances (q16, I2FP, 64 and 128 tokens; gemm3_persistent).
+Gemm3Pick gemm3_pick(int levels, int64_t M, int cvt, int occ, bool ru = false, bool persist = false) {
   ru = ru && M > 32;
-  if (levels != 2) {  // q8: no IMAD per output; the split conversion is a q16 instance
+  if (persist && gemm3_persistent(levels, M, cvt)) {
+    if (ru) return M <= 64 ? gemm3_cfg<64, 2, 8, 1, 1, true, true>() : gemm3_cfg<128, 2, 5, 1, 1, true, true>();
+    return M <= 64 ? gemm3_cfg<64, 2, 8, 1, 1, false, true>() : gemm3_cfg<128, 2, 5, 1, 1, false, true>();
+  }
+  if (levels != 2) {  // q8: no IMAD per output
     if (ru) return gemm3_pick_l<1, 1, true>(M, occ);
     return cvt ? gemm3_pick_l<1, 1>(M, occ) : gemm3_pick_l<1, 0>(M, occ);
   }
-  if (ru) return cvt == 2 ? gemm3_pick_l<2, 2, true>(M, occ) : cvt == 0 ? gemm3_pick_l<2, 0, true>(M, occ)
-                                                                        : gemm3_pick_l<2, 1, true>(M, occ);
-  return cvt == 2 ? gemm3_pick_l<2, 2>(M, occ) : cvt == 0 ? gemm3_pick_l<2, 0>(M, occ) : gemm3_pick_l<2, 1>(M, occ);
+  if (ru) return cvt ? gemm3_pick_l<2, 1, true>(M, occ) : gemm3_pick_l<2, 0, true>(M, occ);
+  return cvt ? gemm3_pick_l<2, 1>(M, occ) : gemm3_pick_l<2, 0>(M, occ);
 }
 // Blocks of the pick that run at once on one SM.
 int gemm3_blocks_per_sm(int64_t M, int occ) { return M <= 32 && occ == 2 ? 2 : 1; }
 
 }  // namespace
 
+// BONSAI_CUDA_GEMM3_DIAG (Gemm3Args::diag): read once.
+static int gemm3_diag() {
+  static const int d = [] {
+    const char* e = std::getenv("BONSAI_CUDA_GEMM3_DIAG");
+    return e && *e ? std::atoi(e) : 0;
+  }();
+  return d;
+}
+
+bool gemm3_persistent(int levels, int64_t M, int cvt) { return levels == 2 && cvt == 1 && M > 32; }
+
 void init_gemm3_attributes() {
   for (int lv : {1, 2})
-    for (int cvt : {0, 1, 2})
+    for (int cvt : {0, 1})
     for (int occ : {1, 2})
     for (bool ru : {false, true})
+    for (bool persist : {false, true})
     for (int64_t m : {32, 64, 128}) {
-      const Gemm3Pick p = gemm3_pick(lv, m, cvt, occ, ru);
+      const Gemm3Pick p = gemm3_pick(lv, m, cvt, occ, ru, persist);
       cudaFuncSetAttribute(p.func, cudaFuncAttributeMaxDynamicSharedMemorySize, int(p.smem));
     }
 }
@@ -368,6 +391,7 @@ Launch gemm3_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t*
   const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, cvt, occ, row_units);
   Gemm3Args a{};
   a.g = gemm_args(outs, n_outs, K, xq, xds, M, ks, part_stride, /*swizzle=*/true, kWsRows);
+  a.diag = gemm3_diag();
   const dim3 grid{unsigned(gemm_row_blocks(outs, n_outs, kWsRows)), unsigned((M + p.tok - 1) / p.tok), unsigned(ks)};
   return make_launch(p.func, grid, dim3(kWsThreads), p.smem, a);
 }
@@ -399,9 +423,11 @@ Gemm3Fold fold_plan(int64_t B, int sms, int64_t G, int64_t tile_floats) {
 Launch gemm3_fold_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                          int levels, const Gemm3Fold& f, float* part, int32_t* cnt, int cvt, int occ,
                          bool row_units, int persist_sms) {
-  const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, cvt, occ, row_units);
+  const bool persist = persist_sms > 0 && gemm3_persistent(levels == 2 ? 2 : 1, M, cvt);
+  const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, cvt, occ, row_units, persist);
   Gemm3Args a{};
   a.g = gemm_args(outs, n_outs, K, xq, xds, M, f.kt, 0, /*swizzle=*/true, kWsRows);
+  a.diag = gemm3_diag();
   a.part = part;
   a.cnt = cnt;
   a.nfull = f.nfull;
@@ -409,7 +435,7 @@ Launch gemm3_fold_launch(const TernaryDev* outs, int n_outs, int64_t K, const in
   a.kt = f.kt;
   a.units = f.nfull + (f.tiles - f.nfull) * f.kt;
   const int64_t slots = int64_t(persist_sms) * gemm3_blocks_per_sm(M, occ);
-  const dim3 grid{unsigned(persist_sms > 0 ? std::min(a.units, slots) : a.units)};
+  const dim3 grid{unsigned(persist ? std::min(a.units, slots) : a.units)};
   return make_launch(p.func, grid, dim3(kWsThreads), p.smem, a);
 }
 

@@ -44,9 +44,8 @@ __device__ __forceinline__ float i2f22(int c) { return __int_as_float(c + 0x4B40
 // One group's scaling of a wgmma accumulator fragment (R registers: token pairs 8 j + 2 q, + 1 of rows g and
 // g + 8): f += d_w u_x (254 I0 + I1) (q16; d_w u_x I0 for q8), with dw = the two rows' d, unit = the group's
 // token units. CVT, the int -> float (the same value every way): 1 = I2FP.F32.S32, 0 = i2f22 (IADD + FADD), 2 = half
-// of the outputs each way. Why 2 (round 20): I2FP issues at a quarter of the FP32 rate, so at 128 tokens one consumer's
-// 8,192 conversions per group take longer than the other consumer's wgmmas; i2f22 moves them to the integer and FP32
-// pipes, which the IMAD and FFMA already load; the split spreads them over all three.
+// of the outputs each way (wgmma_probe.cu's kWgmmaProbeV3Split only: round 20 measured it, and 0, slower than 1 in
+// v3's loop, 1,252 / 1,243 vs 1,400 TOP/s: the scaling is bound by its instruction count, not by I2FP's pipe).
 // RU: the units are per token (applied once after the last group): f += d_w (254 I0 + I1), unit unread.
 template <int L, int R, int CVT, bool RU = false>
 __device__ __forceinline__ void scale_group(const int (&ac)[L][R], float (&f)[R], const float* unit, float2 dw, int q) {
