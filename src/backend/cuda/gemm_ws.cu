@@ -251,23 +251,8 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
         // it (loaded a group ahead, before it, they cost a global-load latency per group and 2 registers).
         fence_async_smem();
         const float2 dw = dw_of(kg);  // its latency runs under the group's wgmmas
-        // A fragments of the group: word j of a row holds element 16 j + 4 b + i at bits 8 b + 2 i, the
-        // transposed activation holds it at position 16 j + 4 i + b, so decode4(w >> 2 q) of words 2 ks and
-        // 2 ks + 1 are k bytes 4q.. and 16+4q.. of k-step ks.
-        const uint32_t* rw = &raw[(s * kWsRows + wrow) * kWsRawStride];
-        const uint4 lo0 = *reinterpret_cast<const uint4*>(rw), lo1 = *reinterpret_cast<const uint4*>(rw + 4);
-        const uint4 hi0 = *reinterpret_cast<const uint4*>(rw + 8 * kWsRawStride),
-                    hi1 = *reinterpret_cast<const uint4*>(rw + 8 * kWsRawStride + 4);
-        const uint32_t wl[8] = {lo0.x, lo0.y, lo0.z, lo0.w, lo1.x, lo1.y, lo1.z, lo1.w};
-        const uint32_t wh[8] = {hi0.x, hi0.y, hi0.z, hi0.w, hi1.x, hi1.y, hi1.z, hi1.w};
-        uint32_t af[4][4];
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-          af[ks][0] = decode4(wl[2 * ks] >> (2 * q));
-          af[ks][1] = decode4(wh[2 * ks] >> (2 * q));
-          af[ks][2] = decode4(wl[2 * ks + 1] >> (2 * q));
-          af[ks][3] = decode4(wh[2 * ks + 1] >> (2 * q));
-        }
+        uint32_t af[4][4];  // the group's A fragments
+        v3_fragments(&raw[(s * kWsRows + wrow) * kWsRawStride], kWsRawStride, q, af);
         // The turns run over the block's groups n of all its units: consumer 0 issues n after consumer 1 has issued
         // n - 1, consumer 1 issues n after consumer 0 has (and skips its arrival after the block's last group).
         if (c == 1 || n > 0) named_sync(my_turn, 256);

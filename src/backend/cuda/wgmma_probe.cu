@@ -73,20 +73,7 @@ __global__ __launch_bounds__(384, 1) void wgmma_probe_kernel(const WgmmaProbeArg
                  kScale = MODE != kWgmmaProbeV3NoScale && MODE >= kWgmmaProbeV3;
   for (int kg = 0; kg < a.groups; ++kg) {
     if constexpr (MODE == kWgmmaProbeV3Fence) fence_async_smem();
-    if constexpr (kDecode) {  // v3's A fragments: decode4 of the raw words
-      const uint32_t* rw = &raw[wrow * 12];
-      const uint4 lo0 = *reinterpret_cast<const uint4*>(rw), lo1 = *reinterpret_cast<const uint4*>(rw + 4);
-      const uint4 hi0 = *reinterpret_cast<const uint4*>(rw + 96), hi1 = *reinterpret_cast<const uint4*>(rw + 100);
-      const uint32_t wl[8] = {lo0.x, lo0.y, lo0.z, lo0.w, lo1.x, lo1.y, lo1.z, lo1.w};
-      const uint32_t wh[8] = {hi0.x, hi0.y, hi0.z, hi0.w, hi1.x, hi1.y, hi1.z, hi1.w};
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        af[ks][0] = decode4(wl[2 * ks] >> (2 * q));
-        af[ks][1] = decode4(wh[2 * ks] >> (2 * q));
-        af[ks][2] = decode4(wl[2 * ks + 1] >> (2 * q));
-        af[ks][3] = decode4(wh[2 * ks + 1] >> (2 * q));
-      }
-    }
+    if constexpr (kDecode) v3_fragments(&raw[wrow * 12], 12, q, af);  // v3's A fragments from the raw words
     if constexpr (MODE == kWgmmaProbeV3Pinned)
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) pin(af[ks]);
