@@ -270,7 +270,7 @@ TEST(CudaBench, WgmmaCeiling) {
   BONSAI_REQUIRE_GPU();
   const char* names[cuda::kWgmmaProbeModes] = {"RS bare", "SS bare", "v3 loop", "v3 no turns", "v3 no scaling",
                                                "v3 + proxy fence", "v3 pinned fragments", "v3 mantissa cvt",
-                                               "v3 split cvt"};
+                                               "v3 split cvt", "v3 + thread arrivals", "v3 + warp arrivals"};
   for (int m = 0; m < cuda::kWgmmaProbeModes; ++m) {
     const double tops = cudatest::gpu().probe_wgmma_tops(m, 4096);
     char line[200];

@@ -122,7 +122,7 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
       mbar_init(full(s), 128);  // one cp.async arrival per producer thread
-      mbar_init(empty(s), 256);  // every consumer thread, once its wgmmas and scaling are done with the stage
+      mbar_init(empty(s), 8);  // every consumer warp, once its wgmmas and scaling are done with the stage
     }
   }
   __syncthreads();
@@ -273,7 +273,11 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
 #pragma unroll
         for (int l = 0; l < L; ++l) pin(acc[l]);
         scale_group<L, R, CVT, RU>(acc, f, units + s * TOK, dw, q);  // f += d_w u_x (254 I0 + I1); RU: d_w (..)
-        mbar_arrive(empty(s));  // this thread's reads of stage s (raw words, units; its wgmmas) are done
+        // The warp's reads of stage s (raw words, units; its wgmmas, retired by the wait) are done: one arrival per
+        // warp (round 20: 256 per stage and group were ~2 cycles of the SM's barrier unit each, next to ~1,000 of tensor
+        // work per group pair).
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty(s));
         if (++s == S) s = 0, ph ^= 1u;
       }
 #else

@@ -417,7 +417,9 @@ enum WgmmaProbeMode {
                              // decode of k-steps 1-3 between the wgmmas and injects warpgroup.arrive: C7519)
   kWgmmaProbeV3Mant = 7,     // v3's loop with the int -> float by the mantissa add (CVT 0)
   kWgmmaProbeV3Split = 8,    // v3's loop with half the conversions each way (CVT 2)
-  kWgmmaProbeModes = 9
+  kWgmmaProbeV3Arrive = 9,   // v3's loop with every consumer thread arriving on a shared-memory mbarrier per group
+  kWgmmaProbeV3WarpArrive = 10,  // the same with one arrival per warp
+  kWgmmaProbeModes = 11
 };
 Launch wgmma_probe_launch(int mode, float* sink, int blocks, int groups);
 void init_wgmma_probe_attributes();

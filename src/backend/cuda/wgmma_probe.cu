@@ -69,6 +69,11 @@ __global__ __launch_bounds__(384, 1) void wgmma_probe_kernel(const WgmmaProbeArg
   for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
     for (int i = 0; i < 4; ++i) af[ks][i] = 0x01000101u << (ks + i);
+  // An mbarrier nobody waits on, its phase completed by every group's arrivals (the arrive modes).
+  __shared__ __align__(8) uint64_t arrive_bar;
+  constexpr bool kArrive = MODE == kWgmmaProbeV3Arrive || MODE == kWgmmaProbeV3WarpArrive;
+  if (kArrive && tid == 128) mbar_init(&arrive_bar, MODE == kWgmmaProbeV3Arrive ? 256 : 8);
+  named_sync(3, 256);
   constexpr bool kDecode = MODE >= kWgmmaProbeV3, kTurns = MODE == kWgmmaProbeV3 || MODE >= kWgmmaProbeV3Fence,
                  kScale = MODE != kWgmmaProbeV3NoScale && MODE >= kWgmmaProbeV3;
   for (int kg = 0; kg < a.groups; ++kg) {
@@ -102,6 +107,11 @@ __global__ __launch_bounds__(384, 1) void wgmma_probe_kernel(const WgmmaProbeArg
 #pragma unroll
       for (int i = 0; i < 64; ++i) f[i] += float(acc[0][i] + acc[1][i]);
     }
+    if constexpr (MODE == kWgmmaProbeV3Arrive) mbar_arrive(&arrive_bar);
+    if constexpr (MODE == kWgmmaProbeV3WarpArrive) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&arrive_bar);
+    }
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) pin(af[ks]);
   }
@@ -128,7 +138,9 @@ const void* probe_kernel(int mode) {
     case kWgmmaProbeV3Fence: return probe_fn<kWgmmaProbeV3Fence>();
     case kWgmmaProbeV3Pinned: return probe_fn<kWgmmaProbeV3Pinned>();
     case kWgmmaProbeV3Mant: return probe_fn<kWgmmaProbeV3Mant>();
-    default: return probe_fn<kWgmmaProbeV3Split>();
+    case kWgmmaProbeV3Split: return probe_fn<kWgmmaProbeV3Split>();
+    case kWgmmaProbeV3Arrive: return probe_fn<kWgmmaProbeV3Arrive>();
+    default: return probe_fn<kWgmmaProbeV3WarpArrive>();
   }
 }
 
