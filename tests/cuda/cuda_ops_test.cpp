@@ -164,6 +164,41 @@ TEST(CudaOps, SiteFusedIntoMatvecMatchesTheSiteKernel) {
   }
 }
 
+// GEMM v3's two int -> float conversions of the per-group scaling (Options::gemm3_cvt: the 1.5 x 2^23
+// mantissa add or I2FP) are both exact, so the outputs are EQUAL, at each token tile (32 / 64 / 128), with
+// ragged M and N, paired outputs and split-K (K = 8192 with few rows), q16 and q8.
+TEST(CudaOps, GemmV3ConversionsAgree) {
+  BONSAI_REQUIRE_GPU();
+  for (const int levels : {1, 2}) {
+    CudaBackend::Options o0, o1;
+    o0.gemm = o1.gemm = 3;
+    o0.gemm3_cvt = 0;
+    o1.gemm3_cvt = 1;
+    o0.act_levels = o1.act_levels = levels;
+    CudaBackend b0(o0), b1(o1);
+    uint32_t seed = 900;
+    for (const auto& [M, K, N0, N1] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{29, 1152, 257, 75},
+                                       {61, 640, 130, 3}, {200, 1152, 300, 129}, {40, 8192, 200, 40}}) {
+      TernaryMatrix& w0 = random_matrix(N0, K, seed++, 0.02);
+      TernaryMatrix& w1 = random_matrix(N1, K, seed++, 0.02);
+      const auto x = randn(size_t(M * K), seed++);
+      std::vector<float> y[2];
+      for (CudaBackend* be : {&b0, &b1}) {
+        be->prepare_matrix(w0);
+        be->prepare_matrix(w1);
+        Buffer dx = up(*be, x), y0 = poisoned(*be, size_t(M * N0)), y1 = poisoned(*be, size_t(M * N1));
+        const LinearOut outs[2] = {{&w0, y0.data()}, {&w1, y1.data()}};
+        be->linear(outs, 2, K, dx.data(), M);
+        auto v0 = down(*be, y0), v1 = down(*be, y1);
+        v0.insert(v0.end(), v1.begin(), v1.end());
+        for (float v : v0) ASSERT_TRUE(std::isfinite(v)) << "M " << M << " K " << K;  // poison: every output written
+        y[be == &b1] = v0;
+      }
+      EXPECT_EQ(y[0], y[1]) << "levels " << levels << " M " << M << " K " << K;
+    }
+  }
+}
+
 // One product of n (1 or 2) outputs sharing x [M, K] on be, outputs poisoned first: {y0, y1} (y1 still poisoned when
 // n = 1), expecting every element of the n outputs written.
 std::pair<std::vector<float>, std::vector<float>> paired_linear(CudaBackend& be, TernaryMatrix& w0, TernaryMatrix& w1,
@@ -180,45 +215,6 @@ std::pair<std::vector<float>, std::vector<float>> paired_linear(CudaBackend& be,
     unwritten += std::count_if(v[i].begin(), v[i].end(), [](float e) { return !std::isfinite(e); });
   EXPECT_EQ(unwritten, 0) << what;
   return {v[0], v[1]};
-}
-
-// GEMM v3's int -> float conversions of the per-group scaling (Options::gemm3_cvt: 0 = the 1.5 x 2^23 mantissa add,
-// 1 = I2FP) are both exact, so the outputs are EQUAL, at each token tile (32 / 64 / 128), with
-// ragged M and N, paired outputs and split-K (K = 8192 with few rows), q16 and q8, with row units and per-group units.
-TEST(CudaOps, GemmV3ConversionsAgree) {
-  BONSAI_REQUIRE_GPU();
-  for (const bool ru : {true, false})
-  for (const int levels : {1, 2}) {
-    CudaBackend::Options o[2];
-    for (int c = 0; c < 2; ++c) {
-      o[c].gemm = 3;
-      o[c].gemm3_cvt = c;
-      o[c].act_levels = levels;
-      o[c].row_units = ru;
-    }
-    CudaBackend b0(o[0]), b1(o[1]);
-    CudaBackend* bes[2] = {&b0, &b1};
-    uint32_t seed = 900;
-    for (const auto& [M, K, N0, N1] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{29, 1152, 257, 75},
-                                       {61, 640, 130, 3}, {200, 1152, 300, 129}, {40, 8192, 200, 40},
-                                       {130, 5120, 400, 0}, {64, 2048, 300, 129}}) {
-      TernaryMatrix& w0 = random_matrix(N0, K, seed++, 0.02);
-      TernaryMatrix& w1 = random_matrix(N1 > 0 ? N1 : 1, K, seed++, 0.02);
-      const int n = N1 > 0 ? 2 : 1;
-      const auto x = randn(size_t(M * K), seed++);
-      std::vector<float> y[2];
-      for (int c = 0; c < 2; ++c) {
-        const std::string what = "cvt " + std::to_string(c) + " ru " + std::to_string(ru) + " levels " +
-                                 std::to_string(levels) + " M " + std::to_string(M) + " K " + std::to_string(K);
-        auto [v0, v1] = paired_linear(*bes[c], w0, w1, n, x, M, what);
-        if (n == 2) v0.insert(v0.end(), v1.begin(), v1.end());
-        y[c] = v0;
-      }
-      const std::string what = "ru " + std::to_string(ru) + " levels " + std::to_string(levels) + " M " +
-                               std::to_string(M) + " K " + std::to_string(K);
-      EXPECT_EQ(y[0], y[1]) << what;
-    }
-  }
 }
 
 // Round 11b: GEMM v3 with its split-K folded in (Options::gemm3_fold). Below one wave of tiles (and at a last wave of
@@ -314,54 +310,6 @@ TEST(CudaOps, GemmV3TwoBlocksPerSmMatchesOneBlock) {
       else EXPECT_LE(rel_err(a.first, u.first), 2e-6) << what;
       std::printf("[gemm3 occ2] %s: vs quantised %.2e, vs one block %.2e (%s)\n", what.c_str(), r0,
                   rel_err(a.first, u.first), whole(1) && whole(2) ? "no split: EQUAL" : "split plans differ");
-    }
-  }
-}
-
-// Round 20 (Options::gemm3_persist): persistent blocks run the folded grid's units (tiles, and a split tail's slices) in
-// the order one block per unit would, with the same arithmetic per tile: EQUAL to one block per unit, and <= 1e-5 of
-// the exact int8 product. Shapes of many units per block (up to ~30), unsplit and split tails, paired outputs, token
-// tiles 32 (one and two blocks per SM), 64 and 128, row units and per-group units, q16 and q8; every output written, two
-// runs EQUAL.
-TEST(CudaOps, GemmV3PersistentEqualsOneBlockPerTile) {
-  BONSAI_REQUIRE_GPU();
-  for (const int levels : {2, 1})
-  for (const bool ru : {true, false}) {
-    CudaBackend::Options on, off;
-    on.gemm = off.gemm = 3;
-    on.gemm3_persist = true;
-    off.gemm3_persist = false;
-    on.act_levels = off.act_levels = levels;
-    on.row_units = off.row_units = ru;
-    CudaBackend bon(on), boff(off);
-    uint32_t seed = 5100;
-    struct Case {
-      int64_t M, K, N0, N1;
-    } cases[] = {{1000, 2048, 5000, 300}, {256, 5120, 17408, 0}, {130, 4096, 9000, 77}, {64, 6144, 8000, 0},
-                 {32, 5120, 20000, 4000}, {20, 1024, 40000, 0}, {300, 1152, 2000, 129}};
-    for (const Case& c : cases) {
-      if (levels == 1 && c.M <= 4) continue;
-      TernaryMatrix& w0 = random_matrix(c.N0, c.K, seed++, 0.02);
-      TernaryMatrix& w1 = random_matrix(c.N1 > 0 ? c.N1 : 1, c.K, seed++, 0.02);
-      const int n = c.N1 > 0 ? 2 : 1;
-      const auto x = randn(size_t(c.M * c.K), seed++);
-      const std::string what = "levels " + std::to_string(levels) + " ru " + std::to_string(ru) + " M " +
-                               std::to_string(c.M) + " K " + std::to_string(c.K) + " N " + std::to_string(c.N0) + "+" +
-                               std::to_string(c.N1);
-      const auto a = paired_linear(bon, w0, w1, n, x, c.M, what), b = paired_linear(bon, w0, w1, n, x, c.M, what);
-      const auto u = paired_linear(boff, w0, w1, n, x, c.M, what);
-      EXPECT_TRUE(a.first == b.first && (n == 1 || a.second == b.second)) << "run to run, " << what;
-      EXPECT_TRUE(a.first == u.first && (n == 1 || a.second == u.second)) << "vs one block per unit, " << what;
-      // The reference on the first 24 tokens (each row is quantised on its own; the host product of every token
-      // would take minutes): the first 24 x N outputs.
-      const bool rq = bon.row_quantised(c.M, c.K);
-      const int64_t mr = std::min<int64_t>(c.M, 24);
-      const std::vector<float> xr(x.begin(), x.begin() + mr * c.K);
-      auto head = [&](const std::vector<float>& y, int64_t N) { return std::vector<float>(y.begin(), y.begin() + mr * N); };
-      const double r0 = rel_err(head(a.first, c.N0), quantised_reference(w0, xr, mr, levels, rq));
-      EXPECT_LE(r0, 1e-5) << what;
-      if (n == 2) EXPECT_LE(rel_err(head(a.second, c.N1), quantised_reference(w1, xr, mr, levels, rq)), 1e-5) << what;
-      std::printf("[gemm3 persistent] %s: vs quantised %.2e\n", what.c_str(), r0);
     }
   }
 }

@@ -138,7 +138,6 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   // round 11, prefill
   o.site_norm_warp = flag("BONSAI_CUDA_SITE_NORM_WARP", o.site_norm_warp);
   o.gemm3_fold = flag("BONSAI_CUDA_GEMM3_FOLD", o.gemm3_fold);
-  o.gemm3_persist = flag("BONSAI_CUDA_GEMM3_PERSIST", o.gemm3_persist);
   if (const char* e = std::getenv("BONSAI_CUDA_GEMMH"); e && *e) o.gemm_f16 = std::atoi(e);
   o.gemm_f16_head = flag("BONSAI_CUDA_GEMMH_HEAD", o.gemm_f16_head);
   if (const char* e = std::getenv("BONSAI_CUDA_GEMMH_TILE"); e && *e) o.gemm_f16_tile = std::atoi(e);
@@ -413,15 +412,12 @@ struct CudaBackend::Impl {
     };
     if (v3 && opt.gemm3_fold) {  // round 11b: the split-K sums inside the GEMM, and the last wave split in K
       const cuda::Gemm3Fold f = cuda::gemm3_fold_plan(t, n, K, M, lv, sms, occ);
-      const bool split = f.kt > 1 && f.tiles - f.nfull <= kFoldHead;
-      // Round 20: persistent blocks (Options::gemm3_persist) take the 1-D grid even without a split.
-      if (split || (opt.gemm3_persist && f.kt == 1 && cuda::gemm3_persistent(lv, M, opt.gemm3_cvt))) {
-        float* buf = split ? fold_buffer(f) : nullptr;
-        return out.push_back(cuda::gemm3_fold_launch(t, n, K, xq, xds, M, lv, f, split ? buf + kFoldHead : nullptr,
-                                                     split ? reinterpret_cast<int32_t*>(buf) : nullptr, opt.gemm3_cvt,
-                                                     occ, ru, opt.gemm3_persist ? sms : 0));
+      if (f.kt > 1 && f.tiles - f.nfull <= kFoldHead) {
+        float* buf = fold_buffer(f);
+        return out.push_back(cuda::gemm3_fold_launch(t, n, K, xq, xds, M, lv, f, buf + kFoldHead,
+                                                     reinterpret_cast<int32_t*>(buf), opt.gemm3_cvt, occ, ru));
       }
-    }  // else (more split tiles than counters, or no split and not persistent) as before
+    }  // else (no split, or more split tiles than counters) as before
     split_k_launches(t, n, M, ks, out, gemm);
   }
   // gemm_part: kFoldHead int32 arrival counters of GEMM v3's folded split (zero: zeroed when allocated, left zero by

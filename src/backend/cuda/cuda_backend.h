@@ -212,8 +212,6 @@ class CudaBackend final : public Backend {
                                   // (no splitk_sum launch), and at >= one wave of tiles the last partial wave's tiles
                                   // split in K over the idle SMs (gemm3_fold_plan, gemm3_fold.h): pp2048 4,578 / 4,588
                                   // vs 4,513 / 4,536 tok/s in one H200 call (round 11's end); BONSAI_CUDA_GEMM3_FOLD=0: off
-    bool gemm3_persist = true;    // round 20: GEMM v3's folded grid as persistent blocks (gemm3_fold_launch's persist_sms),
-                                  // also where nothing is split; BONSAI_CUDA_GEMM3_PERSIST=0|1
     // ---- round 13 ----
     int gemm_f16 = 0;             // GEMM v4 (gemm_f16.cu: the activation in fp16, each group's scale folded into fp16
                                   // weights, fp32 sums over all of K, no per-group scaling) for products of at least

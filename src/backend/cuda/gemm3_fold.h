@@ -22,16 +22,10 @@ struct Gemm3Fold {
 Gemm3Fold gemm3_fold_plan(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms, int occ = 1);
 // The same rule for a grid of B tiles of tile_floats partial floats each over G 128-groups (GEMM v4's plan uses it too).
 Gemm3Fold fold_plan(int64_t B, int sms, int64_t G, int64_t tile_floats);
-// part: float [(tiles - nfull) kt tile_floats]; cnt: int32 [tiles - nfull], zero (both unused when kt == 1).
-// Whether a persistent instance exists (q16, I2FP, 64 and 128 tokens: prefill).
-bool gemm3_persistent(int levels, int64_t M, int cvt);
-// persist_sms > 0 (round 20, Options::gemm3_persist) and gemm3_persistent: persistent blocks, as many as that many SMs
-// hold at once, each
-// running the units (tiles and slices) blockIdx.x, + gridDim.x, ... with its ring and turns running on across them: a
-// tile's epilogue overlaps the next one's first stages, and no block pays the ring's ramp twice.
+// part: float [(tiles - nfull) kt tile_floats]; cnt: int32 [tiles - nfull], zero.
 Launch gemm3_fold_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                          int levels, const Gemm3Fold& f, float* part, int32_t* cnt, int cvt, int occ = 1,
-                         bool row_units = false, int persist_sms = 0);
+                         bool row_units = false);
 
 // GEMM v4's block shape (cfg: 0 = 256 rows x 32 tokens, 1 = 256 x 64, 2 = 256 x 128, 3 = 128 x 128) and its folded
 // split (fold.kt == 1: none): cfg 0 at M <= 32, else the shape with the fewest rounds of blocks over the SMs (weighted by

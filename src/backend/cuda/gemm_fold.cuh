@@ -11,12 +11,12 @@ namespace bonsai::cuda {
 struct FoldTile {
   int64_t bx, by, kz, ksl, split;
 };
-// kt > 0: the folded split's 1-D grid of units t (tile t = row block t % rb of token tile t / rb; tiles < nfull run all
-// of K, every later tile runs as kt units of one slice each; unit t is block t, or a persistent block's t-th); else the
-// 3-D grid (row block, token tile, K slice of ks), t unused.
-__device__ __forceinline__ FoldTile fold_tile(int64_t t, int32_t kt, int64_t nfull, int64_t rb, int64_t ks) {
+// kt > 0: the folded split's 1-D grid (tile t = row block t % rb of token tile t / rb; tiles < nfull run all of K, every
+// later tile runs as kt blocks of one slice each); else the 3-D grid (row block, token tile, K slice of ks).
+__device__ __forceinline__ FoldTile fold_tile(int32_t kt, int64_t nfull, int64_t rb, int64_t ks) {
   FoldTile f{blockIdx.x, blockIdx.y, blockIdx.z, ks, -1};
   if (kt > 0) {
+    int64_t t = blockIdx.x;
     f.kz = 0, f.ksl = 1;
     if (t >= nfull) {
       f.split = (t - nfull) / kt;
@@ -25,9 +25,6 @@ __device__ __forceinline__ FoldTile fold_tile(int64_t t, int32_t kt, int64_t nfu
     f.by = t / rb, f.bx = t - f.by * rb;
   }
   return f;
-}
-__device__ __forceinline__ FoldTile fold_tile(int32_t kt, int64_t nfull, int64_t rb, int64_t ks) {
-  return fold_tile(int64_t(blockIdx.x), kt, nfull, rb, ks);
 }
 
 // The output (of n_outs) whose row blocks hold row block bx.

@@ -23,8 +23,6 @@
 //   - round 17, batched decode (9..32 tokens, grids of more blocks than SMs; Options::gemm3_occ): an instance of TWO
 //     blocks per SM, each 7 stages (2 x 102 KB) with 40-register producers and 96-register consumers, so the four
 //     consumer warpgroups of an SM overlap their per-group waits and scaling (gate+up M32 56.4 -> 44.6 us).
-#include <cstdlib>
-
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/gemm3_fold.h"
 #include "backend/cuda/gemm_fold.cuh"
@@ -65,10 +63,7 @@ struct Gemm3Args {
   float* part;
   int32_t* cnt;
   int64_t nfull, rb;
-  int64_t units;  // the folded grid's tiles and slices (kt > 0); a launch of fewer blocks runs them persistently
-  int32_t kt;
-  int32_t diag;  // timing only (BONSAI_CUDA_GEMM3_DIAG, wrong results): bit 0 skips the activation copies, bit 1 the
-                 // weight copies of every group from the block's S-th on (the stages keep stale bytes)
+  int32_t kt, pad;
 };
 
 // MINB blocks per SM (round 17): 2 halves every thread's registers (the launch bound's 80; producer 40, consumers 96:
@@ -76,10 +71,7 @@ struct Gemm3Args {
 // RU (round 19): the site quantised every row with ONE unit (site_row_units), so a group is scaled by d_w alone
 // (f += d_w (254 I0 + I1): no FMUL d_w u_x per output and group, no unit copies or loads) and each output by its
 // token's unit once, before the fold's sum and the store.
-// PERSIST (round 20): the block runs the folded grid's units blockIdx.x, + gridDim.x, ... (Gemm3Args::units); without it
-// one unit, and the code is round 19's (a single trip of the unit loop: measured, the loop's bookkeeping made the
-// one-unit instances 1-4 % slower).
-template <int TOK, int L, int S, int CVT, int MINB = 1, bool RU = false, bool PERSIST = false>
+template <int TOK, int L, int S, int CVT, int MINB = 1, bool RU = false>
 __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args fa) {
   static_assert(MINB == 1 || (MINB == 2 && TOK == 32), "two blocks per SM only fit TOK = 32's accumulators");
   const Gemm2Args& a = fa.g;
@@ -95,34 +87,19 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
   auto full = [&](int s) { return bar_s + 8u * unsigned(s); };
   auto empty = [&](int s) { return bar_s + 8u * unsigned(S + s); };
 
-  const int64_t K = a.K, M = a.M, KW = K / 16, G = K / 128, C = K / 64;
+  const FoldTile ft = fold_tile(fa.kt, fa.nfull, fa.rb, a.ks);
+  const int64_t bx = ft.bx, by = ft.by, kz = ft.kz, ksl = ft.ksl, split = ft.split;
+  const int o = fold_out(a.o, a.n_outs, bx);
+  const int64_t N = a.o[o].N, K = a.K, M = a.M, KW = K / 16, G = K / 128, C = K / 64;
+  const int64_t k0 = G * kz / ksl, NG = G * (kz + 1) / ksl - k0;
+  const int64_t row0 = (bx - a.o[o].b0) * kWsRows;
+  const int64_t tok0 = by * TOK;
   const int tid = threadIdx.x;
-  // The block's units (round 20, Gemm3Args::units): the folded grid's tiles / slices u = blockIdx.x, + gridDim.x, ...
-  // (a persistent block runs several, its ring and turn-taking running on across them); otherwise one.
-  const int64_t u_first = fa.kt > 0 ? blockIdx.x : 0, u_step = PERSIST ? gridDim.x : 1;
-  const int64_t u_end = PERSIST ? fa.units : u_first + 1;
-  // Unit u's tile: output o, its first row row0, first token tok0, its K slice's groups [k0, k0 + NG).
-  struct Unit {
-    FoldTile ft;
-    int o;
-    int64_t N, row0, tok0, k0, NG;
-  };
-  auto unit_at = [&](int64_t u) {
-    Unit t;
-    t.ft = fold_tile(u, fa.kt, fa.nfull, fa.rb, a.ks);
-    t.o = fold_out(a.o, a.n_outs, t.ft.bx);
-    t.N = a.o[t.o].N;
-    t.k0 = G * t.ft.kz / t.ft.ksl;
-    t.NG = G * (t.ft.kz + 1) / t.ft.ksl - t.k0;
-    t.row0 = (t.ft.bx - a.o[t.o].b0) * kWsRows;
-    t.tok0 = t.ft.by * TOK;
-    return t;
-  };
 
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
       mbar_init(full(s), 128);  // one cp.async arrival per producer thread
-      mbar_init(empty(s), 8);  // every consumer warp, once its wgmmas and scaling are done with the stage
+      mbar_init(empty(s), 256);  // every consumer thread, once its wgmmas and scaling are done with the stage
     }
   }
   __syncthreads();
@@ -133,74 +110,66 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
 #ifdef BONSAI_WGMMA
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
 #endif
-    // Ring position s = n % S and the parity of n / S over the block's n-th group (all units), as running counters (a
-    // 64-bit division by S per group cost ~12 uniform-datapath instructions in every thread; round 14).
+    // Every copy address is set up once here and advanced by one group per iteration: the producer warps
+    // share their schedulers with the consumers, so its per-group instructions come off their issue slots.
+    // Raw words: copies i = 0, 1 of this thread: row wr + 64 i, wr = 8 (tid / 16) + tid % 8, words 4 ((tid / 8)
+    // & 1) .. + 3 (8 consecutive threads fill 8 rows of one 16 B column: conflict-free).
+    const int wr = (tid >> 4) * 8 + (tid & 7), wh = (tid >> 3) & 1;  // copy 1: row wr + 64
+    const int64_t wr0 = row0 + wr < N ? row0 + wr : N - 1, wr1 = row0 + wr + 64 < N ? row0 + wr + 64 : N - 1;
+    const uint32_t* wsrc = a.o[o].words + wr0 * KW + k0 * 8 + wh * 4;
+    const uint32_t woff1 = uint32_t((wr1 - wr0) * KW);  // words from copy 0's source to copy 1's
+    const uint32_t wdst = smem_u32(&raw[wr * kWsRawStride + wh * 4]);
+    const int wb0 = row0 + wr < N ? 16 : 0, wb1 = row0 + wr + 64 < N ? 16 : 0;
+    // Activation planes: this thread copies 16 B chunk cc of token tgb * 8 + t8 + 16 j (j < TOK / 16) of each
+    // plane, i.e. row t8 of 8-token atoms tgb + 2 j (8 consecutive threads fill 8 rows of one chunk column:
+    // conflict-free). Tokens past M are zero-filled (src_bytes 0) from a valid address.
+    constexpr int J = TOK / 16;
+    const int t8 = tid & 7, cc = (tid >> 3) & 7, tgb = tid >> 6;
+    const uint32_t xdst = x_s + uint32_t((tgb * 8 + t8) * 128 + ((cc ^ t8) << 4));  // + s x_bytes + l TOK 128 + 2048 j
+    const int64_t tokb = tok0 + tgb * 8 + t8;
+    const int nvalid = tokb < M ? int((M - tokb + 15) / 16) : 0;  // copies j < nvalid hold real tokens
+    const int8_t* xsrc = a.xq + (tokb < M ? tokb : 0) * L * K + k0 * 128 + cc * 16;
+    const int64_t jstride = 16 * L * K;
+    // Units: token tid (< TOK) of the tile.
+    const int64_t utok = tok0 + (tid < TOK ? tid : 0);
+    const float* usrc = &a.xds[(utok < M ? utok : M - 1) * C + k0 * 2].x;  // + 4 floats (2 chunks) per group
+    const uint32_t udst = smem_u32(units) + 4u * unsigned(tid);
+    auto issue_w = [&](int64_t kg, int s) {
+      const uint32_t d = wdst + uint32_t(s * kWsRows * kWsRawStride * 4);
+      cp_async16_s(d, wsrc + kg * 8, wb0);
+      cp_async16_s(d + 64 * kWsRawStride * 4, wsrc + kg * 8 + woff1, wb1);
+    };
+    auto issue_x = [&](int64_t kg, int s) {
+      const uint32_t dst = xdst + uint32_t(s * Lay::x_bytes);
+      int64_t js = jstride, lk = K;
+      asm volatile("" : "+l"(js), "+l"(lk));  // opaque: the 16 source pointers are not hoisted out of the
+                                              // group loop (32 registers; the producer has 56)
+      const int8_t* src = xsrc + kg * 128;
+#pragma unroll
+      for (int j = 0; j < J; ++j, src += js)
+#pragma unroll
+        for (int l = 0; l < L; ++l)
+          cp_async16_s(dst + uint32_t(l * TOK * 128 + j * 2048), j < nvalid ? src + l * lk : a.xq, j < nvalid ? 16 : 0);
+      if (!RU && tid < TOK)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(udst + uint32_t(s * TOK * 4)),
+                     "l"(usrc + kg * 4), "r"(utok < M ? 4 : 0)
+                     : "memory");
+    };
+    for (int j = 0; j < S; ++j)  // weights first: they do not depend on earlier kernels
+      if (j < NG) issue_w(j, j);
+    pdl_wait();
+    // Ring position s = kg % S and the parity of kg / S as running counters (a 64-bit division by S per group cost
+    // ~12 uniform-datapath instructions in every thread; round 14).
     int s = 0;
     uint32_t ph = 0;
-    int64_t n = 0;
-    for (int64_t u = u_first; u < u_end; u += u_step) {
-      const Unit t = unit_at(u);
-      const int64_t N = t.N, row0 = t.row0, tok0 = t.tok0, k0 = t.k0, NG = t.NG;
-      // Every copy address is set up once per unit and advanced by one group per iteration: the producer warps
-      // share their schedulers with the consumers, so its per-group instructions come off their issue slots.
-      // Raw words: copies i = 0, 1 of this thread: row wr + 64 i, wr = 8 (tid / 16) + tid % 8, words 4 ((tid / 8)
-      // & 1) .. + 3 (8 consecutive threads fill 8 rows of one 16 B column: conflict-free).
-      const int wr = (tid >> 4) * 8 + (tid & 7), wh = (tid >> 3) & 1;  // copy 1: row wr + 64
-      const int64_t wr0 = row0 + wr < N ? row0 + wr : N - 1, wr1 = row0 + wr + 64 < N ? row0 + wr + 64 : N - 1;
-      const uint32_t* wsrc = a.o[t.o].words + wr0 * KW + k0 * 8 + wh * 4;
-      const uint32_t woff1 = uint32_t((wr1 - wr0) * KW);  // words from copy 0's source to copy 1's
-      const uint32_t wdst = smem_u32(&raw[wr * kWsRawStride + wh * 4]);
-      const int wb0 = row0 + wr < N ? 16 : 0, wb1 = row0 + wr + 64 < N ? 16 : 0;
-      // Activation planes: this thread copies 16 B chunk cc of token tgb * 8 + t8 + 16 j (j < TOK / 16) of each
-      // plane, i.e. row t8 of 8-token atoms tgb + 2 j (8 consecutive threads fill 8 rows of one chunk column:
-      // conflict-free). Tokens past M are zero-filled (src_bytes 0) from a valid address.
-      constexpr int J = TOK / 16;
-      const int t8 = tid & 7, cc = (tid >> 3) & 7, tgb = tid >> 6;
-      const uint32_t xdst = x_s + uint32_t((tgb * 8 + t8) * 128 + ((cc ^ t8) << 4));  // + s x_bytes + l TOK 128 + 2048 j
-      const int64_t tokb = tok0 + tgb * 8 + t8;
-      const int nvalid = tokb < M ? int((M - tokb + 15) / 16) : 0;  // copies j < nvalid hold real tokens
-      const int8_t* xsrc = a.xq + (tokb < M ? tokb : 0) * L * K + k0 * 128 + cc * 16;
-      const int64_t jstride = 16 * L * K;
-      // Units: token tid (< TOK) of the tile.
-      const int64_t utok = tok0 + (tid < TOK ? tid : 0);
-      const float* usrc = &a.xds[(utok < M ? utok : M - 1) * C + k0 * 2].x;  // + 4 floats (2 chunks) per group
-      const uint32_t udst = smem_u32(units) + 4u * unsigned(tid);
-      auto issue_w = [&](int64_t kg, int st) {
-        const uint32_t d = wdst + uint32_t(st * kWsRows * kWsRawStride * 4);
-        cp_async16_s(d, wsrc + kg * 8, wb0);
-        cp_async16_s(d + 64 * kWsRawStride * 4, wsrc + kg * 8 + woff1, wb1);
-      };
-      auto issue_x = [&](int64_t kg, int st) {
-        const uint32_t dst = xdst + uint32_t(st * Lay::x_bytes);
-        int64_t js = jstride, lk = K;
-        asm volatile("" : "+l"(js), "+l"(lk));  // opaque: the 16 source pointers are not hoisted out of the
-                                                // group loop (32 registers; the producer has 56)
-        const int8_t* src = xsrc + kg * 128;
-#pragma unroll
-        for (int j = 0; j < J; ++j, src += js)
-#pragma unroll
-          for (int l = 0; l < L; ++l)
-            cp_async16_s(dst + uint32_t(l * TOK * 128 + j * 2048), j < nvalid ? src + l * lk : a.xq, j < nvalid ? 16 : 0);
-        if (!RU && tid < TOK)
-          asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(udst + uint32_t(st * TOK * 4)),
-                       "l"(usrc + kg * 4), "r"(utok < M ? 4 : 0)
-                       : "memory");
-      };
-      const bool first = n == 0;
-      if (first) {
-        for (int j = 0; j < S; ++j)  // weights first: they do not depend on earlier kernels
-          if (j < NG) issue_w(j, j);
-        pdl_wait();
+    for (int64_t kg = 0; kg < NG; ++kg) {
+      if (kg >= S) {
+        mbar_wait(empty(s), ph ^ 1u);  // the consumers are done with group kg - S
+        issue_w(kg, s);
       }
-      for (int64_t kg = 0; kg < NG; ++kg, ++n) {
-        if (!first || kg >= S) {
-          if (n >= S) mbar_wait(empty(s), ph ^ 1u);  // the consumers are done with the block's group n - S
-          if (!(fa.diag & 2) || n < S) issue_w(kg, s);
-        }
-        if (!(fa.diag & 1) || n < S) issue_x(kg, s);
-        cp_async_arrive(full(s));
-        if (++s == S) s = 0, ph ^= 1u;
-      }
+      issue_x(kg, s);
+      cp_async_arrive(full(s));
+      if (++s == S) s = 0, ph ^= 1u;
     }
     cp_async_wait<0>();
   } else {
@@ -214,95 +183,95 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
 #endif
     pdl_wait();
     const int c = (tid >> 7) - 1, ct = tid & 127, warp = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
+    const __half* scales = reinterpret_cast<const __half*>(a.o[o].scales);
+    float* y = a.o[o].y + (fa.kt > 0 ? 0 : kz * a.part_stride);
     // Rows of this thread's A fragment and accumulators (wgmma D layout: warp w rows 16 w + g and + 8;
     // register 4 j + i: column 8 j + 2 q + (i & 1), row + 8 when i >= 2).
     const int wrow = c * 64 + warp * 16 + g;
+    const int64_t rlo = row0 + wrow, rhi = rlo + 8;
+    const __half* slo = scales + (rlo < N ? rlo : N - 1) * G + k0;
+    const __half* shi = scales + (rhi < N ? rhi : N - 1) * G + k0;
+    auto dw_of = [&](int64_t kg) { return make_float2(__half2float(slo[kg]), __half2float(shi[kg])); };
+
+    int acc[L][R];  // [plane][register]
+    float f[R];     // fp32 sums over groups
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      f[i] = 0.f;
+#pragma unroll
+      for (int l = 0; l < L; ++l) acc[l][i] = 0;
+    }
 #ifdef BONSAI_WGMMA
     const uint64_t desc0 = smem_desc(x_s, 0, 1);
     const int my_turn = c == 0 ? 1 : 2, next_turn = c == 0 ? 2 : 1;  // named barrier ids (0 = __syncthreads)
-#endif
-    int s = 0;  // n % S and the parity of n / S, as the producer's
+    int s = 0;  // kg % S and the parity of kg / S, as the producer's
     uint32_t ph = 0;
-    int64_t n = 0;
-    for (int64_t u = u_first; u < u_end; u += u_step) {
-      const Unit t = unit_at(u);
-      const int64_t N = t.N, row0 = t.row0, tok0 = t.tok0, k0 = t.k0, NG = t.NG;
-      const bool last_unit = u + u_step >= u_end;
-      const __half* scales = reinterpret_cast<const __half*>(a.o[t.o].scales);
-      float* y = a.o[t.o].y + (fa.kt > 0 ? 0 : t.ft.kz * a.part_stride);
-      const int64_t rlo = row0 + wrow, rhi = rlo + 8;
-      const __half* slo = scales + (rlo < N ? rlo : N - 1) * G + k0;
-      const __half* shi = scales + (rhi < N ? rhi : N - 1) * G + k0;
-      auto dw_of = [&](int64_t kg) { return make_float2(__half2float(slo[kg]), __half2float(shi[kg])); };
-
-      int acc[L][R];  // [plane][register]
-      float f[R];     // fp32 sums over groups
+    for (int64_t kg = 0; kg < NG; ++kg) {
+      mbar_wait(full(s), ph);
+      // The producer's cp.async (generic proxy) writes, read by wgmma (async proxy). ptxas makes this a
+      // MEMBAR.ALL.CTA, which waits for the thread's outstanding loads: the group's scales are loaded after
+      // it (loaded a group ahead, before it, they cost a global-load latency per group and 2 registers).
+      fence_async_smem();
+      const float2 dw = dw_of(kg);  // its latency runs under the group's wgmmas
+      // A fragments of the group: word j of a row holds element 16 j + 4 b + i at bits 8 b + 2 i, the
+      // transposed activation holds it at position 16 j + 4 i + b, so decode4(w >> 2 q) of words 2 ks and
+      // 2 ks + 1 are k bytes 4q.. and 16+4q.. of k-step ks.
+      const uint32_t* rw = &raw[(s * kWsRows + wrow) * kWsRawStride];
+      const uint4 lo0 = *reinterpret_cast<const uint4*>(rw), lo1 = *reinterpret_cast<const uint4*>(rw + 4);
+      const uint4 hi0 = *reinterpret_cast<const uint4*>(rw + 8 * kWsRawStride),
+                  hi1 = *reinterpret_cast<const uint4*>(rw + 8 * kWsRawStride + 4);
+      const uint32_t wl[8] = {lo0.x, lo0.y, lo0.z, lo0.w, lo1.x, lo1.y, lo1.z, lo1.w};
+      const uint32_t wh[8] = {hi0.x, hi0.y, hi0.z, hi0.w, hi1.x, hi1.y, hi1.z, hi1.w};
+      uint32_t af[4][4];
 #pragma unroll
-      for (int i = 0; i < R; ++i) {
-        f[i] = 0.f;
-#pragma unroll
-        for (int l = 0; l < L; ++l) acc[l][i] = 0;
+      for (int ks = 0; ks < 4; ++ks) {
+        af[ks][0] = decode4(wl[2 * ks] >> (2 * q));
+        af[ks][1] = decode4(wh[2 * ks] >> (2 * q));
+        af[ks][2] = decode4(wl[2 * ks + 1] >> (2 * q));
+        af[ks][3] = decode4(wh[2 * ks + 1] >> (2 * q));
       }
-#ifdef BONSAI_WGMMA
-      for (int64_t kg = 0; kg < NG; ++kg, ++n) {
-        mbar_wait(full(s), ph);
-        // The producer's cp.async (generic proxy) writes, read by wgmma (async proxy). ptxas makes this a
-        // MEMBAR.ALL.CTA, which waits for the thread's outstanding loads: the group's scales are loaded after
-        // it (loaded a group ahead, before it, they cost a global-load latency per group and 2 registers).
-        fence_async_smem();
-        const float2 dw = dw_of(kg);  // its latency runs under the group's wgmmas
-        uint32_t af[4][4];  // the group's A fragments
-        v3_fragments(&raw[(s * kWsRows + wrow) * kWsRawStride], kWsRawStride, q, af);
-        // The turns run over the block's groups n of all its units: consumer 0 issues n after consumer 1 has issued
-        // n - 1, consumer 1 issues n after consumer 0 has (and skips its arrival after the block's last group).
-        if (c == 1 || n > 0) named_sync(my_turn, 256);
+      if (c == 1 || kg > 0) named_sync(my_turn, 256);  // the other consumer has issued its previous group
 #pragma unroll
-        for (int l = 0; l < L; ++l) pin(acc[l]);
-        wg_fence();
-        // B descriptors: the stage's plane-0 tile at k-step 0, + (byte offset >> 4) in the start-address field
-        // (no carry out of its 14 bits: shared addresses < 256 KB), so each wgmma adds a constant.
-        const uint64_t db = desc0 + uint64_t(uint32_t(s * Lay::x_bytes) >> 4);
+      for (int l = 0; l < L; ++l) pin(acc[l]);
+      wg_fence();
+      // B descriptors: the stage's plane-0 tile at k-step 0, + (byte offset >> 4) in the start-address field
+      // (no carry out of its 14 bits: shared addresses < 256 KB), so each wgmma adds a constant.
+      const uint64_t db = desc0 + uint64_t(uint32_t(s * Lay::x_bytes) >> 4);
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
+      for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
-          for (int l = 0; l < L; ++l)
-            wgmma_rs(acc[l], af[ks], db + uint64_t((l * TOK * 128 + 32 * ks) >> 4), ks);
-        wg_commit();
-        if (c == 0 || !last_unit || kg + 1 < NG) named_arrive(next_turn, 256);  // its turn
-        wg_wait<0>();
+        for (int l = 0; l < L; ++l)
+          wgmma_rs(acc[l], af[ks], db + uint64_t((l * TOK * 128 + 32 * ks) >> 4), ks);
+      wg_commit();
+      if (c == 0 || kg + 1 < NG) named_arrive(next_turn, 256);  // its turn (consumer 1 skips its last)
+      wg_wait<0>();
 #pragma unroll
-        for (int l = 0; l < L; ++l) pin(acc[l]);
-        scale_group<L, R, CVT, RU>(acc, f, units + s * TOK, dw, q);  // f += d_w u_x (254 I0 + I1); RU: d_w (..)
-        // The warp's reads of stage s (raw words, units; its wgmmas, retired by the wait) are done: one arrival per
-        // warp (round 20: 256 per stage and group were ~2 cycles of the SM's barrier unit each, next to ~1,000 of tensor
-        // work per group pair).
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty(s));
-        if (++s == S) s = 0, ph ^= 1u;
-      }
+      for (int l = 0; l < L; ++l) pin(acc[l]);
+      scale_group<L, R, CVT, RU>(acc, f, units + s * TOK, dw, q);  // f += d_w u_x (254 I0 + I1); RU: d_w (..)
+      mbar_arrive(empty(s));  // this thread's reads of stage s (raw words, units; its wgmmas) are done
+      if (++s == S) s = 0, ph ^= 1u;
+    }
 #else
-      (void)slo, (void)shi, (void)acc, (void)dw_of, (void)last_unit;
-      __trap();  // built without sm_90a: gemm3_supported() keeps the backend off this kernel
+    (void)slo, (void)shi, (void)acc;
+    __trap();  // built without sm_90a: gemm3_supported() keeps the backend off this kernel
 #endif
-      if constexpr (RU) {  // the token units: any chunk of a row holds its row's unit (chunk 0 here)
+    if constexpr (RU) {  // the token units: any chunk of a row holds its row's unit (chunk 0 here)
 #pragma unroll
-        for (int j = 0; j < R / 4; ++j)
+      for (int j = 0; j < R / 4; ++j)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int64_t tok = tok0 + 8 * j + 2 * q + e;
-            const float uu = tok < M ? a.xds[tok * C].x : 0.f;
-            f[4 * j + e] *= uu;
-            f[4 * j + e + 2] *= uu;
-          }
-      }
-      if (t.ft.split >= 0 && !fold_sum(f, fa.part, fa.cnt, t.ft.split, t.ft.kz, t.ft.ksl, tid - 128))
-        continue;  // folded split: another slice's block sums this tile
+        for (int e = 0; e < 2; ++e) {
+          const int64_t tok = tok0 + 8 * j + 2 * q + e;
+          const float u = tok < M ? a.xds[tok * C].x : 0.f;
+          f[4 * j + e] *= u;
+          f[4 * j + e + 2] *= u;
+        }
+    }
+    if (split >= 0 && !fold_sum(f, fa.part, fa.cnt, split, kz, ksl, tid - 128)) return;  // folded split
 #pragma unroll
-      for (int i = 0; i < R; ++i) {
-        const int64_t row = i & 2 ? rhi : rlo;
-        const int64_t tok = tok0 + 8 * (i >> 2) + 2 * q + (i & 1);
-        if (row < N && tok < M) y[tok * N + row] = f[i];
-      }
+    for (int i = 0; i < R; ++i) {
+      const int64_t row = i & 2 ? rhi : rlo;
+      const int64_t tok = tok0 + 8 * (i >> 2) + 2 * q + (i & 1);
+      if (row < N && tok < M) y[tok * N + row] = f[i];
     }
   }
 }
@@ -313,9 +282,9 @@ struct Gemm3Pick {
   int tok;
 };
 // Stages: as deep as ~200 KB of shared memory allows (the weight stream of small M needs bytes in flight).
-template <int TOK, int L, int S, int CVT, int MINB = 1, bool RU = false, bool PERSIST = false>
+template <int TOK, int L, int S, int CVT, int MINB = 1, bool RU = false>
 Gemm3Pick gemm3_cfg() {
-  return {reinterpret_cast<const void*>(&gemm3_kernel<TOK, L, S, CVT, MINB, RU, PERSIST>), uint32_t(1024 + WsLayout<TOK, L, S>::bytes),
+  return {reinterpret_cast<const void*>(&gemm3_kernel<TOK, L, S, CVT, MINB, RU>), uint32_t(1024 + WsLayout<TOK, L, S>::bytes),
           TOK};
 }
 
@@ -326,46 +295,27 @@ Gemm3Pick gemm3_pick_l(int64_t M, int occ) {
     if (M <= 32) return occ == 2 ? gemm3_cfg<32, L, 7, CVT, 2>() : gemm3_cfg<32, L, 12, CVT>();
   return M <= 64 ? gemm3_cfg<64, L, 8, CVT, 1, RU>() : gemm3_cfg<128, L, 5, CVT, 1, RU>();
 }
-// Row units (ru) have instances of 64 and 128 tokens only: the row-unit site needs >= 64 rows (site_row_units).
-// Dropping ru is always exact: xds then holds the row's unit in every chunk, which the per-group scaling reads.
-// persist: the PERSIST instances (q16, I2FP, 64 and 128 tokens; gemm3_persistent).
-Gemm3Pick gemm3_pick(int levels, int64_t M, int cvt, int occ, bool ru = false, bool persist = false) {
+// Row units (ru) have I2FP instances of 64 and 128 tokens only: the row-unit site needs >= 64 rows
+// (site_row_units). Dropping ru is always exact: xds then holds the row's unit in every chunk, which the
+// per-group scaling reads.
+Gemm3Pick gemm3_pick(int levels, int64_t M, int cvt, int occ, bool ru = false) {
   ru = ru && M > 32;
-  if (persist && gemm3_persistent(levels, M, cvt)) {
-    if (ru) return M <= 64 ? gemm3_cfg<64, 2, 8, 1, 1, true, true>() : gemm3_cfg<128, 2, 5, 1, 1, true, true>();
-    return M <= 64 ? gemm3_cfg<64, 2, 8, 1, 1, false, true>() : gemm3_cfg<128, 2, 5, 1, 1, false, true>();
-  }
-  if (levels != 2) {  // q8: no IMAD per output
-    if (ru) return gemm3_pick_l<1, 1, true>(M, occ);
-    return cvt ? gemm3_pick_l<1, 1>(M, occ) : gemm3_pick_l<1, 0>(M, occ);
-  }
-  if (ru) return cvt ? gemm3_pick_l<2, 1, true>(M, occ) : gemm3_pick_l<2, 0, true>(M, occ);
-  return cvt ? gemm3_pick_l<2, 1>(M, occ) : gemm3_pick_l<2, 0>(M, occ);
+  if (ru) return levels == 2 ? gemm3_pick_l<2, 1, true>(M, occ) : gemm3_pick_l<1, 1, true>(M, occ);
+  if (cvt) return levels == 2 ? gemm3_pick_l<2, 1>(M, occ) : gemm3_pick_l<1, 1>(M, occ);
+  return levels == 2 ? gemm3_pick_l<2, 0>(M, occ) : gemm3_pick_l<1, 0>(M, occ);
 }
 // Blocks of the pick that run at once on one SM.
 int gemm3_blocks_per_sm(int64_t M, int occ) { return M <= 32 && occ == 2 ? 2 : 1; }
 
 }  // namespace
 
-// BONSAI_CUDA_GEMM3_DIAG (Gemm3Args::diag): read once.
-static int gemm3_diag() {
-  static const int d = [] {
-    const char* e = std::getenv("BONSAI_CUDA_GEMM3_DIAG");
-    return e && *e ? std::atoi(e) : 0;
-  }();
-  return d;
-}
-
-bool gemm3_persistent(int levels, int64_t M, int cvt) { return levels == 2 && cvt == 1 && M > 32; }
-
 void init_gemm3_attributes() {
   for (int lv : {1, 2})
     for (int cvt : {0, 1})
     for (int occ : {1, 2})
     for (bool ru : {false, true})
-    for (bool persist : {false, true})
     for (int64_t m : {32, 64, 128}) {
-      const Gemm3Pick p = gemm3_pick(lv, m, cvt, occ, ru, persist);
+      const Gemm3Pick p = gemm3_pick(lv, m, cvt, occ, ru);
       cudaFuncSetAttribute(p.func, cudaFuncAttributeMaxDynamicSharedMemorySize, int(p.smem));
     }
 }
@@ -380,7 +330,6 @@ Launch gemm3_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t*
   const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, cvt, occ, row_units);
   Gemm3Args a{};
   a.g = gemm_args(outs, n_outs, K, xq, xds, M, ks, part_stride, /*swizzle=*/true, kWsRows);
-  a.diag = gemm3_diag();
   const dim3 grid{unsigned(gemm_row_blocks(outs, n_outs, kWsRows)), unsigned((M + p.tok - 1) / p.tok), unsigned(ks)};
   return make_launch(p.func, grid, dim3(kWsThreads), p.smem, a);
 }
@@ -411,20 +360,16 @@ Gemm3Fold fold_plan(int64_t B, int sms, int64_t G, int64_t tile_floats) {
 
 Launch gemm3_fold_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                          int levels, const Gemm3Fold& f, float* part, int32_t* cnt, int cvt, int occ,
-                         bool row_units, int persist_sms) {
-  const bool persist = persist_sms > 0 && gemm3_persistent(levels == 2 ? 2 : 1, M, cvt);
-  const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, cvt, occ, row_units, persist);
+                         bool row_units) {
+  const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, cvt, occ, row_units);
   Gemm3Args a{};
   a.g = gemm_args(outs, n_outs, K, xq, xds, M, f.kt, 0, /*swizzle=*/true, kWsRows);
-  a.diag = gemm3_diag();
   a.part = part;
   a.cnt = cnt;
   a.nfull = f.nfull;
   a.rb = gemm_row_blocks(outs, n_outs, kWsRows);
   a.kt = f.kt;
-  a.units = f.nfull + (f.tiles - f.nfull) * f.kt;
-  const int64_t slots = int64_t(persist_sms) * gemm3_blocks_per_sm(M, occ);
-  const dim3 grid{unsigned(persist ? std::min(a.units, slots) : a.units)};
+  const dim3 grid{unsigned(f.nfull + (f.tiles - f.nfull) * f.kt)};
   return make_launch(p.func, grid, dim3(kWsThreads), p.smem, a);
 }
 

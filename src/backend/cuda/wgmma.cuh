@@ -113,7 +113,8 @@ __device__ __forceinline__ void wgmma_rs(int (&d)[64], const uint32_t (&a)[4], u
 }
 #endif
 
-// GEMM v3's A fragments of one 128-group (the wgmma_rs layout) from a raw stage: rw = row g's 8 words, row g + 8's at
+// GEMM v3's A fragments of one 128-group (the wgmma_rs layout) from a raw stage, for the ceiling probe (gemm3_kernel
+// keeps the same decode inline: through this helper its PTX is reordered, not measured): rw = row g's 8 words, row g + 8's at
 // rw + 8 stride (stride: words per raw row). Word j of a row holds element 16 j + 4 b + i at bits 8 b + 2 i and the
 // transposed activation holds it at position 16 j + 4 i + b, so decode4(w >> 2 q) of words 2 ks and 2 ks + 1 are k
 // bytes 4q.. and 16+4q.. of k-step ks.
