@@ -1,12 +1,12 @@
-// Pieces shared by the two wgmma GEMMs (gemm_wgmma.cu = v2, gemm_ws.cu = v3; nvcc only): their argument
-// struct, the 128-byte swizzled K-major operand tile, the shared-memory descriptor, the wgmma fences and
-// the exact int -> float conversion of the per-group scaling.
+// Pieces shared by the two wgmma GEMMs (gemm_wgmma.cu = v2, gemm_ws.cu = v3; nvcc only) and v3's ceiling probe
+// (wgmma_probe.cu): their argument struct, the 128-byte swizzled K-major operand tile, the shared-memory descriptor,
+// the wgmma fences and issue (A from registers), the named barriers and the exact int -> float conversion of the
+// per-group scaling.
 #pragma once
 #include <algorithm>
 #include <cstdint>
 
 #include "backend/cuda/common.cuh"
-#include "backend/cuda/ternary_dot.cuh"
 
 namespace bonsai::cuda {
 
@@ -80,7 +80,9 @@ __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.a
 #endif
 
 // Named barriers (ids 1..15; 0 is __syncthreads) over n threads: the consumers' turn-taking.
-__device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void named_sync(int id, int n) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
 __device__ __forceinline__ void named_arrive(int id, int n) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
 }
@@ -112,26 +114,6 @@ __device__ __forceinline__ void wgmma_rs(int (&d)[64], const uint32_t (&a)[4], u
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
 }
 #endif
-
-// GEMM v3's A fragments of one 128-group (the wgmma_rs layout) from a raw stage, for the ceiling probe (gemm3_kernel
-// keeps the same decode inline: through this helper its PTX is reordered, not measured): rw = row g's 8 words, row g + 8's at
-// rw + 8 stride (stride: words per raw row). Word j of a row holds element 16 j + 4 b + i at bits 8 b + 2 i and the
-// transposed activation holds it at position 16 j + 4 i + b, so decode4(w >> 2 q) of words 2 ks and 2 ks + 1 are k
-// bytes 4q.. and 16+4q.. of k-step ks.
-__device__ __forceinline__ void v3_fragments(const uint32_t* rw, int stride, int q, uint32_t (&af)[4][4]) {
-  const uint4 lo0 = *reinterpret_cast<const uint4*>(rw), lo1 = *reinterpret_cast<const uint4*>(rw + 4);
-  const uint4 hi0 = *reinterpret_cast<const uint4*>(rw + 8 * stride),
-              hi1 = *reinterpret_cast<const uint4*>(rw + 8 * stride + 4);
-  const uint32_t wl[8] = {lo0.x, lo0.y, lo0.z, lo0.w, lo1.x, lo1.y, lo1.z, lo1.w};
-  const uint32_t wh[8] = {hi0.x, hi0.y, hi0.z, hi0.w, hi1.x, hi1.y, hi1.z, hi1.w};
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks) {
-    af[ks][0] = decode4(wl[2 * ks] >> (2 * q));
-    af[ks][1] = decode4(wh[2 * ks] >> (2 * q));
-    af[ks][2] = decode4(wl[2 * ks + 1] >> (2 * q));
-    af[ks][3] = decode4(wh[2 * ks + 1] >> (2 * q));
-  }
-}
 
 // Keeps the compiler from moving accumulator reads across a wgmma wait (or writes across an issue), and keeps register
 // operands live (in their registers) until the wait that retires the wgmmas reading them.

@@ -2,8 +2,9 @@
 // a product kernel). One block per SM of v3's shape (a 128-thread warpgroup that only gives its registers back, two
 // consumer warpgroups of 64 rows x 128 tokens x 2 digit planes), every group's operands read from ONE resident stage,
 // so the time is the consumers' alone. Modes (WgmmaProbeMode): the bare wgmma stream from registers (RS) and from
-// shared memory (SS), then v3's loop piece by piece (decode, turn-taking, scaling, the proxy fence) to see what each
-// costs against the bare stream. Per group and consumer: 8 x m64n128k32 = 4.19 M int8 ops (2 per MAC).
+// shared memory (SS), then v3's loop piece by piece (decode, turn-taking, scaling and its int -> float, the proxy fence,
+// the stage releases) to see what each costs against the bare stream. Per group and consumer: 8 x m64n128k32 = 4.19 M
+// int8 ops (2 per MAC).
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.h"
@@ -35,6 +36,25 @@ __device__ __forceinline__ void wgmma_ss(int (&d)[64], uint64_t da, uint64_t db,
       : "l"(da), "l"(db), "r"(acc));
 }
 #endif
+
+// GEMM v3's A fragments of one 128-group (the wgmma_rs layout) from a raw stage: the decode gemm3_kernel does inline
+// (there as written, so its measured PTX stays). rw = row g's 8 words, row g + 8's at rw + 8 stride (stride: words per
+// raw row). Word j of a row holds element 16 j + 4 b + i at bits 8 b + 2 i and the transposed activation holds it at
+// position 16 j + 4 i + b, so decode4(w >> 2 q) of words 2 ks and 2 ks + 1 are k bytes 4q.. and 16+4q.. of k-step ks.
+__device__ __forceinline__ void v3_fragments(const uint32_t* rw, int stride, int q, uint32_t (&af)[4][4]) {
+  const uint4 lo0 = *reinterpret_cast<const uint4*>(rw), lo1 = *reinterpret_cast<const uint4*>(rw + 4);
+  const uint4 hi0 = *reinterpret_cast<const uint4*>(rw + 8 * stride),
+              hi1 = *reinterpret_cast<const uint4*>(rw + 8 * stride + 4);
+  const uint32_t wl[8] = {lo0.x, lo0.y, lo0.z, lo0.w, lo1.x, lo1.y, lo1.z, lo1.w};
+  const uint32_t wh[8] = {hi0.x, hi0.y, hi0.z, hi0.w, hi1.x, hi1.y, hi1.z, hi1.w};
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    af[ks][0] = decode4(wl[2 * ks] >> (2 * q));
+    af[ks][1] = decode4(wh[2 * ks] >> (2 * q));
+    af[ks][2] = decode4(wl[2 * ks + 1] >> (2 * q));
+    af[ks][3] = decode4(wh[2 * ks + 1] >> (2 * q));
+  }
+}
 
 template <int MODE>
 __global__ __launch_bounds__(384, 1) void wgmma_probe_kernel(const WgmmaProbeArgs a) {
@@ -102,7 +122,8 @@ __global__ __launch_bounds__(384, 1) void wgmma_probe_kernel(const WgmmaProbeArg
 #pragma unroll
     for (int l = 0; l < 2; ++l) pin(acc[l]);
     if constexpr (kScale) {
-      scale_group<2, 64, MODE == kWgmmaProbeV3Mant ? 0 : MODE == kWgmmaProbeV3Split ? 2 : 1, true>(acc, f, nullptr, dw, q);
+      constexpr int kCvt = MODE == kWgmmaProbeV3Mant ? 0 : MODE == kWgmmaProbeV3Split ? 2 : 1;
+      scale_group<2, 64, kCvt, true>(acc, f, nullptr, dw, q);
     } else if (kg + 1 == a.groups) {  // the accumulators once, so the stream is not dead code
 #pragma unroll
       for (int i = 0; i < 64; ++i) f[i] += float(acc[0][i] + acc[1][i]);
@@ -147,13 +168,15 @@ const void* probe_kernel(int mode) {
 }  // namespace
 
 Launch wgmma_probe_launch(int mode, float* sink, int blocks, int groups) {
-  return make_launch(probe_kernel(mode), dim3(unsigned(blocks)), dim3(384), kProbeSmem, WgmmaProbeArgs{sink, groups, 0});
+  return make_launch(probe_kernel(mode), dim3(unsigned(blocks)), dim3(384), kProbeSmem,
+                     WgmmaProbeArgs{sink, groups, 0});
 }
 
 void init_wgmma_probe_attributes() {
   for (int m = 0; m < kWgmmaProbeModes; ++m)
-    if (cudaFuncSetAttribute(probe_kernel(m), cudaFuncAttributeMaxDynamicSharedMemorySize, int(kProbeSmem)) != cudaSuccess)
-      (void)cudaGetLastError();
+    if (cudaFuncSetAttribute(probe_kernel(m), cudaFuncAttributeMaxDynamicSharedMemorySize, int(kProbeSmem)) !=
+        cudaSuccess)
+      (void)cudaGetLastError();  // no device here (host-only tests): the launch itself would report it
 }
 
 }  // namespace bonsai::cuda
