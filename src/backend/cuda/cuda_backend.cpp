@@ -15,6 +15,7 @@
 #include <random>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/gemm3_fold.h"
@@ -502,6 +503,15 @@ struct CudaBackend::Impl {
     }
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
+    return ms;
+  }
+  // timed_runs_ms with programmatic launch off (a probe kernel alone on the stream; Options::pdl restored after).
+  template <class F>
+  std::vector<float> timed_runs_ms_eager(int warmup, int reps, F&& body) {
+    const bool was = opt.pdl;
+    opt.pdl = false;
+    std::vector<float> ms = timed_runs_ms(warmup, reps, std::forward<F>(body));
+    opt.pdl = was;
     return ms;
   }
   // The launches captured as one instantiated graph, with programmatic edges between them when `pdl`
@@ -1799,14 +1809,11 @@ CudaBackend::SyncCosts CudaBackend::probe_sync_us(int launches, int rounds) {
   c.hop_us = best(I.timed_runs_ms(1, 3, [&] { CUDA_CHECK(cudaGraphLaunch(ge, I.stream)); })) * 1000.0 / launches;
   cudaGraphExecDestroy(ge);
   // The barriers: one kernel, the counter zeroed before each run (the 4-byte memset is inside the timed region).
-  const bool pdl = I.opt.pdl;
-  I.opt.pdl = false;
-  c.barrier_us = best(I.timed_runs_ms(1, 3, [&] {
+  c.barrier_us = best(I.timed_runs_ms_eager(1, 3, [&] {
                    CUDA_CHECK(cudaMemsetAsync(count, 0, 4, I.stream));
                    I.launch_now(cuda::sync_probe_barrier_launch(count, rounds, blocks, cuda::kSyncProbeSmem));
                  })) *
                  1000.0 / rounds;
-  I.opt.pdl = pdl;
   cudaFree(count);
   return c;
 }
@@ -1819,10 +1826,7 @@ double CudaBackend::probe_wgmma_tops(int mode, int groups) {
   const int blocks = I.prop.multiProcessorCount;
   auto* sink = static_cast<float*>(I.device_alloc(size_t(blocks) * 256 * 4, "the wgmma probe"));
   const cuda::Launch l = cuda::wgmma_probe_launch(mode, sink, blocks, groups);
-  const bool pdl = I.opt.pdl;
-  I.opt.pdl = false;
-  const std::vector<float> ms = I.timed_runs_ms(1, 3, [&] { I.launch_now(l); });
-  I.opt.pdl = pdl;
+  const std::vector<float> ms = I.timed_runs_ms_eager(1, 3, [&] { I.launch_now(l); });
   cudaFree(sink);
   // per block and group: 2 consumers x 8 wgmmas x 64 x 128 x 32 MACs x 2 ops
   const double ops = double(blocks) * groups * 2.0 * 8 * 64 * 128 * 32 * 2;
@@ -1838,10 +1842,7 @@ double CudaBackend::probe_read_gbs(uint64_t bytes, int reps) {
   uint32_t* sink = static_cast<uint32_t*>(I.device_alloc(size_t(blocks) * 4, "the bandwidth probe"));
   CUDA_CHECK(cudaMemsetAsync(buf, 0x5A, bytes, I.stream));
   const cuda::Launch l = cuda::probe_launch(buf, int64_t(bytes / 16), sink, blocks);
-  const bool pdl = I.opt.pdl;
-  I.opt.pdl = false;
-  std::vector<float> ms = I.timed_runs_ms(1, reps, [&] { I.launch_now(l); });
-  I.opt.pdl = pdl;
+  std::vector<float> ms = I.timed_runs_ms_eager(1, reps, [&] { I.launch_now(l); });
   cudaFree(buf);
   cudaFree(sink);
   std::sort(ms.begin(), ms.end());
