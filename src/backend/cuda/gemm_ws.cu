@@ -23,6 +23,8 @@
 //   - round 17, batched decode (9..32 tokens, grids of more blocks than SMs; Options::gemm3_occ): an instance of TWO
 //     blocks per SM, each 7 stages (2 x 102 KB) with 40-register producers and 96-register consumers, so the four
 //     consumer warpgroups of an SM overlap their per-group waits and scaling (gate+up M32 56.4 -> 44.6 us).
+#include <cstdlib>
+
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/gemm3_fold.h"
 #include "backend/cuda/gemm_fold.cuh"
@@ -45,7 +47,8 @@ struct WsLayout {
   static constexpr int x_bytes = L * TOK * 128;                    // [L][TOK / 8 atoms][1024 B] per stage
   static constexpr int raw_off = S * x_bytes;                      // [S][kWsRows][kWsRawStride] u32
   static constexpr int units_off = raw_off + S * kWsRows * kWsRawStride * 4;  // [S][TOK] float
-  static constexpr int bar_off = units_off + S * TOK * 4;          // [2][S] u64: full, empty
+  static constexpr int sc_off = units_off + S * TOK * 4;           // [S][kWsRows] u32: fp16 scale pairs (kExpScales)
+  static constexpr int bar_off = sc_off + S * kWsRows * 4;          // [2][S] u64: full, empty
   static constexpr int bytes = bar_off + 2 * S * 8;
 };
 
@@ -63,8 +66,10 @@ struct Gemm3Args {
   float* part;
   int32_t* cnt;
   int64_t nfull, rb;
-  int32_t kt, pad;
+  int32_t kt, flags;  // flags: kExp* (round 21 experiment, BONSAI_CUDA_GEMM3_EXP)
 };
+constexpr int32_t kExpNoTurns = 1;  // the consumers issue without taking turns
+constexpr int32_t kExpScales = 2;   // the producer copies the group's d_w into the stage (no global loads in the consumers)
 
 // MINB blocks per SM (round 17): 2 halves every thread's registers (the launch bound's 80; producer 40, consumers 96:
 // enough for TOK = 32's 2 x 16 int32 + 16 fp32 accumulators) so two blocks' warps hide each other's per-group latency.
@@ -83,6 +88,7 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
   unsigned char* base = g3_smem + ((1024 - (smem_u32(g3_smem) & 1023)) & 1023);
   uint32_t* raw = reinterpret_cast<uint32_t*>(base + Lay::raw_off);   // [S][kWsRows][kWsRawStride]
   float* units = reinterpret_cast<float*>(base + Lay::units_off);     // [S][TOK] (0 past M)
+  const uint32_t* scs = reinterpret_cast<const uint32_t*>(base + Lay::sc_off);  // [S][kWsRows] (kExpScales)
   const uint32_t x_s = smem_u32(base), bar_s = smem_u32(base + Lay::bar_off);
   auto full = [&](int s) { return bar_s + 8u * unsigned(s); };
   auto empty = [&](int s) { return bar_s + 8u * unsigned(S + s); };
@@ -134,6 +140,9 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
     const int64_t utok = tok0 + (tid < TOK ? tid : 0);
     const float* usrc = &a.xds[(utok < M ? utok : M - 1) * C + k0 * 2].x;  // + 4 floats (2 chunks) per group
     const uint32_t udst = smem_u32(units) + 4u * unsigned(tid);
+    // kExpScales: row tid's scale of group kg is fp16 element sc_e0 + kg of the output's [N, G] scales.
+    const int64_t sc_e0 = (row0 + tid < N ? row0 + tid : N - 1) * G + k0, sc_end = N * G;
+    const uint32_t scdst = smem_u32(scs) + 4u * unsigned(tid);
     auto issue_w = [&](int64_t kg, int s) {
       const uint32_t d = wdst + uint32_t(s * kWsRows * kWsRawStride * 4);
       cp_async16_s(d, wsrc + kg * 8, wb0);
@@ -150,6 +159,13 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
 #pragma unroll
         for (int l = 0; l < L; ++l)
           cp_async16_s(dst + uint32_t(l * TOK * 128 + j * 2048), j < nvalid ? src + l * lk : a.xq, j < nvalid ? 16 : 0);
+      if (fa.flags & kExpScales) {  // row tid's d_w of the group: the aligned fp16 pair holding it (4 B)
+        const int64_t e = sc_e0 + kg;
+        const int64_t pb = e & ~int64_t(1);
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(scdst + uint32_t(s * kWsRows * 4)),
+                     "l"(a.o[o].scales + pb), "r"(pb + 1 < sc_end ? 4 : 2)
+                     : "memory");
+      }
       if (!RU && tid < TOK)
         asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(udst + uint32_t(s * TOK * 4)),
                      "l"(usrc + kg * 4), "r"(utok < M ? 4 : 0)
@@ -191,7 +207,16 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
     const int64_t rlo = row0 + wrow, rhi = rlo + 8;
     const __half* slo = scales + (rlo < N ? rlo : N - 1) * G + k0;
     const __half* shi = scales + (rhi < N ? rhi : N - 1) * G + k0;
-    auto dw_of = [&](int64_t kg) { return make_float2(__half2float(slo[kg]), __half2float(shi[kg])); };
+    const bool sm_scales = fa.flags & kExpScales, turns = !(fa.flags & kExpNoTurns);
+    // kExpScales: the half of the stage's pair that holds the row's scale (the pair starts at an even element).
+    const int plo = int(((rlo < N ? rlo : N - 1) * G + k0) & 1), phi = int(((rhi < N ? rhi : N - 1) * G + k0) & 1);
+    auto dw_of = [&](int64_t kg, int st) {
+      if (sm_scales) {
+        const __half* p = reinterpret_cast<const __half*>(scs + st * kWsRows + wrow);
+        return make_float2(__half2float(p[(plo + int(kg)) & 1]), __half2float(p[8 * 2 + ((phi + int(kg)) & 1)]));
+      }
+      return make_float2(__half2float(slo[kg]), __half2float(shi[kg]));
+    };
 
     int acc[L][R];  // [plane][register]
     float f[R];     // fp32 sums over groups
@@ -212,7 +237,7 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
       // MEMBAR.ALL.CTA, which waits for the thread's outstanding loads: the group's scales are loaded after
       // it (loaded a group ahead, before it, they cost a global-load latency per group and 2 registers).
       fence_async_smem();
-      const float2 dw = dw_of(kg);  // its latency runs under the group's wgmmas
+      const float2 dw = dw_of(kg, s);  // its latency runs under the group's wgmmas
       // A fragments of the group: word j of a row holds element 16 j + 4 b + i at bits 8 b + 2 i, the
       // transposed activation holds it at position 16 j + 4 i + b, so decode4(w >> 2 q) of words 2 ks and
       // 2 ks + 1 are k bytes 4q.. and 16+4q.. of k-step ks.
@@ -230,7 +255,7 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
         af[ks][2] = decode4(wl[2 * ks + 1] >> (2 * q));
         af[ks][3] = decode4(wh[2 * ks + 1] >> (2 * q));
       }
-      if (c == 1 || kg > 0) named_sync(my_turn, 256);  // the other consumer has issued its previous group
+      if (turns && (c == 1 || kg > 0)) named_sync(my_turn, 256);  // the other consumer has issued its previous group
 #pragma unroll
       for (int l = 0; l < L; ++l) pin(acc[l]);
       wg_fence();
@@ -243,7 +268,7 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
         for (int l = 0; l < L; ++l)
           wgmma_rs(acc[l], af[ks], db + uint64_t((l * TOK * 128 + 32 * ks) >> 4), ks);
       wg_commit();
-      if (c == 0 || kg + 1 < NG) named_arrive(next_turn, 256);  // its turn (consumer 1 skips its last)
+      if (turns && (c == 0 || kg + 1 < NG)) named_arrive(next_turn, 256);  // its turn (consumer 1 skips its last)
       wg_wait<0>();
 #pragma unroll
       for (int l = 0; l < L; ++l) pin(acc[l]);
@@ -298,6 +323,11 @@ Gemm3Pick gemm3_pick_l(int64_t M, int occ) {
 // Row units (ru) have I2FP instances of 64 and 128 tokens only: the row-unit site needs >= 64 rows
 // (site_row_units). Dropping ru is always exact: xds then holds the row's unit in every chunk, which the
 // per-group scaling reads.
+// Round 21 A/B switch (experiment; read per launch): BONSAI_CUDA_GEMM3_EXP = kExp* bits.
+int32_t gemm3_exp_flags() {
+  const char* e = std::getenv("BONSAI_CUDA_GEMM3_EXP");
+  return e && *e ? int32_t(std::atoi(e)) : 0;
+}
 Gemm3Pick gemm3_pick(int levels, int64_t M, int cvt, int occ, bool ru = false) {
   ru = ru && M > 32;
   if (ru) return levels == 2 ? gemm3_pick_l<2, 1, true>(M, occ) : gemm3_pick_l<1, 1, true>(M, occ);
@@ -329,6 +359,7 @@ Launch gemm3_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t*
                     int levels, int ks, int64_t part_stride, int cvt, int occ, bool row_units) {
   const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, cvt, occ, row_units);
   Gemm3Args a{};
+  a.flags = gemm3_exp_flags();
   a.g = gemm_args(outs, n_outs, K, xq, xds, M, ks, part_stride, /*swizzle=*/true, kWsRows);
   const dim3 grid{unsigned(gemm_row_blocks(outs, n_outs, kWsRows)), unsigned((M + p.tok - 1) / p.tok), unsigned(ks)};
   return make_launch(p.func, grid, dim3(kWsThreads), p.smem, a);
@@ -363,6 +394,7 @@ Launch gemm3_fold_launch(const TernaryDev* outs, int n_outs, int64_t K, const in
                          bool row_units) {
   const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, cvt, occ, row_units);
   Gemm3Args a{};
+  a.flags = gemm3_exp_flags();
   a.g = gemm_args(outs, n_outs, K, xq, xds, M, f.kt, 0, /*swizzle=*/true, kWsRows);
   a.part = part;
   a.cnt = cnt;
