@@ -5,10 +5,10 @@
 // Why: v2's two warpgroups meet at a block barrier once per group and each scales its accumulators while
 // its own tensor work has drained, so the tensor pipe idles for the scaling (round 5: ~3,800 cycles per
 // group for ~1,024 of tensor work at 128 tokens). Here, per block of 128 weight rows x TOK tokens:
-//   - warpgroup 0 = producer: cp.async of each group's raw words, both digit planes (128-byte swizzled
-//     K-major tiles) and the token units into a ring of S stages; each thread's copies of a stage complete
-//     on that stage's `full` mbarrier (cp.async.mbarrier.arrive.noinc); it refills a stage once both
-//     consumers have arrived on its `empty` mbarrier. No block barrier after the prologue.
+//   - warpgroup 0 = producer: cp.async of each group's raw words, the rows' fp16 scales (round 21), both digit
+//     planes (128-byte swizzled K-major tiles) and the token units into a ring of S stages; each thread's
+//     copies of a stage complete on that stage's `full` mbarrier (cp.async.mbarrier.arrive.noinc); it refills
+//     a stage once both consumers have arrived on its `empty` mbarrier. No block barrier after the prologue.
 //   - warpgroups 1, 2 = consumers, 64 rows each x all TOK tokens (wgmma n = TOK, up to 128): the weights go
 //     to wgmma from REGISTERS: each thread decodes its own A fragment (rows g, g + 8 of its warp's 16,
 //     k bytes 4q..4q+3 and 16+4q..) straight from the raw words (no decoded tile in shared memory, half
@@ -23,8 +23,6 @@
 //   - round 17, batched decode (9..32 tokens, grids of more blocks than SMs; Options::gemm3_occ): an instance of TWO
 //     blocks per SM, each 7 stages (2 x 102 KB) with 40-register producers and 96-register consumers, so the four
 //     consumer warpgroups of an SM overlap their per-group waits and scaling (gate+up M32 56.4 -> 44.6 us).
-#include <cstdlib>
-
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/gemm3_fold.h"
 #include "backend/cuda/gemm_fold.cuh"
@@ -47,7 +45,7 @@ struct WsLayout {
   static constexpr int x_bytes = L * TOK * 128;                    // [L][TOK / 8 atoms][1024 B] per stage
   static constexpr int raw_off = S * x_bytes;                      // [S][kWsRows][kWsRawStride] u32
   static constexpr int units_off = raw_off + S * kWsRows * kWsRawStride * 4;  // [S][TOK] float
-  static constexpr int sc_off = units_off + S * TOK * 4;           // [S][kWsRows] u32: fp16 scale pairs (kExpScales)
+  static constexpr int sc_off = units_off + S * TOK * 4;           // [S][kWsRows] u32: each row's d_w (an fp16 pair)
   static constexpr int bar_off = sc_off + S * kWsRows * 4;          // [2][S] u64: full, empty
   static constexpr int bytes = bar_off + 2 * S * 8;
 };
@@ -66,10 +64,8 @@ struct Gemm3Args {
   float* part;
   int32_t* cnt;
   int64_t nfull, rb;
-  int32_t kt, flags;  // flags: kExp* (round 21 experiment, BONSAI_CUDA_GEMM3_EXP)
+  int32_t kt, pad;
 };
-constexpr int32_t kExpNoTurns = 1;  // the consumers issue without taking turns
-constexpr int32_t kExpScales = 2;   // the producer copies the group's d_w into the stage (no global loads in the consumers)
 
 // MINB blocks per SM (round 17): 2 halves every thread's registers (the launch bound's 80; producer 40, consumers 96:
 // enough for TOK = 32's 2 x 16 int32 + 16 fp32 accumulators) so two blocks' warps hide each other's per-group latency.
@@ -88,7 +84,7 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
   unsigned char* base = g3_smem + ((1024 - (smem_u32(g3_smem) & 1023)) & 1023);
   uint32_t* raw = reinterpret_cast<uint32_t*>(base + Lay::raw_off);   // [S][kWsRows][kWsRawStride]
   float* units = reinterpret_cast<float*>(base + Lay::units_off);     // [S][TOK] (0 past M)
-  const uint32_t* scs = reinterpret_cast<const uint32_t*>(base + Lay::sc_off);  // [S][kWsRows] (kExpScales)
+  const uint32_t* scs = reinterpret_cast<const uint32_t*>(base + Lay::sc_off);  // [S][kWsRows] fp16 pairs
   const uint32_t x_s = smem_u32(base), bar_s = smem_u32(base + Lay::bar_off);
   auto full = [&](int s) { return bar_s + 8u * unsigned(s); };
   auto empty = [&](int s) { return bar_s + 8u * unsigned(S + s); };
@@ -140,7 +136,7 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
     const int64_t utok = tok0 + (tid < TOK ? tid : 0);
     const float* usrc = &a.xds[(utok < M ? utok : M - 1) * C + k0 * 2].x;  // + 4 floats (2 chunks) per group
     const uint32_t udst = smem_u32(units) + 4u * unsigned(tid);
-    // kExpScales: row tid's scale of group kg is fp16 element sc_e0 + kg of the output's [N, G] scales.
+    // Scales: row tid's d_w of group kg is fp16 element sc_e0 + kg of the output's [N, G] scales (rows past N: N - 1's).
     const int64_t sc_e0 = (row0 + tid < N ? row0 + tid : N - 1) * G + k0, sc_end = N * G;
     const uint32_t scdst = smem_u32(scs) + 4u * unsigned(tid);
     auto issue_w = [&](int64_t kg, int s) {
@@ -159,9 +155,8 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
 #pragma unroll
         for (int l = 0; l < L; ++l)
           cp_async16_s(dst + uint32_t(l * TOK * 128 + j * 2048), j < nvalid ? src + l * lk : a.xq, j < nvalid ? 16 : 0);
-      if (fa.flags & kExpScales) {  // row tid's d_w of the group: the aligned fp16 pair holding it (4 B)
-        const int64_t e = sc_e0 + kg;
-        const int64_t pb = e & ~int64_t(1);
+      {  // row tid's d_w of the group: the 4-byte-aligned fp16 pair that holds it (the last pair of an odd N G: 2 B)
+        const int64_t pb = (sc_e0 + kg) & ~int64_t(1);
         asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(scdst + uint32_t(s * kWsRows * 4)),
                      "l"(a.o[o].scales + pb), "r"(pb + 1 < sc_end ? 4 : 2)
                      : "memory");
@@ -199,23 +194,17 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
 #endif
     pdl_wait();
     const int c = (tid >> 7) - 1, ct = tid & 127, warp = ct >> 5, lane = ct & 31, g = lane >> 2, q = lane & 3;
-    const __half* scales = reinterpret_cast<const __half*>(a.o[o].scales);
     float* y = a.o[o].y + (fa.kt > 0 ? 0 : kz * a.part_stride);
     // Rows of this thread's A fragment and accumulators (wgmma D layout: warp w rows 16 w + g and + 8;
     // register 4 j + i: column 8 j + 2 q + (i & 1), row + 8 when i >= 2).
     const int wrow = c * 64 + warp * 16 + g;
     const int64_t rlo = row0 + wrow, rhi = rlo + 8;
-    const __half* slo = scales + (rlo < N ? rlo : N - 1) * G + k0;
-    const __half* shi = scales + (rhi < N ? rhi : N - 1) * G + k0;
-    const bool sm_scales = fa.flags & kExpScales, turns = !(fa.flags & kExpNoTurns);
-    // kExpScales: the half of the stage's pair that holds the row's scale (the pair starts at an even element).
+    // d_w of rows rlo, rhi for group kg, from stage st: the half of each row's pair that holds it (a pair starts at an
+    // even element of [N, G], so which half alternates with kg).
     const int plo = int(((rlo < N ? rlo : N - 1) * G + k0) & 1), phi = int(((rhi < N ? rhi : N - 1) * G + k0) & 1);
     auto dw_of = [&](int64_t kg, int st) {
-      if (sm_scales) {
-        const __half* p = reinterpret_cast<const __half*>(scs + st * kWsRows + wrow);
-        return make_float2(__half2float(p[(plo + int(kg)) & 1]), __half2float(p[8 * 2 + ((phi + int(kg)) & 1)]));
-      }
-      return make_float2(__half2float(slo[kg]), __half2float(shi[kg]));
+      const __half* p = reinterpret_cast<const __half*>(scs + st * kWsRows + wrow);  // row wrow's pair; + 16: wrow + 8
+      return make_float2(__half2float(p[(plo + int(kg)) & 1]), __half2float(p[16 + ((phi + int(kg)) & 1)]));
     };
 
     int acc[L][R];  // [plane][register]
@@ -234,10 +223,11 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
     for (int64_t kg = 0; kg < NG; ++kg) {
       mbar_wait(full(s), ph);
       // The producer's cp.async (generic proxy) writes, read by wgmma (async proxy). ptxas makes this a
-      // MEMBAR.ALL.CTA, which waits for the thread's outstanding loads: the group's scales are loaded after
-      // it (loaded a group ahead, before it, they cost a global-load latency per group and 2 registers).
+      // MEMBAR.ALL.CTA, which waits for the thread's outstanding loads.
       fence_async_smem();
-      const float2 dw = dw_of(kg, s);  // its latency runs under the group's wgmmas
+      // Round 21: d_w from the stage (the producer copied it with the group). Loaded from global memory here, its L2
+      // latency was exposed at 32 tokens, where a group's wgmmas are short (H200: gate+up M32 48.0 -> 46.1 us).
+      const float2 dw = dw_of(kg, s);
       // A fragments of the group: word j of a row holds element 16 j + 4 b + i at bits 8 b + 2 i, the
       // transposed activation holds it at position 16 j + 4 i + b, so decode4(w >> 2 q) of words 2 ks and
       // 2 ks + 1 are k bytes 4q.. and 16+4q.. of k-step ks.
@@ -255,7 +245,7 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
         af[ks][2] = decode4(wl[2 * ks + 1] >> (2 * q));
         af[ks][3] = decode4(wh[2 * ks + 1] >> (2 * q));
       }
-      if (turns && (c == 1 || kg > 0)) named_sync(my_turn, 256);  // the other consumer has issued its previous group
+      if (c == 1 || kg > 0) named_sync(my_turn, 256);  // the other consumer has issued its previous group
 #pragma unroll
       for (int l = 0; l < L; ++l) pin(acc[l]);
       wg_fence();
@@ -268,16 +258,16 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
         for (int l = 0; l < L; ++l)
           wgmma_rs(acc[l], af[ks], db + uint64_t((l * TOK * 128 + 32 * ks) >> 4), ks);
       wg_commit();
-      if (turns && (c == 0 || kg + 1 < NG)) named_arrive(next_turn, 256);  // its turn (consumer 1 skips its last)
+      if (c == 0 || kg + 1 < NG) named_arrive(next_turn, 256);  // its turn (consumer 1 skips its last)
       wg_wait<0>();
 #pragma unroll
       for (int l = 0; l < L; ++l) pin(acc[l]);
       scale_group<L, R, CVT, RU>(acc, f, units + s * TOK, dw, q);  // f += d_w u_x (254 I0 + I1); RU: d_w (..)
-      mbar_arrive(empty(s));  // this thread's reads of stage s (raw words, units; its wgmmas) are done
+      mbar_arrive(empty(s));  // this thread's reads of stage s (raw words, scales, units; its wgmmas) are done
       if (++s == S) s = 0, ph ^= 1u;
     }
 #else
-    (void)slo, (void)shi, (void)acc;
+    (void)plo, (void)phi, (void)acc;
     __trap();  // built without sm_90a: gemm3_supported() keeps the backend off this kernel
 #endif
     if constexpr (RU) {  // the token units: any chunk of a row holds its row's unit (chunk 0 here)
@@ -323,11 +313,6 @@ Gemm3Pick gemm3_pick_l(int64_t M, int occ) {
 // Row units (ru) have I2FP instances of 64 and 128 tokens only: the row-unit site needs >= 64 rows
 // (site_row_units). Dropping ru is always exact: xds then holds the row's unit in every chunk, which the
 // per-group scaling reads.
-// Round 21 A/B switch (experiment; read per launch): BONSAI_CUDA_GEMM3_EXP = kExp* bits.
-int32_t gemm3_exp_flags() {
-  const char* e = std::getenv("BONSAI_CUDA_GEMM3_EXP");
-  return e && *e ? int32_t(std::atoi(e)) : 0;
-}
 Gemm3Pick gemm3_pick(int levels, int64_t M, int cvt, int occ, bool ru = false) {
   ru = ru && M > 32;
   if (ru) return levels == 2 ? gemm3_pick_l<2, 1, true>(M, occ) : gemm3_pick_l<1, 1, true>(M, occ);
@@ -359,7 +344,6 @@ Launch gemm3_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t*
                     int levels, int ks, int64_t part_stride, int cvt, int occ, bool row_units) {
   const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, cvt, occ, row_units);
   Gemm3Args a{};
-  a.flags = gemm3_exp_flags();
   a.g = gemm_args(outs, n_outs, K, xq, xds, M, ks, part_stride, /*swizzle=*/true, kWsRows);
   const dim3 grid{unsigned(gemm_row_blocks(outs, n_outs, kWsRows)), unsigned((M + p.tok - 1) / p.tok), unsigned(ks)};
   return make_launch(p.func, grid, dim3(kWsThreads), p.smem, a);
@@ -394,7 +378,6 @@ Launch gemm3_fold_launch(const TernaryDev* outs, int n_outs, int64_t K, const in
                          bool row_units) {
   const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, cvt, occ, row_units);
   Gemm3Args a{};
-  a.flags = gemm3_exp_flags();
   a.g = gemm_args(outs, n_outs, K, xq, xds, M, f.kt, 0, /*swizzle=*/true, kWsRows);
   a.part = part;
   a.cnt = cnt;
