@@ -21,6 +21,10 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem, int src_
   const unsigned s = unsigned(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
 }
+// 4 bytes, the destination as a shared-memory address, no zero fill.
+__device__ __forceinline__ void cp_async4_s(uint32_t smem, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem), "l"(gmem) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most N committed groups are still in flight.
 template <int N>

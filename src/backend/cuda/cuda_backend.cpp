@@ -810,7 +810,10 @@ struct CudaBackend::Impl {
     const size_t wpr = size_t(G) * 32, spr = size_t(G) * 2;  // word / scale bytes per row
     const size_t wb = size_t(w.rows) * wpr, sb = size_t(w.rows) * spr;
     const size_t soff = (wb + 255) / 256 * 256;
-    auto* base = static_cast<unsigned char*>(device_alloc(soff + sb, w.name.c_str()));
+    // + kScaleTail zero bytes after the scales: GEMM v3's producer copies each row's scale as the 4-byte pair that holds
+    // it, and the last scale of an odd N x G count starts the allocation's final pair.
+    auto* base = static_cast<unsigned char*>(device_alloc(soff + sb + cuda::kScaleTail, w.name.c_str()));
+    CUDA_CHECK(cudaMemsetAsync(base + soff + sb, 0, cuda::kScaleTail, stream));
     constexpr size_t kStaging = size_t(16) << 20;
     const int64_t slice = std::max<int64_t>(1, int64_t(kStaging / (wpr + spr)));  // rows per staging fill
     CUDA_CHECK(cudaStreamSynchronize(stream));  // nothing queued may still read the pinned buffer
@@ -831,7 +834,7 @@ struct CudaBackend::Impl {
       CUDA_CHECK(cudaStreamSynchronize(stream));  // the next slice overwrites the staging buffer
     }
     owned.push_back(base);
-    st.weight_bytes += wb + sb;
+    st.weight_bytes += wb + sb + cuda::kScaleTail;
     if (!w.input_perm.empty()) upload_const(w.input_perm.data(), w.input_perm.size() * 4);
     mats[&w] = DevMatrix{reinterpret_cast<const uint32_t*>(base), reinterpret_cast<const uint16_t*>(base + soff), w.rows,
                          w.cols};

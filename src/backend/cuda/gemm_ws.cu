@@ -137,7 +137,7 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
     const float* usrc = &a.xds[(utok < M ? utok : M - 1) * C + k0 * 2].x;  // + 4 floats (2 chunks) per group
     const uint32_t udst = smem_u32(units) + 4u * unsigned(tid);
     // Scales: row tid's d_w of group kg is fp16 element sc_e0 + kg of the output's [N, G] scales (rows past N: N - 1's).
-    const int64_t sc_e0 = (row0 + tid < N ? row0 + tid : N - 1) * G + k0, sc_end = N * G;
+    const int64_t sc_e0 = (row0 + tid < N ? row0 + tid : N - 1) * G + k0;
     const uint32_t scdst = smem_u32(scs) + 4u * unsigned(tid);
     auto issue_w = [&](int64_t kg, int s) {
       const uint32_t d = wdst + uint32_t(s * kWsRows * kWsRawStride * 4);
@@ -155,12 +155,9 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
 #pragma unroll
         for (int l = 0; l < L; ++l)
           cp_async16_s(dst + uint32_t(l * TOK * 128 + j * 2048), j < nvalid ? src + l * lk : a.xq, j < nvalid ? 16 : 0);
-      {  // row tid's d_w of the group: the 4-byte-aligned fp16 pair that holds it (the last pair of an odd N G: 2 B)
-        const int64_t pb = (sc_e0 + kg) & ~int64_t(1);
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(scdst + uint32_t(s * kWsRows * 4)),
-                     "l"(a.o[o].scales + pb), "r"(pb + 1 < sc_end ? 4 : 2)
-                     : "memory");
-      }
+      // Row tid's d_w of the group: the 4-byte-aligned fp16 pair that holds it (the pair after an odd N x G count's
+      // last scale lies in the upload's kScaleTail).
+      cp_async4_s(scdst + uint32_t(s * kWsRows * 4), a.o[o].scales + ((sc_e0 + kg) & ~int64_t(1)));
       if (!RU && tid < TOK)
         asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(udst + uint32_t(s * TOK * 4)),
                      "l"(usrc + kg * 4), "r"(utok < M ? 4 : 0)

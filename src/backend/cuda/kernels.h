@@ -85,9 +85,10 @@ constexpr int64_t kMaxHadamardBlock = 8192;
 // scales fp16 [N, K/128]. x comes quantised (site_launch): xq int8 [M, levels, K], xds float2 [M, K/64];
 // `levels` (1: q8, 2: q16) must be the site's.
 constexpr int kMaxOuts = 4;
+constexpr size_t kScaleTail = 16;  // bytes a matrix's upload allocates (zeroed) after its scales
 struct TernaryDev {
   const uint32_t* words;
-  const uint16_t* scales;
+  const uint16_t* scales;  // fp16 [N, K/128], followed by kScaleTail readable bytes (GEMM v3 copies 4-byte pairs)
   float* y;
   int64_t N;
 };
