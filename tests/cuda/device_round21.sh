@@ -1,8 +1,8 @@
 #!/bin/bash
-# Round 21 device run: device_round19.sh plus PROF (below). Round 19's header:
-# Round 19 device run (row units for prefill; GEMM v3 A/B against an earlier build). Binaries: DEVBIN=.devbin-me BUILD=build STAGE_GZ=1
-# tests/cuda/stage_devbin.sh, plus an earlier build's bonsai / test_cuda copied in as bonsai_prev / test_cuda_prev
-# (gzipped); run `bash .devbin-me/device_round19.sh` with carry [".devbin-me"]. In order:
+# Device run of rounds 19-21 (device_round19.sh runs this with the same options; round 21 added PROF): tests, gates and
+# benches, an A/B against an earlier build. Binaries: DEVBIN=.devbin-me BUILD=build STAGE_GZ=1 tests/cuda/stage_devbin.sh,
+# plus an earlier build's bonsai / test_cuda copied in as bonsai_prev / test_cuda_prev (gzipped); run
+# `bash .devbin-me/device_round21.sh` with carry [".devbin-me"]. In order:
 #   the fixture gate per GATE_ENVS entry, test_cuda (TEST_FILTER), memcheck (SAN_FILTER), test_engine (ENGINE_FILTER),
 #   BENCH_SHAPES="gate+up M32,..."  the kernel table (CudaBench.ProbeAndTernaryKernels, tags BENCH_TAGS) of test_cuda
 #                                   and of test_cuda_prev, KT_REPS times each (default 1), alternated
