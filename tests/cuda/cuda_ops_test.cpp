@@ -164,41 +164,6 @@ TEST(CudaOps, SiteFusedIntoMatvecMatchesTheSiteKernel) {
   }
 }
 
-// GEMM v3's two int -> float conversions of the per-group scaling (Options::gemm3_cvt: the 1.5 x 2^23
-// mantissa add or I2FP) are both exact, so the outputs are EQUAL, at each token tile (32 / 64 / 128), with
-// ragged M and N, paired outputs and split-K (K = 8192 with few rows), q16 and q8.
-TEST(CudaOps, GemmV3ConversionsAgree) {
-  BONSAI_REQUIRE_GPU();
-  for (const int levels : {1, 2}) {
-    CudaBackend::Options o0, o1;
-    o0.gemm = o1.gemm = 3;
-    o0.gemm3_cvt = 0;
-    o1.gemm3_cvt = 1;
-    o0.act_levels = o1.act_levels = levels;
-    CudaBackend b0(o0), b1(o1);
-    uint32_t seed = 900;
-    for (const auto& [M, K, N0, N1] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{29, 1152, 257, 75},
-                                       {61, 640, 130, 3}, {200, 1152, 300, 129}, {40, 8192, 200, 40}}) {
-      TernaryMatrix& w0 = random_matrix(N0, K, seed++, 0.02);
-      TernaryMatrix& w1 = random_matrix(N1, K, seed++, 0.02);
-      const auto x = randn(size_t(M * K), seed++);
-      std::vector<float> y[2];
-      for (CudaBackend* be : {&b0, &b1}) {
-        be->prepare_matrix(w0);
-        be->prepare_matrix(w1);
-        Buffer dx = up(*be, x), y0 = poisoned(*be, size_t(M * N0)), y1 = poisoned(*be, size_t(M * N1));
-        const LinearOut outs[2] = {{&w0, y0.data()}, {&w1, y1.data()}};
-        be->linear(outs, 2, K, dx.data(), M);
-        auto v0 = down(*be, y0), v1 = down(*be, y1);
-        v0.insert(v0.end(), v1.begin(), v1.end());
-        for (float v : v0) ASSERT_TRUE(std::isfinite(v)) << "M " << M << " K " << K;  // poison: every output written
-        y[be == &b1] = v0;
-      }
-      EXPECT_EQ(y[0], y[1]) << "levels " << levels << " M " << M << " K " << K;
-    }
-  }
-}
-
 // One product of n (1 or 2) outputs sharing x [M, K] on be, outputs poisoned first: {y0, y1} (y1 still poisoned when
 // n = 1), expecting every element of the n outputs written.
 std::pair<std::vector<float>, std::vector<float>> paired_linear(CudaBackend& be, TernaryMatrix& w0, TernaryMatrix& w1,
@@ -215,6 +180,46 @@ std::pair<std::vector<float>, std::vector<float>> paired_linear(CudaBackend& be,
     unwritten += std::count_if(v[i].begin(), v[i].end(), [](float e) { return !std::isfinite(e); });
   EXPECT_EQ(unwritten, 0) << what;
   return {v[0], v[1]};
+}
+
+// GEMM v3's int -> float conversions of the per-group scaling (Options::gemm3_cvt: 0 = the 1.5 x 2^23 mantissa add,
+// 1 = I2FP) are both exact, so the outputs are EQUAL, at each token tile (32 / 64 / 128), with
+// ragged M and N, paired outputs and split-K (K = 8192 with few rows), q16 and q8, with per-group units and row units
+// (whose 64- and 128-token instances are I2FP only: there both backends run the same kernel, so EQUAL run to run).
+TEST(CudaOps, GemmV3ConversionsAgree) {
+  BONSAI_REQUIRE_GPU();
+  for (const bool ru : {true, false})
+  for (const int levels : {1, 2}) {
+    CudaBackend::Options o[2];
+    for (int c = 0; c < 2; ++c) {
+      o[c].gemm = 3;
+      o[c].gemm3_cvt = c;
+      o[c].act_levels = levels;
+      o[c].row_units = ru;
+    }
+    CudaBackend b0(o[0]), b1(o[1]);
+    CudaBackend* bes[2] = {&b0, &b1};
+    uint32_t seed = 900;
+    for (const auto& [M, K, N0, N1] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{29, 1152, 257, 75},
+                                       {61, 640, 130, 3}, {200, 1152, 300, 129}, {40, 8192, 200, 40},
+                                       {130, 5120, 400, 0}, {64, 2048, 300, 129}}) {
+      TernaryMatrix& w0 = random_matrix(N0, K, seed++, 0.02);
+      TernaryMatrix& w1 = random_matrix(N1 > 0 ? N1 : 1, K, seed++, 0.02);
+      const int n = N1 > 0 ? 2 : 1;
+      const auto x = randn(size_t(M * K), seed++);
+      std::vector<float> y[2];
+      for (int c = 0; c < 2; ++c) {
+        const std::string what = "cvt " + std::to_string(c) + " ru " + std::to_string(ru) + " levels " +
+                                 std::to_string(levels) + " M " + std::to_string(M) + " K " + std::to_string(K);
+        auto [v0, v1] = paired_linear(*bes[c], w0, w1, n, x, M, what);
+        if (n == 2) v0.insert(v0.end(), v1.begin(), v1.end());
+        y[c] = v0;
+      }
+      const std::string what = "ru " + std::to_string(ru) + " levels " + std::to_string(levels) + " M " +
+                               std::to_string(M) + " K " + std::to_string(K);
+      EXPECT_EQ(y[0], y[1]) << what;
+    }
+  }
 }
 
 // Round 11b: GEMM v3 with its split-K folded in (Options::gemm3_fold). Below one wave of tiles (and at a last wave of
