@@ -424,8 +424,9 @@ TEST(CudaOps, GemmF16Small) {
 // (a negative graph segment is none, one graph per step).
 TEST(CudaOps, DecodeSwitchesFromTheEnvironment) {
   const char* names[] = {"BONSAI_CUDA_GRAPH_SEGMENT", "BONSAI_CUDA_DELTA_STEP", "BONSAI_CUDA_ATTN_LONG", "BONSAI_CUDA_MV7_K32",
-                         "BONSAI_CUDA_MV7_FIRST",     "BONSAI_CUDA_DELTA_ROWS", "BONSAI_CUDA_PREFILL_CHUNK"};
-  constexpr int kNames = 7;
+                         "BONSAI_CUDA_MV7_FIRST",     "BONSAI_CUDA_DELTA_ROWS", "BONSAI_CUDA_PREFILL_CHUNK",
+                         "BONSAI_CUDA_DELTA_SPLIT"};
+  constexpr int kNames = 8;
   std::string kept[kNames];
   bool had[kNames];
   for (int i = 0; i < kNames; ++i) {
@@ -441,6 +442,7 @@ TEST(CudaOps, DecodeSwitchesFromTheEnvironment) {
   EXPECT_EQ(d.matvec7_k32, 1);  // round 15: k32 but on ffn_down
   EXPECT_EQ(d.matvec7_first, -1);  // round 15: the ragged stage first
   EXPECT_EQ(d.delta_rows, 8);       // round 18
+  EXPECT_EQ(d.delta_rows_split, 2);  // round 22
   EXPECT_EQ(d.prefill_chunk, 2048);
   setenv("BONSAI_CUDA_GRAPH_SEGMENT", "0", 1);
   setenv("BONSAI_CUDA_DELTA_STEP", "4", 1);
@@ -459,7 +461,9 @@ TEST(CudaOps, DecodeSwitchesFromTheEnvironment) {
   EXPECT_EQ(cuda_options(0, "").graph_segment, 200);
   setenv("BONSAI_CUDA_DELTA_ROWS", "0", 1);
   setenv("BONSAI_CUDA_PREFILL_CHUNK", "1024", 1);
+  setenv("BONSAI_CUDA_DELTA_SPLIT", "4", 1);
   EXPECT_EQ(cuda_options(0, "").delta_rows, 0);
+  EXPECT_EQ(cuda_options(0, "").delta_rows_split, 4);
   EXPECT_EQ(cuda_options(0, "").prefill_chunk, 1024);
   for (const char* bad : {"100", "0", "8192", "x"}) {
     setenv("BONSAI_CUDA_PREFILL_CHUNK", bad, 1);
@@ -1265,7 +1269,8 @@ TEST(CudaOps, DeltaRuleChunkedMatchesRecurrent) {
 // The forward splits the conv output [T, C = 2 Nk Dk + Nv Dv] into q, k, v with three strided copies before the
 // delta rule (M > 1); with fusion on the delta rule reads them in place (row strides C) and the copies are not
 // launched. Token loop, chunked form and the batched rows (one state per row) against ref::gdn_recurrent; the
-// fused step must also launch at least 3 fewer kernels than the unfused one.
+// fused step must also launch at least 3 fewer kernels than the unfused one. Batched rows in column slices
+// (Options::delta_rows_split 2 / 4) must equal one block per state bit for bit.
 TEST(CudaOps, DeltaRuleReadsQkvInPlaceFromTheConvOutput) {
   BONSAI_REQUIRE_GPU();
   const int64_t Nk = 2, Nv = 6, Dk = 128, Dv = 128, KD = Nk * Dk, VD = Nv * Dv, C = 2 * KD + VD;
@@ -1275,8 +1280,11 @@ TEST(CudaOps, DeltaRuleReadsQkvInPlaceFromTheConvOutput) {
     bool rows;  // batched: row m is one token of sequence m
     int step_warps = 8;  // Options::delta_step (T = 1 of one sequence)
     int rows_warps = 8;  // Options::delta_rows (batched rows; 0: delta_kernel)
-  } cases[] = {{3, 1, false}, {70, 2, false},        {70, 1, false},        {5, 1, true},         {32, 1, true},
-               {5, 1, true, 8, 16}, {32, 1, true, 8, 16}, {32, 1, true, 8, 0}, {1, 1, false}, {1, 1, false, 0}};
+    int rows_split = 1;  // Options::delta_rows_split (column slices per state; round 22)
+  } cases[] = {{3, 1, false},           {70, 2, false},           {70, 1, false},        {5, 1, true},
+               {32, 1, true},           {5, 1, true, 8, 16},      {32, 1, true, 8, 16},  {32, 1, true, 8, 0},
+               {1, 1, false},           {1, 1, false, 0},         {5, 1, true, 8, 8, 2}, {32, 1, true, 8, 8, 4},
+               {32, 1, true, 8, 16, 2}, {7, 1, true, 8, 16, 4}};
   uint32_t seed = 900;
   for (const Case& c : cases) {
     const int64_t T = c.T, S = c.rows ? T : 1;  // S states
@@ -1300,13 +1308,17 @@ TEST(CudaOps, DeltaRuleReadsQkvInPlaceFromTheConvOutput) {
       ref::gdn_recurrent(st.data(), q.data(), k.data(), v.data(), g.data(), beta.data(), T, Nk, Nv, Dk, Dv,
                          want.data());
     }
-    int64_t kernels[2] = {0, 0};
-    for (bool fuse : {true, false}) {
+    struct Run {
+      std::vector<float> out, state, beta;
+      int64_t kernels;
+    };
+    auto run = [&](bool fuse, int rows_split) {
       CudaBackend::Options o;
       o.fuse = fuse;
       o.delta = c.mode;
       o.delta_step = c.step_warps;
       o.delta_rows = c.rows_warps;
+      o.delta_rows_split = rows_split;
       o.graphs = false;
       CudaBackend be(o);
       Buffer dconv = up(be, conv), ds = up(be, s0), da = up(be, a), db = up(be, b), dA = up(be, A), dd = up(be, dtb),
@@ -1328,14 +1340,28 @@ TEST(CudaOps, DeltaRuleReadsQkvInPlaceFromTheConvOutput) {
       else
         be.gdn_delta_rule(ds.data(), dq.data(), dk.data(), dv.data(), dg.data(), dbeta.data(), T, Nk, Nv, Dk, Dv,
                           out.data());
-      const auto got = down(be, out);
-      kernels[fuse ? 0 : 1] = be.stats().kernels - k0;
+      Run r{down(be, out), down(be, ds), down(be, dbeta), 0};
+      r.kernels = be.stats().kernels - k0;
+      return r;
+    };
+    int64_t kernels[2] = {0, 0};
+    for (bool fuse : {true, false}) {
+      const Run r = run(fuse, c.rows_split);
+      kernels[fuse ? 0 : 1] = r.kernels;
       const std::string what = "T " + std::to_string(T) + " delta " + std::to_string(c.mode) +
                                (c.rows ? " rows" : " one sequence") + (fuse ? " fused" : " unfused") + " step warps " +
-                               std::to_string(c.step_warps) + " rows warps " + std::to_string(c.rows_warps);
-      EXPECT_LE(rel_err(got, want), 5e-5) << what;
-      EXPECT_LE(rel_err(down(be, ds), st), 5e-5) << what;
-      EXPECT_LE(rel_err(down(be, dbeta), beta), 1e-5) << what;
+                               std::to_string(c.step_warps) + " rows warps " + std::to_string(c.rows_warps) +
+                               " split " + std::to_string(c.rows_split);
+      EXPECT_LE(rel_err(r.out, want), 5e-5) << what;
+      EXPECT_LE(rel_err(r.state, st), 5e-5) << what;
+      EXPECT_LE(rel_err(r.beta, beta), 1e-5) << what;
+      if (c.rows_split > 1) {
+        // Column slices change only which block computes a column: outputs and states bit-identical to one block per
+        // state (round 22).
+        const Run one = run(fuse, 1);
+        EXPECT_EQ(one.out, r.out) << what << ": outputs against split 1";
+        EXPECT_EQ(one.state, r.state) << what << ": states against split 1";
+      }
     }
     EXPECT_LE(kernels[0] + 3, kernels[1]) << "T " << T << ": fused " << kernels[0] << " vs unfused " << kernels[1]
                                           << " launches (the three copies should fold into the delta rule)";

@@ -15,6 +15,7 @@
 #   SASS=<regex> (round 20) cuobjdump -sass of test_cuda's kernels whose names match, into $OUT/sass.txt
 #   PROF="name:B:ENV=V,ENV=V ..." (round 21) the eager per-kernel profile (BONSAI_CUDA_PROFILE=1, no graphs) of 8 decode
 #            steps of B sequences (B 0: one sequence, no --batch) per entry into $OUT/prof_<name>.txt, its top lines
+#   STATE_PROBE=1 (round 22) the state read-modify-write ceiling (tests/cuda/state_stream_probe.cu, compiled here with nvcc)
 #   FINAL=1  the default binary's `bench -p 512,2048 -n 128 -r 2 -d 0,8192 --json` and the batches 4,8,16,32
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
 device_header "$OUT/gpu.csv"
@@ -36,6 +37,11 @@ if [ "${WGMMA:-0}" = 1 ]; then
   BONSAI_CUDA_BENCH=1 BONSAI_BENCH_OUT=$L timeout 120 $B/test_cuda --gtest_filter=CudaBench.WgmmaCeiling > "$L/wgmma.log" 2>&1
   echo "wgmma ceiling rc=$?"; cat "$L/bench_wgmma.txt" 2>/dev/null | tee "$OUT/wgmma.txt"
   stamp "wgmma ceiling"
+fi
+if [ "${STATE_PROBE:-0}" = 1 ]; then
+  $(command -v nvcc || echo /usr/local/cuda/bin/nvcc) -O3 -arch=sm_90a -std=c++17 tests/cuda/state_stream_probe.cu -o $L/state_stream_probe > $L/ssp_build.log 2>&1 \
+    && timeout 60 $L/state_stream_probe | tee "$OUT/state_probe.txt" || { echo "state probe failed"; tail -5 $L/ssp_build.log; }
+  stamp "state probe"
 fi
 if [ -n "${SASS:-}" ]; then
   cuobjdump -sass $B/test_cuda 2>/dev/null | awk -v re="$SASS" '/Function :/ {on = ($0 ~ re)} on' > "$OUT/sass.txt"

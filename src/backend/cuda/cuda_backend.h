@@ -75,6 +75,9 @@ class CudaBackend final : public Backend {
     int delta_rows = 8;        // round 18: batched decode's delta rule on delta_rows_kernel with this many warps (8 or
                                // 16: one barrier, vector loads, a block per (head, sequence)), 0 = delta_kernel;
                                // BONSAI_CUDA_DELTA_ROWS
+    int delta_rows_split = 2;  // round 22: delta_rows_kernel blocks per state, each a slice of 128 / split columns
+                               // (1, 2 or 4; bit-identical; H200 B = 32 2,464 / 2,463 vs 2,442 / 2,440 tok/s with 1,
+                               // 2,368 with 4); BONSAI_CUDA_DELTA_SPLIT
     bool delta_mma = true;     // round 12: the chunked form's products on tensor cores (3xTF32) and its solve one column
                                // per thread (delta_prep2 / delta_scan2_kernel); BONSAI_CUDA_DELTA_MMA=0: round 8b's FFMA
                                // kernels (docs/cuda-kernels.md round 12)
@@ -116,6 +119,8 @@ class CudaBackend final : public Backend {
                                      // of the same rows), else slice major (BONSAI_CUDA_MV6_SPLIT_ILV=0)
     int matvec7_first = -1;    // round 15: rows of a v7 block's first stage: -1 = its ragged remainder (it ended the block
                                // before: tg128 +0.8 % in one H200 call), 0 = a whole stage, N = N rows; BONSAI_CUDA_MV7_FIRST
+    bool matvec7_pair = false; // round 22: v7 blocks small enough (<= 110 KB, 10 consumer warps) that the next product's
+                               // block shares the SM and streams its first stages early; BONSAI_CUDA_MV7_PAIR
     bool matvec7 = true;       // round 10: with matvec6_cfg 0, the bulk-copy-ring matvec v7 (matvec_mma.cu, cfg 8) wherever
                                // v6 serves, and for one token over K > 8,192 (ffn_down) instead of v3: the default since
                                // the same-call A/B on the H200 (tg128 185.9 vs 163.3 / 172.0 tok/s for v6 + v3, 8k

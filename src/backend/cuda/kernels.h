@@ -131,9 +131,12 @@ bool matvec6_supported(int64_t M, int levels, int64_t K);
 // order (a block reads contiguous stretches of the same rows, as unsplit), else slice major.
 Launch matvec6_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                       int levels, int sms, int cfg = 0, int split = 1, float* part = nullptr, int32_t* counters = nullptr,
-                      bool interleave = true, int v7_first = -1);
+                      bool interleave = true, int v7_first = -1, bool v7_pair = false);
 // v7_first (round 15; CudaBackend::Options::matvec7_first): rows of a v7 block's first stage, -1 = its ragged remainder
 // (units mod the stage's units; none: a whole stage), 0 = a whole stage (the remainder last), N = N rows.
+// v7_pair (round 22; Options::matvec7_pair): v7 blocks of at most 110 KB and 10 consumer warps where two stages fit, so
+// two products' blocks share an SM (the next one streams its first stages early); the same results (the step order
+// within a row is the same; the warps' partials are summed in warp order, so only NW changes the float sum's grouping).
 // Matvec v7 with the one-row activation site as its prologue (round 11; warp_site.cuh): every block's consumer warps
 // compute the site of d (pre-op, signs, FWHT, int8 digits) into shared memory while the producer's weight copies are in
 // flight; no site kernel, no fp32 site written. AddNorm writes h += delta (each block a slice, once all blocks have read
@@ -344,6 +347,7 @@ struct DeltaDesc {
   int64_t ldq = 0, ldk = 0, ldv = 0;
   int step_warps = 8;  // T = 1 of one sequence: delta_step_kernel with 8 / 4 warps; 0: delta_kernel
   int rows_warps = 0;  // batched rows: delta_rows_kernel with 8 / 16 warps (Dv = 128); 0: delta_kernel
+  int rows_split = 1;  // delta_rows_kernel: column slices per state (1, 2, 4; round 22), one block each
 };
 Launch delta_launch(const DeltaDesc& d);
 

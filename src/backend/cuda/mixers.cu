@@ -2,6 +2,7 @@
 // Gated DeltaNet delta rule (token by token, state slice in registers, optional fused prologue).
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/common.cuh"
@@ -693,28 +694,43 @@ __global__ __launch_bounds__(W * 32) void delta_step_kernel(const DeltaArgs a) {
 // warp covers a whole state row), warp w rows w, w + W, ... So a block streams its whole
 // [Dk, Dv] state (64 KB at 128 x 128) with every load issued before the first use, and one barrier per token
 // instead of delta_kernel's five (the state traffic is the limit at B = 32: 32 x 151 MB read and written per step).
-// A lane's 4 columns of a float4.
-__device__ __forceinline__ float* cols(float4& v) { return reinterpret_cast<float*>(&v); }
-__device__ __forceinline__ const float* cols(const float4& v) { return reinterpret_cast<const float*>(&v); }
+// Round 22 (DeltaDesc::rows_split = 2 / 4): the state's columns are independent (each column's P, Q and update read
+// only that column and the shared k / q), so a block may take a slice of 128 / split columns (CPL = 4 / split per
+// lane, blockIdx.z the slice). Every slice block recomputes the k.k / q.q / k.q dots in the same order (identical
+// values), so the result is bit-identical to split 1; smaller blocks (fewer registers) put more of them, and more
+// state bytes, in flight per SM.
+// A lane's CPL columns as floats.
+template <class V>
+__device__ __forceinline__ float* cols(V& v) { return reinterpret_cast<float*>(&v); }
+template <class V>
+__device__ __forceinline__ const float* cols(const V& v) { return reinterpret_cast<const float*>(&v); }
+template <int CPL>
+using ColVec = std::conditional_t<CPL == 4, float4, std::conditional_t<CPL == 2, float2, float>>;
 
-template <int W>
-__global__ __launch_bounds__(W * 32, 2) void delta_rows_kernel(const DeltaRowsArgs args) {
-  using V = float4;
-  constexpr int CPL = 4;  // columns per lane
+// Blocks per SM the launch bound asks for: 8 warps at 4 / 2 / 1 columns a lane fit 2 / 3 / 4 (128 / 80 / 64
+// registers, no spills); 16 warps keep round 18's 2.
+template <int W, int CPL>
+constexpr int delta_rows_min_blocks() { return W == 8 ? (CPL == 4 ? 2 : CPL == 2 ? 3 : 4) : 2; }
+
+template <int W, int CPL = 4>
+__global__ __launch_bounds__(W * 32, delta_rows_min_blocks<W, CPL>()) void delta_rows_kernel(const DeltaRowsArgs args) {
+  using V = ColVec<CPL>;  // a lane's CPL columns
   constexpr int kR = int(kDeltaMaxDk) / W;  // state rows per thread at most
-  constexpr int kDv = 32 * CPL;
+  constexpr int kDv = 32 * CPL;  // columns of the block's slice
+  constexpr int kDvFull = 128;   // the state's row length (Dv)
   const DeltaArgs& a = args.a;
   __shared__ float part[W][2][kDv];  // [warp][P, Q][column]
   __shared__ float dots[W][3];       // [warp][k.k, q.q, k.q]
   pdl_trigger();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t h = blockIdx.x, m = blockIdx.y;  // V head, row (its own sequence's token)
+  const int64_t c0 = int64_t(blockIdx.z) * kDv;  // the slice's first column
   const int64_t rep = a.Nv / a.Nk, kh = h / rep;
   const int R = int(a.Dk) / W;
-  float* Sg = args.t.a[m] + h * a.Dk * kDv;
+  float* Sg = args.t.a[m] + h * a.Dk * kDvFull + c0;  // [Dk, Dv] row-major, this slice's columns
   // The state into L2 while the previous kernel still runs (as delta_kernel): one 128-byte line per 32 / CPL lanes.
   if ((lane & (32 / CPL - 1)) == 0)
-    for (int ii = 0; ii < R; ++ii) prefetch_l2(Sg + (warp + W * ii) * kDv + CPL * lane);
+    for (int ii = 0; ii < R; ++ii) prefetch_l2(Sg + (warp + W * ii) * kDvFull + CPL * lane);
   pdl_wait();
   V s[kR];
   float kr[kR];
@@ -724,11 +740,11 @@ __global__ __launch_bounds__(W * 32, 2) void delta_rows_kernel(const DeltaRowsAr
   for (int ii = 0; ii < kR; ++ii) {
     const int i = warp + W * ii;
     if (ii < R) {
-      s[ii] = *reinterpret_cast<const V*>(Sg + i * kDv + CPL * lane);
+      s[ii] = *reinterpret_cast<const V*>(Sg + i * kDvFull + CPL * lane);
       kr[ii] = kp[i];  // the same address in every lane: one broadcast load
     }
   }
-  const V vj = *reinterpret_cast<const V*>(a.v + m * a.ldv + h * kDv + CPL * lane);
+  const V vj = *reinterpret_cast<const V*>(a.v + m * a.ldv + h * kDvFull + c0 + CPL * lane);
   const float ga = a.a ? a.a[m * a.Nv + h] : a.g[m * a.Nv + h];
   const float gbv = a.a ? a.b[m * a.Nv + h] : a.beta[m * a.Nv + h];
   float P[CPL], Q[CPL], kk = 0.f, qq = 0.f, kq = 0.f;
@@ -785,8 +801,8 @@ __global__ __launch_bounds__(W * 32, 2) void delta_rows_kernel(const DeltaRowsAr
     cols(o)[c] = decay * nq * Q[c] + delta * nk * nq * kq;
     cols(kd)[c] = nk * delta;
   }
-  if (warp == 0) *reinterpret_cast<V*>(a.out + (m * a.Nv + h) * kDv + CPL * lane) = o;
-  if (a.a && tid == 0) {  // as delta_kernel: the gates for the buffers' later readers
+  if (warp == 0) *reinterpret_cast<V*>(a.out + (m * a.Nv + h) * kDvFull + c0 + CPL * lane) = o;
+  if (a.a && tid == 0 && blockIdx.z == 0) {  // as delta_kernel: the gates for the buffers' later readers
     a.g[m * a.Nv + h] = gv;
     a.beta[m * a.Nv + h] = bv;
   }
@@ -797,7 +813,7 @@ __global__ __launch_bounds__(W * 32, 2) void delta_rows_kernel(const DeltaRowsAr
 #pragma unroll
       for (int c = 0; c < CPL; ++c)
         cols(n)[c] = decay * cols(s[ii])[c] + kr[ii] * cols(kd)[c];
-      *reinterpret_cast<V*>(Sg + (warp + W * ii) * kDv + CPL * lane) = n;
+      *reinterpret_cast<V*>(Sg + (warp + W * ii) * kDvFull + CPL * lane) = n;
     }
   }
 }
@@ -839,9 +855,15 @@ Launch delta_launch(const DeltaDesc& d) {
     bool vec = d.ldv % 4 == 0 && aligned16(d.v) && aligned16(d.out);
     for (int64_t m = 0; m < d.T; ++m) vec = vec && aligned16(d.rows->a[m]);
     if ((rw == 8 || rw == 16) && d.Dk % rw == 0 && d.Dv == 128 && vec) {
-      const dim3 grid(unsigned(d.Nv), unsigned(d.T));
-      const void* f = rw == 8 ? reinterpret_cast<const void*>(&delta_rows_kernel<8>)
-                              : reinterpret_cast<const void*>(&delta_rows_kernel<16>);
+      // Round 22: rows_split column slices per state (1, 2 or 4; anything else runs 1).
+      const int sp = d.rows_split == 2 || d.rows_split == 4 ? d.rows_split : 1;
+      const dim3 grid(unsigned(d.Nv), unsigned(d.T), unsigned(sp));
+      const void* f = rw == 8 ? (sp == 1   ? reinterpret_cast<const void*>(&delta_rows_kernel<8, 4>)
+                                 : sp == 2 ? reinterpret_cast<const void*>(&delta_rows_kernel<8, 2>)
+                                           : reinterpret_cast<const void*>(&delta_rows_kernel<8, 1>))
+                              : (sp == 1   ? reinterpret_cast<const void*>(&delta_rows_kernel<16, 4>)
+                                 : sp == 2 ? reinterpret_cast<const void*>(&delta_rows_kernel<16, 2>)
+                                           : reinterpret_cast<const void*>(&delta_rows_kernel<16, 1>));
       return make_launch(f, grid, dim3(rw * 32), 0, r);
     }
     const dim3 grid(unsigned(d.Nv), unsigned(d.Dv / 32), unsigned(d.T));
