@@ -114,6 +114,7 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   if (const char* e = std::getenv("BONSAI_CUDA_MV7_K32"); e && *e) o.matvec7_k32 = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MV7_FIRST"); e && *e) o.matvec7_first = std::atoi(e);
   o.matvec7_pair = flag("BONSAI_CUDA_MV7_PAIR", o.matvec7_pair);
+  o.dense_slices = flag("BONSAI_CUDA_DENSE_SLICES", o.dense_slices);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_PROLOGUE"); e && *e) o.site_prologue = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_EARLY"); e && *e) o.site_early = std::atoi(e);
   o.site_row = flag("BONSAI_CUDA_SITE_ROW", o.site_row);
@@ -227,6 +228,7 @@ struct CudaBackend::Impl {
   Scratch mv6_part, mv6_cnt;  // split-K v6: partials float [S, M, N], arrival counters int32 [N / 16] (zeroed)
   Scratch mvw_part, mvw_cnt;  // batched wgmma: partials float [2 SMs, 16, 512], counters int32 [row blocks] (zeroed)
   Scratch xh;                 // GEMM v4's fp16 activation tiles [ceil(M / 8)][K / 64][1024 B]
+  Scratch dense_part, dense_cnt;  // the sliced a / b pair (round 22): partials float, arrival counters int32 (zeroed)
   const uint32_t* head_words = nullptr;  // the output head's device words (GEMM v4 leaves it to q16 unless gemm_f16_head)
   Scratch attn_planes;        // round 18: prefill attention's K / V window as f16 hi / lo planes [Hkv][4][p0 + M][D]
   Scratch site_cnt;           // v7's fused AddNorm site: int32 [2] {prologues done, residual slices written} (zeroed)
@@ -572,7 +574,18 @@ struct CudaBackend::Impl {
       case PK::L2: emit(cuda::l2norm_launch(p.dst, p.rows, p.cols, p.f)); break;
       case PK::Scale: emit(cuda::scale_launch(p.dst, p.cols, p.f)); break;
       case PK::Gates: emit(cuda::gdn_gates_launch(p.src, p.src2, p.gain, p.gain2, p.rows, p.cols, p.dst, p.dst2)); break;
-      case PK::Dense: emit(cuda::dense_launch(p.dense, p.n_dense, p.bf16, p.cols, p.src, p.rows)); break;
+      case PK::Dense: {
+        float* part = nullptr;
+        int32_t* cnt = nullptr;
+        if (opt.dense_slices && cuda::dense_slices_supported(p.cols, p.rows)) {  // batched decode (round 22)
+          const int64_t N = p.dense[0].N + (p.n_dense > 1 ? p.dense[1].N : 0);
+          part = static_cast<float*>(ensure(dense_part, size_t(cuda::dense_slices_part_floats(N, p.cols)) * 4,
+                                            "sliced dense partials"));
+          cnt = static_cast<int32_t*>(ensure(dense_cnt, size_t(cuda::dense_slices_groups(N)) * 4, "sliced dense counters", true));
+        }
+        emit(cuda::dense_launch(p.dense, p.n_dense, p.bf16, p.cols, p.src, p.rows, part, cnt));
+        break;
+      }
       case PK::Norm:
         emit(p.dst2 ? cuda::add_rmsnorm_launch(p.dst2, p.src, p.rows, p.cols, p.gain, p.f, p.dst)
                     : cuda::rmsnorm_launch(p.src, p.rows, p.cols, p.gain, p.f, p.dst));
@@ -995,7 +1008,7 @@ CudaBackend::~CudaBackend() {
   for (void* q : p_->owned) cudaFree(q);
   for (Impl::Scratch* s : {&p_->xq, &p_->xds, &p_->attn_o, &p_->attn_ml, &p_->attn_cnt, &p_->ids,
                            &p_->amr_out, &p_->amr_v, &p_->amr_i, &p_->amr_cnt, &p_->topk_out, &p_->gemm_part, &p_->mv6_part, &p_->mv6_cnt, &p_->site_cnt,
-                           &p_->mvw_part, &p_->mvw_cnt, &p_->xh})
+                           &p_->mvw_part, &p_->mvw_cnt, &p_->xh, &p_->dense_part, &p_->dense_cnt})
     if (s->p) cudaFree(s->p);
   if (p_->pinned) cudaFreeHost(p_->pinned);
   for (cudaEvent_t e : p_->ev_pool) cudaEventDestroy(e);

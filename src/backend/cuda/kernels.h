@@ -244,7 +244,13 @@ struct DenseDev {
   float* y;
   int64_t N;
 };
-Launch dense_launch(const DenseDev* outs, int n_outs, bool bf16, int64_t K, const float* x, int64_t M);
+// part / cnt (round 22): with both and dense_slices_supported, the K-sliced batched-decode kernel; part float
+// [dense_slices_part_floats], cnt int32 [dense_slices_groups] zeroed once (every launch leaves it zero).
+Launch dense_launch(const DenseDev* outs, int n_outs, bool bf16, int64_t K, const float* x, int64_t M,
+                    float* part = nullptr, int32_t* cnt = nullptr);
+bool dense_slices_supported(int64_t K, int64_t M);
+int64_t dense_slices_part_floats(int64_t N, int64_t K);  // N: the outputs' rows together
+int64_t dense_slices_groups(int64_t N);
 
 // ---- batched decode: several sequences, one token each (Backend::*_rows) ----------------------------
 // Per-row positions and per-sequence memory travel INLINE in the launch arguments, so a cached decode
