@@ -1175,6 +1175,50 @@ TEST(CudaOps, ConvAndDenseShareALaunchAtDecode) {
   EXPECT_EQ(launches[1] + 1, launches[0]);
 }
 
+// Round 22: a batched step's conv rows and its sliced a / b pair share one launch (conv_dense_rows_kernel): the conv
+// outputs and states and the dense outputs bit for bit those of the two launches (the same blocks' arithmetic), against
+// the reference, one launch fewer; M 5 and 32 rows, each with its own conv state; K 512 (two slices).
+TEST(CudaOps, ConvRowsAndSlicedDenseShareALaunch) {
+  BONSAI_REQUIRE_GPU();
+  const int64_t C = 700, Kc = 4, K = 512, Nv = 48;
+  for (int64_t M : {5, 32}) {
+    const auto taps = randn(size_t(C * Kc), 41, 0.5f), x = randn(size_t(M * C), 42),
+               st0 = randn(size_t(M * (Kc - 1) * C), 43), wa = randn(size_t(Nv * K), 44, 0.05f),
+               wb = randn(size_t(Nv * K), 45, 0.05f), xn = randn(size_t(M * K), 46);
+    auto st = st0;
+    std::vector<float> want(size_t(M * C)), ya(size_t(M * Nv)), yb(size_t(M * Nv));
+    for (int64_t m = 0; m < M; ++m)
+      ref::gdn_conv(x.data() + m * C, st.data() + m * (Kc - 1) * C, taps.data(), 1, C, Kc, want.data() + m * C);
+    ref::dense_matmul_f32(wa.data(), Nv, K, xn.data(), M, ya.data());
+    ref::dense_matmul_f32(wb.data(), Nv, K, xn.data(), M, yb.data());
+    std::vector<std::vector<float>> got[2];
+    uint64_t launches[2];
+    for (int fused : {1, 0}) {
+      CudaBackend::Options o;
+      o.conv_dense = fused;
+      o.graphs = false;
+      CudaBackend be(o);
+      Buffer dt = up(be, taps), dx = up(be, x), ds = up(be, st0), dwa = up(be, wa), dwb = up(be, wb), dxn = up(be, xn),
+             out = poisoned(be, size_t(M * C)), oa = poisoned(be, size_t(M * Nv)), ob = poisoned(be, size_t(M * Nv));
+      std::vector<float*> states(static_cast<size_t>(M));
+      for (int64_t m = 0; m < M; ++m) states[size_t(m)] = ds.data() + m * (Kc - 1) * C;
+      const uint64_t k0 = be.stats().kernels;
+      be.dense_linear(dwa.data(), Nv, K, dxn.data(), M, oa.data());
+      be.dense_linear(dwb.data(), Nv, K, dxn.data(), M, ob.data());
+      be.gdn_conv_rows(dx.data(), states.data(), dt.data(), M, C, Kc, out.data());
+      got[fused] = {down(be, out), down(be, ds), down(be, oa), down(be, ob)};
+      launches[fused] = be.stats().kernels - k0;
+      const std::string what = "M " + std::to_string(M) + (fused ? " one launch" : " two launches");
+      EXPECT_LE(rel_err(got[fused][0], want), 1e-5) << what;
+      EXPECT_EQ(got[fused][1], st) << what;
+      EXPECT_LE(rel_err(got[fused][2], ya), 1e-5) << what;
+      EXPECT_LE(rel_err(got[fused][3], yb), 1e-5) << what;
+    }
+    EXPECT_EQ(got[1], got[0]) << "M " << M;
+    EXPECT_EQ(launches[1] + 1, launches[0]) << "M " << M;
+  }
+}
+
 // The delta rule's inputs as the forward prepares them, on the reference ops: q and k l2-normalised per head (in
 // place) and q times the returned 1/sqrt(Dk); g, beta [T, Nv] from the gates.
 float ref_delta_inputs(std::vector<float>& q, std::vector<float>& k, const std::vector<float>& a,

@@ -564,6 +564,13 @@ struct CudaBackend::Impl {
   }
 
   // ---- deferred ops ---------------------------------------------------------------------------------
+  // The sliced a / b pair's partials and arrival counters (round 22), sized for the pending op p.
+  void dense_scratch(const Pending& p, float*& part, int32_t*& cnt) {
+    const int64_t N = p.dense[0].N + (p.n_dense > 1 ? p.dense[1].N : 0);
+    part = static_cast<float*>(ensure(dense_part, size_t(cuda::dense_slices_part_floats(N, p.cols)) * 4,
+                                      "sliced dense partials"));
+    cnt = static_cast<int32_t*>(ensure(dense_cnt, size_t(cuda::dense_slices_groups(N)) * 4, "sliced dense counters", true));
+  }
   void launch_pending(const Pending& p) {
     switch (p.kind) {
       case PK::Copy: emit(cuda::copy_rows_launch(p.dst, p.ld_dst, p.src, p.ld_src, p.rows, p.cols)); break;
@@ -577,12 +584,7 @@ struct CudaBackend::Impl {
       case PK::Dense: {
         float* part = nullptr;
         int32_t* cnt = nullptr;
-        if (opt.dense_slices && cuda::dense_slices_supported(p.cols, p.rows)) {  // batched decode (round 22)
-          const int64_t N = p.dense[0].N + (p.n_dense > 1 ? p.dense[1].N : 0);
-          part = static_cast<float*>(ensure(dense_part, size_t(cuda::dense_slices_part_floats(N, p.cols)) * 4,
-                                            "sliced dense partials"));
-          cnt = static_cast<int32_t*>(ensure(dense_cnt, size_t(cuda::dense_slices_groups(N)) * 4, "sliced dense counters", true));
-        }
+        if (opt.dense_slices && cuda::dense_slices_supported(p.cols, p.rows)) dense_scratch(p, part, cnt);
         emit(cuda::dense_launch(p.dense, p.n_dense, p.bf16, p.cols, p.src, p.rows, part, cnt));
         break;
       }
@@ -1666,6 +1668,20 @@ void CudaBackend::gdn_conv_rows(const float* x, float* const* conv_states, const
   Impl& I = *p_;
   ++I.seq;
   if (Kc < 1 || Kc > 8) fail("CUDA backend: conv kernel {} is not supported (1..8)", Kc);
+  // Round 22: the pending sliced a / b pair (it reads the normed x, not the conv's input) shares the launch.
+  const Impl::Pending* t = I.opt.fuse && I.opt.conv_dense && I.opt.dense_slices ? I.tail() : nullptr;
+  if (t && t->kind == Impl::PK::Dense && t->rows == M && cuda::dense_slices_supported(t->cols, M) &&
+      t->dense[0].y != x && t->dense[1].y != x) {
+    const Impl::Pending dn = *t;
+    I.pend.pop_back();
+    I.flush_pending();
+    float* part;
+    int32_t* cnt;
+    I.dense_scratch(dn, part, cnt);
+    I.emit(cuda::gdn_conv_dense_rows_launch(x, row_table(M, nullptr, conv_states, nullptr), I.dev(taps), M, C, Kc, out,
+                                            dn.dense, dn.n_dense, dn.bf16, dn.cols, dn.src, part, cnt));
+    return;
+  }
   I.flush_pending();
   I.emit(cuda::gdn_conv_rows_launch(x, row_table(M, nullptr, conv_states, nullptr), I.dev(taps), M, C, Kc, out));
 }

@@ -434,10 +434,10 @@ __global__ __launch_bounds__(kDenseTileThreads) void dense_tile_kernel(const Den
 // tokens' x (M x K fp32: 655 KB at M = 32) from L2 once per output row, 96 times (63 MB a launch: 13.6 us at B = 32 on
 // the H200, the L2 reads its floor). Here block (row group g of kDenseSliceRows rows, K slice z of kDenseSliceK)
 // stages its slice of x once, transposed (lane = token: conflict-free reads), and of its rows' weights, so x is read
-// groups (8 at 96 rows) times in all; warp r computes row g R + r for all tokens (lane m) over the slice. The slice
+// once per group (12 times at 96 rows); warp r computes row g R + r for all tokens (lane m) over the slice. The slice
 // partials go to part [group][slice][R][32]; the last block of a row group to arrive (cnt [group], zero between
 // launches, reset by it) sums them in slice order: deterministic.
-constexpr int kDenseSliceK = 256, kDenseSliceRows = 12, kDenseSliceThreads = 32 * kDenseSliceRows;
+constexpr int kDenseSliceK = 256, kDenseSliceRows = kThreads / 32;
 constexpr int kDenseSliceLd = 33;  // xs row stride (floats): token m of k at k 33 + m, conflict-free both ways
 
 struct DenseSliceArgs {
@@ -446,18 +446,18 @@ struct DenseSliceArgs {
   int32_t* cnt;  // [groups]
 };
 
+// Block (row group g, slice z of `slices`): the body, also run by conv_dense_rows_kernel's blocks past the conv's.
 template <bool BF16>
-__global__ __launch_bounds__(kDenseSliceThreads) void dense_slices_kernel(const DenseSliceArgs sa) {
+__device__ __forceinline__ void dense_slice_block(const DenseSliceArgs& sa, int64_t g, int64_t z, int64_t slices) {
   const DenseArgs& a = sa.d;
   __shared__ float xs[kDenseSliceK * kDenseSliceLd];         // [k][token] (padded)
   __shared__ float4 ws[kDenseSliceRows][kDenseSliceK / 4];   // [row][k / 4] fp32
   __shared__ int last;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t g = blockIdx.x, z = blockIdx.y, slices = gridDim.y, NT = a.N0 + a.N1;
-  const int64_t k0 = z * kDenseSliceK;
+  const int64_t NT = a.N0 + a.N1, k0 = z * kDenseSliceK;
   pdl_trigger();
-  // The rows' weights (constants) before waiting on x's producer: row r of the group, 8 weights a thread and step.
-  for (int e = threadIdx.x; e < kDenseSliceRows * kDenseSliceK / 8; e += kDenseSliceThreads) {
+  // The rows' weights (constants) before waiting on x's producer: 8 weights a thread and step.
+  for (int e = threadIdx.x; e < kDenseSliceRows * kDenseSliceK / 8; e += kThreads) {
     const int r = e / (kDenseSliceK / 8), c = e % (kDenseSliceK / 8);
     const int64_t row = min(g * kDenseSliceRows + r, NT - 1);  // rows past N: a valid row, never stored
     const bool second = row >= a.N0;
@@ -467,7 +467,7 @@ __global__ __launch_bounds__(kDenseSliceThreads) void dense_slices_kernel(const 
     ws[r][2 * c + 1] = make_float4(f[4], f[5], f[6], f[7]);
   }
   pdl_wait();
-  for (int e = threadIdx.x; e < 32 * kDenseSliceK / 4; e += kDenseSliceThreads) {
+  for (int e = threadIdx.x; e < 32 * kDenseSliceK / 4; e += kThreads) {
     const int m = e / (kDenseSliceK / 4), c = e % (kDenseSliceK / 4);  // token m, float4 c of the slice
     const float4 v = m < a.M ? *reinterpret_cast<const float4*>(a.x + m * a.K + k0 + 4 * c) : make_float4(0.f, 0.f, 0.f, 0.f);
     float* d = xs + 4 * c * kDenseSliceLd + m;
@@ -501,6 +501,10 @@ __global__ __launch_bounds__(kDenseSliceThreads) void dense_slices_kernel(const 
   for (int64_t zz = 0; zz < slices; ++zz) t += __ldcg(pg + (zz * kDenseSliceRows + warp) * 32 + lane);  // other SMs': L2
   const bool second = row >= a.N0;
   (second ? a.y1 : a.y0)[lane * (second ? a.N1 : a.N0) + (second ? row - a.N0 : row)] = t;
+}
+template <bool BF16>
+__global__ __launch_bounds__(kThreads) void dense_slices_kernel(const DenseSliceArgs sa) {
+  dense_slice_block<BF16>(sa, blockIdx.x, blockIdx.y, gridDim.y);
 }
 
 // ---- GDN conv: one thread per channel, the Kc-1 window in registers -------------------------------
@@ -573,6 +577,21 @@ template <bool BF16>
 __global__ __launch_bounds__(kThreads) void conv_dense_kernel(const ConvDenseArgs a) {
   if (int64_t(blockIdx.x) < a.conv_blocks) conv_block(a.conv, blockIdx.x, 0);
   else dense_block<BF16>(a.dense, int64_t(blockIdx.x) - a.conv_blocks, 0);
+}
+
+// Round 22: a batched step's conv rows (blocks [0, conv_blocks x M): channel block, row) and its sliced a / b pair
+// (dense_slice_block, the rest: row group, K slice) in one launch, as conv_dense_kernel at one token.
+struct ConvDenseRowsArgs {
+  ConvRowsArgs conv;
+  DenseSliceArgs dense;
+  int64_t conv_blocks;  // channel blocks per row
+  int64_t slices;       // the dense pair's K slices
+};
+template <bool BF16>
+__global__ __launch_bounds__(kThreads) void conv_dense_rows_kernel(const ConvDenseRowsArgs a) {
+  const int64_t b = blockIdx.x, nc = a.conv_blocks * a.conv.a.T;
+  if (b < nc) conv_block(a.conv, b % a.conv_blocks, b / a.conv_blocks);
+  else dense_slice_block<BF16>(a.dense, (b - nc) / a.slices, (b - nc) % a.slices, a.slices);
 }
 
 // One sequence of T tokens (prefill): block = 32 channels (lanes: coalesced rows) x 8 warps, warp w walks its
@@ -906,8 +925,8 @@ Launch dense_launch(const DenseDev* outs, int n_outs, bool bf16, int64_t K, cons
     const DenseSliceArgs sa{a, part, cnt};
     const void* f = bf16 ? reinterpret_cast<const void*>(&dense_slices_kernel<true>)
                          : reinterpret_cast<const void*>(&dense_slices_kernel<false>);
-    return make_launch(f, dim3(unsigned(dense_slices_groups(a.N0 + a.N1)), unsigned(K / kDenseSliceK)),
-                       dim3(kDenseSliceThreads), 0, sa);
+    return make_launch(f, dim3(unsigned(dense_slices_groups(a.N0 + a.N1)), unsigned(K / kDenseSliceK)), dim3(kThreads),
+                       0, sa);
   }
   // Prefill chunks: row tiles (round 8b). A batched decode step (M <= 32) keeps a block per row: the tile grid
   // is then 12 x 4 blocks for the a/b pair (17.4 us at M = 32 on the H200, round 9), the row grid 96 x 4.
@@ -956,6 +975,34 @@ Launch gdn_conv_dense_launch(const float* x, float* state, const float* taps, in
   const void* f = bf16 ? reinterpret_cast<const void*>(&conv_dense_kernel<true>)
                        : reinterpret_cast<const void*>(&conv_dense_kernel<false>);
   return make_launch(f, dim3(unsigned(a.conv_blocks + a.dense.N0 + a.dense.N1)), dim3(kThreads), 0, a);
+}
+
+Launch gdn_conv_dense_rows_launch(const float* x, const RowTable& t, const float* taps, int64_t M, int64_t C, int64_t Kc,
+                                  float* out, const DenseDev* outs, int n_outs, bool bf16, int64_t K, const float* dx,
+                                  float* part, int32_t* cnt) {
+  ConvDenseRowsArgs a{};
+  a.conv = ConvRowsArgs{{x, nullptr, taps, out, M, C, Kc}, t};
+  DenseArgs& d = a.dense.d;
+  d.w0 = outs[0].w;
+  d.y0 = outs[0].y;
+  d.N0 = outs[0].N;
+  if (n_outs > 1) {
+    d.w1 = outs[1].w;
+    d.y1 = outs[1].y;
+    d.N1 = outs[1].N;
+  }
+  d.x = dx;
+  d.K = K;
+  d.M = M;
+  d.bf16 = bf16;
+  a.dense.part = part;
+  a.dense.cnt = cnt;
+  a.conv_blocks = blocks_for(C, kThreads);
+  a.slices = K / kDenseSliceK;
+  const int64_t blocks = a.conv_blocks * M + dense_slices_groups(d.N0 + d.N1) * a.slices;
+  const void* f = bf16 ? reinterpret_cast<const void*>(&conv_dense_rows_kernel<true>)
+                       : reinterpret_cast<const void*>(&conv_dense_rows_kernel<false>);
+  return make_launch(f, dim3(unsigned(blocks)), dim3(kThreads), 0, a);
 }
 
 Launch gdn_conv_rows_launch(const float* x, const RowTable& t, const float* taps, int64_t M, int64_t C, int64_t Kc,

@@ -269,6 +269,11 @@ Launch kv_write_rows_launch(const RowTable& t, const float* k, const float* v, i
 // GDN conv for one token per row: x, out [M, C]; conv state of row m = t.a[m] [Kc-1, C].
 Launch gdn_conv_rows_launch(const float* x, const RowTable& t, const float* taps, int64_t M, int64_t C, int64_t Kc,
                             float* out);
+// Round 22: the conv rows above and the sliced dense pair of dense_launch (M rows of dx; part / cnt as there; requires
+// dense_slices_supported(K, M)) in one launch.
+Launch gdn_conv_dense_rows_launch(const float* x, const RowTable& t, const float* taps, int64_t M, int64_t C, int64_t Kc,
+                                  float* out, const DenseDev* outs, int n_outs, bool bf16, int64_t K, const float* dx,
+                                  float* part, int32_t* cnt);
 
 // ---- attention -------------------------------------------------------------------------------------
 // Causal GQA attention, flash-decoding style: grid (splits, Hkv, M); each block does one split of the
