@@ -49,9 +49,8 @@ std::vector<float> run_linear(CudaBackend& b, const std::vector<TernaryMatrix*>&
 
 // Every case at every level v6 serves and every block shape of `cfgs`: against the exact int8 arithmetic, against v3,
 // and run to run EQUAL.
-// v7_first: CudaBackend::Options::matvec7_first (the rows of a v7 block's first stage); v7_pair: Options::matvec7_pair.
-void v6_cases(const std::vector<Case>& cases, uint32_t seed, const std::vector<int>& cfgs, int v7_first = -1,
-              bool v7_pair = false) {
+// v7_first: CudaBackend::Options::matvec7_first (the rows of a v7 block's first stage).
+void v6_cases(const std::vector<Case>& cases, uint32_t seed, const std::vector<int>& cfgs, int v7_first = -1) {
   for (const Case& c : cases) {
     std::vector<TernaryMatrix*> ws;
     for (int64_t N : c.N) ws.push_back(&random_matrix(N, c.K, seed++, 0.02));
@@ -74,14 +73,12 @@ void v6_cases(const std::vector<Case>& cases, uint32_t seed, const std::vector<i
         o6.matvec = 6;
         o6.matvec6_cfg = cfg;
         o6.matvec7_first = v7_first;
-        o6.matvec7_pair = v7_pair;
         CudaBackend b6(o6);
         std::vector<std::vector<float>> got;
         const std::vector<float> v6 = run_linear(b6, ws, x, c.M, c.K, got);
         std::string shape = "M " + std::to_string(c.M) + " K " + std::to_string(c.K) + " N";
         for (int64_t N : c.N) shape += " " + std::to_string(N);
-        const std::string what = shape + (levels == 2 ? " q16" : " q8") + " cfg " + std::to_string(cfg) +
-                                 (v7_pair ? " paired" : "");
+        const std::string what = shape + (levels == 2 ? " q16" : " q8") + " cfg " + std::to_string(cfg);
         for (size_t i = 0; i < ws.size(); ++i) EXPECT_LE(rel_err(got[i], exact[i]), 1e-5) << what << " output " << i;
         // v6 sums per 128-group, v3 per 64-chunk, in other orders: fp32 rounding apart, nothing more.
         EXPECT_LE(rel_err(v6, v3), 1e-5) << what << " vs v3";
@@ -117,17 +114,6 @@ TEST(CudaMatvec6, V7Small) {
   // Round 15: the first stage whole (the ragged one last, round 14's order) and of 8 rows.
   v6_cases(small, 1600, {8, 10}, 0);
   v6_cases(small, 1700, {8, 10}, 8);
-}
-
-// Round 22: v7's paired shape (blocks of <= 110 KB and 10 consumer warps, so two products share an SM): every stage
-// depth and warp count it picks (K 5120: 16-row stages, the activations staged instead of hoisted; 6144: 8 of 24 steps
-// a warp; 17,408: no two stages fit, the usual shape), ragged tails, several outputs, q8, M 1 and 2.
-TEST(CudaMatvec6, V7PairedShape) {
-  BONSAI_REQUIRE_GPU();
-  const std::vector<Case> cases = {{1, 5120, {1024, 300}}, {2, 5120, {700}}, {1, 6144, {515}}, {1, 17408, {129, 3}},
-                                   {4, 5120, {333}},         {1, 640, {5, 129}}, {1, 5120, {8200}}};
-  v6_cases(cases, 1800, {8, 10, 14}, -1, true);
-  v6_cases(cases, 1900, {8}, 0, true);
 }
 
 // The two steps are the same integer sums grouped differently: the k32 instances must give the k16 ones' outputs

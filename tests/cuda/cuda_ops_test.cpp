@@ -755,53 +755,6 @@ TEST(CudaOps, DenseLinearSingleAndPaired) {
   }
 }
 
-// Round 22: a batched step's a / b pair in K slices (dense_slices_kernel: 12-row groups, 256-wide K slices, the last
-// block of a group sums the slices in order). Against the fp32 reference and the row-per-block kernel it replaces,
-// a partial last group (85 rows), M 2..32 (lane = token; M 33 falls back), run twice (the arrival counters must come
-// back to zero: a stale count would make a block sum partials that are not written yet), bit-identical run to run.
-TEST(CudaOps, DenseSlicesForBatchedDecode) {
-  BONSAI_REQUIRE_GPU();
-  struct Case {
-    int64_t K, N0, N1, M;
-  } cases[] = {{5120, 48, 48, 32}, {5120, 48, 48, 2}, {1024, 48, 37, 5}, {2048, 7, 0, 17}, {5120, 48, 48, 33}};
-  uint32_t seed = 2200;
-  for (const Case& c : cases) {
-    const auto w0 = randn(size_t(c.N0 * c.K), seed++, 0.05f), w1 = randn(size_t(std::max<int64_t>(c.N1, 1) * c.K), seed++, 0.05f),
-               x = randn(size_t(c.M * c.K), seed++);
-    std::vector<float> y0(size_t(c.M * c.N0)), y1(size_t(c.M * c.N1));
-    ref::dense_matmul_f32(w0.data(), c.N0, c.K, x.data(), c.M, y0.data());
-    if (c.N1) ref::dense_matmul_f32(w1.data(), c.N1, c.K, x.data(), c.M, y1.data());
-    std::vector<float> got[2][2];  // [slices off / on][output]
-    for (bool slices : {false, true}) {
-      CudaBackend::Options o;
-      o.dense_slices = slices;
-      o.graphs = false;
-      CudaBackend be(o);
-      Buffer dw0 = up(be, w0), dw1 = up(be, w1), dx = up(be, x);
-      for (int rep = 0; rep < 2; ++rep) {
-        Buffer o0 = poisoned(be, y0.size()), o1 = poisoned(be, std::max<size_t>(y1.size(), 1));
-        be.dense_linear(dw0.data(), c.N0, c.K, dx.data(), c.M, o0.data());
-        if (c.N1) be.dense_linear(dw1.data(), c.N1, c.K, dx.data(), c.M, o1.data());  // fused with the first
-        const auto g0 = down(be, o0), g1 = c.N1 ? down(be, o1) : std::vector<float>();
-        const std::string what = "K " + std::to_string(c.K) + " N " + std::to_string(c.N0) + " + " + std::to_string(c.N1) +
-                                 " M " + std::to_string(c.M) + (slices ? " slices" : " rows") + " rep " + std::to_string(rep);
-        EXPECT_LE(rel_err(g0, y0), 1e-5) << what;
-        if (c.N1) EXPECT_LE(rel_err(g1, y1), 1e-5) << what;
-        if (rep == 1) {
-          EXPECT_EQ(g0, got[slices][0]) << what << ": run to run";
-          EXPECT_EQ(g1, got[slices][1]) << what << ": run to run";
-        }
-        got[slices][0] = g0;
-        got[slices][1] = g1;
-      }
-    }
-    // Another summation order (slices of 256, then across them) than the row kernel's: rounding apart only, and at
-    // M 33 (no sliced form) the same kernel: EQUAL.
-    if (c.M > 32) EXPECT_EQ(got[1][0], got[0][0]);
-    else EXPECT_LE(rel_err(got[1][0], got[0][0]), 1e-5);
-  }
-}
-
 TEST(CudaOps, Norms) {
   BONSAI_REQUIRE_GPU();
   CudaBackend& be = gpu();
@@ -1175,10 +1128,10 @@ TEST(CudaOps, ConvAndDenseShareALaunchAtDecode) {
   EXPECT_EQ(launches[1] + 1, launches[0]);
 }
 
-// Round 22: a batched step's conv rows and its sliced a / b pair share one launch (conv_dense_rows_kernel): the conv
-// outputs and states and the dense outputs bit for bit those of the two launches (the same blocks' arithmetic), against
-// the reference, one launch fewer; M 5 and 32 rows, each with its own conv state; K 512 (two slices).
-TEST(CudaOps, ConvRowsAndSlicedDenseShareALaunch) {
+// Round 22: a batched step's conv rows and its a / b pair share one launch (conv_dense_rows_kernel): the conv outputs
+// and states and the dense outputs bit for bit those of the two launches (the same blocks' arithmetic), against the
+// reference, one launch fewer; M 5 and 32 rows (one and four token tiles), each with its own conv state.
+TEST(CudaOps, ConvRowsAndDenseShareALaunch) {
   BONSAI_REQUIRE_GPU();
   const int64_t C = 700, Kc = 4, K = 512, Nv = 48;
   for (int64_t M : {5, 32}) {

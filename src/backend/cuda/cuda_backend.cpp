@@ -113,8 +113,6 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   o.matvec7 = flag("BONSAI_CUDA_MV7", o.matvec7);
   if (const char* e = std::getenv("BONSAI_CUDA_MV7_K32"); e && *e) o.matvec7_k32 = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MV7_FIRST"); e && *e) o.matvec7_first = std::atoi(e);
-  o.matvec7_pair = flag("BONSAI_CUDA_MV7_PAIR", o.matvec7_pair);
-  o.dense_slices = flag("BONSAI_CUDA_DENSE_SLICES", o.dense_slices);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_PROLOGUE"); e && *e) o.site_prologue = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_EARLY"); e && *e) o.site_early = std::atoi(e);
   o.site_row = flag("BONSAI_CUDA_SITE_ROW", o.site_row);
@@ -228,7 +226,6 @@ struct CudaBackend::Impl {
   Scratch mv6_part, mv6_cnt;  // split-K v6: partials float [S, M, N], arrival counters int32 [N / 16] (zeroed)
   Scratch mvw_part, mvw_cnt;  // batched wgmma: partials float [2 SMs, 16, 512], counters int32 [row blocks] (zeroed)
   Scratch xh;                 // GEMM v4's fp16 activation tiles [ceil(M / 8)][K / 64][1024 B]
-  Scratch dense_part, dense_cnt;  // the sliced a / b pair (round 22): partials float, arrival counters int32 (zeroed)
   const uint32_t* head_words = nullptr;  // the output head's device words (GEMM v4 leaves it to q16 unless gemm_f16_head)
   Scratch attn_planes;        // round 18: prefill attention's K / V window as f16 hi / lo planes [Hkv][4][p0 + M][D]
   Scratch site_cnt;           // v7's fused AddNorm site: int32 [2] {prologues done, residual slices written} (zeroed)
@@ -337,7 +334,7 @@ struct CudaBackend::Impl {
     const int cfg6 = opt.matvec6_cfg == 0 && opt.matvec7 ? (opt.matvec7_k32 == 0 ? 11 : opt.matvec7_k32 == 2 ? 8 : 14) : opt.matvec6_cfg;
     if (opt.matvec == 6 && cuda::matvec6_supported(M, lv, K) && (M > 1 || K <= 8192 || cfg6 != 0))
       return out.push_back(cuda::matvec6_launch(t, n, K, xq, xds, M, lv, sms, cfg6, 1, nullptr, nullptr, true,
-                                                opt.matvec7_first, opt.matvec7_pair));
+                                                opt.matvec7_first));
     // Batched decode (matvec_mma_batch.cu): the tensor-core kernel with a column per activation plane, above v6's M
     // up to 8 tokens and for products of >= 4 row blocks of 16 per SM, where it measured faster than v3 (H200 round 9,
     // us, mvb / v3 at M8 q16: gate+up 46.9 / 71.6, qkv+z 17.9 / 24.0, head 252 / 360; slower on the 5,120-row
@@ -564,13 +561,6 @@ struct CudaBackend::Impl {
   }
 
   // ---- deferred ops ---------------------------------------------------------------------------------
-  // The sliced a / b pair's partials and arrival counters (round 22), sized for the pending op p.
-  void dense_scratch(const Pending& p, float*& part, int32_t*& cnt) {
-    const int64_t N = p.dense[0].N + (p.n_dense > 1 ? p.dense[1].N : 0);
-    part = static_cast<float*>(ensure(dense_part, size_t(cuda::dense_slices_part_floats(N, p.cols)) * 4,
-                                      "sliced dense partials"));
-    cnt = static_cast<int32_t*>(ensure(dense_cnt, size_t(cuda::dense_slices_groups(N)) * 4, "sliced dense counters", true));
-  }
   void launch_pending(const Pending& p) {
     switch (p.kind) {
       case PK::Copy: emit(cuda::copy_rows_launch(p.dst, p.ld_dst, p.src, p.ld_src, p.rows, p.cols)); break;
@@ -581,13 +571,7 @@ struct CudaBackend::Impl {
       case PK::L2: emit(cuda::l2norm_launch(p.dst, p.rows, p.cols, p.f)); break;
       case PK::Scale: emit(cuda::scale_launch(p.dst, p.cols, p.f)); break;
       case PK::Gates: emit(cuda::gdn_gates_launch(p.src, p.src2, p.gain, p.gain2, p.rows, p.cols, p.dst, p.dst2)); break;
-      case PK::Dense: {
-        float* part = nullptr;
-        int32_t* cnt = nullptr;
-        if (opt.dense_slices && cuda::dense_slices_supported(p.cols, p.rows)) dense_scratch(p, part, cnt);
-        emit(cuda::dense_launch(p.dense, p.n_dense, p.bf16, p.cols, p.src, p.rows, part, cnt));
-        break;
-      }
+      case PK::Dense: emit(cuda::dense_launch(p.dense, p.n_dense, p.bf16, p.cols, p.src, p.rows)); break;
       case PK::Norm:
         emit(p.dst2 ? cuda::add_rmsnorm_launch(p.dst2, p.src, p.rows, p.cols, p.gain, p.f, p.dst)
                     : cuda::rmsnorm_launch(p.src, p.rows, p.cols, p.gain, p.f, p.dst));
@@ -1010,7 +994,7 @@ CudaBackend::~CudaBackend() {
   for (void* q : p_->owned) cudaFree(q);
   for (Impl::Scratch* s : {&p_->xq, &p_->xds, &p_->attn_o, &p_->attn_ml, &p_->attn_cnt, &p_->ids,
                            &p_->amr_out, &p_->amr_v, &p_->amr_i, &p_->amr_cnt, &p_->topk_out, &p_->gemm_part, &p_->mv6_part, &p_->mv6_cnt, &p_->site_cnt,
-                           &p_->mvw_part, &p_->mvw_cnt, &p_->xh, &p_->dense_part, &p_->dense_cnt})
+                           &p_->mvw_part, &p_->mvw_cnt, &p_->xh})
     if (s->p) cudaFree(s->p);
   if (p_->pinned) cudaFreeHost(p_->pinned);
   for (cudaEvent_t e : p_->ev_pool) cudaEventDestroy(e);
@@ -1668,18 +1652,15 @@ void CudaBackend::gdn_conv_rows(const float* x, float* const* conv_states, const
   Impl& I = *p_;
   ++I.seq;
   if (Kc < 1 || Kc > 8) fail("CUDA backend: conv kernel {} is not supported (1..8)", Kc);
-  // Round 22: the pending sliced a / b pair (it reads the normed x, not the conv's input) shares the launch.
-  const Impl::Pending* t = I.opt.fuse && I.opt.conv_dense && I.opt.dense_slices ? I.tail() : nullptr;
-  if (t && t->kind == Impl::PK::Dense && t->rows == M && cuda::dense_slices_supported(t->cols, M) &&
-      t->dense[0].y != x && t->dense[1].y != x) {
+  // Round 22: the pending a / b pair of the same rows (it reads the normed x, not the conv's input) shares the launch,
+  // as at one token (M <= 32: dense_launch's row-per-block form).
+  const Impl::Pending* t = I.opt.fuse && I.opt.conv_dense ? I.tail() : nullptr;
+  if (t && t->kind == Impl::PK::Dense && t->rows == M && M <= 32 && t->dense[0].y != x && t->dense[1].y != x) {
     const Impl::Pending dn = *t;
     I.pend.pop_back();
     I.flush_pending();
-    float* part;
-    int32_t* cnt;
-    I.dense_scratch(dn, part, cnt);
     I.emit(cuda::gdn_conv_dense_rows_launch(x, row_table(M, nullptr, conv_states, nullptr), I.dev(taps), M, C, Kc, out,
-                                            dn.dense, dn.n_dense, dn.bf16, dn.cols, dn.src, part, cnt));
+                                            dn.dense, dn.n_dense, dn.bf16, dn.cols, dn.src));
     return;
   }
   I.flush_pending();

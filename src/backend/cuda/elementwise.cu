@@ -430,83 +430,6 @@ __global__ __launch_bounds__(kDenseTileThreads) void dense_tile_kernel(const Den
   }
 }
 
-// Batched decode (round 22; 2 <= M <= 32, K % 256 == 0): the a / b pair in K slices. dense_kernel re-reads the
-// tokens' x (M x K fp32: 655 KB at M = 32) from L2 once per output row, 96 times (63 MB a launch: 13.6 us at B = 32 on
-// the H200, the L2 reads its floor). Here block (row group g of kDenseSliceRows rows, K slice z of kDenseSliceK)
-// stages its slice of x once, transposed (lane = token: conflict-free reads), and of its rows' weights, so x is read
-// once per group (12 times at 96 rows); warp r computes row g R + r for all tokens (lane m) over the slice. The slice
-// partials go to part [group][slice][R][32]; the last block of a row group to arrive (cnt [group], zero between
-// launches, reset by it) sums them in slice order: deterministic.
-constexpr int kDenseSliceK = 256, kDenseSliceRows = kThreads / 32;
-constexpr int kDenseSliceLd = 33;  // xs row stride (floats): token m of k at k 33 + m, conflict-free both ways
-
-struct DenseSliceArgs {
-  DenseArgs d;
-  float* part;   // [groups][slices][kDenseSliceRows][32]
-  int32_t* cnt;  // [groups]
-};
-
-// Block (row group g, slice z of `slices`): the body, also run by conv_dense_rows_kernel's blocks past the conv's.
-template <bool BF16>
-__device__ __forceinline__ void dense_slice_block(const DenseSliceArgs& sa, int64_t g, int64_t z, int64_t slices) {
-  const DenseArgs& a = sa.d;
-  __shared__ float xs[kDenseSliceK * kDenseSliceLd];         // [k][token] (padded)
-  __shared__ float4 ws[kDenseSliceRows][kDenseSliceK / 4];   // [row][k / 4] fp32
-  __shared__ int last;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t NT = a.N0 + a.N1, k0 = z * kDenseSliceK;
-  pdl_trigger();
-  // The rows' weights (constants) before waiting on x's producer: 8 weights a thread and step.
-  for (int e = threadIdx.x; e < kDenseSliceRows * kDenseSliceK / 8; e += kThreads) {
-    const int r = e / (kDenseSliceK / 8), c = e % (kDenseSliceK / 8);
-    const int64_t row = min(g * kDenseSliceRows + r, NT - 1);  // rows past N: a valid row, never stored
-    const bool second = row >= a.N0;
-    float f[8];
-    wload8<BF16>(second ? a.w1 : a.w0, (second ? row - a.N0 : row) * a.K + k0 + 8 * c, f);
-    ws[r][2 * c] = make_float4(f[0], f[1], f[2], f[3]);
-    ws[r][2 * c + 1] = make_float4(f[4], f[5], f[6], f[7]);
-  }
-  pdl_wait();
-  for (int e = threadIdx.x; e < 32 * kDenseSliceK / 4; e += kThreads) {
-    const int m = e / (kDenseSliceK / 4), c = e % (kDenseSliceK / 4);  // token m, float4 c of the slice
-    const float4 v = m < a.M ? *reinterpret_cast<const float4*>(a.x + m * a.K + k0 + 4 * c) : make_float4(0.f, 0.f, 0.f, 0.f);
-    float* d = xs + 4 * c * kDenseSliceLd + m;
-    d[0] = v.x, d[kDenseSliceLd] = v.y, d[2 * kDenseSliceLd] = v.z, d[3 * kDenseSliceLd] = v.w;
-  }
-  __syncthreads();
-  float acc = 0.f;
-#pragma unroll 4
-  for (int c = 0; c < kDenseSliceK / 4; ++c) {
-    const float4 w = ws[warp][c];  // one address per warp: a broadcast
-    const float* x = xs + 4 * c * kDenseSliceLd + lane;
-    acc = fmaf(w.x, x[0], acc);
-    acc = fmaf(w.y, x[kDenseSliceLd], acc);
-    acc = fmaf(w.z, x[2 * kDenseSliceLd], acc);
-    acc = fmaf(w.w, x[3 * kDenseSliceLd], acc);
-  }
-  float* pg = sa.part + g * slices * (kDenseSliceRows * 32);  // this group's [slices][R][32]
-  pg[(z * kDenseSliceRows + warp) * 32 + lane] = acc;
-  __threadfence();  // the partial is visible device-wide before the arrival that publishes it
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(sa.cnt + g, 1) == int(slices) - 1;
-    if (last) sa.cnt[g] = 0;  // every block of the group has arrived: none reads it again this launch
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const int64_t row = g * kDenseSliceRows + warp;
-  if (row >= NT || lane >= a.M) return;
-  float t = 0.f;
-  for (int64_t zz = 0; zz < slices; ++zz) t += __ldcg(pg + (zz * kDenseSliceRows + warp) * 32 + lane);  // other SMs': L2
-  const bool second = row >= a.N0;
-  (second ? a.y1 : a.y0)[lane * (second ? a.N1 : a.N0) + (second ? row - a.N0 : row)] = t;
-}
-template <bool BF16>
-__global__ __launch_bounds__(kThreads) void dense_slices_kernel(const DenseSliceArgs sa) {
-  dense_slice_block<BF16>(sa, blockIdx.x, blockIdx.y, gridDim.y);
-}
-
 // ---- GDN conv: one thread per channel, the Kc-1 window in registers -------------------------------
 constexpr int kMaxConvKernel = 8;
 struct ConvArgs {
@@ -579,19 +502,19 @@ __global__ __launch_bounds__(kThreads) void conv_dense_kernel(const ConvDenseArg
   else dense_block<BF16>(a.dense, int64_t(blockIdx.x) - a.conv_blocks, 0);
 }
 
-// Round 22: a batched step's conv rows (blocks [0, conv_blocks x M): channel block, row) and its sliced a / b pair
-// (dense_slice_block, the rest: row group, K slice) in one launch, as conv_dense_kernel at one token.
+// Round 22: a batched step's conv rows (blocks [0, conv_blocks x M): channel block, row) and its a / b pair
+// (dense_block, the rest: output row, token tile) in one launch, as conv_dense_kernel at one token.
 struct ConvDenseRowsArgs {
   ConvRowsArgs conv;
-  DenseSliceArgs dense;
+  DenseArgs dense;
   int64_t conv_blocks;  // channel blocks per row
-  int64_t slices;       // the dense pair's K slices
+  int64_t tiles;        // the dense pair's token tiles
 };
 template <bool BF16>
 __global__ __launch_bounds__(kThreads) void conv_dense_rows_kernel(const ConvDenseRowsArgs a) {
   const int64_t b = blockIdx.x, nc = a.conv_blocks * a.conv.a.T;
   if (b < nc) conv_block(a.conv, b % a.conv_blocks, b / a.conv_blocks);
-  else dense_slice_block<BF16>(a.dense, (b - nc) / a.slices, (b - nc) % a.slices, a.slices);
+  else dense_block<BF16>(a.dense, (b - nc) / a.tiles, (b - nc) % a.tiles);
 }
 
 // One sequence of T tokens (prefill): block = 32 channels (lanes: coalesced rows) x 8 warps, warp w walks its
@@ -900,14 +823,7 @@ Launch embed_launch(const uint32_t* words, const uint16_t* scales, int64_t K, co
   return make_launch(reinterpret_cast<const void*>(&embed_kernel), dim3(unsigned(M)), dim3(kThreads), 0, a);
 }
 
-bool dense_slices_supported(int64_t K, int64_t M) { return M >= 2 && M <= 32 && K % kDenseSliceK == 0; }
-int64_t dense_slices_part_floats(int64_t N, int64_t K) {
-  return (N + kDenseSliceRows - 1) / kDenseSliceRows * (K / kDenseSliceK) * kDenseSliceRows * 32;
-}
-int64_t dense_slices_groups(int64_t N) { return (N + kDenseSliceRows - 1) / kDenseSliceRows; }
-
-Launch dense_launch(const DenseDev* outs, int n_outs, bool bf16, int64_t K, const float* x, int64_t M, float* part,
-                    int32_t* cnt) {
+Launch dense_launch(const DenseDev* outs, int n_outs, bool bf16, int64_t K, const float* x, int64_t M) {
   DenseArgs a{};
   a.w0 = outs[0].w;
   a.y0 = outs[0].y;
@@ -921,13 +837,6 @@ Launch dense_launch(const DenseDev* outs, int n_outs, bool bf16, int64_t K, cons
   a.K = K;
   a.M = M;
   a.bf16 = bf16;
-  if (part && cnt && dense_slices_supported(K, M)) {
-    const DenseSliceArgs sa{a, part, cnt};
-    const void* f = bf16 ? reinterpret_cast<const void*>(&dense_slices_kernel<true>)
-                         : reinterpret_cast<const void*>(&dense_slices_kernel<false>);
-    return make_launch(f, dim3(unsigned(dense_slices_groups(a.N0 + a.N1)), unsigned(K / kDenseSliceK)), dim3(kThreads),
-                       0, sa);
-  }
   // Prefill chunks: row tiles (round 8b). A batched decode step (M <= 32) keeps a block per row: the tile grid
   // is then 12 x 4 blocks for the a/b pair (17.4 us at M = 32 on the H200, round 9), the row grid 96 x 4.
   if (M > 32 && K % 8 == 0) {
@@ -978,11 +887,10 @@ Launch gdn_conv_dense_launch(const float* x, float* state, const float* taps, in
 }
 
 Launch gdn_conv_dense_rows_launch(const float* x, const RowTable& t, const float* taps, int64_t M, int64_t C, int64_t Kc,
-                                  float* out, const DenseDev* outs, int n_outs, bool bf16, int64_t K, const float* dx,
-                                  float* part, int32_t* cnt) {
+                                  float* out, const DenseDev* outs, int n_outs, bool bf16, int64_t K, const float* dx) {
   ConvDenseRowsArgs a{};
   a.conv = ConvRowsArgs{{x, nullptr, taps, out, M, C, Kc}, t};
-  DenseArgs& d = a.dense.d;
+  DenseArgs& d = a.dense;
   d.w0 = outs[0].w;
   d.y0 = outs[0].y;
   d.N0 = outs[0].N;
@@ -995,11 +903,9 @@ Launch gdn_conv_dense_rows_launch(const float* x, const RowTable& t, const float
   d.K = K;
   d.M = M;
   d.bf16 = bf16;
-  a.dense.part = part;
-  a.dense.cnt = cnt;
   a.conv_blocks = blocks_for(C, kThreads);
-  a.slices = K / kDenseSliceK;
-  const int64_t blocks = a.conv_blocks * M + dense_slices_groups(d.N0 + d.N1) * a.slices;
+  a.tiles = (M + kDenseToks - 1) / kDenseToks;
+  const int64_t blocks = a.conv_blocks * M + (d.N0 + d.N1) * a.tiles;
   const void* f = bf16 ? reinterpret_cast<const void*>(&conv_dense_rows_kernel<true>)
                        : reinterpret_cast<const void*>(&conv_dense_rows_kernel<false>);
   return make_launch(f, dim3(unsigned(blocks)), dim3(kThreads), 0, a);

@@ -131,12 +131,9 @@ bool matvec6_supported(int64_t M, int levels, int64_t K);
 // order (a block reads contiguous stretches of the same rows, as unsplit), else slice major.
 Launch matvec6_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                       int levels, int sms, int cfg = 0, int split = 1, float* part = nullptr, int32_t* counters = nullptr,
-                      bool interleave = true, int v7_first = -1, bool v7_pair = false);
+                      bool interleave = true, int v7_first = -1);
 // v7_first (round 15; CudaBackend::Options::matvec7_first): rows of a v7 block's first stage, -1 = its ragged remainder
 // (units mod the stage's units; none: a whole stage), 0 = a whole stage (the remainder last), N = N rows.
-// v7_pair (round 22; Options::matvec7_pair): v7 blocks of at most 110 KB and 10 consumer warps where two stages fit, so
-// two products' blocks share an SM (the next one streams its first stages early); the same results (the step order
-// within a row is the same; the warps' partials are summed in warp order, so only NW changes the float sum's grouping).
 // Matvec v7 with the one-row activation site as its prologue (round 11; warp_site.cuh): every block's consumer warps
 // compute the site of d (pre-op, signs, FWHT, int8 digits) into shared memory while the producer's weight copies are in
 // flight; no site kernel, no fp32 site written. AddNorm writes h += delta (each block a slice, once all blocks have read
@@ -244,13 +241,7 @@ struct DenseDev {
   float* y;
   int64_t N;
 };
-// part / cnt (round 22): with both and dense_slices_supported, the K-sliced batched-decode kernel; part float
-// [dense_slices_part_floats], cnt int32 [dense_slices_groups] zeroed once (every launch leaves it zero).
-Launch dense_launch(const DenseDev* outs, int n_outs, bool bf16, int64_t K, const float* x, int64_t M,
-                    float* part = nullptr, int32_t* cnt = nullptr);
-bool dense_slices_supported(int64_t K, int64_t M);
-int64_t dense_slices_part_floats(int64_t N, int64_t K);  // N: the outputs' rows together
-int64_t dense_slices_groups(int64_t N);
+Launch dense_launch(const DenseDev* outs, int n_outs, bool bf16, int64_t K, const float* x, int64_t M);
 
 // ---- batched decode: several sequences, one token each (Backend::*_rows) ----------------------------
 // Per-row positions and per-sequence memory travel INLINE in the launch arguments, so a cached decode
@@ -269,11 +260,10 @@ Launch kv_write_rows_launch(const RowTable& t, const float* k, const float* v, i
 // GDN conv for one token per row: x, out [M, C]; conv state of row m = t.a[m] [Kc-1, C].
 Launch gdn_conv_rows_launch(const float* x, const RowTable& t, const float* taps, int64_t M, int64_t C, int64_t Kc,
                             float* out);
-// Round 22: the conv rows above and the sliced dense pair of dense_launch (M rows of dx; part / cnt as there; requires
-// dense_slices_supported(K, M)) in one launch.
+// Round 22: the conv rows above and the dense pair of dense_launch (M <= 32 rows of dx: its row-per-block form) in one
+// launch.
 Launch gdn_conv_dense_rows_launch(const float* x, const RowTable& t, const float* taps, int64_t M, int64_t C, int64_t Kc,
-                                  float* out, const DenseDev* outs, int n_outs, bool bf16, int64_t K, const float* dx,
-                                  float* part, int32_t* cnt);
+                                  float* out, const DenseDev* outs, int n_outs, bool bf16, int64_t K, const float* dx);
 
 // ---- attention -------------------------------------------------------------------------------------
 // Causal GQA attention, flash-decoding style: grid (splits, Hkv, M); each block does one split of the

@@ -883,11 +883,10 @@ namespace {
 int mv6_resolve_cfg(int64_t rows, int64_t K, int cfg) { return cfg == 0 ? (rows <= 2048 || K > 8192 ? 7 : 6) : cfg; }
 // Warps of the lockstep kernel for a tile of `steps` steps: NW <= min(steps, 20) with the fewest idle step slots
 // per tile (20 -> 20, 24 -> 12, 68 -> 17).
-// A cap below 20 (v7's paired shape) searches down to half of it.
-int mv6_lockstep_warps(int64_t steps, int cap = kLsMaxWarps) {
-  int nw = int(std::min<int64_t>(steps, cap));
+int mv6_lockstep_warps(int64_t steps) {
+  int nw = int(std::min<int64_t>(steps, kLsMaxWarps));
   double best = -1;
-  for (int n = nw; n >= (cap < kLsMaxWarps ? std::max(1, nw / 2) : std::min(nw, 12)); --n) {
+  for (int n = nw; n >= std::min(nw, 12); --n) {
     const double eff = double(steps) / double(n * ((steps + n - 1) / n));
     if (eff > best + 1e-9) best = eff, nw = n;
   }
@@ -898,11 +897,6 @@ int mv6_lockstep_warps(int64_t steps, int cap = kLsMaxWarps) {
 constexpr int kV7Smem = 200 * 1024;  // leaves >= 28 KB of L1 for the activations read from global memory
 // The SITE instances read no activation from global memory in their loop: the most an sm_90 block may take.
 constexpr int kV7SmemSite = 227 * 1024 - 1024;  // (the kernel's 1 KB of static shared memory)
-// Round 22, the paired shape (Options::matvec7_pair): a block small enough that the NEXT product's block fits beside it
-// on the SM (2 x (110 + 1) KB of shared memory, 2 x 11 warps x 80 registers), so under programmatic launch the next
-// product's producer streams its first stages while this product and the kernels between them still run.
-constexpr int kV7SmemPair = 110 * 1024;
-constexpr int kV7PairWarps = 10;  // consumer warps at most
 template <int LV, int RB, bool SITE = false, bool K32 = false>
 const void* mv7_kernel() {
   static const void* const f = [] {
@@ -918,21 +912,19 @@ struct Mv7Shape {
   int64_t smem = 0, stage_bytes = 0, words_bytes = 0, xs_bytes = 0;
 };
 // stage_x: the activations always staged (the fused site writes them there).
-// pair: the paired shape's limits (kV7SmemPair, kV7PairWarps).
-Mv7Shape mv7_shape(int64_t K, int64_t M, int lv, int rb, bool stage_x = false, bool pair = false) {  // stage_x: SITE's layout
+Mv7Shape mv7_shape(int64_t K, int64_t M, int lv, int rb, bool stage_x = false) {  // stage_x: SITE's layout
   Mv7Shape s;
   const int64_t tr = 16 * rb, tok = lv == 2 ? 2 : 4, steps = (K / 128 + 1) / 2;
   s.words_bytes = tr * K / 4;
   s.stage_bytes = s.words_bytes + tr * K / 64;
-  s.nw = mv6_lockstep_warps(steps, pair ? kV7PairWarps : kLsMaxWarps);
-  const int64_t cap = pair ? kV7SmemPair : stage_x ? kV7SmemSite : kV7Smem;
+  s.nw = mv6_lockstep_warps(steps);
   s.xs_bytes = s.nw == steps && !stage_x ? 0 : (M * lv * K + 15) / 16 * 16;  // `hoist` reads global memory
   const int64_t xds_bytes = s.xs_bytes ? M * K / 8 : 0;
   const int64_t site_bytes = stage_x ? 16 + (s.nw / 4) * 128 * 8 * 4 : 0;  // the xready barrier, the prologue's scratch
   for (int st = kV7MaxStages; st >= 1; --st) {
     const int64_t bytes =
         st * s.stage_bytes + 16 * st + (st + 1) * s.nw * tok * tr * 4 + s.xs_bytes + xds_bytes + site_bytes;
-    if (bytes <= cap) {
+    if (bytes <= (stage_x ? kV7SmemSite : kV7Smem)) {
       s.stages = st;
       s.smem = bytes;
       break;
@@ -942,22 +934,15 @@ Mv7Shape mv7_shape(int64_t K, int64_t M, int lv, int rb, bool stage_x = false, b
 }
 // The v7 launch (cfg 8-10; 11-13: the same on round 14's k16 step), or false where two stages do not fit (the caller
 // falls back to v6). site: the fused site (M = 1, always the k16 step), or null.
-// pair: the paired shape where it has two stages (plain instances only), else the usual one.
 bool mv7_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M, int lv,
-                int sms, int cfg, const SitePrologue* site, Launch& out, int site_early = -1, int first_rows = -1,
-                bool pair = false) {
+                int sms, int cfg, const SitePrologue* site, Launch& out, int site_early = -1, int first_rows = -1) {
   // Auto: 32-row stages where they leave >= 3 per SM and >= 3 fit (fewer per-stage overheads), else 16. (The
   // kernel table of round 10 measured 32-row stages faster on every shape but attn_k; not yet the rule: its whole-
   // model run is still to do, docs/cuda-kernels.md.)
   int64_t units = 0;
   for (int i = 0; i < n_outs; ++i) units += (outs[i].N + 7) / 8;
   const bool sx = site != nullptr;
-  Mv7Shape s2 = mv7_shape(K, M, lv, 2, sx), s1 = mv7_shape(K, M, lv, 1, sx);
-  if (pair && !sx) {
-    const Mv7Shape p2 = mv7_shape(K, M, lv, 2, false, true), p1 = mv7_shape(K, M, lv, 1, false, true);
-    if (p1.stages >= 2) s1 = p1;
-    if (p2.stages >= 2) s2 = p2;
-  }
+  const Mv7Shape s2 = mv7_shape(K, M, lv, 2, sx), s1 = mv7_shape(K, M, lv, 1, sx);
   // The step: cfg 8-10 k32, 11-13 the same stage shapes on the k16 step (round 14's; always the fused site's), 14 =
   // cfg 8 with k32 except on 16-row stages over K > 8,192 (ffn_down: 4 steps a warp and stage, ONE Horner chain a
   // step; k32 measured 14.0-14.4 vs 13.8 us there in round 15's calls 1-2, and faster everywhere else).
@@ -1049,8 +1034,7 @@ int matvec6_split_for(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, 
 }
 
 Launch matvec6_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                      int levels, int sms, int cfg, int split, float* part, int32_t* counters, bool interleave, int v7_first,
-                      bool v7_pair) {
+                      int levels, int sms, int cfg, int split, float* part, int32_t* counters, bool interleave, int v7_first) {
   Mv6Args a{};
   a.xq = xq;
   a.xds = xds;
@@ -1065,7 +1049,7 @@ Launch matvec6_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_
   cfg = mv6_resolve_cfg(rows, K, cfg);
   if (cfg >= 8 && cfg <= 14 && split <= 1) {
     Launch l;
-    if (mv7_launch(outs, n_outs, K, xq, xds, M, lv, sms, cfg, nullptr, l, -1, v7_first, v7_pair)) return l;
+    if (mv7_launch(outs, n_outs, K, xq, xds, M, lv, sms, cfg, nullptr, l, -1, v7_first)) return l;
     cfg = mv6_resolve_cfg(rows, K, 0);  // a K too long for two stages: v6
   }
   if (split > 1) {
