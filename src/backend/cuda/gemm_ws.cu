@@ -225,23 +225,8 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
       // Round 21: d_w from the stage (the producer copied it with the group). Loaded from global memory here, its L2
       // latency was exposed at 32 tokens, where a group's wgmmas are short (H200: gate+up M32 48.0 -> 46.1 us).
       const float2 dw = dw_of(kg, s);
-      // A fragments of the group: word j of a row holds element 16 j + 4 b + i at bits 8 b + 2 i, the
-      // transposed activation holds it at position 16 j + 4 i + b, so decode4(w >> 2 q) of words 2 ks and
-      // 2 ks + 1 are k bytes 4q.. and 16+4q.. of k-step ks.
-      const uint32_t* rw = &raw[(s * kWsRows + wrow) * kWsRawStride];
-      const uint4 lo0 = *reinterpret_cast<const uint4*>(rw), lo1 = *reinterpret_cast<const uint4*>(rw + 4);
-      const uint4 hi0 = *reinterpret_cast<const uint4*>(rw + 8 * kWsRawStride),
-                  hi1 = *reinterpret_cast<const uint4*>(rw + 8 * kWsRawStride + 4);
-      const uint32_t wl[8] = {lo0.x, lo0.y, lo0.z, lo0.w, lo1.x, lo1.y, lo1.z, lo1.w};
-      const uint32_t wh[8] = {hi0.x, hi0.y, hi0.z, hi0.w, hi1.x, hi1.y, hi1.z, hi1.w};
-      uint32_t af[4][4];
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        af[ks][0] = decode4(wl[2 * ks] >> (2 * q));
-        af[ks][1] = decode4(wh[2 * ks] >> (2 * q));
-        af[ks][2] = decode4(wl[2 * ks + 1] >> (2 * q));
-        af[ks][3] = decode4(wh[2 * ks + 1] >> (2 * q));
-      }
+      uint32_t af[4][4];  // the group's A fragments (ternary_dot.cuh)
+      v3_fragments(&raw[(s * kWsRows + wrow) * kWsRawStride], kWsRawStride, q, af);
       if (c == 1 || kg > 0) named_sync(my_turn, 256);  // the other consumer has issued its previous group
 #pragma unroll
       for (int l = 0; l < L; ++l) pin(acc[l]);

@@ -37,25 +37,6 @@ __device__ __forceinline__ void wgmma_ss(int (&d)[64], uint64_t da, uint64_t db,
 }
 #endif
 
-// GEMM v3's A fragments of one 128-group (the wgmma_rs layout) from a raw stage: the decode gemm3_kernel does inline
-// (there as written, so its measured PTX stays). rw = row g's 8 words, row g + 8's at rw + 8 stride (stride: words per
-// raw row). Word j of a row holds element 16 j + 4 b + i at bits 8 b + 2 i and the transposed activation holds it at
-// position 16 j + 4 i + b, so decode4(w >> 2 q) of words 2 ks and 2 ks + 1 are k bytes 4q.. and 16+4q.. of k-step ks.
-__device__ __forceinline__ void v3_fragments(const uint32_t* rw, int stride, int q, uint32_t (&af)[4][4]) {
-  const uint4 lo0 = *reinterpret_cast<const uint4*>(rw), lo1 = *reinterpret_cast<const uint4*>(rw + 4);
-  const uint4 hi0 = *reinterpret_cast<const uint4*>(rw + 8 * stride),
-              hi1 = *reinterpret_cast<const uint4*>(rw + 8 * stride + 4);
-  const uint32_t wl[8] = {lo0.x, lo0.y, lo0.z, lo0.w, lo1.x, lo1.y, lo1.z, lo1.w};
-  const uint32_t wh[8] = {hi0.x, hi0.y, hi0.z, hi0.w, hi1.x, hi1.y, hi1.z, hi1.w};
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks) {
-    af[ks][0] = decode4(wl[2 * ks] >> (2 * q));
-    af[ks][1] = decode4(wh[2 * ks] >> (2 * q));
-    af[ks][2] = decode4(wl[2 * ks + 1] >> (2 * q));
-    af[ks][3] = decode4(wh[2 * ks + 1] >> (2 * q));
-  }
-}
-
 template <int MODE>
 __global__ __launch_bounds__(384, 1) void wgmma_probe_kernel(const WgmmaProbeArgs a) {
   extern __shared__ __align__(128) unsigned char pr_smem[];
