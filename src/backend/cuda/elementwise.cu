@@ -823,7 +823,9 @@ Launch embed_launch(const uint32_t* words, const uint16_t* scales, int64_t K, co
   return make_launch(reinterpret_cast<const void*>(&embed_kernel), dim3(unsigned(M)), dim3(kThreads), 0, a);
 }
 
-Launch dense_launch(const DenseDev* outs, int n_outs, bool bf16, int64_t K, const float* x, int64_t M) {
+namespace {
+// The dense pair's arguments (dense_launch and the two launches that fuse it with the conv).
+DenseArgs dense_args(const DenseDev* outs, int n_outs, bool bf16, int64_t K, const float* x, int64_t M) {
   DenseArgs a{};
   a.w0 = outs[0].w;
   a.y0 = outs[0].y;
@@ -837,6 +839,12 @@ Launch dense_launch(const DenseDev* outs, int n_outs, bool bf16, int64_t K, cons
   a.K = K;
   a.M = M;
   a.bf16 = bf16;
+  return a;
+}
+}  // namespace
+
+Launch dense_launch(const DenseDev* outs, int n_outs, bool bf16, int64_t K, const float* x, int64_t M) {
+  const DenseArgs a = dense_args(outs, n_outs, bf16, K, x, M);
   // Prefill chunks: row tiles (round 8b). A batched decode step (M <= 32) keeps a block per row: the tile grid
   // is then 12 x 4 blocks for the a/b pair (17.4 us at M = 32 on the H200, round 9), the row grid 96 x 4.
   if (M > 32 && K % 8 == 0) {
@@ -868,18 +876,7 @@ Launch gdn_conv_dense_launch(const float* x, float* state, const float* taps, in
                              const DenseDev* outs, int n_outs, bool bf16, int64_t K, const float* dx) {
   ConvDenseArgs a{};
   a.conv = ConvArgs{x, state, taps, out, 1, C, Kc};
-  a.dense.w0 = outs[0].w;
-  a.dense.y0 = outs[0].y;
-  a.dense.N0 = outs[0].N;
-  if (n_outs > 1) {
-    a.dense.w1 = outs[1].w;
-    a.dense.y1 = outs[1].y;
-    a.dense.N1 = outs[1].N;
-  }
-  a.dense.x = dx;
-  a.dense.K = K;
-  a.dense.M = 1;
-  a.dense.bf16 = bf16;
+  a.dense = dense_args(outs, n_outs, bf16, K, dx, 1);
   a.conv_blocks = blocks_for(C, kThreads);
   const void* f = bf16 ? reinterpret_cast<const void*>(&conv_dense_kernel<true>)
                        : reinterpret_cast<const void*>(&conv_dense_kernel<false>);
@@ -890,19 +887,8 @@ Launch gdn_conv_dense_rows_launch(const float* x, const RowTable& t, const float
                                   float* out, const DenseDev* outs, int n_outs, bool bf16, int64_t K, const float* dx) {
   ConvDenseRowsArgs a{};
   a.conv = ConvRowsArgs{{x, nullptr, taps, out, M, C, Kc}, t};
-  DenseArgs& d = a.dense;
-  d.w0 = outs[0].w;
-  d.y0 = outs[0].y;
-  d.N0 = outs[0].N;
-  if (n_outs > 1) {
-    d.w1 = outs[1].w;
-    d.y1 = outs[1].y;
-    d.N1 = outs[1].N;
-  }
-  d.x = dx;
-  d.K = K;
-  d.M = M;
-  d.bf16 = bf16;
+  a.dense = dense_args(outs, n_outs, bf16, K, dx, M);
+  const DenseArgs& d = a.dense;
   a.conv_blocks = blocks_for(C, kThreads);
   a.tiles = (M + kDenseToks - 1) / kDenseToks;
   const int64_t blocks = a.conv_blocks * M + (d.N0 + d.N1) * a.tiles;
