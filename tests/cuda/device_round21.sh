@@ -15,6 +15,7 @@
 #   SASS=<regex> (round 20) cuobjdump -sass of test_cuda's kernels whose names match, into $OUT/sass.txt
 #   PROF="name:B:ENV=V,ENV=V ..." (round 21) the eager per-kernel profile (BONSAI_CUDA_PROFILE=1, no graphs) of 8 decode
 #            steps of B sequences (B 0: one sequence, no --batch) per entry into $OUT/prof_<name>.txt, its top lines
+#            (round 23: at context PROF_DEPTH, default 0; the fill's kernels are in the profile too)
 #   STATE_PROBE=1 (round 22) the state read-modify-write ceiling (tests/cuda/state_stream_probe.cu, compiled here with nvcc)
 #   FINAL=1  the default binary's `bench -p 512,2048 -n 128 -r 2 -d 0,8192 --json` and the batches 4,8,16,32
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
@@ -77,7 +78,7 @@ for cfg in ${PROF:-}; do
   name=${cfg%%:*}; rest=${cfg#*:}; nb=${rest%%:*}; env=${rest#*:}
   bat=; [ "$nb" != 0 ] && bat="--batch $nb"
   env ${env//,/ } BONSAI_CUDA_PROFILE=1 BONSAI_CUDA_GRAPHS=0 timeout 120 $B/bonsai bench --backend cuda -m "$P27" -p 0 \
-    -n 8 -r 1 $bat > "$L/prof_bench.txt" 2> "$OUT/prof_$name.txt"
+    -n 8 -r 1 -d ${PROF_DEPTH:-0} $bat > "$L/prof_bench.txt" 2> "$OUT/prof_$name.txt"
   echo "== profile $name (B $nb, $env) rc=$?"; head -${PROF_LINES:-16} "$OUT/prof_$name.txt"
 done
 for cfg in ${AB:-}; do
