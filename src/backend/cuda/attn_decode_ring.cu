@@ -97,6 +97,11 @@ __global__ __launch_bounds__(kRingThreads) void attention_ring_kernel(const Attn
       const int rows = int(min(int64_t(kRingTile), t_end - (t_begin + int64_t(i) * kRingTile)));
       const float* ks = ring + s * stage;  // [kRingTile][KS]
       const float* vs = ks + kRingTile * KS;  // [kRingTile][D]
+      if (a.fence == 3) {  // probe: the stream alone
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[s]);
+        continue;
+      }
       if (warp < E) {  // A. A row past `rows` holds stale floats (finite or not): B drops its scores by selection.
         float sc[kRingG];
 #pragma unroll
