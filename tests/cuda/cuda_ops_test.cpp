@@ -425,8 +425,8 @@ TEST(CudaOps, GemmF16Small) {
 TEST(CudaOps, DecodeSwitchesFromTheEnvironment) {
   const char* names[] = {"BONSAI_CUDA_GRAPH_SEGMENT", "BONSAI_CUDA_DELTA_STEP", "BONSAI_CUDA_ATTN_LONG", "BONSAI_CUDA_MV7_K32",
                          "BONSAI_CUDA_MV7_FIRST",     "BONSAI_CUDA_DELTA_ROWS", "BONSAI_CUDA_PREFILL_CHUNK",
-                         "BONSAI_CUDA_DELTA_SPLIT",   "BONSAI_CUDA_ATTN_RING"};
-  constexpr int kNames = 9;
+                         "BONSAI_CUDA_DELTA_SPLIT"};
+  constexpr int kNames = 8;
   std::string kept[kNames];
   bool had[kNames];
   for (int i = 0; i < kNames; ++i) {
@@ -443,16 +443,13 @@ TEST(CudaOps, DecodeSwitchesFromTheEnvironment) {
   EXPECT_EQ(d.matvec7_first, -1);  // round 15: the ragged stage first
   EXPECT_EQ(d.delta_rows, 8);       // round 18
   EXPECT_EQ(d.delta_rows_split, 2);  // round 22
-  EXPECT_EQ(d.attn_ring, 16);        // round 23
   EXPECT_EQ(d.prefill_chunk, 2048);
   setenv("BONSAI_CUDA_GRAPH_SEGMENT", "0", 1);
   setenv("BONSAI_CUDA_DELTA_STEP", "4", 1);
   setenv("BONSAI_CUDA_ATTN_LONG", "0", 1);
   setenv("BONSAI_CUDA_MV7_K32", "0", 1);
   setenv("BONSAI_CUDA_MV7_FIRST", "0", 1);
-  setenv("BONSAI_CUDA_ATTN_RING", "0", 1);
   const CudaBackend::Options o = cuda_options(0, "");
-  EXPECT_EQ(o.attn_ring, 0);
   EXPECT_EQ(o.graph_segment, 0);
   EXPECT_EQ(o.delta_step, 4);
   EXPECT_EQ(o.attn_long, 0);
@@ -902,49 +899,6 @@ TEST(CudaOps, AttentionDecodeAndPrefill) {
       be.attention(dq.data(), dk.data(), dv.data(), c.M, c.p0, c.Hq, c.Hkv, c.D, scale, o.data());
       EXPECT_LE(rel_err(down(be, o), want), 2e-5) << "second call, pairs " << pairs << " hsplit " << hsplit;
     }
-  }
-}
-
-// Round 23: one decode row on the bulk-copy ring kernel (Options::attn_ring; 1 = from one split on, so the single-split
-// path without partials runs too) against the fp64-accumulating reference: contexts that end inside a 32-position tile,
-// on one (31, 95) and one past (96), inside and past a 3-stage ring turn, G 1 / 2 / 3 / 5 / 6 / 8, D 32 / 96 / 128 / 256, the decode cap of 32 splits. The caches hold
-// exactly T positions (compute-sanitizer: a copy past a split's end reads past the allocation) followed by nothing.
-// Called twice: the split counters must have been left at zero. Then the model's switch: from 16 splits by default,
-// the register kernel below that (both agree with the reference).
-TEST(CudaOps, AttentionDecodeRing) {
-  BONSAI_REQUIRE_GPU();
-  struct Case {
-    int64_t p0, Hq, Hkv, D;
-  } cases[] = {{0, 24, 4, 256},   {1, 12, 2, 256},   {15, 24, 4, 256},  {16, 24, 4, 256}, {63, 8, 1, 32},
-               {64, 20, 4, 128},  {300, 12, 2, 256}, {1030, 20, 4, 128}, {2100, 12, 4, 64}, {4095, 16, 2, 96},
-               {8191, 24, 4, 256}, {5000, 8, 1, 256},  {1500, 8, 4, 128}, {40, 4, 4, 64}, {31, 24, 4, 256},
-               {95, 16, 2, 256},  {96, 24, 4, 256},  {200, 8, 8, 32}};
-  for (int ring_from : {1, 16}) {
-    CudaBackend::Options opt;
-    opt.attn_ring = ring_from;
-    opt.profile = true;  // the report names the kernels that ran
-    CudaBackend be(opt);
-    uint32_t seed = 300;
-    for (const Case& c : cases) {
-      const int64_t T = c.p0 + 1;
-      const auto q = randn(size_t(c.Hq * c.D), seed++), k = randn(size_t(T * c.Hkv * c.D), seed++),
-                 v = randn(size_t(T * c.Hkv * c.D), seed++);
-      const float scale = float(1.0 / std::sqrt(double(c.D)));
-      std::vector<float> want(q.size());
-      ref::attention_decode(q.data(), k.data(), v.data(), T, c.Hq, c.Hkv, c.D, scale, want.data());
-      Buffer dq = up(be, q), dk = up(be, k), dv = up(be, v), o = poisoned(be, q.size());
-      const std::string what = "p0 " + std::to_string(c.p0) + " Hq " + std::to_string(c.Hq) + " Hkv " +
-                               std::to_string(c.Hkv) + " D " + std::to_string(c.D) + " ring from " +
-                               std::to_string(ring_from);
-      for (int call = 0; call < 2; ++call) {
-        be.attention(dq.data(), dk.data(), dv.data(), 1, c.p0, c.Hq, c.Hkv, c.D, scale, o.data());
-        EXPECT_LE(rel_err(down(be, o), want), 2e-5) << what << " call " << call;
-      }
-    }
-    const std::string report = be.profile_report();
-    EXPECT_NE(report.find("attention_ring_kernel"), std::string::npos) << report;
-    // from one split on, every case ran on the ring; from 16, the short contexts on the register kernel
-    EXPECT_EQ(report.find("attention_kernel") != std::string::npos, ring_from == 16) << report;
   }
 }
 

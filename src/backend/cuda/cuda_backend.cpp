@@ -80,7 +80,6 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   if (const char* e = std::getenv("BONSAI_CUDA_ATTN_PAIRS"); e && *e) o.attn_pairs = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_ATTN_HSPLIT"); e && *e) o.attn_hsplit = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_ATTN_LONG"); e && *e) o.attn_long = std::atoi(e);
-  if (const char* e = std::getenv("BONSAI_CUDA_ATTN_RING"); e && *e) o.attn_ring = std::atoi(e);
   o.conv_dense = flag("BONSAI_CUDA_CONV_DENSE", o.conv_dense);
   o.graphs = flag("BONSAI_CUDA_GRAPHS", o.graphs);
   if (const char* e = std::getenv("BONSAI_CUDA_GRAPH_SEGMENT"); e && *e) o.graph_segment = std::max(0, std::atoi(e));
@@ -596,14 +595,14 @@ struct CudaBackend::Impl {
   }
   const Pending* tail() const { return pend.empty() ? nullptr : &pend.back(); }
   // The attention launch with its split scratch (partials [M, Hq, S, D] and [M, Hq, S, 2], counters [M, Hkv]).
-  void emit_attention(cuda::AttnDesc& d, bool ring = false) {
+  void emit_attention(cuda::AttnDesc& d) {
     if (d.splits > 1) {
       const int64_t M = d.M, S = d.splits;
       d.part_o = static_cast<float*>(ensure(attn_o, size_t(M * d.Hq * S * d.D) * 4, "attention partials"));
       d.part_ml = static_cast<float*>(ensure(attn_ml, size_t(M * d.Hq * S * 2) * 4, "attention partials"));
       d.counters = static_cast<int32_t*>(ensure(attn_cnt, size_t(M * d.Hq) * 4, "attention counters", true));  // [M, Hkv * hsplit <= Hq]
     }
-    emit(ring ? cuda::attention_ring_launch(d) : cuda::attention_launch(d));
+    emit(cuda::attention_launch(d));
   }
   void emit_delta(float* state, const cuda::RowTable* rows, const float* q, const float* k, const float* v,
                   const float* g, const float* beta, int64_t T, int64_t Nk, int64_t Nv, int64_t Dk, int64_t Dv,
@@ -1387,9 +1386,7 @@ void CudaBackend::attention(const float* q, const float* k_cache, const float* v
       I.emit(cuda::attention_prefill_launch(d, I.opt.attn == 2 ? 1 : 2));
     return;
   }
-  const bool ring = M == 1 && I.opt.attn_ring > 0 && S >= I.opt.attn_ring && cuda::attention_ring_supported(d);
-  if (ring) d.hsplit = 1;  // the ring kernel holds every query head of its KV head
-  I.emit_attention(d, ring);
+  I.emit_attention(d);
 }
 
 // ---- elementwise ----------------------------------------------------------------------------------------

@@ -56,9 +56,6 @@ class CudaBackend final : public Backend {
                                // of 244, two blocks per SM; the hsplit blocks of a KV head read its K / V at the same
                                // time, from L2). H200 tg128 at 4k 199.4 / 198.6 vs 189.4 / 189.8 tok/s, at 8k 187.7 /
                                // 186.7 vs 181.8 / 181.3; BONSAI_CUDA_ATTN_LONG=0: off
-    int attn_ring = 16;        // round 23: one sequence's decode attention from this many splits on (16: >= ~1k positions)
-                               // on the bulk-copy ring kernel (attn_decode_ring.cu: a block per split and KV head, its
-                               // K / V tiles streamed 3 stages ahead), 0 = never (attention_kernel); BONSAI_CUDA_ATTN_RING
     int attn_hsplit = 0;       // decode attention (one sequence): 0 = its query heads spread over more blocks while the
                                // splits leave SMs idle (cuda::attention_head_split, mixers.cu), 1 = one block per
                                // KV head and split (round 6); BONSAI_CUDA_ATTN_HSPLIT=0|1

@@ -289,13 +289,6 @@ struct AttnDesc {
                                    // position rows->pos[m] (k, v, p0 unused)
 };
 Launch attention_launch(const AttnDesc& d);
-// Round 23 (attn_decode_ring.cu): one decode row (M = 1, no rows) on grid (splits, Hkv), a block per split and KV head
-// with all G query heads, the split's K / V rows streamed by a producer warp through a 3-stage bulk-copy ring of
-// 32-position tiles (194 KB of shared memory at D = 256), the consumer warps split by dimension slices. Needs 16-byte
-// aligned caches; hsplit and pairs ignored.
-bool attention_ring_supported(const AttnDesc& d);
-Launch attention_ring_launch(const AttnDesc& d);
-void init_attention_ring_attributes();  // called by init_attention_attributes
 // AttnDesc::hsplit for one decode row: the largest divisor of G (query heads per KV head) that keeps splits x Hkv x
 // hsplit blocks within one wave of `sms`. Short contexts (one split per 64 positions) otherwise run on Hkv = 4 blocks
 // that walk G = 6 heads per position serially (17 us per layer at depth 0 on the H200); a long context fills the SMs

@@ -576,7 +576,6 @@ struct Mv7Args {
   int32_t first_rows;          // rows of a block's FIRST stage (round 15): -1 = its ragged remainder (units mod TR / 8)
                                // first instead of last, 0 = TR (the remainder last), N = N rows
   SitePrologue site;           // active (M = 1): the consumers compute the activations into the staging area
-  int32_t fence;               // proxy_fence_mode() (mbarrier.cuh)
 };
 
 
@@ -679,7 +678,7 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
         }
         if (lane == 0) {
           // generic-proxy accesses of this stage (a warp copy above, the consumers' reads) before the async copy
-          if (a.fence == 1) proxy_fence();
+          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
           mbar_expect_tx(&full[s], wbytes + (sbulk ? sbytes : 0u));
           bulk_load(st, O.words + r0 * (K >> 4), wbytes, &full[s]);
           if (sbulk) bulk_load(st + a.words_bytes, O.scales + r0 * G, sbytes, &full[s]);
@@ -848,7 +847,6 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
         p[16 * b + 8] = yg8[b];
       }
     }
-    if (a.fence == 2) proxy_fence();  // this lane's reads of the stage before the producer's async copy over it
     __syncwarp();  // every lane's reads of the stage and writes of red before lane 0's arrive (a release)
     if (lane == 0) mbar_arrive(&empty[s]);
     if (++s == ST) s = 0, ph ^= 1u;
@@ -976,7 +974,6 @@ bool mv7_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq,
   if (site) b.site = *site;
   b.site_early = site_early < 0 ? sh.stages : site_early;
   b.first_rows = site ? 0 : first_rows;
-  b.fence = proxy_fence_mode();
   const void* f = site ? (lv == 2 ? (rb == 2 ? mv7_kernel<2, 2, true>() : mv7_kernel<2, 1, true>())
                                   : (rb == 2 ? mv7_kernel<1, 2, true>() : mv7_kernel<1, 1, true>()))
                   : k32 ? (lv == 2 ? (rb == 2 ? mv7_kernel<2, 2, false, true>() : mv7_kernel<2, 1, false, true>())

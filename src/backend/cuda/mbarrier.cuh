@@ -4,21 +4,8 @@
 // 8 bytes; both forms emit the same instructions.
 #pragma once
 #include <cstdint>
-#include <cstdlib>
 
 namespace bonsai::cuda {
-
-// Round 23 experiment, BONSAI_CUDA_PROXY_FENCE: where the ring kernels order the consumers' generic reads of a stage
-// before the producer's bulk copy over it: 1 = the producer fences before each copy (as measured up to round 22),
-// 2 = each consumer lane fences after its reads (before its warp's arrive on `empty`), 0 = no fence.
-inline int32_t proxy_fence_mode() {
-  static const int32_t mode = [] {
-    const char* e = std::getenv("BONSAI_CUDA_PROXY_FENCE");
-    return e && *e ? int32_t(std::atoi(e)) : int32_t(1);
-  }();
-  return mode;
-}
-__device__ __forceinline__ void proxy_fence() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
 

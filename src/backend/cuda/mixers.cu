@@ -5,7 +5,6 @@
 #include <type_traits>
 
 #include "backend/cuda/async_copy.cuh"
-#include "backend/cuda/attn_decode.cuh"
 #include "backend/cuda/common.cuh"
 
 namespace bonsai::cuda {
@@ -23,7 +22,22 @@ namespace {
 constexpr int kAttnWarpsDecode = 8, kAttnWarpsRows = 4;
 constexpr int kAttnE = int(kAttnMaxDim / 32);  // dims per lane (lane holds dims lane + 32 e)
 constexpr int kAttnG = int(kAttnMaxGroup);
+constexpr int kMaxSplits = int(kAttnMaxSplits);
 
+struct AttnArgs {
+  const float* q;
+  const float* k;
+  const float* v;
+  float* out;
+  float* part_o;
+  float* part_ml;
+  int32_t* counters;
+  int64_t M, p0, Hq, Hkv, D;
+  int32_t splits;
+  float scale;
+  int32_t hsplit;  // AttnDesc::hsplit: blockIdx.y = kvh * hsplit + (which G / hsplit query heads of KV head kvh)
+  int32_t pad_;
+};
 using AttnRowsArgs = WithRows<AttnArgs>;  // batched decode: per-row caches and positions
 
 // P positions per warp step (1 or 2): with 2, the two positions' dot products and warp reductions are independent
@@ -152,7 +166,65 @@ __global__ __launch_bounds__(kAttnWarps * 32) void attention_kernel(const Args a
     }
   }
   __syncthreads();
-  attn_merge<kAttnWarps, GM, kAttnWarps * 32>(a, s_ml, s_acc, G, m, h0, split, m * gridDim.y + blockIdx.y, &last);
+  // Merge the warps: (M, L, A) of this split for each (head, dim).
+  for (int idx = threadIdx.x; idx < G * D; idx += kAttnWarps * 32) {
+    const int hh = idx / D, d = idx % D;
+    float Mx = -INFINITY;
+    for (int w = 0; w < kAttnWarps; ++w) Mx = fmaxf(Mx, s_ml[w][hh][0]);
+    float L = 0.f, A = 0.f;
+    if (Mx != -INFINITY) {
+      for (int w = 0; w < kAttnWarps; ++w) {
+        const float f = __expf(s_ml[w][hh][0] - Mx);
+        L += s_ml[w][hh][1] * f;
+        A += s_acc[(w * G + hh) * D + d] * f;
+      }
+    }
+    const int64_t h = h0 + hh;
+    if (S == 1) {
+      a.out[(m * a.Hq + h) * a.D + d] = A / L;
+    } else {
+      a.part_o[((m * a.Hq + h) * S + split) * a.D + d] = A;
+      if (d == 0) {
+        a.part_ml[((m * a.Hq + h) * S + split) * 2] = Mx;
+        a.part_ml[((m * a.Hq + h) * S + split) * 2 + 1] = L;
+      }
+    }
+  }
+  if (S == 1) return;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&a.counters[m * gridDim.y + blockIdx.y], 1) == S - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int idx = threadIdx.x; idx < G * D; idx += kAttnWarps * 32) {
+    const int hh = idx / D, d = idx % D;
+    const int64_t h = h0 + hh;
+    const float* ml = a.part_ml + (m * a.Hq + h) * S * 2;
+    const float* po = a.part_o + (m * a.Hq + h) * S * a.D;
+    // S <= kMaxSplits: fully unrolled so the L2 loads of all splits are in flight together (a runtime
+    // loop made them one round trip each: 63 us per call at decode).
+    float ms[kMaxSplits], ls[kMaxSplits], os[kMaxSplits];
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) {
+      ms[s] = s < S ? __ldcg(ml + 2 * s) : -INFINITY;
+      ls[s] = s < S ? __ldcg(ml + 2 * s + 1) : 0.f;
+      os[s] = s < S ? __ldcg(po + int64_t(s) * a.D + d) : 0.f;
+    }
+    float Mx = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) Mx = fmaxf(Mx, ms[s]);
+    float L = 0.f, A = 0.f;
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) {
+      if (ms[s] == -INFINITY) continue;
+      const float f = __expf(ms[s] - Mx);
+      L += ls[s] * f;
+      A += os[s] * f;
+    }
+    a.out[(m * a.Hq + h) * a.D + d] = A / L;
+  }
+  if (threadIdx.x == 0) a.counters[m * gridDim.y + blockIdx.y] = 0;  // ready for the next launch (graph replays)
 }
 
 // Dynamic shared memory of a launch: the warps' partial outputs, W x G x D floats (<= 64 KB).
@@ -170,7 +242,6 @@ void init_attention_attributes() {
   for (const void* f : fs)
     cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          int(attention_smem(kAttnWarpsDecode, kAttnMaxGroup, kAttnMaxDim)));
-  init_attention_ring_attributes();
   init_attn_prefill_attributes();
   init_delta_chunk_attributes();
 }
