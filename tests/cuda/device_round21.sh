@@ -17,6 +17,7 @@
 #            steps of B sequences (B 0: one sequence, no --batch) per entry into $OUT/prof_<name>.txt, its top lines
 #            (round 23: at context PROF_DEPTH, default 0; the fill's kernels are in the profile too)
 #   STATE_PROBE=1 (round 22) the state read-modify-write ceiling (tests/cuda/state_stream_probe.cu, compiled here with nvcc)
+#   BULK_PROBE=1 (round 23) one SM's cp.async.bulk rate by copy size and depth (tests/cuda/bulk_copy_probe.cu, the same way)
 #   FINAL=1  the default binary's `bench -p 512,2048 -n 128 -r 2 -d 0,8192 --json` and the batches 4,8,16,32
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
 device_header "$OUT/gpu.csv"
@@ -43,6 +44,11 @@ if [ "${STATE_PROBE:-0}" = 1 ]; then
   $(command -v nvcc || echo /usr/local/cuda/bin/nvcc) -O3 -arch=sm_90a -std=c++17 tests/cuda/state_stream_probe.cu -o $L/state_stream_probe > $L/ssp_build.log 2>&1 \
     && timeout 60 $L/state_stream_probe | tee "$OUT/state_probe.txt" || { echo "state probe failed"; tail -5 $L/ssp_build.log; }
   stamp "state probe"
+fi
+if [ "${BULK_PROBE:-0}" = 1 ]; then
+  $(command -v nvcc || echo /usr/local/cuda/bin/nvcc) -O3 -arch=sm_90a -std=c++17 tests/cuda/bulk_copy_probe.cu -o $L/bulk_copy_probe > $L/bcp_build.log 2>&1 \
+    && timeout 120 $L/bulk_copy_probe | tee "$OUT/bulk_probe.txt" || { echo "bulk probe failed"; tail -5 $L/bcp_build.log; }
+  stamp "bulk probe"
 fi
 if [ -n "${SASS:-}" ]; then
   cuobjdump -sass $B/test_cuda 2>/dev/null | awk -v re="$SASS" '/Function :/ {on = ($0 ~ re)} on' > "$OUT/sass.txt"

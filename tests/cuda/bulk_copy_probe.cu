@@ -1,0 +1,142 @@
+// One SM's cp.async.bulk rate against copy size, copies per stage, ring depth and issuing lanes (round 23; not part of
+// the build: compiled and run on the device by `nvcc -O3 -arch=sm_90a tests/cuda/bulk_copy_probe.cu -o /tmp/bcp &&
+// /tmp/bcp`, device_round21.sh BULK_PROBE=1).
+//
+// Why: round 23's decode-attention ring streamed 1 KB row copies at ~1.65 TB/s with nothing computed (41 us for 67 MB,
+// ~12.5 GB/s per SM with up to 198 KB outstanding), and matvec v7, fed by a few large bulk copies per stage, waits for
+// its bytes with DRAM at ~53-62 %; the read probe (plain loads) reaches ~4.5 TB/s. This separates the copy engine's
+// rate from the kernels: one block per SM, a producer warp issuing ring stages of `copies` copies of `size` bytes, a
+// consumer warp that only waits for each stage and frees it. `group` > 1: the blocks of a group read interleaved
+// size-byte rows (row r of block b at (r x group + b % group) x size, as the KV heads of a cache row), else contiguous.
+#include <cstdint>
+#include <cstdio>
+
+#include <cuda_runtime.h>
+
+#define CK(x)                                                                                 \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      return 1;                                                                               \
+    }                                                                                         \
+  } while (0)
+
+__device__ __forceinline__ uint32_t su32(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred d;\nW_%=:\nmbarrier.try_wait.parity.shared::cta.b64 d, [%0], %1;\n@!d bra W_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+struct Cfg {
+  int size, copies, stages, issuers, group, blocks_per_sm;
+};
+
+// Block b reads `rows` rows of `size` bytes. Dynamic shared memory: stages x copies x size.
+__global__ __launch_bounds__(64) void bulk_stream(const char* src, int64_t rows, Cfg c, int* sink) {
+  extern __shared__ __align__(128) char ring[];
+  __shared__ uint64_t full[16], empty[16];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < c.stages; ++s) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(su32(&full[s])));
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(su32(&empty[s])));
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const int64_t tiles = rows / c.copies, stage = int64_t(c.copies) * c.size;
+  const int64_t b = blockIdx.x, gb = b / c.group, gi = b % c.group;
+  if (warp == 0) {
+    for (int64_t i = 0; i < tiles; ++i) {
+      const int s = int(i % c.stages);
+      if (i >= c.stages) bar_wait(su32(&empty[s]), uint32_t((i / c.stages - 1) & 1));
+      if (lane == 0)
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(su32(&full[s])),
+                     "r"(unsigned(stage))
+                     : "memory");
+      __syncwarp();
+      for (int j = lane; j < c.copies; j += c.issuers) {
+        if (lane >= c.issuers) break;
+        const int64_t r = gb * rows + i * c.copies + j;
+        const char* p = src + (r * c.group + gi) * c.size;
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                su32(ring + s * stage + int64_t(j) * c.size)),
+            "l"(p), "r"(unsigned(c.size)), "r"(su32(&full[s]))
+            : "memory");
+      }
+    }
+  } else if (lane == 0) {
+    int acc = 0;
+    for (int64_t i = 0; i < tiles; ++i) {
+      const int s = int(i % c.stages);
+      bar_wait(su32(&full[s]), uint32_t((i / c.stages) & 1));
+      acc += ring[s * stage];
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(su32(&empty[s])) : "memory");
+    }
+    if (acc == 123456789) *sink = acc;  // never: keeps the read
+  }
+}
+
+__global__ void read_only(const float4* s, size_t n, float* sink) {
+  float acc = 0.f;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float4 v = s[i];
+    acc += v.x + v.y + v.z + v.w;
+  }
+  if (acc == 1234.5f) *sink = acc;
+}
+
+int main() {
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  constexpr size_t kBytes = size_t(2) << 30;  // 2 GiB, ~40x the L2
+  char* buf;
+  int* sink;
+  CK(cudaMalloc(&buf, kBytes));
+  CK(cudaMalloc(&sink, 64));
+  CK(cudaMemset(buf, 1, kBytes));
+  CK(cudaFuncSetAttribute(bulk_stream, cudaFuncAttributeMaxDynamicSharedMemorySize, 220 * 1024));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  auto best_ms = [&](auto launch) {
+    float best = 1e30f;
+    for (int rep = 0; rep < 4; ++rep) {
+      cudaEventRecord(e0);
+      launch();
+      cudaEventRecord(e1);
+      cudaEventSynchronize(e1);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, e0, e1);
+      if (rep > 0 && ms < best) best = ms;  // rep 0 warms up
+    }
+    return best;
+  };
+  {
+    const float ms = best_ms([&] { read_only<<<sms * 8, 256>>>(reinterpret_cast<float4*>(buf), kBytes / 16, reinterpret_cast<float*>(sink)); });
+    std::printf("plain loads (grid-stride float4, %d x 256 threads): %.0f GB/s\n", sms * 8, kBytes / (ms * 1e6));
+  }
+  const Cfg cfgs[] = {
+      {1024, 64, 3, 32, 4, 1},  {1024, 64, 3, 32, 1, 1}, {1024, 64, 3, 1, 1, 1},   {1024, 32, 3, 32, 1, 2},
+      {1024, 16, 12, 32, 1, 1}, {4096, 16, 3, 16, 1, 1}, {16384, 4, 3, 4, 1, 1},   {16384, 4, 3, 1, 1, 1},
+      {65536, 1, 3, 1, 1, 1},   {32768, 1, 6, 1, 1, 1},  {32768, 1, 3, 1, 1, 2},   {8192, 4, 3, 4, 1, 2},
+      {1024, 32, 3, 32, 1, 1},  {1024, 128, 1, 32, 1, 1}, {2048, 32, 3, 32, 1, 1},
+  };
+  std::printf("size_B copies stages issuers group blocks/SM  in_flight_KB/SM  GB/s  GB/s/SM\n");
+  for (const Cfg& c : cfgs) {
+    const int blocks = sms * c.blocks_per_sm;
+    const int64_t rows = int64_t(kBytes / size_t(c.size) / size_t(blocks)) / c.copies * c.copies;
+    const int smem = c.stages * c.copies * c.size;
+    const float ms = best_ms([&] { bulk_stream<<<blocks, 64, smem>>>(buf, rows, c, sink); });
+    CK(cudaGetLastError());
+    const double bytes = double(rows) * c.size * blocks;
+    std::printf("%6d %6d %6d %8d %5d %9d  %15d  %5.0f  %6.1f\n", c.size, c.copies, c.stages, c.issuers, c.group,
+                c.blocks_per_sm, smem * c.blocks_per_sm / 1024, bytes / (ms * 1e6), bytes / (ms * 1e6) / sms);
+  }
+  CK(cudaDeviceSynchronize());
+  return 0;
+}
