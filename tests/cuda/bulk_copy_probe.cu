@@ -32,17 +32,19 @@ __device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity) {
 
 struct Cfg {
   int size, copies, stages, issuers, group, blocks_per_sm;
+  int waiters = 0;  // consumer warps whose 32 lanes all spin on `full` (as in the kernels); 0 = one lane of one warp
+  int kb = 0;       // KB a block reads (a short stream, as decode attention's 514 KB per SM at 8k); 0 = its share of all
 };
 
 // Block b reads `rows` rows of `size` bytes. Dynamic shared memory: stages x copies x size.
-__global__ __launch_bounds__(64) void bulk_stream(const char* src, int64_t rows, Cfg c, int* sink) {
+__global__ __launch_bounds__(288) void bulk_stream(const char* src, int64_t rows, Cfg c, int* sink) {
   extern __shared__ __align__(128) char ring[];
   __shared__ uint64_t full[16], empty[16];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (threadIdx.x == 0) {
     for (int s = 0; s < c.stages; ++s) {
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(su32(&full[s])));
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(su32(&empty[s])));
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(su32(&empty[s])), "r"(c.waiters > 0 ? c.waiters : 1));
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -69,13 +71,14 @@ __global__ __launch_bounds__(64) void bulk_stream(const char* src, int64_t rows,
             : "memory");
       }
     }
-  } else if (lane == 0) {
+  } else if (c.waiters > 0 || lane == 0) {
     int acc = 0;
     for (int64_t i = 0; i < tiles; ++i) {
       const int s = int(i % c.stages);
       bar_wait(su32(&full[s]), uint32_t((i / c.stages) & 1));
-      acc += ring[s * stage];
-      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(su32(&empty[s])) : "memory");
+      acc += ring[s * stage + lane];
+      __syncwarp(__activemask());
+      if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(su32(&empty[s])) : "memory");
     }
     if (acc == 123456789) *sink = acc;  // never: keeps the read
   }
@@ -125,17 +128,23 @@ int main() {
       {1024, 16, 12, 32, 1, 1}, {4096, 16, 3, 16, 1, 1}, {16384, 4, 3, 4, 1, 1},   {16384, 4, 3, 1, 1, 1},
       {65536, 1, 3, 1, 1, 1},   {32768, 1, 6, 1, 1, 1},  {32768, 1, 3, 1, 1, 2},   {8192, 4, 3, 4, 1, 2},
       {1024, 32, 3, 32, 1, 1},  {1024, 128, 1, 32, 1, 1}, {2048, 32, 3, 32, 1, 1},
+      // the round-23 ring's shape: 8 spinning consumer warps, 514 KB a block (128 blocks), 64 x 1 KB a stage
+      {1024, 64, 3, 32, 4, 1, 8, 514}, {1024, 64, 3, 32, 4, 1, 0, 514}, {1024, 64, 3, 32, 4, 1, 8, 0},
+      {16384, 4, 3, 1, 1, 1, 8, 0},    {16384, 4, 3, 1, 1, 1, 4, 0},    {2048, 32, 3, 32, 1, 1, 8, 514},
   };
-  std::printf("size_B copies stages issuers group blocks/SM  in_flight_KB/SM  GB/s  GB/s/SM\n");
+  std::printf("size_B copies stages issuers group blocks/SM waiters KB/block in_flight_KB/SM  GB/s  GB/s/SM   us\n");
   for (const Cfg& c : cfgs) {
-    const int blocks = sms * c.blocks_per_sm;
-    const int64_t rows = int64_t(kBytes / size_t(c.size) / size_t(blocks)) / c.copies * c.copies;
+    const int blocks = c.kb ? 128 : sms * c.blocks_per_sm;
+    const int64_t rows = (c.kb ? int64_t(c.kb) * 1024 / c.size : int64_t(kBytes / size_t(c.size) / size_t(blocks))) /
+                         c.copies * c.copies;
     const int smem = c.stages * c.copies * c.size;
-    const float ms = best_ms([&] { bulk_stream<<<blocks, 64, smem>>>(buf, rows, c, sink); });
+    const float ms =
+        best_ms([&] { bulk_stream<<<blocks, 32 * (1 + (c.waiters > 0 ? c.waiters : 1)), smem>>>(buf, rows, c, sink); });
     CK(cudaGetLastError());
     const double bytes = double(rows) * c.size * blocks;
-    std::printf("%6d %6d %6d %8d %5d %9d  %15d  %5.0f  %6.1f\n", c.size, c.copies, c.stages, c.issuers, c.group,
-                c.blocks_per_sm, smem * c.blocks_per_sm / 1024, bytes / (ms * 1e6), bytes / (ms * 1e6) / sms);
+    std::printf("%6d %6d %6d %8d %5d %9d %7d %8d  %15d  %5.0f  %6.1f %6.1f\n", c.size, c.copies, c.stages, c.issuers,
+                c.group, c.blocks_per_sm, c.waiters, c.kb, smem * c.blocks_per_sm / 1024, bytes / (ms * 1e6),
+                bytes / (ms * 1e6) / sms, ms * 1e3);
   }
   CK(cudaDeviceSynchronize());
   return 0;
