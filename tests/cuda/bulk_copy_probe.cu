@@ -1,6 +1,7 @@
 // One SM's cp.async.bulk rate against copy size, copies per stage, ring depth and issuing lanes (round 23; not part of
-// the build: compiled and run on the device by `nvcc -O3 -arch=sm_90a tests/cuda/bulk_copy_probe.cu -o /tmp/bcp &&
-// /tmp/bcp`, device_round21.sh BULK_PROBE=1).
+// the build: compiled and run on the device by `nvcc -O3 -arch=sm_90a -std=c++17 -Isrc tests/cuda/bulk_copy_probe.cu
+// -o /tmp/bcp && /tmp/bcp`, device_round21.sh BULK_PROBE=1). The barriers and copies are the kernels' own
+// (backend/cuda/mbarrier.cuh), so the probe issues the instructions they do.
 //
 // Why: round 23's decode-attention ring streamed 1 KB row copies at ~1.65 TB/s with nothing computed (41 us for 67 MB,
 // ~12.5 GB/s per SM with up to 198 KB outstanding), and matvec v7, fed by a few large bulk copies per stage, waits for
@@ -13,22 +14,10 @@
 
 #include <cuda_runtime.h>
 
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      return 1;                                                                               \
-    }                                                                                         \
-  } while (0)
+#include "backend/cuda/mbarrier.cuh"
+#include "probe_util.cuh"
 
-__device__ __forceinline__ uint32_t su32(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred d;\nW_%=:\nmbarrier.try_wait.parity.shared::cta.b64 d, [%0], %1;\n@!d bra W_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
+using namespace bonsai::cuda;
 
 struct Cfg {
   int size, copies, stages, issuers, group, blocks_per_sm;
@@ -43,8 +32,8 @@ __global__ __launch_bounds__(288) void bulk_stream(const char* src, int64_t rows
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (threadIdx.x == 0) {
     for (int s = 0; s < c.stages; ++s) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(su32(&full[s])));
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(su32(&empty[s])), "r"(c.waiters > 0 ? c.waiters : 1));
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], unsigned(c.waiters > 0 ? c.waiters : 1));
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -54,43 +43,25 @@ __global__ __launch_bounds__(288) void bulk_stream(const char* src, int64_t rows
   if (warp == 0) {
     for (int64_t i = 0; i < tiles; ++i) {
       const int s = int(i % c.stages);
-      if (i >= c.stages) bar_wait(su32(&empty[s]), uint32_t((i / c.stages - 1) & 1));
-      if (lane == 0)
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(su32(&full[s])),
-                     "r"(unsigned(stage))
-                     : "memory");
+      if (i >= c.stages) mbar_wait(&empty[s], uint32_t((i / c.stages - 1) & 1));
+      if (lane == 0) mbar_expect_tx(&full[s], unsigned(stage));
       __syncwarp();
-      for (int j = lane; j < c.copies; j += c.issuers) {
-        if (lane >= c.issuers) break;
+      for (int j = lane; lane < c.issuers && j < c.copies; j += c.issuers) {
         const int64_t r = gb * rows + i * c.copies + j;
-        const char* p = src + (r * c.group + gi) * c.size;
-        asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                su32(ring + s * stage + int64_t(j) * c.size)),
-            "l"(p), "r"(unsigned(c.size)), "r"(su32(&full[s]))
-            : "memory");
+        bulk_load(ring + s * stage + int64_t(j) * c.size, src + (r * c.group + gi) * c.size, unsigned(c.size), &full[s]);
       }
     }
   } else if (c.waiters > 0 || lane == 0) {
     int acc = 0;
     for (int64_t i = 0; i < tiles; ++i) {
       const int s = int(i % c.stages);
-      bar_wait(su32(&full[s]), uint32_t((i / c.stages) & 1));
+      mbar_wait(&full[s], uint32_t((i / c.stages) & 1));
       acc += ring[s * stage + lane];
       __syncwarp(__activemask());
-      if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(su32(&empty[s])) : "memory");
+      if (lane == 0) mbar_arrive(&empty[s]);
     }
     if (acc == 123456789) *sink = acc;  // never: keeps the read
   }
-}
-
-__global__ void read_only(const float4* s, size_t n, float* sink) {
-  float acc = 0.f;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const float4 v = s[i];
-    acc += v.x + v.y + v.z + v.w;
-  }
-  if (acc == 1234.5f) *sink = acc;
 }
 
 int main() {
@@ -120,7 +91,9 @@ int main() {
     return best;
   };
   {
-    const float ms = best_ms([&] { read_only<<<sms * 8, 256>>>(reinterpret_cast<float4*>(buf), kBytes / 16, reinterpret_cast<float*>(sink)); });
+    const float ms = best_ms([&] {
+      read_only<<<sms * 8, 256>>>(reinterpret_cast<float4*>(buf), kBytes / 16, reinterpret_cast<float*>(sink));
+    });
     std::printf("plain loads (grid-stride float4, %d x 256 threads): %.0f GB/s\n", sms * 8, kBytes / (ms * 1e6));
   }
   const Cfg cfgs[] = {

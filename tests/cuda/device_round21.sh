@@ -40,16 +40,15 @@ if [ "${WGMMA:-0}" = 1 ]; then
   echo "wgmma ceiling rc=$?"; cat "$L/bench_wgmma.txt" 2>/dev/null | tee "$OUT/wgmma.txt"
   stamp "wgmma ceiling"
 fi
-if [ "${STATE_PROBE:-0}" = 1 ]; then
-  $(command -v nvcc || echo /usr/local/cuda/bin/nvcc) -O3 -arch=sm_90a -std=c++17 tests/cuda/state_stream_probe.cu -o $L/state_stream_probe > $L/ssp_build.log 2>&1 \
-    && timeout 60 $L/state_stream_probe | tee "$OUT/state_probe.txt" || { echo "state probe failed"; tail -5 $L/ssp_build.log; }
-  stamp "state probe"
-fi
-if [ "${BULK_PROBE:-0}" = 1 ]; then
-  $(command -v nvcc || echo /usr/local/cuda/bin/nvcc) -O3 -arch=sm_90a -std=c++17 tests/cuda/bulk_copy_probe.cu -o $L/bulk_copy_probe > $L/bcp_build.log 2>&1 \
-    && timeout 120 $L/bulk_copy_probe | tee "$OUT/bulk_probe.txt" || { echo "bulk probe failed"; tail -5 $L/bcp_build.log; }
-  stamp "bulk probe"
-fi
+# device_probe NAME TIMEOUT: compile tests/cuda/NAME.cu here with nvcc (the kernels' headers on the include path) and
+# run it, its output into $OUT/NAME.txt.
+device_probe() {
+  $(command -v nvcc || echo /usr/local/cuda/bin/nvcc) -O3 -arch=sm_90a -std=c++17 -Isrc tests/cuda/$1.cu -o $L/$1 \
+    > $L/$1_build.log 2>&1 && timeout $2 $L/$1 | tee "$OUT/$1.txt" || { echo "$1 failed"; tail -5 $L/$1_build.log; }
+  stamp "$1"
+}
+[ "${STATE_PROBE:-0}" = 1 ] && device_probe state_stream_probe 60
+[ "${BULK_PROBE:-0}" = 1 ] && device_probe bulk_copy_probe 120
 if [ -n "${SASS:-}" ]; then
   cuobjdump -sass $B/test_cuda 2>/dev/null | awk -v re="$SASS" '/Function :/ {on = ($0 ~ re)} on' > "$OUT/sass.txt"
   echo "sass lines: $(wc -l < "$OUT/sass.txt")"; gzip -9 "$OUT/sass.txt"

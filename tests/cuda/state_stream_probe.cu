@@ -1,5 +1,5 @@
 // The read-modify-write ceiling of a batched decode's recurrent states (round 22; not part of the build: compiled and run
-// on the device by `nvcc -O3 -arch=sm_90a tests/cuda/state_stream_probe.cu -o /tmp/ssp && /tmp/ssp`).
+// on the device by `nvcc -O3 -arch=sm_90a -Isrc tests/cuda/state_stream_probe.cu -o /tmp/ssp && /tmp/ssp`).
 //
 // Why: delta_rows_kernel reads and rewrites every sequence's fp32 GDN state once per step (B = 32: 1,536 states of
 // 64 KB per layer, 201 MB of traffic) and measured 3.19 TB/s; a bulk-copy ring measured the same (round 21). This
@@ -11,14 +11,7 @@
 
 #include <cuda_runtime.h>
 
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      return 1;                                                                        \
-    }                                                                                  \
-  } while (0)
+#include "probe_util.cuh"
 
 // One block per state of F floats (F / 4 / blockDim float4 a thread): load all, then FMA and store all.
 template <int PER>  // float4 per thread
@@ -40,15 +33,6 @@ __global__ void grid_rmw(float4* s, size_t n, float a, float b) {
     v.x = v.x * a + b, v.y = v.y * a + b, v.z = v.z * a + b, v.w = v.w * a + b;
     s[i] = v;
   }
-}
-
-__global__ void read_only(const float4* s, size_t n, float* sink) {
-  float acc = 0.f;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const float4 v = s[i];
-    acc += v.x + v.y + v.z + v.w;
-  }
-  if (acc == 1234.5f) *sink = acc;  // never: keeps the loads
 }
 
 int main() {
