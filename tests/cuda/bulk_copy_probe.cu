@@ -26,7 +26,7 @@ struct Cfg {
 };
 
 // Block b reads `rows` rows of `size` bytes. Dynamic shared memory: stages x copies x size.
-__global__ __launch_bounds__(288) void bulk_stream(const char* src, int64_t rows, Cfg c, int* sink) {
+__global__ __launch_bounds__(672) void bulk_stream(const char* src, int64_t rows, Cfg c, int* sink) {
   extern __shared__ __align__(128) char ring[];
   __shared__ uint64_t full[16], empty[16];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -104,6 +104,10 @@ int main() {
       // the round-23 ring's shape: 8 spinning consumer warps, 514 KB a block (128 blocks), 64 x 1 KB a stage
       {1024, 64, 3, 32, 4, 1, 8, 514}, {1024, 64, 3, 32, 4, 1, 0, 514}, {1024, 64, 3, 32, 4, 1, 8, 0},
       {16384, 4, 3, 1, 1, 1, 8, 0},    {16384, 4, 3, 1, 1, 1, 4, 0},    {2048, 32, 3, 32, 1, 1, 8, 514},
+      // round 24: matvec v7's gate+up (one 42.5 KB stage of 32 rows x K 5120 + scales, 4 stages, 20 consumer warps,
+      // ~340 KB a block) and ffn_down (72.25 KB stages of 16 x 17,408, 2 stages, 17 warps, ~3 stages a block)
+      {43520, 1, 4, 1, 1, 1, 20, 340}, {43520, 1, 4, 1, 1, 1, 0, 340},  {43520, 1, 4, 1, 1, 1, 20, 0},
+      {73984, 1, 2, 1, 1, 1, 17, 217}, {73984, 1, 2, 1, 1, 1, 0, 217},  {73984, 1, 2, 1, 1, 1, 17, 0},
   };
   std::printf("size_B copies stages issuers group blocks/SM waiters KB/block in_flight_KB/SM  GB/s  GB/s/SM   us\n");
   for (const Cfg& c : cfgs) {

@@ -6,7 +6,9 @@
 // 27b decode tok/s at batch 1 (graphs on/off), pp2048 prefill tok/s, device memory.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -221,15 +223,21 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
     uint64_t bytes = 0;
     for (int64_t N : sh.N) bytes += uint64_t(N * sh.K / 4 + N * sh.K / 128 * 2);
     const int copies = int(std::max<uint64_t>(2, std::min<uint64_t>(64, (1ull << 29) / bytes + 1)));
+    // BONSAI_BENCH_HOT=1 (round 24): every launch of the round reads ONE copy of the weights, so a product that fits
+    // in L2 is timed L2-hot (what a perfect prefetch would give it); the default rotates over >= 512 MB of copies, as
+    // a decode step reads them. The round has as many launches either way (a graph launch's cost is shared alike).
+    const bool hot = std::getenv("BONSAI_BENCH_HOT") && std::atoi(std::getenv("BONSAI_BENCH_HOT")) == 1;
     std::deque<TernaryMatrix> mats;
     TernaryMatrix proto[3];
     for (size_t j = 0; j < sh.N.size(); ++j) fill_matrix(proto[j], sh.N[j], sh.K, j + 1);
     std::vector<const TernaryMatrix*> list;
     for (int c = 0; c < copies; ++c)
       for (size_t j = 0; j < sh.N.size(); ++j) {
-        mats.push_back(proto[j]);
-        be.prepare_matrix(mats.back());
-        list.push_back(&mats.back());
+        if (!hot || c == 0) {
+          mats.push_back(proto[j]);
+          be.prepare_matrix(mats.back());
+        }
+        list.push_back(&mats[hot ? j : mats.size() - 1]);
       }
     const double us = be.time_linear_kernel(list.data(), int(list.size()), int(sh.N.size()), sh.M, 20, v.pdl);
     const double gbs = double(bytes) / (us * 1e-6) / 1e9;
@@ -278,6 +286,85 @@ TEST(CudaBench, WgmmaCeiling) {
                   names[m], tops);
     report("bench_wgmma.txt", line);
     EXPECT_GT(tops, 0.0);
+  }
+}
+
+// Round 24: where a matvec v7 launch's time goes, block by block (Mv7Args::trace, kernels.h). One round of launches
+// over rotating copies (BONSAI_BENCH_HOT=1: one copy) with programmatic edges, as the kernel table times them; for the
+// middle launch, each event's time after that launch's first block started: median / max over its blocks, in us.
+TEST(CudaBench, V7Timeline) {
+  BONSAI_REQUIRE_GPU();
+  if (!bench_enabled()) GTEST_SKIP() << "set BONSAI_CUDA_BENCH=1";
+  CudaBackend& be = cudatest::gpu();
+  struct Shape {
+    const char* name;
+    int64_t K;
+    std::vector<int64_t> N;
+  };
+  const Shape shapes[] = {{"gdn_out", 6144, {5120}},
+                          {"ffn_down", 17408, {5120}},
+                          {"qkv+z", 5120, {10240, 6144}},
+                          {"gate+up", 5120, {17408, 17408}}};
+  const bool hot = std::getenv("BONSAI_BENCH_HOT") && std::atoi(std::getenv("BONSAI_BENCH_HOT")) == 1;
+  report("bench_timeline.txt", std::string("v7 timeline (us after the launch's first block start; median / max over "
+                                           "blocks), ") + (hot ? "weights L2-hot" : "weights rotating (cold)"));
+  for (const Shape& sh : shapes) {
+    uint64_t bytes = 0;
+    for (int64_t N : sh.N) bytes += uint64_t(N * sh.K / 4 + N * sh.K / 128 * 2);
+    const int copies = int(std::max<uint64_t>(2, std::min<uint64_t>(64, (1ull << 29) / bytes + 1)));
+    std::deque<TernaryMatrix> mats;
+    std::vector<const TernaryMatrix*> list;
+    for (int c = 0; c < copies; ++c)
+      for (size_t j = 0; j < sh.N.size(); ++j) {
+        if (!hot || c == 0) {
+          mats.emplace_back();
+          fill_matrix(mats.back(), sh.N[j], sh.K, j + 1);
+          be.prepare_matrix(mats.back());
+        }
+        list.push_back(&mats[hot ? j : mats.size() - 1]);
+      }
+    int blocks = 0;
+    const std::vector<uint64_t> tr = be.trace_linear_kernel(list.data(), int(list.size()), int(sh.N.size()), 1, blocks);
+    ASSERT_FALSE(tr.empty()) << sh.name << ": not matvec v7 launches";
+    const int launches = int(tr.size() / (size_t(blocks) * cuda::kV7TraceSlots)), li = launches / 2;
+    auto at = [&](int l, int b, int slot) { return tr[(size_t(l) * blocks + b) * cuda::kV7TraceSlots + slot]; };
+    uint64_t t0 = UINT64_MAX, t1 = UINT64_MAX, prev_done = 0;
+    for (int b = 0; b < blocks; ++b) {
+      t0 = std::min(t0, at(li, b, cuda::kV7TrStart));
+      if (li + 1 < launches) t1 = std::min(t1, at(li + 1, b, cuda::kV7TrStart));
+      prev_done = std::max(prev_done, at(li - 1, b, cuda::kV7TrDone));
+    }
+    // median / max over blocks of an event's time after t0 (slot_of(b): the block's slot, < 0 = not recorded)
+    auto stat = [&](auto slot_of) {
+      std::vector<double> v;
+      for (int b = 0; b < blocks; ++b) {
+        const int sl = slot_of(b);
+        if (sl >= 0 && at(li, b, sl)) v.push_back((double(at(li, b, sl)) - double(t0)) * 1e-3);
+      }
+      if (v.empty()) return std::string("-");
+      std::sort(v.begin(), v.end());
+      char buf[48];
+      std::snprintf(buf, sizeof buf, "%.2f/%.2f", v[v.size() / 2], v.back());
+      return std::string(buf);
+    };
+    auto fixed = [](int slot) { return [slot](int) { return slot; }; };
+    auto last = [&](int first) {
+      return [&, first](int b) { return first + int(std::min<uint64_t>(at(li, b, cuda::kV7TrStages), cuda::kV7TrMaxStages)) - 1; };
+    };
+    uint64_t st_min = UINT64_MAX, st_max = 0;
+    for (int b = 0; b < blocks; ++b) st_min = std::min(st_min, at(li, b, cuda::kV7TrStages)), st_max = std::max(st_max, at(li, b, cuda::kV7TrStages));
+    char line[640];
+    std::snprintf(line, sizeof line,
+                  "%-8s blocks %d stages %llu-%llu | prev done %+.2f | start %s issued %s cons.waited %s staged %s "
+                  "full0 %s full_last %s empty_last %s prod.waited %s done %s | next start %+.2f",
+                  sh.name, blocks, (unsigned long long)st_min, (unsigned long long)st_max,
+                  (double(prev_done) - double(t0)) * 1e-3, stat(fixed(cuda::kV7TrStart)).c_str(),
+                  stat(fixed(cuda::kV7TrIssued)).c_str(), stat(fixed(cuda::kV7TrConsumerWaited)).c_str(),
+                  stat(fixed(cuda::kV7TrStaged)).c_str(), stat(fixed(cuda::kV7TrFull0)).c_str(),
+                  stat(last(cuda::kV7TrFull0)).c_str(), stat(last(cuda::kV7TrEmpty0)).c_str(),
+                  stat(fixed(cuda::kV7TrProducerWaited)).c_str(), stat(fixed(cuda::kV7TrDone)).c_str(),
+                  t1 == UINT64_MAX ? 0.0 : (double(t1) - double(t0)) * 1e-3);
+    report("bench_timeline.txt", line);
   }
 }
 

@@ -92,6 +92,10 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   o.gemm_wave_split = flag("BONSAI_CUDA_WAVE_SPLIT", o.gemm_wave_split);
   o.matvec_balance = flag("BONSAI_CUDA_MATVEC_BALANCE", o.matvec_balance);
   o.l2_prefetch = flag("BONSAI_CUDA_PREFETCH", o.l2_prefetch);
+  if (const char* e = std::getenv("BONSAI_CUDA_L2_SIDE"); e && *e) o.l2_side_kb = std::max(0, std::atoi(e));
+  if (const char* e = std::getenv("BONSAI_CUDA_L2_SIDE_SKIP"); e && *e) o.l2_side_skip_kb = std::atoi(e);
+  if (const char* e = std::getenv("BONSAI_CUDA_L2_SIDE_HINT"); e && *e) o.l2_side_hint = std::atoi(e);
+  if (const char* e = std::getenv("BONSAI_CUDA_MV7_FLAGS"); e && *e) o.matvec7_flags = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_GEMM"); e && *e) o.gemm = std::atoi(e);
   o.gemm2_swizzle = flag("BONSAI_CUDA_GEMM2_SWIZZLE", o.gemm2_swizzle);
   if (const char* e = std::getenv("BONSAI_CUDA_GEMM2_WGS"); e && *e) o.gemm2_wgs = std::atoi(e);
@@ -283,6 +287,9 @@ struct CudaBackend::Impl {
   // Index in rec of the step's last M = 1 matvec (-1: none yet): the next one patches it to prefetch its
   // weights into L2 (Options::l2_prefetch).
   int64_t last_matvec = -1;
+  // Index in rec of the step's last matvec v7 launch (-1: none, or it went out with a graph segment): the next one's
+  // L2 side prefetch runs after it (Options::l2_side_kb).
+  int64_t last_v7 = -1;
   std::vector<GraphEntry> graphs;
 
   // ---- launching ----------------------------------------------------------------------------------
@@ -297,6 +304,13 @@ struct CudaBackend::Impl {
   // prologue read one digit, so they are q8-only experiments (v3 runs in their place under q16).
   void ternary_launches(const cuda::TernaryDev* t, int n, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                         const cuda::SiteDesc* site, std::vector<cuda::Launch>& out) {
+    const size_t first = out.size();
+    ternary_launches_for(t, n, K, xq, xds, M, site, out);
+    if (opt.matvec7_flags)  // round 24's v7 switches (the launches that are not v7 stay as they are)
+      for (size_t i = first; i < out.size(); ++i) cuda::matvec7_set_flags(out[i], opt.matvec7_flags);
+  }
+  void ternary_launches_for(const cuda::TernaryDev* t, int n, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
+                            const cuda::SiteDesc* site, std::vector<cuda::Launch>& out) {
     const int sms = prop.multiProcessorCount, lv = levels();
     if (site && site->levels == 1 && !opt.site_prologue)  // the q8 experiment: the dp4a matvec computes it
       return out.push_back(cuda::matvec_launch(t, n, K, xq, xds, M, lv, sms, opt.matvec_rows, site, opt.matvec_balance));
@@ -452,6 +466,7 @@ struct CudaBackend::Impl {
     for (int i = 0; i < n; ++i) out.push_back(cuda::splitk_sum_launch(tp[i].y, stride, ks, M * t[i].N, t[i].y));
   }
   void launch_now(const cuda::Launch& l) {
+    if (l.after > 0) return;  // a side node exists only in a step's graph (Launch::after)
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = l.grid;
     cfg.blockDim = l.block;
@@ -557,6 +572,7 @@ struct CudaBackend::Impl {
       run_graph();
       rec.clear();
       last_matvec = -1;  // the L2 prefetch hook patches only launches still in rec
+      last_v7 = -1;      // and a side node only follows a launch of its own graph
     }
   }
 
@@ -615,6 +631,7 @@ struct CudaBackend::Impl {
     recording = true;
     rec.clear();
     last_matvec = -1;
+    last_v7 = -1;
     st.last_step_nodes = 0;
   }
   void end_step() {
@@ -657,6 +674,7 @@ struct CudaBackend::Impl {
       h = mix(h, reinterpret_cast<uint64_t>(l.func));
       h = mix(h, (uint64_t(l.grid.x) << 32) ^ (uint64_t(l.grid.y) << 16) ^ l.grid.z);
       h = mix(h, (uint64_t(l.block.x) << 32) ^ (uint64_t(l.smem) << 8) ^ l.size);
+      h = mix(h, l.after);
     }
     GraphEntry* e = nullptr;
     for (GraphEntry& g : graphs) {
@@ -690,18 +708,27 @@ struct CudaBackend::Impl {
       g.hash = h;
       CUDA_CHECK(cudaGraphCreate(&g.graph, 0));
       g.nodes.resize(rec.size());
+      int64_t chain = -1;  // the last chain node (side nodes hang off the chain: Launch::after)
       for (size_t i = 0; i < rec.size(); ++i) {
         void* holder[1];
         cudaKernelNodeParams p = node_params(rec[i], holder);
         CUDA_CHECK(cudaGraphAddKernelNode(&g.nodes[i], g.graph, nullptr, 0, &p));
-        if (i > 0) {
+        if (rec[i].after > 0) {  // a full edge from the launch it follows (segments never split the pair: emit)
+          if (rec[i].after <= i) {
+            cudaGraphEdgeData ed{};
+            CUDA_CHECK(cudaGraphAddDependencies(g.graph, &g.nodes[i - rec[i].after], &g.nodes[i], &ed, 1));
+          }
+          continue;
+        }
+        if (chain >= 0) {
           cudaGraphEdgeData ed{};
           if (opt.pdl) {
             ed.from_port = cudaGraphKernelNodePortProgrammatic;
             ed.type = cudaGraphDependencyTypeProgrammatic;
           }
-          CUDA_CHECK(cudaGraphAddDependencies(g.graph, &g.nodes[i - 1], &g.nodes[i], &ed, 1));
+          CUDA_CHECK(cudaGraphAddDependencies(g.graph, &g.nodes[size_t(chain)], &g.nodes[i], &ed, 1));
         }
+        chain = int64_t(i);
       }
       CUDA_CHECK(cudaGraphInstantiate(&g.exec, g.graph, 0));
       g.recs = rec;
@@ -1223,10 +1250,22 @@ void CudaBackend::linear(const LinearOut* outs, int n_outs, int64_t K, const flo
       // L2, so the prefetched lines are not evicted by the prefetch itself).
       if (I.recording && M == 1 && I.opt.l2_prefetch && I.last_matvec >= 0 && size_t(I.last_matvec) < I.rec.size())
         cuda::matvec_set_prefetch(I.rec[size_t(I.last_matvec)], t, n, K, uint64_t(I.prop.l2CacheSize) * 3 / 4);
+      // Round 24: the side prefetch of this product's bytes past each block's ring, after the previous v7 product.
+      cuda::V7Stream vs;
+      const bool v7 = I.recording && M == 1 && I.opt.l2_side_kb > 0 && I.launches.size() == 1 &&
+                      cuda::matvec7_stream_of(I.launches[0], vs);
+      if (v7 && I.last_v7 >= 0 && size_t(I.last_v7) < I.rec.size()) {
+        const int64_t row_bytes = K / 4 + K / 64;
+        const int64_t skip = I.opt.l2_side_skip_kb < 0 ? vs.ring_rows : int64_t(I.opt.l2_side_skip_kb) * 1024 / row_bytes;
+        cuda::Launch side = cuda::l2_side_launch(vs, skip, int64_t(I.opt.l2_side_kb) * 1024 / row_bytes, I.opt.l2_side_hint);
+        side.after = uint32_t(I.rec.size() - size_t(I.last_v7));
+        I.emit(side);
+      }
       for (const cuda::Launch& l : I.launches) I.emit(l);
       // The index the launch got (-1 if a graph segment went out with it: it can no longer be patched).
       if (I.recording && M == 1 && I.opt.l2_prefetch)
         I.last_matvec = I.launches.size() == 1 && !I.rec.empty() ? int64_t(I.rec.size()) - 1 : -1;
+      if (v7) I.last_v7 = !I.rec.empty() ? int64_t(I.rec.size()) - 1 : -1;
     }
   }
 }
@@ -1901,6 +1940,53 @@ double CudaBackend::time_linear_kernel(const TernaryMatrix* const* mats, int n_m
   release(y);
   std::sort(ms.begin(), ms.end());
   return double(ms[ms.size() / 2]) * 1e3 / double(n_mats / n_outs);  // per product (split-K: GEMM + its sum)
+}
+
+std::vector<uint64_t> CudaBackend::trace_linear_kernel(const TernaryMatrix* const* mats, int n_mats, int n_outs,
+                                                       int64_t M, int& blocks) {
+  Impl& I = *p_;
+  I.sync();
+  const int64_t K = mats[0]->cols;
+  int64_t maxN = 0;
+  for (int i = 0; i < n_mats; ++i) maxN = std::max(maxN, mats[i]->rows);
+  std::vector<float> hx(size_t(M * K));
+  std::mt19937 rng(1234);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (float& v : hx) v = nd(rng);
+  float* x = allocate(size_t(M * K));
+  float* y = allocate(size_t(M * maxN * n_outs));
+  copy_from_host(hx.data(), hx.size(), x);
+  I.site(x, M, K, nullptr, 1, false, true);
+  const auto* xq = static_cast<const int8_t*>(I.xq.p);
+  const auto* xds = static_cast<const float2*>(I.xds.p);
+  std::vector<cuda::Launch> ls;
+  for (int i = 0; i + n_outs <= n_mats; i += n_outs) {
+    cuda::TernaryDev t[cuda::kMaxOuts];
+    for (int j = 0; j < n_outs; ++j) {
+      const Impl::DevMatrix& d = I.matrix(mats[i + j]);
+      t[j] = {d.words, d.scales, y + j * M * maxN, d.N};
+    }
+    I.ternary_launches(t, n_outs, K, xq, xds, M, nullptr, ls);
+  }
+  blocks = ls.empty() ? 0 : int(ls[0].grid.x);
+  const size_t per = size_t(blocks) * cuda::kV7TraceSlots;
+  std::vector<uint64_t> out(per * ls.size(), 0);
+  auto* buf = static_cast<uint64_t*>(I.device_alloc(out.size() * 8 + 8, "v7 timeline"));
+  CUDA_CHECK(cudaMemsetAsync(buf, 0, out.size() * 8, I.stream));
+  for (size_t i = 0; i < ls.size(); ++i)
+    if (ls[i].grid.x != unsigned(blocks) || !cuda::matvec7_set_trace(ls[i], buf + i * per)) out.clear();
+  if (!out.empty()) {
+    CUDA_CHECK(cudaStreamSynchronize(I.stream));
+    cudaGraphExec_t ge = I.capture_launches(ls, true);
+    for (int r = 0; r < 3; ++r) CUDA_CHECK(cudaGraphLaunch(ge, I.stream));
+    CUDA_CHECK(cudaStreamSynchronize(I.stream));
+    cudaGraphExecDestroy(ge);
+    CUDA_CHECK(cudaMemcpy(out.data(), buf, out.size() * 8, cudaMemcpyDeviceToHost));
+  }
+  cudaFree(buf);
+  release(x);
+  release(y);
+  return out;
 }
 
 }  // namespace bonsai

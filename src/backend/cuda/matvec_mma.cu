@@ -44,6 +44,8 @@
 // slice's partial y goes to scratch, and the last block to arrive at a row tile (an int32 counter per row tile,
 // reset by that block) sums the slices in slice order: deterministic, no float atomics.
 #include <algorithm>
+#include <cstring>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 
@@ -564,10 +566,22 @@ __global__ __launch_bounds__(kLsMaxWarps * 32, 1) void matvec6l_kernel(const Mv6
 constexpr int kV7MaxWarps = 20;  // consumer warps; one more warp issues the copies and sums the stages
 constexpr int kV7MaxStages = 8;
 
+// Round 24's timeline (Mv7Args::trace; matvec7_set_trace): %globaltimer (ns) at a block's events, slot numbers below.
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#define V7_TRACE(slot) \
+  do {                 \
+    if (a.trace) a.trace[int64_t(blockIdx.x) * kV7TraceSlots + (slot)] = global_ns(); \
+  } while (0)
+
 struct Mv7Args {
   Mv6Out o[kMaxOuts];          // t0: first 8-row unit of the output; k0 unused
   const int8_t* xq;            // int8 [M, LV, K] transposed digit planes
   const float2* xds;           // [M, K/64] {unit, digit sum}
+  uint64_t* trace;             // round 24, diagnostic: u64 [blocks, kV7TraceSlots] event times (kernels.h), or null
   int64_t K, M, units;         // units: 8-row units of all outputs
   int32_t n_outs, stages;      // stages: ST, the ring depth
   int32_t stage_bytes, words_bytes;  // one stage: words u32 [TR, K/16] then scales fp16 [TR, K/128]
@@ -575,6 +589,7 @@ struct Mv7Args {
   int32_t site_early;          // fused site: stages the producer issues before the prologue is done (the rest after)
   int32_t first_rows;          // rows of a block's FIRST stage (round 15): -1 = its ragged remainder (units mod TR / 8)
                                // first instead of last, 0 = TR (the remainder last), N = N rows
+  int32_t flags;               // kMv7SpinOne | kMv7EvictFirst (kernels.h; round 24)
   SitePrologue site;           // active (M = 1): the consumers compute the activations into the staging area
 };
 
@@ -628,6 +643,8 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
   float* red = reinterpret_cast<float*>(empty + ST + (SITE ? 2 : 0));
   unsigned char* xs = reinterpret_cast<unsigned char*>(red + size_t(ST + 1) * NW * kTok * TR);
   if (threadIdx.x == 0) {
+    V7_TRACE(kV7TrStart);
+    if (a.trace) a.trace[int64_t(blockIdx.x) * kV7TraceSlots + kV7TrStages] = uint64_t(nt);
     for (int s = 0; s < ST; ++s) {
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], unsigned(NW));
@@ -656,8 +673,18 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
     // s = i % ST (the stage issued), es / eph = (i - ST) % ST and its phase parity, slot = (i - ST) % (ST + 1).
     int s = 0, es = 0, slot = 0;
     unsigned eph = 0;
+    const bool spin_one = a.flags & kMv7SpinOne, evict_first = a.flags & kMv7EvictFirst;
+    uint64_t pol = 0;
+    if (evict_first) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
     for (int i = 0; i < nt + ST; ++i) {
-      if (i >= ST) mbar_wait(&empty[es], eph);  // stage i - ST consumed
+      if (i >= ST) {  // stage i - ST consumed
+        if (!spin_one) mbar_wait(&empty[es], eph);
+        else {
+          if (lane == 0) mbar_wait(&empty[es], eph);
+          __syncwarp();
+        }
+        if (lane == 0 && i - ST < kV7TrMaxStages) V7_TRACE(kV7TrEmpty0 + i - ST);
+      }
       if (i < nt) {
         if (!ready && i >= a.site_early) {  // the rest of the copies once the prologue's loads are done
           mbar_wait(xready, 0);
@@ -680,10 +707,16 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
           // generic-proxy accesses of this stage (a warp copy above, the consumers' reads) before the async copy
           asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
           mbar_expect_tx(&full[s], wbytes + (sbulk ? sbytes : 0u));
-          bulk_load(st, O.words + r0 * (K >> 4), wbytes, &full[s]);
-          if (sbulk) bulk_load(st + a.words_bytes, O.scales + r0 * G, sbytes, &full[s]);
+          if (evict_first) {
+            bulk_load_hint(st, O.words + r0 * (K >> 4), wbytes, &full[s], pol);
+            if (sbulk) bulk_load_hint(st + a.words_bytes, O.scales + r0 * G, sbytes, &full[s], pol);
+          } else {
+            bulk_load(st, O.words + r0 * (K >> 4), wbytes, &full[s]);
+            if (sbulk) bulk_load(st + a.words_bytes, O.scales + r0 * G, sbytes, &full[s]);
+          }
         }
         __syncwarp();
+        if (lane == 0 && i == 0) V7_TRACE(kV7TrIssued);
         if (resid && i == nt - 1) write_resid();
         if (++s == ST) s = 0;
       }
@@ -691,6 +724,7 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
         if (!waited) {
           pdl_wait();  // y (written below) may still be read by earlier kernels; the weights above do not wait
           waited = true;
+          if (lane == 0) V7_TRACE(kV7TrProducerWaited);
         }
         int o, nrow;
         int64_t r0;
@@ -717,11 +751,13 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
       }
     }
     if (!waited) pdl_wait();
+    if (lane == 0) V7_TRACE(kV7TrDone);
     return;
   }
 
   // ---- consumers ----
   pdl_wait();  // the activations depend on earlier kernels
+  if (threadIdx.x == 0) V7_TRACE(kV7TrConsumerWaited);
   const int g = lane >> 2, t = lane & 3;
   const int64_t M = a.M;
   const int8_t* xq = a.xq;
@@ -809,8 +845,15 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
   // offsets in a stage hoisted, 237 instead of 280 instructions per stage in the SASS: not faster, head +10 %.)
   int s = 0, slot = 0;
   unsigned ph = 0;  // (j / ST) & 1
+  const bool spin_one = a.flags & kMv7SpinOne;
+  if (threadIdx.x == 0) V7_TRACE(kV7TrStaged);
   for (int j = 0; j < nt; ++j) {
-    mbar_wait(&full[s], ph);
+    if (!spin_one) mbar_wait(&full[s], ph);
+    else {  // one lane waits; __syncwarp orders the others' reads of the stage after its acquire
+      if (lane == 0) mbar_wait(&full[s], ph);
+      __syncwarp();
+    }
+    if (threadIdx.x == 0 && j < kV7TrMaxStages) V7_TRACE(kV7TrFull0 + j);
     const unsigned char* wrow = ring + size_t(s) * a.stage_bytes + g * rs + 16 * t;  // row g, step 0
     const uint16_t* srow = reinterpret_cast<const uint16_t*>(ring + size_t(s) * a.stage_bytes + a.words_bytes) + g * G +
                            (LV == 2 ? (t & 1) : 0);  // row g: the lane's (first) accumulator group of step 0
@@ -1006,6 +1049,54 @@ bool matvec7_site_launch(const TernaryDev* outs, int n_outs, int64_t K, const Si
   s.count = s.resid ? counters : nullptr;
   if (timing_only) s.active = 2;
   return mv7_launch(outs, n_outs, K, nullptr, nullptr, 1, d.levels == 2 ? 2 : 1, sms, cfg, &s, out, early);
+}
+
+namespace {
+// The v7 instances (a launch is v7 when its function is one of them).
+bool is_matvec7(const Launch& l) {
+  if (l.size != sizeof(Mv7Args)) return false;
+  const void* const fs[] = {mv7_kernel<1, 1>(),          mv7_kernel<1, 2>(),          mv7_kernel<2, 1>(),
+                            mv7_kernel<2, 2>(),          mv7_kernel<1, 1, true>(),    mv7_kernel<1, 2, true>(),
+                            mv7_kernel<2, 1, true>(),    mv7_kernel<2, 2, true>(),    mv7_kernel<1, 1, false, true>(),
+                            mv7_kernel<1, 2, false, true>(), mv7_kernel<2, 1, false, true>(), mv7_kernel<2, 2, false, true>()};
+  return std::find(std::begin(fs), std::end(fs), l.func) != std::end(fs);
+}
+}  // namespace
+
+bool matvec7_stream_of(const Launch& l, V7Stream& s) {
+  if (!is_matvec7(l)) return false;
+  Mv7Args a;
+  std::memcpy(&a, l.args, sizeof a);
+  s = V7Stream{};
+  for (int i = 0; i < a.n_outs; ++i) {
+    s.words[i] = a.o[i].words;
+    s.scales[i] = a.o[i].scales;
+    s.N[i] = a.o[i].N;
+  }
+  s.n_outs = a.n_outs;
+  s.K = a.K;
+  s.units = a.units;
+  s.blocks = l.grid.x;
+  s.ring_rows = int64_t(a.stages) * (a.words_bytes / (a.K / 4));  // ST stages of TR rows
+  return true;
+}
+
+bool matvec7_set_trace(Launch& l, uint64_t* trace) {
+  if (!is_matvec7(l)) return false;
+  Mv7Args a;
+  std::memcpy(&a, l.args, sizeof a);
+  a.trace = trace;
+  std::memcpy(l.args, &a, sizeof a);
+  return true;
+}
+
+bool matvec7_set_flags(Launch& l, int flags) {
+  if (!is_matvec7(l)) return false;
+  Mv7Args a;
+  std::memcpy(&a, l.args, sizeof a);
+  a.flags = flags;
+  std::memcpy(l.args, &a, sizeof a);
+  return true;
 }
 
 int matvec6_split_for(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms, int cfg, int req,
