@@ -289,12 +289,51 @@ TEST(CudaBench, WgmmaCeiling) {
   }
 }
 
+// The timeline's events come in the order the kernel passes them, in every block of every launch (a check of the
+// diagnostic itself; it runs without BONSAI_CUDA_BENCH).
+TEST(CudaMatvec7, TimelineIsOrderedInEveryBlock) {
+  BONSAI_REQUIRE_GPU();
+  if (!cuda::matvec7_trace_compiled()) GTEST_SKIP() << "the v7 timeline is compiled in with -DBONSAI_V7_TRACE only";
+  CudaBackend& be = cudatest::gpu();
+  std::deque<TernaryMatrix> mats;
+  std::vector<const TernaryMatrix*> list;
+  for (int c = 0; c < 3; ++c) {  // three launches of a 1,000 x 5,120 product (ragged 8-row units, several stages)
+    mats.emplace_back();
+    fill_matrix(mats.back(), 1000, 5120, c + 1);
+    be.prepare_matrix(mats.back());
+    list.push_back(&mats.back());
+  }
+  int blocks = 0;
+  const std::vector<uint64_t> tr = be.trace_linear_kernel(list.data(), 3, 1, 1, blocks);
+  ASSERT_EQ(tr.size(), size_t(3) * blocks * cuda::kV7TraceSlots) << "not three v7 launches";
+  ASSERT_GT(blocks, 0);
+  for (int l = 0; l < 3; ++l)
+    for (int b = 0; b < blocks; ++b) {
+      const uint64_t* r = tr.data() + (size_t(l) * blocks + b) * cuda::kV7TraceSlots;
+      const int nt = int(r[cuda::kV7TrStages]);
+      ASSERT_GE(nt, 1) << "launch " << l << " block " << b;
+      EXPECT_GT(r[cuda::kV7TrStart], 0u);
+      EXPECT_LE(r[cuda::kV7TrStart], r[cuda::kV7TrIssued]);
+      EXPECT_LE(r[cuda::kV7TrStart], r[cuda::kV7TrConsumerWaited]);
+      EXPECT_LE(r[cuda::kV7TrConsumerWaited], r[cuda::kV7TrStaged]);
+      EXPECT_LE(r[cuda::kV7TrStaged], r[cuda::kV7TrFull0]);
+      EXPECT_LE(r[cuda::kV7TrIssued], r[cuda::kV7TrFull0]);
+      const int last = std::min(nt, cuda::kV7TrMaxStages) - 1;
+      for (int j = 1; j <= last; ++j) EXPECT_LE(r[cuda::kV7TrFull0 + j - 1], r[cuda::kV7TrFull0 + j]);
+      EXPECT_LE(r[cuda::kV7TrFull0 + last], r[cuda::kV7TrEmpty0 + last]);
+      EXPECT_LE(r[cuda::kV7TrEmpty0 + last], r[cuda::kV7TrDone]);
+      EXPECT_LE(r[cuda::kV7TrProducerWaited], r[cuda::kV7TrDone]);
+    }
+  for (const TernaryMatrix& m : mats) be.release_matrix(m);
+}
+
 // Round 24: where a matvec v7 launch's time goes, block by block (Mv7Args::trace, kernels.h). One round of launches
 // over rotating copies (BONSAI_BENCH_HOT=1: one copy) with programmatic edges, as the kernel table times them; for the
 // middle launch, each event's time after that launch's first block started: median / max over its blocks, in us.
 TEST(CudaBench, V7Timeline) {
   BONSAI_REQUIRE_GPU();
   if (!bench_enabled()) GTEST_SKIP() << "set BONSAI_CUDA_BENCH=1";
+  if (!cuda::matvec7_trace_compiled()) GTEST_SKIP() << "the v7 timeline is compiled in with -DBONSAI_V7_TRACE only";
   CudaBackend& be = cudatest::gpu();
   struct Shape {
     const char* name;
@@ -365,6 +404,7 @@ TEST(CudaBench, V7Timeline) {
                   stat(fixed(cuda::kV7TrProducerWaited)).c_str(), stat(fixed(cuda::kV7TrDone)).c_str(),
                   t1 == UINT64_MAX ? 0.0 : (double(t1) - double(t0)) * 1e-3);
     report("bench_timeline.txt", line);
+    for (const TernaryMatrix& m : mats) be.release_matrix(m);  // the next shape's matrices may reuse these addresses
   }
 }
 

@@ -92,10 +92,6 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   o.gemm_wave_split = flag("BONSAI_CUDA_WAVE_SPLIT", o.gemm_wave_split);
   o.matvec_balance = flag("BONSAI_CUDA_MATVEC_BALANCE", o.matvec_balance);
   o.l2_prefetch = flag("BONSAI_CUDA_PREFETCH", o.l2_prefetch);
-  if (const char* e = std::getenv("BONSAI_CUDA_L2_SIDE"); e && *e) o.l2_side_kb = std::max(0, std::atoi(e));
-  if (const char* e = std::getenv("BONSAI_CUDA_L2_SIDE_SKIP"); e && *e) o.l2_side_skip_kb = std::atoi(e);
-  if (const char* e = std::getenv("BONSAI_CUDA_L2_SIDE_HINT"); e && *e) o.l2_side_hint = std::atoi(e);
-  if (const char* e = std::getenv("BONSAI_CUDA_MV7_FLAGS"); e && *e) o.matvec7_flags = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_GEMM"); e && *e) o.gemm = std::atoi(e);
   o.gemm2_swizzle = flag("BONSAI_CUDA_GEMM2_SWIZZLE", o.gemm2_swizzle);
   if (const char* e = std::getenv("BONSAI_CUDA_GEMM2_WGS"); e && *e) o.gemm2_wgs = std::atoi(e);
@@ -230,6 +226,16 @@ struct CudaBackend::Impl {
   Scratch mv6_part, mv6_cnt;  // split-K v6: partials float [S, M, N], arrival counters int32 [N / 16] (zeroed)
   Scratch mvw_part, mvw_cnt;  // batched wgmma: partials float [2 SMs, 16, 512], counters int32 [row blocks] (zeroed)
   Scratch xh;                 // GEMM v4's fp16 activation tiles [ceil(M / 8)][K / 64][1024 B]
+  // Round 24, diagnostic (BONSAI_CUDA_MV7_TRACE=<file>, in builds with -DBONSAI_V7_TRACE): every matvec v7 launch of a recorded decode step writes its
+  // blocks' timeline (cuda::kV7TraceSlots u64 per block) into trace_buf [kTraceLaunches][SMs][slots]; the last step's
+  // is written to the file when the backend is destroyed (tests/cuda/v7_trace_report.py reads it).
+  static constexpr int64_t kTraceLaunches = 1024;
+  std::string trace_path;
+  uint64_t* trace_buf = nullptr;
+  struct TraceMeta {
+    int64_t K, N, blocks;
+  };
+  std::vector<TraceMeta> trace_meta, trace_last;  // this step's v7 launches, the previous step's
   const uint32_t* head_words = nullptr;  // the output head's device words (GEMM v4 leaves it to q16 unless gemm_f16_head)
   Scratch attn_planes;        // round 18: prefill attention's K / V window as f16 hi / lo planes [Hkv][4][p0 + M][D]
   Scratch site_cnt;           // v7's fused AddNorm site: int32 [2] {prologues done, residual slices written} (zeroed)
@@ -287,9 +293,6 @@ struct CudaBackend::Impl {
   // Index in rec of the step's last M = 1 matvec (-1: none yet): the next one patches it to prefetch its
   // weights into L2 (Options::l2_prefetch).
   int64_t last_matvec = -1;
-  // Index in rec of the step's last matvec v7 launch (-1: none, or it went out with a graph segment): the next one's
-  // L2 side prefetch runs after it (Options::l2_side_kb).
-  int64_t last_v7 = -1;
   std::vector<GraphEntry> graphs;
 
   // ---- launching ----------------------------------------------------------------------------------
@@ -304,13 +307,6 @@ struct CudaBackend::Impl {
   // prologue read one digit, so they are q8-only experiments (v3 runs in their place under q16).
   void ternary_launches(const cuda::TernaryDev* t, int n, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                         const cuda::SiteDesc* site, std::vector<cuda::Launch>& out) {
-    const size_t first = out.size();
-    ternary_launches_for(t, n, K, xq, xds, M, site, out);
-    if (opt.matvec7_flags)  // round 24's v7 switches (the launches that are not v7 stay as they are)
-      for (size_t i = first; i < out.size(); ++i) cuda::matvec7_set_flags(out[i], opt.matvec7_flags);
-  }
-  void ternary_launches_for(const cuda::TernaryDev* t, int n, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                            const cuda::SiteDesc* site, std::vector<cuda::Launch>& out) {
     const int sms = prop.multiProcessorCount, lv = levels();
     if (site && site->levels == 1 && !opt.site_prologue)  // the q8 experiment: the dp4a matvec computes it
       return out.push_back(cuda::matvec_launch(t, n, K, xq, xds, M, lv, sms, opt.matvec_rows, site, opt.matvec_balance));
@@ -466,7 +462,6 @@ struct CudaBackend::Impl {
     for (int i = 0; i < n; ++i) out.push_back(cuda::splitk_sum_launch(tp[i].y, stride, ks, M * t[i].N, t[i].y));
   }
   void launch_now(const cuda::Launch& l) {
-    if (l.after > 0) return;  // a side node exists only in a step's graph (Launch::after)
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = l.grid;
     cfg.blockDim = l.block;
@@ -560,6 +555,42 @@ struct CudaBackend::Impl {
     prof.clear();
   }
 
+  // Points each v7 launch of ls (the product of t [n outputs] over K) at its slice of trace_buf (BONSAI_CUDA_MV7_TRACE;
+  // recorded steps only).
+  void trace_v7(std::vector<cuda::Launch>& ls, const cuda::TernaryDev* t, int n, int64_t K) {
+    const int64_t per = int64_t(prop.multiProcessorCount) * cuda::kV7TraceSlots;
+    if (!trace_buf) {
+      trace_buf = static_cast<uint64_t*>(device_alloc(size_t(kTraceLaunches * per) * 8, "the v7 timeline"));
+      CUDA_CHECK(cudaMemsetAsync(trace_buf, 0, size_t(kTraceLaunches * per) * 8, stream));
+    }
+    int64_t N = 0;
+    for (int i = 0; i < n; ++i) N += t[i].N;
+    for (cuda::Launch& l : ls)
+      if (int64_t(trace_meta.size()) < kTraceLaunches &&
+          cuda::matvec7_set_trace(l, trace_buf + int64_t(trace_meta.size()) * per))
+        trace_meta.push_back({K, N, int64_t(l.grid.x)});
+  }
+  // The last complete step's timeline into trace_path: a line "launch i K N blocks" per launch, then a line per block
+  // of its kV7TraceSlots values.
+  void write_trace() {
+    const std::vector<TraceMeta>& m = trace_last.empty() ? trace_meta : trace_last;
+    if (!trace_buf || m.empty()) return;
+    const int64_t per = int64_t(prop.multiProcessorCount) * cuda::kV7TraceSlots;
+    std::vector<uint64_t> h(size_t(int64_t(m.size()) * per));
+    CUDA_CHECK(cudaMemcpy(h.data(), trace_buf, h.size() * 8, cudaMemcpyDeviceToHost));
+    FILE* f = std::fopen(trace_path.c_str(), "w");
+    if (!f) return;
+    for (size_t i = 0; i < m.size(); ++i) {
+      std::fprintf(f, "launch %zu %lld %lld %lld\n", i, (long long)m[i].K, (long long)m[i].N, (long long)m[i].blocks);
+      for (int64_t b = 0; b < m[i].blocks; ++b) {
+        const uint64_t* r = h.data() + int64_t(i) * per + b * cuda::kV7TraceSlots;
+        for (int k = 0; k < cuda::kV7TraceSlots; ++k) std::fprintf(f, k ? " %llu" : "%llu", (unsigned long long)r[k]);
+        std::fprintf(f, "\n");
+      }
+    }
+    std::fclose(f);
+  }
+
   void emit(const cuda::Launch& l) {
     if (!opt.skip.empty() && skipped(l)) return;
     ++st.kernels;
@@ -572,7 +603,6 @@ struct CudaBackend::Impl {
       run_graph();
       rec.clear();
       last_matvec = -1;  // the L2 prefetch hook patches only launches still in rec
-      last_v7 = -1;      // and a side node only follows a launch of its own graph
     }
   }
 
@@ -631,8 +661,9 @@ struct CudaBackend::Impl {
     recording = true;
     rec.clear();
     last_matvec = -1;
-    last_v7 = -1;
     st.last_step_nodes = 0;
+    if (!trace_meta.empty()) trace_last.swap(trace_meta);
+    trace_meta.clear();
   }
   void end_step() {
     if (!recording) return;
@@ -674,7 +705,6 @@ struct CudaBackend::Impl {
       h = mix(h, reinterpret_cast<uint64_t>(l.func));
       h = mix(h, (uint64_t(l.grid.x) << 32) ^ (uint64_t(l.grid.y) << 16) ^ l.grid.z);
       h = mix(h, (uint64_t(l.block.x) << 32) ^ (uint64_t(l.smem) << 8) ^ l.size);
-      h = mix(h, l.after);
     }
     GraphEntry* e = nullptr;
     for (GraphEntry& g : graphs) {
@@ -708,27 +738,18 @@ struct CudaBackend::Impl {
       g.hash = h;
       CUDA_CHECK(cudaGraphCreate(&g.graph, 0));
       g.nodes.resize(rec.size());
-      int64_t chain = -1;  // the last chain node (side nodes hang off the chain: Launch::after)
       for (size_t i = 0; i < rec.size(); ++i) {
         void* holder[1];
         cudaKernelNodeParams p = node_params(rec[i], holder);
         CUDA_CHECK(cudaGraphAddKernelNode(&g.nodes[i], g.graph, nullptr, 0, &p));
-        if (rec[i].after > 0) {  // a full edge from the launch it follows (segments never split the pair: emit)
-          if (rec[i].after <= i) {
-            cudaGraphEdgeData ed{};
-            CUDA_CHECK(cudaGraphAddDependencies(g.graph, &g.nodes[i - rec[i].after], &g.nodes[i], &ed, 1));
-          }
-          continue;
-        }
-        if (chain >= 0) {
+        if (i > 0) {
           cudaGraphEdgeData ed{};
           if (opt.pdl) {
             ed.from_port = cudaGraphKernelNodePortProgrammatic;
             ed.type = cudaGraphDependencyTypeProgrammatic;
           }
-          CUDA_CHECK(cudaGraphAddDependencies(g.graph, &g.nodes[size_t(chain)], &g.nodes[i], &ed, 1));
+          CUDA_CHECK(cudaGraphAddDependencies(g.graph, &g.nodes[i - 1], &g.nodes[i], &ed, 1));
         }
-        chain = int64_t(i);
       }
       CUDA_CHECK(cudaGraphInstantiate(&g.exec, g.graph, 0));
       g.recs = rec;
@@ -983,6 +1004,10 @@ CudaBackend::CudaBackend(const Options& o) : p_(std::make_unique<Impl>()) {
   if (!prefill_chunk_ok(o.prefill_chunk))
     fail("CUDA backend: prefill_chunk = {}: expected a multiple of 16 in 16..4096", o.prefill_chunk);
   p_->opt = o;
+  if (const char* e = std::getenv("BONSAI_CUDA_MV7_TRACE"); e && *e) {  // diagnostic (Impl::trace_v7)
+    if (cuda::matvec7_trace_compiled()) p_->trace_path = e;
+    else std::fprintf(stderr, "BONSAI_CUDA_MV7_TRACE ignored: this build has no v7 timeline (-DBONSAI_V7_TRACE)\n");
+  }
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {
@@ -1012,8 +1037,10 @@ CudaBackend::~CudaBackend() {
   }
   try {
     p_->sync();
+    p_->write_trace();
   } catch (...) {
   }
+  if (p_->trace_buf) cudaFree(p_->trace_buf);
   for (auto& g : p_->graphs) {
     cudaGraphExecDestroy(g.exec);
     cudaGraphDestroy(g.graph);
@@ -1250,22 +1277,11 @@ void CudaBackend::linear(const LinearOut* outs, int n_outs, int64_t K, const flo
       // L2, so the prefetched lines are not evicted by the prefetch itself).
       if (I.recording && M == 1 && I.opt.l2_prefetch && I.last_matvec >= 0 && size_t(I.last_matvec) < I.rec.size())
         cuda::matvec_set_prefetch(I.rec[size_t(I.last_matvec)], t, n, K, uint64_t(I.prop.l2CacheSize) * 3 / 4);
-      // Round 24: the side prefetch of this product's bytes past each block's ring, after the previous v7 product.
-      cuda::V7Stream vs;
-      const bool v7 = I.recording && M == 1 && I.opt.l2_side_kb > 0 && I.launches.size() == 1 &&
-                      cuda::matvec7_stream_of(I.launches[0], vs);
-      if (v7 && I.last_v7 >= 0 && size_t(I.last_v7) < I.rec.size()) {
-        const int64_t row_bytes = K / 4 + K / 64;
-        const int64_t skip = I.opt.l2_side_skip_kb < 0 ? vs.ring_rows : int64_t(I.opt.l2_side_skip_kb) * 1024 / row_bytes;
-        cuda::Launch side = cuda::l2_side_launch(vs, skip, int64_t(I.opt.l2_side_kb) * 1024 / row_bytes, I.opt.l2_side_hint);
-        side.after = uint32_t(I.rec.size() - size_t(I.last_v7));
-        I.emit(side);
-      }
+      if (!I.trace_path.empty() && I.recording && M == 1) I.trace_v7(I.launches, t, n, K);
       for (const cuda::Launch& l : I.launches) I.emit(l);
       // The index the launch got (-1 if a graph segment went out with it: it can no longer be patched).
       if (I.recording && M == 1 && I.opt.l2_prefetch)
         I.last_matvec = I.launches.size() == 1 && !I.rec.empty() ? int64_t(I.rec.size()) - 1 : -1;
-      if (v7) I.last_v7 = !I.rec.empty() ? int64_t(I.rec.size()) - 1 : -1;
     }
   }
 }

@@ -126,14 +126,6 @@ class CudaBackend final : public Backend {
     int matvec7_k32 = 1;       // round 15: v7's step on m16n8k32 mmas (8 per 16-row block and step instead of 16;
                                // bit-identical): 1 = but ffn_down's 16-row stages (matvec6_cfg 14), 2 = every stage (cfg 8), 0 =
                                // round 14's k16 step (cfg 11); BONSAI_CUDA_MV7_K32=0|1|2
-    int matvec7_flags = 0;     // round 24: v7's switches (cuda::kMv7SpinOne = 1: one lane per consumer warp waits for a
-                               // stage, kMv7EvictFirst = 2: its weight copies marked L2::evict_first); BONSAI_CUDA_MV7_FLAGS
-    int l2_side_kb = 0;        // round 24: in a recorded decode step, KB per block of each v7 product's weights prefetched
-                               // into L2 by a side node of the graph that runs after the previous v7 product (l2_side.cu);
-                               // 0: off; BONSAI_CUDA_L2_SIDE
-    int l2_side_skip_kb = -1;  // the KB of each block's range it leaves out first (-1: the block's ring, which the
-                               // product fills itself as soon as it is resident); BONSAI_CUDA_L2_SIDE_SKIP
-    int l2_side_hint = 0;      // 1: the prefetched lines marked L2::evict_last; BONSAI_CUDA_L2_SIDE_HINT
     int site_prologue = 0;     // round 11: a one-row q16 / q8 site computed by the v7 matvec that reads it, as its
                                // prologue (warp_site.cuh; every pre-op, AddNorm's residual included) instead of by a
                                // site kernel before it: 0 off, 1 every pre-op, else a mask of bit (pre + 1) per pre-op
@@ -357,7 +349,7 @@ class CudaBackend final : public Backend {
   // launches (each may start streaming while its predecessor drains), as in a decode step.
   double time_linear_kernel(const TernaryMatrix* const* mats, int n_mats, int n_outs, int64_t M, int reps,
                             bool pdl_between = false);
-  // Round 24, diagnostic: the same round of launches (programmatic edges between them), run 3 times, each matvec v7
+  // Round 24, diagnostic (builds with -DBONSAI_V7_TRACE; cuda::matvec7_trace_compiled): the same round of launches (programmatic edges between them), run 3 times, each matvec v7
   // launch writing its blocks' timeline (cuda::kV7TraceSlots u64 per block; kernels.h). Returns launch i's block b at
   // [(i * blocks + b) * kV7TraceSlots] from the last run (blocks: the launches' grid; empty when they are not v7).
   std::vector<uint64_t> trace_linear_kernel(const TernaryMatrix* const* mats, int n_mats, int n_outs, int64_t M,

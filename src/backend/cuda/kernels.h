@@ -134,29 +134,10 @@ Launch matvec6_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_
                       bool interleave = true, int v7_first = -1);
 // v7_first (round 15; CudaBackend::Options::matvec7_first): rows of a v7 block's first stage, -1 = its ragged remainder
 // (units mod the stage's units; none: a whole stage), 0 = a whole stage (the remainder last), N = N rows.
-// Matvec v7 with the one-row activation site as its prologue (round 11; warp_site.cuh): every block's consumer warps
-// compute the site of d (pre-op, signs, FWHT, int8 digits) into shared memory while the producer's weight copies are in
-// flight; no site kernel, no fp32 site written. AddNorm writes h += delta (each block a slice, once all blocks have read
-// h: counters int32 [2], zero, left zero) and block 0 the normed row (d.pre_out). Supported: one row, no inverse / gather,
-// K % 1024 == 0, n <= 1024, gated-norm segments of 8..256 dividing 256, pre_out not aliasing an input. False (out
-// unchanged) where it does not apply, v7's two stages included; cfg as matvec6_launch's (0 and 8-10 give v7).
-// Round 24: what the L2 side prefetch needs of a v7 launch (matvec7_stream_of): its outputs' weights, its blocks'
-// split of the 8-row units, and the rows of a block's ring (ST stages of TR rows).
-struct V7Stream {
-  const uint32_t* words[kMaxOuts];
-  const uint16_t* scales[kMaxOuts];
-  int64_t N[kMaxOuts];
-  int64_t K = 0, units = 0, blocks = 0, ring_rows = 0;
-  int32_t n_outs = 0;
-};
-// False (s unchanged) when l is not a matvec v7 launch.
-bool matvec7_stream_of(const Launch& l, V7Stream& s);
-// v7's switches as launch flags (round 24; false when l is not v7): kMv7SpinOne: one lane of each consumer warp
-// waits for a stage (then __syncwarp) instead of all 32; kMv7EvictFirst: the weight copies carry L2::evict_first.
-constexpr int kMv7SpinOne = 1, kMv7EvictFirst = 2;
-bool matvec7_set_flags(Launch& l, int flags);
-// Round 24, diagnostic: v7's per-block timeline. Each block b writes %globaltimer (ns) into trace[b * kV7TraceSlots +
-// slot] at its events (the stage slots for its first kV7TrMaxStages stages), and its stage count into kV7TrStages.
+// Round 24, diagnostic: v7's per-block timeline, in builds with -DBONSAI_V7_TRACE in CMAKE_CUDA_FLAGS (else
+// matvec7_trace_compiled() is false and no launch takes a trace). Each block b writes %globaltimer (ns) into
+// trace[b * kV7TraceSlots + slot] at its events (the stage slots for its first kV7TrMaxStages stages), and its stage
+// count into kV7TrStages.
 constexpr int kV7TraceSlots = 32, kV7TrMaxStages = 8;
 enum V7TraceSlot : int {
   kV7TrStart = 0,           // thread 0 enters (before the barriers' init)
@@ -169,10 +150,15 @@ enum V7TraceSlot : int {
   kV7TrFull0 = 8,           // 8..15: thread 0 has stage j's bytes (past full[j])
   kV7TrEmpty0 = 16,         // 16..23: the producer sees stage j consumed by every warp (past empty[j])
 };
+bool matvec7_trace_compiled();
+// False (l unchanged) when l is not a matvec v7 launch or the trace is not compiled in.
 bool matvec7_set_trace(Launch& l, uint64_t* trace);
-// The side prefetch (l2_side.cu): a launch of one warp per block of `next` that prefetches into L2, for each block b of the v7 launch
-// `next` describes, rows [skip_rows, skip_rows + rows) of b's range (words and scales); hint 1: L2::evict_last.
-Launch l2_side_launch(const V7Stream& next, int64_t skip_rows, int64_t rows, int hint);
+// Matvec v7 with the one-row activation site as its prologue (round 11; warp_site.cuh): every block's consumer warps
+// compute the site of d (pre-op, signs, FWHT, int8 digits) into shared memory while the producer's weight copies are in
+// flight; no site kernel, no fp32 site written. AddNorm writes h += delta (each block a slice, once all blocks have read
+// h: counters int32 [2], zero, left zero) and block 0 the normed row (d.pre_out). Supported: one row, no inverse / gather,
+// K % 1024 == 0, n <= 1024, gated-norm segments of 8..256 dividing 256, pre_out not aliasing an input. False (out
+// unchanged) where it does not apply, v7's two stages included; cfg as matvec6_launch's (0 and 8-10 give v7).
 bool matvec7_site_supported(const SiteDesc& d);
 // early: the weight stages copied before the prologue is done (-1: the whole ring; the rest wait for it).
 bool matvec7_site_launch(const TernaryDev* outs, int n_outs, int64_t K, const SiteDesc& d, int sms, int cfg,

@@ -24,15 +24,11 @@ struct Launch {
   dim3 grid{1, 1, 1}, block{1, 1, 1};
   uint32_t smem = 0;           // dynamic shared memory bytes
   uint32_t size = 0;           // bytes of args in use
-  // > 0: a SIDE node of a recorded step (round 24's L2 side prefetch): in the step's graph it runs after the launch
-  // `after` places before it in the step and nothing waits for it (the chain goes on from the launch before it).
-  // Never launched outside a graph: it only warms L2, so eager runs leave it out.
-  uint32_t after = 0;
   alignas(16) unsigned char args[kLaunchArgBytes];
 
   bool same_shape(const Launch& o) const {
     return func == o.func && grid.x == o.grid.x && grid.y == o.grid.y && grid.z == o.grid.z &&
-           block.x == o.block.x && block.y == o.block.y && block.z == o.block.z && smem == o.smem && size == o.size && after == o.after;
+           block.x == o.block.x && block.y == o.block.y && block.z == o.block.z && smem == o.smem && size == o.size;
   }
   bool same_args(const Launch& o) const { return size == o.size && std::memcmp(args, o.args, size) == 0; }
 };

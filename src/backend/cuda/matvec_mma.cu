@@ -566,16 +566,31 @@ __global__ __launch_bounds__(kLsMaxWarps * 32, 1) void matvec6l_kernel(const Mv6
 constexpr int kV7MaxWarps = 20;  // consumer warps; one more warp issues the copies and sums the stages
 constexpr int kV7MaxStages = 8;
 
-// Round 24's timeline (Mv7Args::trace; matvec7_set_trace): %globaltimer (ns) at a block's events, slot numbers below.
+// Round 24's timeline (Mv7Args::trace; matvec7_set_trace): %globaltimer (ns) at a block's events, slot numbers in
+// kernels.h. Compiled in only with -DBONSAI_V7_TRACE (CMAKE_CUDA_FLAGS): the dormant checks alone cost 0.7 % of a
+// decode token (H200, tg128 221.3 vs 223.0 tok/s in one call), so the default kernel carries none.
+#ifdef BONSAI_V7_TRACE
 __device__ __forceinline__ uint64_t global_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-#define V7_TRACE(slot) \
-  do {                 \
+#define V7_TRACE(slot)                                                                  \
+  do {                                                                                  \
     if (a.trace) a.trace[int64_t(blockIdx.x) * kV7TraceSlots + (slot)] = global_ns(); \
   } while (0)
+#define V7_TRACE_VALUE(slot, v)                                                   \
+  do {                                                                            \
+    if (a.trace) a.trace[int64_t(blockIdx.x) * kV7TraceSlots + (slot)] = (v); \
+  } while (0)
+#else
+#define V7_TRACE(slot) \
+  do {                 \
+  } while (0)
+#define V7_TRACE_VALUE(slot, v) \
+  do {                          \
+  } while (0)
+#endif
 
 struct Mv7Args {
   Mv6Out o[kMaxOuts];          // t0: first 8-row unit of the output; k0 unused
@@ -589,7 +604,6 @@ struct Mv7Args {
   int32_t site_early;          // fused site: stages the producer issues before the prologue is done (the rest after)
   int32_t first_rows;          // rows of a block's FIRST stage (round 15): -1 = its ragged remainder (units mod TR / 8)
                                // first instead of last, 0 = TR (the remainder last), N = N rows
-  int32_t flags;               // kMv7SpinOne | kMv7EvictFirst (kernels.h; round 24)
   SitePrologue site;           // active (M = 1): the consumers compute the activations into the staging area
 };
 
@@ -644,7 +658,7 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
   unsigned char* xs = reinterpret_cast<unsigned char*>(red + size_t(ST + 1) * NW * kTok * TR);
   if (threadIdx.x == 0) {
     V7_TRACE(kV7TrStart);
-    if (a.trace) a.trace[int64_t(blockIdx.x) * kV7TraceSlots + kV7TrStages] = uint64_t(nt);
+    V7_TRACE_VALUE(kV7TrStages, uint64_t(nt));
     for (int s = 0; s < ST; ++s) {
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], unsigned(NW));
@@ -673,16 +687,9 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
     // s = i % ST (the stage issued), es / eph = (i - ST) % ST and its phase parity, slot = (i - ST) % (ST + 1).
     int s = 0, es = 0, slot = 0;
     unsigned eph = 0;
-    const bool spin_one = a.flags & kMv7SpinOne, evict_first = a.flags & kMv7EvictFirst;
-    uint64_t pol = 0;
-    if (evict_first) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
     for (int i = 0; i < nt + ST; ++i) {
       if (i >= ST) {  // stage i - ST consumed
-        if (!spin_one) mbar_wait(&empty[es], eph);
-        else {
-          if (lane == 0) mbar_wait(&empty[es], eph);
-          __syncwarp();
-        }
+        mbar_wait(&empty[es], eph);
         if (lane == 0 && i - ST < kV7TrMaxStages) V7_TRACE(kV7TrEmpty0 + i - ST);
       }
       if (i < nt) {
@@ -707,13 +714,8 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
           // generic-proxy accesses of this stage (a warp copy above, the consumers' reads) before the async copy
           asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
           mbar_expect_tx(&full[s], wbytes + (sbulk ? sbytes : 0u));
-          if (evict_first) {
-            bulk_load_hint(st, O.words + r0 * (K >> 4), wbytes, &full[s], pol);
-            if (sbulk) bulk_load_hint(st + a.words_bytes, O.scales + r0 * G, sbytes, &full[s], pol);
-          } else {
-            bulk_load(st, O.words + r0 * (K >> 4), wbytes, &full[s]);
-            if (sbulk) bulk_load(st + a.words_bytes, O.scales + r0 * G, sbytes, &full[s]);
-          }
+          bulk_load(st, O.words + r0 * (K >> 4), wbytes, &full[s]);
+          if (sbulk) bulk_load(st + a.words_bytes, O.scales + r0 * G, sbytes, &full[s]);
         }
         __syncwarp();
         if (lane == 0 && i == 0) V7_TRACE(kV7TrIssued);
@@ -845,14 +847,9 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
   // offsets in a stage hoisted, 237 instead of 280 instructions per stage in the SASS: not faster, head +10 %.)
   int s = 0, slot = 0;
   unsigned ph = 0;  // (j / ST) & 1
-  const bool spin_one = a.flags & kMv7SpinOne;
   if (threadIdx.x == 0) V7_TRACE(kV7TrStaged);
   for (int j = 0; j < nt; ++j) {
-    if (!spin_one) mbar_wait(&full[s], ph);
-    else {  // one lane waits; __syncwarp orders the others' reads of the stage after its acquire
-      if (lane == 0) mbar_wait(&full[s], ph);
-      __syncwarp();
-    }
+    mbar_wait(&full[s], ph);
     if (threadIdx.x == 0 && j < kV7TrMaxStages) V7_TRACE(kV7TrFull0 + j);
     const unsigned char* wrow = ring + size_t(s) * a.stage_bytes + g * rs + 16 * t;  // row g, step 0
     const uint16_t* srow = reinterpret_cast<const uint16_t*>(ring + size_t(s) * a.stage_bytes + a.words_bytes) + g * G +
@@ -1055,46 +1052,35 @@ namespace {
 // The v7 instances (a launch is v7 when its function is one of them).
 bool is_matvec7(const Launch& l) {
   if (l.size != sizeof(Mv7Args)) return false;
-  const void* const fs[] = {mv7_kernel<1, 1>(),          mv7_kernel<1, 2>(),          mv7_kernel<2, 1>(),
-                            mv7_kernel<2, 2>(),          mv7_kernel<1, 1, true>(),    mv7_kernel<1, 2, true>(),
-                            mv7_kernel<2, 1, true>(),    mv7_kernel<2, 2, true>(),    mv7_kernel<1, 1, false, true>(),
-                            mv7_kernel<1, 2, false, true>(), mv7_kernel<2, 1, false, true>(), mv7_kernel<2, 2, false, true>()};
+  const void* const fs[] = {mv7_kernel<1, 1>(),
+                            mv7_kernel<1, 2>(),
+                            mv7_kernel<2, 1>(),
+                            mv7_kernel<2, 2>(),
+                            mv7_kernel<1, 1, true>(),
+                            mv7_kernel<1, 2, true>(),
+                            mv7_kernel<2, 1, true>(),
+                            mv7_kernel<2, 2, true>(),
+                            mv7_kernel<1, 1, false, true>(),
+                            mv7_kernel<1, 2, false, true>(),
+                            mv7_kernel<2, 1, false, true>(),
+                            mv7_kernel<2, 2, false, true>()};
   return std::find(std::begin(fs), std::end(fs), l.func) != std::end(fs);
 }
 }  // namespace
 
-bool matvec7_stream_of(const Launch& l, V7Stream& s) {
-  if (!is_matvec7(l)) return false;
-  Mv7Args a;
-  std::memcpy(&a, l.args, sizeof a);
-  s = V7Stream{};
-  for (int i = 0; i < a.n_outs; ++i) {
-    s.words[i] = a.o[i].words;
-    s.scales[i] = a.o[i].scales;
-    s.N[i] = a.o[i].N;
-  }
-  s.n_outs = a.n_outs;
-  s.K = a.K;
-  s.units = a.units;
-  s.blocks = l.grid.x;
-  s.ring_rows = int64_t(a.stages) * (a.words_bytes / (a.K / 4));  // ST stages of TR rows
+bool matvec7_trace_compiled() {
+#ifdef BONSAI_V7_TRACE
   return true;
+#else
+  return false;
+#endif
 }
 
 bool matvec7_set_trace(Launch& l, uint64_t* trace) {
-  if (!is_matvec7(l)) return false;
+  if (!matvec7_trace_compiled() || !is_matvec7(l)) return false;
   Mv7Args a;
   std::memcpy(&a, l.args, sizeof a);
   a.trace = trace;
-  std::memcpy(l.args, &a, sizeof a);
-  return true;
-}
-
-bool matvec7_set_flags(Launch& l, int flags) {
-  if (!is_matvec7(l)) return false;
-  Mv7Args a;
-  std::memcpy(&a, l.args, sizeof a);
-  a.flags = flags;
   std::memcpy(l.args, &a, sizeof a);
   return true;
 }

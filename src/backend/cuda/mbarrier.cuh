@@ -40,14 +40,6 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, unsigne
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
 }
-// bulk_load with an L2 cache-eviction policy (createpolicy; round 24: evict_first on weights read once a token).
-__device__ __forceinline__ void bulk_load_hint(uint32_t dst, const void* src, unsigned bytes, uint32_t bar, uint64_t pol) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
-          dst),
-      "l"(src), "r"(bytes), "r"(bar), "l"(pol)
-      : "memory");
-}
 
 // The same through pointers.
 __device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) { mbar_init(smem_u32(bar), count); }
@@ -69,9 +61,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 }
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
   bulk_load(smem_u32(dst), src, bytes, smem_u32(bar));
-}
-__device__ __forceinline__ void bulk_load_hint(void* dst, const void* src, unsigned bytes, uint64_t* bar, uint64_t pol) {
-  bulk_load_hint(smem_u32(dst), src, bytes, smem_u32(bar), pol);
 }
 
 }  // namespace bonsai::cuda

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Reads a matvec v7 timeline of one decode step (BONSAI_CUDA_MV7_TRACE=<file> bonsai bench ...; round 24) and prints
+where the step's time goes, per product shape (medians over the step's launches of that shape, in us).
+
+For launch i: A(i) = its last block's done (the product is complete), W(i) = its first block past griddepcontrol.wait
+(its predecessor on the chain is complete). gap = W(i) - A(i-1): the small kernels between two products on the chain;
+prod = A(i) - W(i): the product once its input is ready. Its parts, per block then the median over blocks, after W(i):
+staged (the activations in shared memory), full0 / full_last (its first / last stage's bytes landed; negative = before
+the input was ready), done. 'start' / 'issued' are the blocks' first instruction and first copy issue, after A(i-1)."""
+import statistics
+import sys
+
+SLOTS = dict(start=0, issued=1, cwait=2, staged=3, pwait=4, done=5, stages=6, full0=8, empty0=16)
+NAMES = {(5120, 16384): "qkv+z", (6144, 5120): "gdn_out", (5120, 34816): "gate+up", (17408, 5120): "ffn_down",
+         (5120, 248320): "head"}
+
+
+def read(path):
+    launches = []
+    with open(path) as f:
+        for line in f:
+            p = line.split()
+            if p[0] == "launch":
+                launches.append(dict(K=int(p[2]), N=int(p[3]), rows=[]))
+            else:
+                launches[-1]["rows"].append([int(v) for v in p])
+    return launches
+
+
+def main():
+    ls = read(sys.argv[1])
+    per = {}
+    prev_done = None
+    total_gap = total_prod = 0.0
+    for L in ls:
+        rows = [r for r in L["rows"] if r[SLOTS["start"]]]
+        if not rows:
+            continue
+        done = max(r[SLOTS["done"]] for r in rows)
+        w = min(r[SLOTS["cwait"]] for r in rows)
+        name = NAMES.get((L["K"], L["N"]), f"K{L['K']}xN{L['N']}")
+        d = per.setdefault(name, {k: [] for k in ("gap", "prod", "start", "issued", "staged", "full0", "full_last",
+                                                   "done_med", "stagger", "stages")})
+        med = lambda f: statistics.median(f(r) for r in rows)  # noqa: E731
+        last = lambda r: r[SLOTS["full0"] + min(r[SLOTS["stages"]], 8) - 1]  # noqa: E731
+        if prev_done is not None:
+            d["gap"].append((w - prev_done) / 1e3)
+            d["start"].append((med(lambda r: r[0]) - prev_done) / 1e3)
+            d["issued"].append((med(lambda r: r[SLOTS["issued"]]) - prev_done) / 1e3)
+            total_gap += (w - prev_done) / 1e3
+        d["prod"].append((done - w) / 1e3)
+        total_prod += (done - w) / 1e3
+        d["staged"].append((med(lambda r: r[SLOTS["staged"]]) - w) / 1e3)
+        d["full0"].append((med(lambda r: r[SLOTS["full0"]]) - w) / 1e3)
+        d["full_last"].append((med(last) - w) / 1e3)
+        d["done_med"].append((med(lambda r: r[SLOTS["done"]]) - w) / 1e3)
+        d["stagger"].append((med(lambda r: r[0]) - min(r[0] for r in rows)) / 1e3)
+        d["stages"].append(med(lambda r: r[SLOTS["stages"]]))
+        prev_done = done
+    span = (max(max(r[SLOTS["done"]] for r in L["rows"] if r[0]) for L in ls) -
+            min(min(r[0] for r in L["rows"] if r[0]) for L in ls)) / 1e3
+    print(f"{len(ls)} v7 launches, first start to last done {span:.1f} us: products (W->A) {total_prod:.1f} us, "
+          f"between products (A->W) {total_gap:.1f} us")
+    keys = ("gap", "start", "issued", "prod", "staged", "full0", "full_last", "done_med", "stagger", "stages")
+    print(f"{'shape':10s} {'n':>4s} " + " ".join(f"{k:>9s}" for k in keys))
+    for name, d in sorted(per.items(), key=lambda kv: -sum(kv[1]["prod"])):
+        vals = [statistics.median(d[k]) if d[k] else float("nan") for k in keys]
+        print(f"{name:10s} {len(d['prod']):4d} " + " ".join(f"{v:9.2f}" for v in vals))
+
+
+if __name__ == "__main__":
+    main()
