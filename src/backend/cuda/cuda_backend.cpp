@@ -1920,20 +1920,21 @@ double CudaBackend::probe_read_gbs(uint64_t bytes, int reps) {
   return double(bytes) / (double(ms[ms.size() / 2]) * 1e-3) / 1e9;
 }
 
-double CudaBackend::time_linear_kernel(const TernaryMatrix* const* mats, int n_mats, int n_outs, int64_t M, int reps,
-                                       bool pdl_between) {
+// The measurement helpers' round of products: launch i = mats[i n_outs .. i n_outs + n_outs) times one random
+// activation x [M, K] (quantised by one site launch here), writing a scratch y. The caller releases x and y.
+std::vector<cuda::Launch> CudaBackend::product_round(const TernaryMatrix* const* mats, int n_mats, int n_outs, int64_t M,
+                                                     float*& x, float*& y) {
   Impl& I = *p_;
   I.sync();
   const int64_t K = mats[0]->cols;
   int64_t maxN = 0;
   for (int i = 0; i < n_mats; ++i) maxN = std::max(maxN, mats[i]->rows);
-  // random x -> quantised scratch (one site launch)
   std::vector<float> hx(size_t(M * K));
   std::mt19937 rng(1234);
   std::normal_distribution<float> nd(0.f, 1.f);
   for (float& v : hx) v = nd(rng);
-  float* x = allocate(size_t(M * K));
-  float* y = allocate(size_t(M * maxN * n_outs));
+  x = allocate(size_t(M * K));
+  y = allocate(size_t(M * maxN * n_outs));
   copy_from_host(hx.data(), hx.size(), x);
   I.site(x, M, K, nullptr, 1, false, true);
   const auto* xq = static_cast<const int8_t*>(I.xq.p);
@@ -1947,6 +1948,14 @@ double CudaBackend::time_linear_kernel(const TernaryMatrix* const* mats, int n_m
     }
     I.ternary_launches(t, n_outs, K, xq, xds, M, nullptr, ls);
   }
+  return ls;
+}
+
+double CudaBackend::time_linear_kernel(const TernaryMatrix* const* mats, int n_mats, int n_outs, int64_t M, int reps,
+                                       bool pdl_between) {
+  Impl& I = *p_;
+  float *x = nullptr, *y = nullptr;
+  const std::vector<cuda::Launch> ls = product_round(mats, n_mats, n_outs, M, x, y);
   // One round = every launch once, captured as a graph, with or without programmatic edges between them.
   CUDA_CHECK(cudaStreamSynchronize(I.stream));
   cudaGraphExec_t ge = I.capture_launches(ls, pdl_between);
@@ -1961,29 +1970,8 @@ double CudaBackend::time_linear_kernel(const TernaryMatrix* const* mats, int n_m
 std::vector<uint64_t> CudaBackend::trace_linear_kernel(const TernaryMatrix* const* mats, int n_mats, int n_outs,
                                                        int64_t M, int& blocks) {
   Impl& I = *p_;
-  I.sync();
-  const int64_t K = mats[0]->cols;
-  int64_t maxN = 0;
-  for (int i = 0; i < n_mats; ++i) maxN = std::max(maxN, mats[i]->rows);
-  std::vector<float> hx(size_t(M * K));
-  std::mt19937 rng(1234);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  for (float& v : hx) v = nd(rng);
-  float* x = allocate(size_t(M * K));
-  float* y = allocate(size_t(M * maxN * n_outs));
-  copy_from_host(hx.data(), hx.size(), x);
-  I.site(x, M, K, nullptr, 1, false, true);
-  const auto* xq = static_cast<const int8_t*>(I.xq.p);
-  const auto* xds = static_cast<const float2*>(I.xds.p);
-  std::vector<cuda::Launch> ls;
-  for (int i = 0; i + n_outs <= n_mats; i += n_outs) {
-    cuda::TernaryDev t[cuda::kMaxOuts];
-    for (int j = 0; j < n_outs; ++j) {
-      const Impl::DevMatrix& d = I.matrix(mats[i + j]);
-      t[j] = {d.words, d.scales, y + j * M * maxN, d.N};
-    }
-    I.ternary_launches(t, n_outs, K, xq, xds, M, nullptr, ls);
-  }
+  float *x = nullptr, *y = nullptr;
+  std::vector<cuda::Launch> ls = product_round(mats, n_mats, n_outs, M, x, y);
   blocks = ls.empty() ? 0 : int(ls[0].grid.x);
   const size_t per = size_t(blocks) * cuda::kV7TraceSlots;
   std::vector<uint64_t> out(per * ls.size(), 0);

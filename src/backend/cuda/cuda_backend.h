@@ -29,10 +29,15 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 
 namespace bonsai {
+
+namespace cuda {
+struct Launch;  // launch.h
+}
 
 class CudaBackend final : public Backend {
  public:
@@ -356,6 +361,9 @@ class CudaBackend final : public Backend {
                                             int& blocks);
 
  private:
+  // The measurement helpers' round of ternary product launches over mats (x, y: its scratch, the caller releases them).
+  std::vector<cuda::Launch> product_round(const TernaryMatrix* const* mats, int n_mats, int n_outs, int64_t M, float*& x,
+                                          float*& y);
   struct Impl;
   std::unique_ptr<Impl> p_;
 };
