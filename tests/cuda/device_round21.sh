@@ -18,6 +18,8 @@
 #            (round 23: at context PROF_DEPTH, default 0; the fill's kernels are in the profile too)
 #   STATE_PROBE=1 (round 22) the state read-modify-write ceiling (tests/cuda/state_stream_probe.cu, compiled here with nvcc)
 #   BULK_PROBE=1 (round 23) one SM's cp.async.bulk rate by copy size and depth (tests/cuda/bulk_copy_probe.cu, the same way)
+#   TRACE=1  (round 24) the v7 timeline of a decode step (bonsai_trace: stage_devbin.sh TRACE_BUILD) at context
+#            TRACE_DEPTH (default 0): $OUT/v7trace.txt.gz and v7_trace_report.py's table
 #   FINAL=1  the default binary's `bench -p 512,2048 -n 128 -r 2 -d 0,8192 --json` and the batches 4,8,16,32
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
 device_header "$OUT/gpu.csv"
@@ -92,6 +94,12 @@ for cfg in ${AB:-}; do
   env ${env//,/ } timeout 150 $bin bench --backend cuda -m "$P27" -p 0 -n 128 -r 2 -d ${DEPTHS:-0} 2>&1 \
     | grep -E "^tg|rror" | tee -a "$OUT/ab.txt"
 done
+if [ "${TRACE:-0}" = 1 ]; then
+  BONSAI_CUDA_MV7_TRACE=$L/v7trace.txt timeout 120 $B/bonsai_trace bench --backend cuda -m "$P27" -p 0 -n 16 -r 1 \
+    -d ${TRACE_DEPTH:-0} > "$L/trace_bench.txt" 2>&1
+  echo "trace rc=$?"; python3 $B/v7_trace_report.py $L/v7trace.txt | tee "$OUT/v7trace_report.txt"
+  gzip -c $L/v7trace.txt > "$OUT/v7trace.txt.gz"
+fi
 if [ "${FINAL:-0}" = 1 ]; then
   timeout 200 $B/bonsai bench --backend cuda -m "$P27" -p 512,2048 -n 128 -r 2 -d 0,8192 --json > "$OUT/bench.json" 2> "$OUT/bench.txt"
   echo "bench rc=$?"; tail -6 "$OUT/bench.txt"

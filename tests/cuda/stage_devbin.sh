@@ -21,8 +21,13 @@ for lib in $(ldd $BUILD/tests/test_cuda $BUILD/tests/test_engine $BUILD/bonsai |
     *) cp -L "$lib" "$D"/ ;;
   esac
 done
+# TRACE_BUILD=<build dir configured with -DCMAKE_CUDA_FLAGS=-DBONSAI_V7_TRACE> (round 24): its bonsai staged as
+# bonsai_trace, for device_round21.sh TRACE=1 (the v7 timeline of a decode step), with the report script.
+if [ -n "${TRACE_BUILD:-}" ]; then
+  cp "$TRACE_BUILD"/bonsai "$D"/bonsai_trace; strip "$D"/bonsai_trace; cp tests/cuda/v7_trace_report.py "$D"/
+fi
 cp tests/cuda/device_*.sh "$D"/
 # STAGE_GZ=1: the binaries gzipped (device_env.sh unpacks them), for a carry near the 64 MiB limit (a baseline binary).
-if [ "${STAGE_GZ:-0}" = 1 ]; then for f in test_cuda test_engine bonsai bonsai_r5; do [ -e "$D/$f" ] && gzip -9 "$D/$f"; done; fi
+if [ "${STAGE_GZ:-0}" = 1 ]; then for f in test_cuda test_engine bonsai bonsai_r5 bonsai_trace; do [ -e "$D/$f" ] && gzip -9 "$D/$f"; done; fi
 du -sh "$D"
 ls "$D"
