@@ -68,6 +68,38 @@ void fill_matrix(TernaryMatrix& t, int64_t N, int64_t K, uint64_t seed) {
   t.assign_split(words.data(), scales.data(), N, K);
 }
 
+// BONSAI_BENCH_HOT=1 (round 24): every launch of a round reads ONE copy of the weights, so a product that fits in L2 is
+// timed L2-hot (what a perfect prefetch would give it); the default rotates over >= 512 MB of copies, as a decode step
+// reads them. The round has as many launches either way (a graph launch's cost is shared alike).
+bool bench_hot() {
+  const char* e = std::getenv("BONSAI_BENCH_HOT");
+  return e && std::atoi(e) == 1;
+}
+
+// One kernel-table round's weights for outputs Ns of width K, prepared on be: list holds the launches' matrices in
+// order (each launch takes Ns.size() of them). Returns the bytes one launch reads.
+struct RoundWeights {
+  std::deque<TernaryMatrix> mats;
+  std::vector<const TernaryMatrix*> list;
+};
+uint64_t round_weights(CudaBackend& be, int64_t K, const std::vector<int64_t>& Ns, RoundWeights& w) {
+  uint64_t bytes = 0;
+  for (int64_t N : Ns) bytes += uint64_t(N * K / 4 + N * K / 128 * 2);
+  const int copies = int(std::max<uint64_t>(2, std::min<uint64_t>(64, (1ull << 29) / bytes + 1)));
+  const bool hot = bench_hot();
+  TernaryMatrix proto[3];
+  for (size_t j = 0; j < Ns.size(); ++j) fill_matrix(proto[j], Ns[j], K, j + 1);
+  for (int c = 0; c < copies; ++c)
+    for (size_t j = 0; j < Ns.size(); ++j) {
+      if (!hot || c == 0) {
+        w.mats.push_back(proto[j]);
+        be.prepare_matrix(w.mats.back());
+      }
+      w.list.push_back(&w.mats[hot ? j : w.mats.size() - 1]);
+    }
+  return bytes;
+}
+
 TEST(CudaBench, ProbeAndTernaryKernels) {
   BONSAI_REQUIRE_GPU();
   if (!bench_enabled()) GTEST_SKIP() << "set BONSAI_CUDA_BENCH=1";
@@ -220,26 +252,9 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
     bo.matvec6_split = v.split;
     bo.matvec6_split_ilv = v.ilv;
     be.set_options(bo);
-    uint64_t bytes = 0;
-    for (int64_t N : sh.N) bytes += uint64_t(N * sh.K / 4 + N * sh.K / 128 * 2);
-    const int copies = int(std::max<uint64_t>(2, std::min<uint64_t>(64, (1ull << 29) / bytes + 1)));
-    // BONSAI_BENCH_HOT=1 (round 24): every launch of the round reads ONE copy of the weights, so a product that fits
-    // in L2 is timed L2-hot (what a perfect prefetch would give it); the default rotates over >= 512 MB of copies, as
-    // a decode step reads them. The round has as many launches either way (a graph launch's cost is shared alike).
-    const bool hot = std::getenv("BONSAI_BENCH_HOT") && std::atoi(std::getenv("BONSAI_BENCH_HOT")) == 1;
-    std::deque<TernaryMatrix> mats;
-    TernaryMatrix proto[3];
-    for (size_t j = 0; j < sh.N.size(); ++j) fill_matrix(proto[j], sh.N[j], sh.K, j + 1);
-    std::vector<const TernaryMatrix*> list;
-    for (int c = 0; c < copies; ++c)
-      for (size_t j = 0; j < sh.N.size(); ++j) {
-        if (!hot || c == 0) {
-          mats.push_back(proto[j]);
-          be.prepare_matrix(mats.back());
-        }
-        list.push_back(&mats[hot ? j : mats.size() - 1]);
-      }
-    const double us = be.time_linear_kernel(list.data(), int(list.size()), int(sh.N.size()), sh.M, 20, v.pdl);
+    RoundWeights w;
+    const uint64_t bytes = round_weights(be, sh.K, sh.N, w);
+    const double us = be.time_linear_kernel(w.list.data(), int(w.list.size()), int(sh.N.size()), sh.M, 20, v.pdl);
     const double gbs = double(bytes) / (us * 1e-6) / 1e9;
     double flops = 0;
     for (int64_t N : sh.N) flops += 2.0 * double(N) * double(sh.K) * double(sh.M);
@@ -250,7 +265,7 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
                   (long long)sh.M, (long long)sh.K, ns.c_str(), double(bytes) / 1e6, us, gbs, 100.0 * gbs / probe,
                   flops / (us * 1e-6) / 1e12);
     report("bench_kernels.txt", buf);
-    for (const TernaryMatrix& m : mats) be.release_matrix(m);
+    for (const TernaryMatrix& m : w.mats) be.release_matrix(m);
   }
   be.set_options(base);
 }
@@ -344,26 +359,14 @@ TEST(CudaBench, V7Timeline) {
                           {"ffn_down", 17408, {5120}},
                           {"qkv+z", 5120, {10240, 6144}},
                           {"gate+up", 5120, {17408, 17408}}};
-  const bool hot = std::getenv("BONSAI_BENCH_HOT") && std::atoi(std::getenv("BONSAI_BENCH_HOT")) == 1;
   report("bench_timeline.txt", std::string("v7 timeline (us after the launch's first block start; median / max over "
-                                           "blocks), ") + (hot ? "weights L2-hot" : "weights rotating (cold)"));
+                                           "blocks), ") + (bench_hot() ? "weights L2-hot" : "weights rotating (cold)"));
   for (const Shape& sh : shapes) {
-    uint64_t bytes = 0;
-    for (int64_t N : sh.N) bytes += uint64_t(N * sh.K / 4 + N * sh.K / 128 * 2);
-    const int copies = int(std::max<uint64_t>(2, std::min<uint64_t>(64, (1ull << 29) / bytes + 1)));
-    std::deque<TernaryMatrix> mats;
-    std::vector<const TernaryMatrix*> list;
-    for (int c = 0; c < copies; ++c)
-      for (size_t j = 0; j < sh.N.size(); ++j) {
-        if (!hot || c == 0) {
-          mats.emplace_back();
-          fill_matrix(mats.back(), sh.N[j], sh.K, j + 1);
-          be.prepare_matrix(mats.back());
-        }
-        list.push_back(&mats[hot ? j : mats.size() - 1]);
-      }
+    RoundWeights w;
+    round_weights(be, sh.K, sh.N, w);
     int blocks = 0;
-    const std::vector<uint64_t> tr = be.trace_linear_kernel(list.data(), int(list.size()), int(sh.N.size()), 1, blocks);
+    const std::vector<uint64_t> tr =
+        be.trace_linear_kernel(w.list.data(), int(w.list.size()), int(sh.N.size()), 1, blocks);
     ASSERT_FALSE(tr.empty()) << sh.name << ": not matvec v7 launches";
     const int launches = int(tr.size() / (size_t(blocks) * cuda::kV7TraceSlots)), li = launches / 2;
     auto at = [&](int l, int b, int slot) { return tr[(size_t(l) * blocks + b) * cuda::kV7TraceSlots + slot]; };
@@ -387,11 +390,16 @@ TEST(CudaBench, V7Timeline) {
       return std::string(buf);
     };
     auto fixed = [](int slot) { return [slot](int) { return slot; }; };
-    auto last = [&](int first) {
-      return [&, first](int b) { return first + int(std::min<uint64_t>(at(li, b, cuda::kV7TrStages), cuda::kV7TrMaxStages)) - 1; };
+    auto last = [&](int first) {  // the slot of the block's last recorded stage
+      return [&, first](int b) {
+        return first + int(std::min<uint64_t>(at(li, b, cuda::kV7TrStages), cuda::kV7TrMaxStages)) - 1;
+      };
     };
     uint64_t st_min = UINT64_MAX, st_max = 0;
-    for (int b = 0; b < blocks; ++b) st_min = std::min(st_min, at(li, b, cuda::kV7TrStages)), st_max = std::max(st_max, at(li, b, cuda::kV7TrStages));
+    for (int b = 0; b < blocks; ++b) {
+      st_min = std::min(st_min, at(li, b, cuda::kV7TrStages));
+      st_max = std::max(st_max, at(li, b, cuda::kV7TrStages));
+    }
     char line[640];
     std::snprintf(line, sizeof line,
                   "%-8s blocks %d stages %llu-%llu | prev done %+.2f | start %s issued %s cons.waited %s staged %s "
@@ -404,7 +412,7 @@ TEST(CudaBench, V7Timeline) {
                   stat(fixed(cuda::kV7TrProducerWaited)).c_str(), stat(fixed(cuda::kV7TrDone)).c_str(),
                   t1 == UINT64_MAX ? 0.0 : (double(t1) - double(t0)) * 1e-3);
     report("bench_timeline.txt", line);
-    for (const TernaryMatrix& m : mats) be.release_matrix(m);  // the next shape's matrices may reuse these addresses
+    for (const TernaryMatrix& m : w.mats) be.release_matrix(m);  // the next shape's matrices may reuse these addresses
   }
 }
 

@@ -226,9 +226,10 @@ struct CudaBackend::Impl {
   Scratch mv6_part, mv6_cnt;  // split-K v6: partials float [S, M, N], arrival counters int32 [N / 16] (zeroed)
   Scratch mvw_part, mvw_cnt;  // batched wgmma: partials float [2 SMs, 16, 512], counters int32 [row blocks] (zeroed)
   Scratch xh;                 // GEMM v4's fp16 activation tiles [ceil(M / 8)][K / 64][1024 B]
-  // Round 24, diagnostic (BONSAI_CUDA_MV7_TRACE=<file>, in builds with -DBONSAI_V7_TRACE): every matvec v7 launch of a recorded decode step writes its
-  // blocks' timeline (cuda::kV7TraceSlots u64 per block) into trace_buf [kTraceLaunches][SMs][slots]; the last step's
-  // is written to the file when the backend is destroyed (tests/cuda/v7_trace_report.py reads it).
+  // Round 24, diagnostic (BONSAI_CUDA_MV7_TRACE=<file>, in builds with -DBONSAI_V7_TRACE): every matvec v7 launch of a
+  // recorded decode step writes its blocks' timeline (cuda::kV7TraceSlots u64 per block) into trace_buf
+  // [kTraceLaunches][SMs][slots]; the last step's is written to the file when the backend is destroyed
+  // (tests/cuda/v7_trace_report.py reads it).
   static constexpr int64_t kTraceLaunches = 1024;
   std::string trace_path;
   uint64_t* trace_buf = nullptr;
@@ -1977,7 +1978,7 @@ std::vector<uint64_t> CudaBackend::trace_linear_kernel(const TernaryMatrix* cons
   std::vector<uint64_t> out(per * ls.size(), 0);
   auto* buf = static_cast<uint64_t*>(I.device_alloc(out.size() * 8 + 8, "v7 timeline"));
   CUDA_CHECK(cudaMemsetAsync(buf, 0, out.size() * 8, I.stream));
-  for (size_t i = 0; i < ls.size(); ++i)
+  for (size_t i = 0; i < ls.size() && !out.empty(); ++i)  // every launch v7 with one grid, or no trace
     if (ls[i].grid.x != unsigned(blocks) || !cuda::matvec7_set_trace(ls[i], buf + i * per)) out.clear();
   if (!out.empty()) {
     CUDA_CHECK(cudaStreamSynchronize(I.stream));

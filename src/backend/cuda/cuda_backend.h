@@ -354,9 +354,10 @@ class CudaBackend final : public Backend {
   // launches (each may start streaming while its predecessor drains), as in a decode step.
   double time_linear_kernel(const TernaryMatrix* const* mats, int n_mats, int n_outs, int64_t M, int reps,
                             bool pdl_between = false);
-  // Round 24, diagnostic (builds with -DBONSAI_V7_TRACE; cuda::matvec7_trace_compiled): the same round of launches (programmatic edges between them), run 3 times, each matvec v7
-  // launch writing its blocks' timeline (cuda::kV7TraceSlots u64 per block; kernels.h). Returns launch i's block b at
-  // [(i * blocks + b) * kV7TraceSlots] from the last run (blocks: the launches' grid; empty when they are not v7).
+  // Round 24, diagnostic (builds with -DBONSAI_V7_TRACE; cuda::matvec7_trace_compiled): the same round of launches
+  // (programmatic edges between them), run 3 times, each matvec v7 launch writing its blocks' timeline
+  // (cuda::kV7TraceSlots u64 per block; kernels.h). Returns launch i's block b at [(i * blocks + b) * kV7TraceSlots]
+  // from the last run (blocks: the launches' grid; empty when they are not all v7 or the trace is not compiled in).
   std::vector<uint64_t> trace_linear_kernel(const TernaryMatrix* const* mats, int n_mats, int n_outs, int64_t M,
                                             int& blocks);
 

@@ -575,22 +575,16 @@ __device__ __forceinline__ uint64_t global_ns() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-#define V7_TRACE(slot)                                                                  \
-  do {                                                                                  \
-    if (a.trace) a.trace[int64_t(blockIdx.x) * kV7TraceSlots + (slot)] = global_ns(); \
-  } while (0)
 #define V7_TRACE_VALUE(slot, v)                                                   \
   do {                                                                            \
     if (a.trace) a.trace[int64_t(blockIdx.x) * kV7TraceSlots + (slot)] = (v); \
   } while (0)
 #else
-#define V7_TRACE(slot) \
-  do {                 \
-  } while (0)
 #define V7_TRACE_VALUE(slot, v) \
   do {                          \
   } while (0)
 #endif
+#define V7_TRACE(slot) V7_TRACE_VALUE(slot, global_ns())
 
 struct Mv7Args {
   Mv6Out o[kMaxOuts];          // t0: first 8-row unit of the output; k0 unused
