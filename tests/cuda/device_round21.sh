@@ -20,6 +20,9 @@
 #   BULK_PROBE=1 (round 23) one SM's cp.async.bulk rate by copy size and depth (tests/cuda/bulk_copy_probe.cu, the same way)
 #   TRACE=1  (round 24) the v7 timeline of a decode step (bonsai_trace: stage_devbin.sh TRACE_BUILD) at context
 #            TRACE_DEPTH (default 0): $OUT/v7trace.txt.gz and v7_trace_report.py's table
+#   NCU="name:kernel regex:tags:shape;..." (round 25) ncu --set full of one kernel-bench launch per entry (e.g.
+#            "ffn:matvec7_kernel:q16 v7 pdl:ffn_down"): $OUT/ncu_<name>.txt (details) and sass_<name>.csv.gz (per SASS
+#            instruction stall samples)
 #   FINAL=1  the default binary's `bench -p 512,2048 -n 128 -r 2 -d 0,8192 --json` and the batches 4,8,16,32
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
 device_header "$OUT/gpu.csv"
@@ -55,6 +58,18 @@ if [ -n "${SASS:-}" ]; then
   cuobjdump -sass $B/test_cuda 2>/dev/null | awk -v re="$SASS" '/Function :/ {on = ($0 ~ re)} on' > "$OUT/sass.txt"
   echo "sass lines: $(wc -l < "$OUT/sass.txt")"; gzip -9 "$OUT/sass.txt"
 fi
+IFS=';' read -ra NCU_ENTRIES <<< "${NCU:-}"
+for spec in "${NCU_ENTRIES[@]}"; do
+  IFS=: read -r name kre tags shape <<< "$spec"
+  BONSAI_CUDA_BENCH=1 BONSAI_BENCH_OUT=$L BONSAI_BENCH_SHAPE="$shape" BONSAI_BENCH_TAGS="$tags" timeout 240 ncu --set full \
+    --import-source no --clock-control none -k "regex:$kre" --launch-skip 3 --launch-count 1 -f -o "$L/ncu_$name" \
+    $B/test_cuda --gtest_filter=CudaBench.ProbeAndTernaryKernels > "$L/ncu_$name.log" 2>&1
+  echo "ncu $name rc=$?"; tail -2 "$L/ncu_$name.log"
+  ncu -i "$L/ncu_$name.ncu-rep" --page details --print-details all > "$OUT/ncu_$name.txt" 2>&1
+  ncu -i "$L/ncu_$name.ncu-rep" --page source --csv --print-source sass 2>/dev/null | gzip -9 > "$OUT/sass_$name.csv.gz"
+  grep -E "Duration|Registers Per|Issued Warp|Bank Conflicts|No Eligible" "$OUT/ncu_$name.txt" | head -12
+  stamp "ncu $name"
+done
 kernel_table() {  # $1 binary, $2 label
   BONSAI_CUDA_BENCH=1 BONSAI_BENCH_OUT=$L BONSAI_BENCH_SHAPE="$BENCH_SHAPES" BONSAI_BENCH_TAGS="${BENCH_TAGS:-q16 v3 pdl,q16 v3occ2 pdl}" \
     timeout 200 "$1" --gtest_filter=CudaBench.ProbeAndTernaryKernels > "$L/bench_kernels_$2.log" 2>&1

@@ -565,6 +565,7 @@ __global__ __launch_bounds__(kLsMaxWarps * 32, 1) void matvec6l_kernel(const Mv6
 // reads the same steps of every stage; from L1 the first stage's reads were L2 misses in a dependent chain).
 constexpr int kV7MaxWarps = 20;  // consumer warps; one more warp issues the copies and sums the stages
 constexpr int kV7MaxStages = 8;
+constexpr int kV7StageLoads = 4;  // the activation staging's loads in flight per lane (round 25)
 
 // Round 24's timeline (Mv7Args::trace; matvec7_set_trace): %globaltimer (ns) at a block's events, slot numbers in
 // kernels.h. Compiled in only with -DBONSAI_V7_TRACE (CMAKE_CUDA_FLAGS): the dormant checks alone cost 0.7 % of a
@@ -780,16 +781,35 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
       // four ends up with XP[r]. Even lanes keep {x, y} and take the odd neighbour's {x, y}; odd lanes keep {z, w} and
       // take the even one's {z, w}: two shuffles, the copy stays coalesced. nq is a multiple of 4 and the loop's
       // stride of 32, so a warp's lanes are all in or all out.
-      for (int e0 = threadIdx.x & ~31; e0 < nq; e0 += NW * 32) {
-        const int e = e0 + lane;
-        const uint4 v = e < nq ? reinterpret_cast<const uint4*>(xq)[e] : make_uint4(0, 0, 0, 0);
-        const bool odd = lane & 1;
-        const uint32_t r0 = __shfl_xor_sync(0xffffffffu, odd ? v.x : v.z, 1);
-        const uint32_t r1 = __shfl_xor_sync(0xffffffffu, odd ? v.y : v.w, 1);
-        if (e < nq) reinterpret_cast<uint4*>(xs)[e] = odd ? make_uint4(r0, v.z, r1, v.w) : make_uint4(v.x, r0, v.y, r1);
+      // Round 25: kV7StageLoads loads in flight per lane before the first store (with one load a trip, each trip
+      // waited for its own L2 round trip: ffn_down's 4 trips held 27 % of its stall samples under ncu).
+      const bool odd = lane & 1;
+      for (int e0 = threadIdx.x & ~31; e0 < nq; e0 += kV7StageLoads * NW * 32) {
+        uint4 v[kV7StageLoads];
+#pragma unroll
+        for (int u = 0; u < kV7StageLoads; ++u) {
+          const int e = e0 + u * NW * 32 + lane;
+          v[u] = e < nq ? reinterpret_cast<const uint4*>(xq)[e] : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < kV7StageLoads; ++u) {
+          const int e = e0 + u * NW * 32 + lane;
+          const uint32_t r0 = __shfl_xor_sync(0xffffffffu, odd ? v[u].x : v[u].z, 1);
+          const uint32_t r1 = __shfl_xor_sync(0xffffffffu, odd ? v[u].y : v[u].w, 1);
+          if (e < nq)
+            reinterpret_cast<uint4*>(xs)[e] = odd ? make_uint4(r0, v[u].z, r1, v[u].w) : make_uint4(v[u].x, r0, v[u].y, r1);
+        }
       }
     } else {
-      for (int e = threadIdx.x; e < nq; e += NW * 32) reinterpret_cast<uint4*>(xs)[e] = reinterpret_cast<const uint4*>(xq)[e];
+      for (int e0 = threadIdx.x; e0 < nq; e0 += kV7StageLoads * NW * 32) {
+        uint4 v[kV7StageLoads];
+#pragma unroll
+        for (int u = 0; u < kV7StageLoads; ++u)
+          if (e0 + u * NW * 32 < nq) v[u] = reinterpret_cast<const uint4*>(xq)[e0 + u * NW * 32];
+#pragma unroll
+        for (int u = 0; u < kV7StageLoads; ++u)
+          if (e0 + u * NW * 32 < nq) reinterpret_cast<uint4*>(xs)[e0 + u * NW * 32] = v[u];
+      }
     }
     float4* xds_s = reinterpret_cast<float4*>(xs + a.xs_bytes);
     for (int e = threadIdx.x; e < nd; e += NW * 32) xds_s[e] = reinterpret_cast<const float4*>(xds)[e];
@@ -800,18 +820,25 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
   // B role (column n = g) and accumulator role (columns 2t, 2t + 1), as in matvec6_kernel.
   const int bm = LV == 2 ? g >> 2 : g >> 1, bl = LV == 2 ? g & 1 : 0, bg = LV == 2 ? (g >> 1) & 1 : g & 1;
   const bool b_on = bg == (t >> 1) && bm < M;
-  const uint4* xbp = reinterpret_cast<const uint4*>(xq + (b_on ? (int64_t(bm) * LV + bl) * K + bg * 128 + 64 * (t & 1) : 0));
+  const int64_t xb_off = b_on ? (int64_t(bm) * LV + bl) * K + bg * 128 + 64 * (t & 1) : 0;  // bytes into xq
+  const uint4* xbp = reinterpret_cast<const uint4*>(xq + xb_off);
   const int cs_b = b_on ? (G - bg + 1) >> 1 : 0;
   const int cm = LV == 2 ? t >> 1 : t;
   const bool c_on = cm < M;
-  const float4* xd = reinterpret_cast<const float4*>(xds) + int64_t(c_on ? cm : 0) * (K >> 7);
+  const int64_t xd_off = int64_t(c_on ? cm : 0) * (K >> 7);  // float4 into xds
+  const float4* xd = reinterpret_cast<const float4*>(xds) + xd_off;
+  // Round 25: the same B through pointers derived from the shared-memory base, for the loop's per-step loads (more than
+  // one step per warp: always staged, SITE or not), so they are LDS, not the generic LD that xq / xds (global memory
+  // or shared) get.
+  const uint4* xbp_s = reinterpret_cast<const uint4*>(xs + xb_off);
+  const float4* xd_s = reinterpret_cast<const float4*>(xs + a.xs_bytes) + xd_off;
   const int cs_c = c_on ? (LV == 2 ? (G - (t & 1) + 1) >> 1 : (G + 1) >> 1) : 0;
   const int lim_s = LV == 2 ? (G - (t & 1) + 1) >> 1 : S, lim_s2 = G >> 1;  // the lane's scale groups exist
   uint4 X[4];
   float4 xv0, xv1;
-  auto load_b = [&](int c) {
+  auto load_b = [&](int c, const uint4* xb, const float4* xdp) {
     if (c < cs_b) {
-      const uint4* xp = xbp + 16 * c;
+      const uint4* xp = xb + 16 * c;
 #pragma unroll
       for (int i = 0; i < 4; ++i) X[i] = xp[i];
     } else {
@@ -820,13 +847,13 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
     }
     xv0 = xv1 = make_float4(0.f, 0.f, 0.f, 0.f);
     if (c < cs_c) {
-      xv0 = xd[LV == 2 ? 2 * c + (t & 1) : 2 * c];
-      if (LV == 1 && 2 * c + 1 < G) xv1 = xd[2 * c + 1];
+      xv0 = xdp[LV == 2 ? 2 * c + (t & 1) : 2 * c];
+      if (LV == 1 && 2 * c + 1 < G) xv1 = xdp[2 * c + 1];
     }
   };
   const bool hoist = S == NW;  // one step per warp and stage: its B is the same in every stage
   if (hoist) {
-    load_b(w);
+    load_b(w, xbp, xd);
     if constexpr (K32) {  // read from global memory in the k16 order: into pair order once
       uint4 XP[4];
       mv7_pair_order(X, XP);
@@ -852,7 +879,7 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
 #pragma unroll
     for (int b = 0; b < RB; ++b) yg[b] = yg8[b] = 0.f;
     for (int c = w; c < S; c += NW) {
-      if (!hoist) load_b(c);
+      if (!hoist) load_b(c, xbp_s, xd_s);
       Mv6Stage<RB> sv;
 #pragma unroll
       for (int b = 0; b < RB; ++b) {
