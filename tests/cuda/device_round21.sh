@@ -6,7 +6,8 @@
 #   the fixture gate per GATE_ENVS entry, test_cuda (TEST_FILTER), memcheck (SAN_FILTER), test_engine (ENGINE_FILTER),
 #   BENCH_SHAPES="gate+up M32,..."  the kernel table (CudaBench.ProbeAndTernaryKernels, tags BENCH_TAGS) of test_cuda
 #                                   and of test_cuda_prev, KT_REPS times each (default 1), alternated
-#   then on the 27b pack, per entry "name:ENV=V,ENV=V" (a name prev* runs bonsai_prev; repeat entries to bracket drift):
+#   then on the 27b pack, per entry "name:ENV=V,ENV=V" (a name prev* runs bonsai_prev, alt* bonsai_alt; repeat entries
+#   to bracket drift):
 #   PAB   `bench -p $PP -n 0 -r $PR` (PP default 512,2048, PR 2)
 #   BAB   `bench -p 0 -n 32 -r 2 --batch $BATCHES` (BATCHES default 16,32)
 #   AB    `bench -p 0 -n 128 -r 2 -d $DEPTHS` (DEPTHS default 0)
@@ -23,6 +24,8 @@
 #   NCU="name:kernel regex:tags:shape;..." (round 25) ncu --set full of one kernel-bench launch per entry (e.g.
 #            "ffn:matvec7_kernel:q16 v7 pdl:ffn_down"): $OUT/ncu_<name>.txt (details) and sass_<name>.csv.gz (per SASS
 #            instruction stall samples)
+#   NCU_MODEL="name:kernel regex:skip:count" (round 25) ncu --set full of `count` launches of the kernels matching the regex
+#            in a decode of the 27b pack (B = 1, graph nodes), after `skip` of them: $OUT/ncu_<name>.txt, sass_<name>.csv.gz
 #   FINAL=1  the default binary's `bench -p 512,2048 -n 128 -r 2 -d 0,8192 --json` and the batches 4,8,16,32
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
 device_header "$OUT/gpu.csv"
@@ -83,7 +86,7 @@ if [ -n "${BENCH_SHAPES:-}" ]; then
 fi
 wait $MP
 stamp "27b pack"
-pick() { case $1 in prev*) echo $B/bonsai_prev ;; *) echo $B/bonsai ;; esac; }
+pick() { case $1 in prev*) echo $B/bonsai_prev ;; alt*) echo $B/bonsai_alt ;; *) echo $B/bonsai ;; esac; }  # alt*: round 25
 for cfg in ${PAB:-}; do
   name=${cfg%%:*}; env=${cfg#*:}; bin=$(pick $name)
   echo "== $name ($env, $(basename $bin))" | tee -a "$OUT/pab.txt"
@@ -109,6 +112,16 @@ for cfg in ${AB:-}; do
   env ${env//,/ } timeout 150 $bin bench --backend cuda -m "$P27" -p 0 -n 128 -r 2 -d ${DEPTHS:-0} 2>&1 \
     | grep -E "^tg|rror" | tee -a "$OUT/ab.txt"
 done
+if [ -n "${NCU_MODEL:-}" ]; then
+  IFS=: read -r name kre skip cnt <<< "$NCU_MODEL"
+  timeout 300 ncu --set full --import-source no --clock-control none -k "regex:$kre" --launch-skip $skip \
+    --launch-count $cnt -f -o "$L/ncu_$name" $B/bonsai bench --backend cuda -m "$P27" -p 0 -n 8 -r 1 > "$L/ncu_$name.log" 2>&1
+  echo "ncu $name rc=$?"; tail -2 "$L/ncu_$name.log"
+  ncu -i "$L/ncu_$name.ncu-rep" --page details --print-details all > "$OUT/ncu_$name.txt" 2>&1
+  ncu -i "$L/ncu_$name.ncu-rep" --page source --csv --print-source sass 2>/dev/null | gzip -9 > "$OUT/sass_$name.csv.gz"
+  grep -E "^  [a-z_].*\(|Duration" "$OUT/ncu_$name.txt" | head -24
+  stamp "ncu $name"
+fi
 if [ "${TRACE:-0}" = 1 ]; then
   BONSAI_CUDA_MV7_TRACE=$L/v7trace.txt timeout 120 $B/bonsai_trace bench --backend cuda -m "$P27" -p 0 -n 16 -r 1 \
     -d ${TRACE_DEPTH:-0} > "$L/trace_bench.txt" 2>&1

@@ -25,6 +25,10 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// A cache line into L2 (no register, no wait): before pdl_wait it overlaps a DRAM round trip with the wait for the
+// producer, also for data other kernels write (L2 is where the SMs' writes meet).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 // Host side: may a kernel read / write p with 16-byte vector accesses?
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 

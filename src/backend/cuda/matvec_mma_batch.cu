@@ -76,7 +76,6 @@ __device__ __forceinline__ uint2 ld_stream2(const uint2* p) {
   asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
   return r;
 }
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 // n bytes (a multiple of 16, 16-byte aligned) from p into L2, one request (sm_90).
 __device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t n) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(n) : "memory");

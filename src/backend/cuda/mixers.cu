@@ -480,9 +480,6 @@ struct DeltaArgs {
 };
 using DeltaRowsArgs = WithRows<DeltaArgs>;  // batched decode: token m is row m's, with its own state
 
-// Fetch the 128-byte line holding p into L2 (no register written, nothing waits for it).
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-
 template <class Args>
 __global__ __launch_bounds__(kDeltaWarps * 32) void delta_kernel(const Args args) {
   constexpr bool kRows = is_rows_v<Args>;
