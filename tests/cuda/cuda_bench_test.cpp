@@ -214,6 +214,9 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
                               {"q16 v3occ2 pdl", 3, true, 2, 3, 2, true, false, 1, 0, 1, 0, 1, 0, true, 1, 0, 0, 2},
                               {"q8 v3occ2 pdl", 3, true, 1, 3, 2, true, false, 1, 0, 1, 0, 1, 0, true, 1, 0, 0, 2},
                               {"q16 v3occ2 mant pdl", 3, true, 2, 3, 2, true, false, 0, 0, 1, 0, 1, 0, true, 1, 0, 0, 2},
+                              // round 25: one block per SM, double-buffered accumulators (with / without the turns)
+                              {"q16 v3db pdl", 3, true, 2, 3, 2, true, false, 1, 0, 1, 0, 1, 0, true, 1, 0, 0, 3},
+                              {"q16 v3dbn pdl", 3, true, 2, 3, 2, true, false, 1, 0, 1, 0, 1, 0, true, 1, 0, 0, 4},
                               // round 19: GEMM v3 on per-group units (the plain tags run row units, the default)
                               {"q16 v3g pdl", 3, true, 2, 3, 2, true, false, 1, 0, 1, 0, 1, 0, true, 1, 0, 0, 1, false}};
   const CudaBackend::Options base = be.options();

@@ -319,6 +319,47 @@ TEST(CudaOps, GemmV3TwoBlocksPerSmMatchesOneBlock) {
   }
 }
 
+// Round 25: the one-block instance with double-buffered accumulators (Options::gemm3_occ 3 with the turn-taking, 4
+// without) runs the same plan as one block per SM (occ 1) and adds the same group sums in the same order: EQUAL to it,
+// and within fp32 summation of the exact int8 product. Groups per block odd and even, one group (K = 128), split and
+// folded-split plans, ragged M and N, paired outputs, q16 and q8; two runs EQUAL.
+TEST(CudaOps, GemmV3DoubleBufferedEqualsOneBlock) {
+  BONSAI_REQUIRE_GPU();
+  for (const int levels : {2, 1}) {
+    CudaBackend::Options one;
+    one.gemm = 3;
+    one.gemm3_occ = 1;
+    one.act_levels = levels;
+    CudaBackend b1(one);
+    uint32_t seed = 3500;
+    struct Case {
+      int64_t M, K, N0, N1;
+    } cases[] = {{32, 5120, 4000, 4000}, {29, 1152, 257, 75}, {17, 6144, 5120, 0}, {9, 128, 300, 0},
+                 {12, 1024, 40000, 129}, {31, 17408, 5120, 0}, {24, 384, 999, 0}};
+    for (const Case& c : cases) {
+      TernaryMatrix& w0 = random_matrix(c.N0, c.K, seed++, 0.02);
+      TernaryMatrix& w1 = random_matrix(c.N1 > 0 ? c.N1 : 1, c.K, seed++, 0.02);
+      const int n = c.N1 > 0 ? 2 : 1;
+      const auto x = randn(size_t(c.M * c.K), seed++);
+      const std::string what = "levels " + std::to_string(levels) + " M " + std::to_string(c.M) + " K " +
+                               std::to_string(c.K) + " N " + std::to_string(c.N0) + "+" + std::to_string(c.N1);
+      const auto u = paired_linear(b1, w0, w1, n, x, c.M, what);
+      const double r0 = rel_err(u.first, quantised_reference(w0, x, c.M, levels));
+      EXPECT_LE(r0, 1e-5) << what;
+      for (const int occ : {3, 4}) {
+        CudaBackend::Options o = one;
+        o.gemm3_occ = occ;
+        CudaBackend bd(o);
+        const auto a = paired_linear(bd, w0, w1, n, x, c.M, what), b = paired_linear(bd, w0, w1, n, x, c.M, what);
+        EXPECT_TRUE(a.first == b.first && (n == 1 || a.second == b.second)) << "run to run, occ " << occ << ", " << what;
+        EXPECT_TRUE(a.first == u.first && (n == 1 || a.second == u.second)) << "vs one block, occ " << occ << ", " << what;
+        std::printf("[gemm3 db occ %d] %s: vs quantised %.2e, vs one block %.2e\n", occ, what.c_str(), r0,
+                    rel_err(a.first, u.first));
+      }
+    }
+  }
+}
+
 // Round 19 (Options::row_units): at prefill rows the warp site quantises each row with ONE unit and GEMM v3 scales a
 // group by d_w alone and each output by its token's unit once. Against the exact int8 product of the row-quantised
 // digits (quantised_reference with row units) <= 1e-5 for token tiles 64 and 128, ragged M and N, paired outputs, K

@@ -96,7 +96,10 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   o.gemm2_swizzle = flag("BONSAI_CUDA_GEMM2_SWIZZLE", o.gemm2_swizzle);
   if (const char* e = std::getenv("BONSAI_CUDA_GEMM2_WGS"); e && *e) o.gemm2_wgs = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_GEMM3_CVT"); e && *e) o.gemm3_cvt = std::atoi(e);
-  if (const char* e = std::getenv("BONSAI_CUDA_GEMM3_OCC"); e && *e) o.gemm3_occ = std::atoi(e) == 2 ? 2 : 1;
+  if (const char* e = std::getenv("BONSAI_CUDA_GEMM3_OCC"); e && *e) {
+    const int v = std::atoi(e);
+    o.gemm3_occ = v >= 2 && v <= 5 ? v : 1;
+  }
   if (const char* e = std::getenv("BONSAI_CUDA_PREFILL_CHUNK"); e && *e) {
     const int c = std::atoi(e);
     if (!prefill_chunk_ok(c))
@@ -409,8 +412,17 @@ struct CudaBackend::Impl {
     // kernel table, us, one / two blocks: gate+up M32 56.4 / 44.6, head M32 366 / 295, down M32 28.8 / 27.5 (40 tiles
     // x 6 slices), but attn_o M32 12.9 / 18.5: 40 tiles x 3 slices). At B = 4 / 8 the model was 3 % slower with it
     // (418 / 740 vs 406 / 720 tok/s) though down M8 ran 28.2 -> 26.6 us alone: not investigated, so M <= 8 keeps one.
-    const int occ = v3 && opt.gemm3_occ == 2 && M > 8 && M <= 32 && cuda::gemm3_fold_plan(t, n, K, M, lv, sms, 2).tiles *
-                                                             cuda::gemm3_ksplit(t, n, K, M, lv, sms, 2) > sms
+    // Round 25: occ 3 / 4, the one-block instance with double-buffered accumulators (with / without turns), at 9..32;
+    // 5: two blocks where the product alone has >= 2 tiles per SM (gate+up, head: the two-block instance measured
+    // faster there, H200 us 44.1 vs 48.7 on gate+up M32), else the double-buffered one without turns (down M32 27.7 ->
+    // 24.8, qkv+z 23.6 -> 21.3, gdn_out 12.4 -> 11.8).
+    const bool batch_m = v3 && M > 8 && M <= 32;
+    const int occ5 = batch_m && opt.gemm3_occ == 5 ? (cuda::gemm3_fold_plan(t, n, K, M, lv, sms, 2).tiles >= 2 * sms ? 2 : 4) : 0;
+    const int occ = occ5                                     ? occ5
+                    : batch_m && opt.gemm3_occ >= 3 && opt.gemm3_occ <= 4 ? opt.gemm3_occ
+                    : batch_m && opt.gemm3_occ == 2 &&
+                            cuda::gemm3_fold_plan(t, n, K, M, lv, sms, 2).tiles * cuda::gemm3_ksplit(t, n, K, M, lv, sms, 2) >
+                                sms
                         ? 2
                         : 1;
     // Round 19: the site that wrote xq (the shadow) used one unit per row: v3 scales per token (Options::row_units).

@@ -198,7 +198,10 @@ class CudaBackend final : public Backend {
                                // stages with 96-register consumers where the grid has more blocks than SMs (their warps
                                // hide each other's per-group latency; ternary_launches has the rule), 1 = always one
                                // block of 12 stages with 232-register consumers (H200, B = 16 / 32: 1,445 / 2,432 vs
-                               // 1,309 / 2,268 tok/s); BONSAI_CUDA_GEMM3_OCC=1|2
+                               // 1,309 / 2,268 tok/s); round 25: 3 / 4 = one block whose consumers double-buffer
+                               // their accumulators (group kg + 1 issued before kg is scaled), with / without the
+                               // turn-taking, 5 = two blocks where a product has >= 2 tiles per SM, else 4;
+                               // BONSAI_CUDA_GEMM3_OCC=1|2|3|4|5
     int gemm3_cvt = 1;         // v3's per-group int -> float: 1 = I2FP.F32.S32 (one instruction), 0 = the 1.5 x 2^23
                                // mantissa add (two); bit-identical results; 1 measured faster (H200 round 7: gate+up
                                // M256 234.6 vs 251.0 us, pp2048 2,592 vs 2,532 tok/s); BONSAI_CUDA_GEMM3_CVT

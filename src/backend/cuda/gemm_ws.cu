@@ -72,9 +72,14 @@ struct Gemm3Args {
 // RU (round 19): the site quantised every row with ONE unit (site_row_units), so a group is scaled by d_w alone
 // (f += d_w (254 I0 + I1): no FMUL d_w u_x per output and group, no unit copies or loads) and each output by its
 // token's unit once, before the fold's sum and the store.
-template <int TOK, int L, int S, int CVT, int MINB = 1, bool RU = false>
+// DB (round 25, batched decode; Options::gemm3_occ 3 / 4): TOK = 32 on one block per SM, each consumer with TWO
+// accumulator sets: it issues group kg + 1's wgmmas before it waits for group kg's and scales them, so its own tensor
+// work covers its scaling and waits (the two-block instance's 96 registers cannot hold the second set: 2 x 2 x 16 int32
+// + 16 fp32 + 2 x 16 A fragments). 1: with the turn-taking, 2: without. The same sums in the same order as DB 0.
+template <int TOK, int L, int S, int CVT, int MINB = 1, bool RU = false, int DB = 0>
 __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args fa) {
   static_assert(MINB == 1 || (MINB == 2 && TOK == 32), "two blocks per SM only fit TOK = 32's accumulators");
+  static_assert(DB == 0 || (TOK == 32 && MINB == 1 && !RU), "double-buffered accumulators: the one-block 32-token tile");
   const Gemm2Args& a = fa.g;
   static_assert(TOK == 32 || TOK == 64 || TOK == 128);
   using Lay = WsLayout<TOK, L, S>;
@@ -217,6 +222,61 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
     const int my_turn = c == 0 ? 1 : 2, next_turn = c == 0 ? 2 : 1;  // named barrier ids (0 = __syncthreads)
     int s = 0;  // kg % S and the parity of kg / S, as the producer's
     uint32_t ph = 0;
+    if constexpr (DB > 0) {
+      // Group kg into accumulator set ac (its A fragments in fr, which stay untouched until the wait that retires it).
+      auto issue = [&](int64_t kg, int (&ac)[L][R], uint32_t (&fr)[4][4]) {
+        mbar_wait(full(s), ph);
+        fence_async_smem();
+        v3_fragments(&raw[(s * kWsRows + wrow) * kWsRawStride], kWsRawStride, q, fr);
+        if (DB == 1 && (c == 1 || kg > 0)) named_sync(my_turn, 256);
+#pragma unroll
+        for (int l = 0; l < L; ++l) pin(ac[l]);
+        wg_fence();
+        const uint64_t db = desc0 + uint64_t(uint32_t(s * Lay::x_bytes) >> 4);
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+          for (int l = 0; l < L; ++l)
+            wgmma_rs(ac[l], fr[ks], db + uint64_t((l * TOK * 128 + 32 * ks) >> 4), ks);
+        wg_commit();
+        if (DB == 1 && (c == 0 || kg + 1 < NG)) named_arrive(next_turn, 256);
+        const int st = s;
+        if (++s == S) s = 0, ph ^= 1u;
+        return st;
+      };
+      // Group kg's scaling from set ac once its wgmmas are retired, then its stage st back to the producer.
+      auto finish = [&](int64_t kg, int st, int (&ac)[L][R], uint32_t (&fr)[4][4]) {
+#pragma unroll
+        for (int l = 0; l < L; ++l) pin(ac[l]);
+        pin(fr);
+        scale_group<L, R, CVT, RU>(ac, f, units + st * TOK, dw_of(kg, st), q);
+        mbar_arrive(empty(st));
+      };
+      int acc2[L][R];  // the second set (acc: the first); no zeroing needed: each group's first k-step has scale-d 0
+      uint32_t af0[4][4], af1[4][4];
+      // Pairs of groups in the loop and the odd one after it: no early exit between a set's issue and its wait
+      // (ptxas serialises the wgmmas otherwise, round 19).
+      int st0 = issue(0, acc, af0), st1 = 0;
+      int64_t kg = 1;
+      for (; kg + 1 < NG; kg += 2) {
+        st1 = issue(kg, acc2, af1);
+        wg_wait<1>();
+        finish(kg - 1, st0, acc, af0);
+        st0 = issue(kg + 1, acc, af0);
+        wg_wait<1>();
+        finish(kg, st1, acc2, af1);
+      }
+      if (kg < NG) {
+        st1 = issue(kg, acc2, af1);
+        wg_wait<1>();
+        finish(kg - 1, st0, acc, af0);
+        wg_wait<0>();
+        finish(kg, st1, acc2, af1);
+      } else {
+        wg_wait<0>();
+        finish(kg - 1, st0, acc, af0);
+      }
+    } else
     for (int64_t kg = 0; kg < NG; ++kg) {
       mbar_wait(full(s), ph);
       // The producer's cp.async (generic proxy) writes, read by wgmma (async proxy). ptxas makes this a
@@ -279,17 +339,22 @@ struct Gemm3Pick {
   int tok;
 };
 // Stages: as deep as ~200 KB of shared memory allows (the weight stream of small M needs bytes in flight).
-template <int TOK, int L, int S, int CVT, int MINB = 1, bool RU = false>
+template <int TOK, int L, int S, int CVT, int MINB = 1, bool RU = false, int DB = 0>
 Gemm3Pick gemm3_cfg() {
-  return {reinterpret_cast<const void*>(&gemm3_kernel<TOK, L, S, CVT, MINB, RU>), uint32_t(1024 + WsLayout<TOK, L, S>::bytes),
-          TOK};
+  return {reinterpret_cast<const void*>(&gemm3_kernel<TOK, L, S, CVT, MINB, RU, DB>),
+          uint32_t(1024 + WsLayout<TOK, L, S>::bytes), TOK};
 }
 
-// occ 2 (M <= 32 only): two blocks per SM of 7 stages each (2 x 102 KB).
+// occ 2 (M <= 32 only): two blocks per SM of 7 stages each (2 x 102 KB); occ 3 / 4 (round 25): one block of 12 stages
+// with double-buffered accumulators, with / without the turn-taking.
 template <int L, int CVT, bool RU = false>
 Gemm3Pick gemm3_pick_l(int64_t M, int occ) {
   if constexpr (!RU)
-    if (M <= 32) return occ == 2 ? gemm3_cfg<32, L, 7, CVT, 2>() : gemm3_cfg<32, L, 12, CVT>();
+    if (M <= 32)
+      return occ == 2   ? gemm3_cfg<32, L, 7, CVT, 2>()
+             : occ == 3 ? gemm3_cfg<32, L, 12, CVT, 1, false, 1>()
+             : occ == 4 ? gemm3_cfg<32, L, 12, CVT, 1, false, 2>()
+                        : gemm3_cfg<32, L, 12, CVT>();
   return M <= 64 ? gemm3_cfg<64, L, 8, CVT, 1, RU>() : gemm3_cfg<128, L, 5, CVT, 1, RU>();
 }
 // Row units (ru) have I2FP instances of 64 and 128 tokens only: the row-unit site needs >= 64 rows
@@ -309,7 +374,7 @@ int gemm3_blocks_per_sm(int64_t M, int occ) { return M <= 32 && occ == 2 ? 2 : 1
 void init_gemm3_attributes() {
   for (int lv : {1, 2})
     for (int cvt : {0, 1})
-    for (int occ : {1, 2})
+    for (int occ : {1, 2, 3, 4})
     for (bool ru : {false, true})
     for (int64_t m : {32, 64, 128}) {
       const Gemm3Pick p = gemm3_pick(lv, m, cvt, occ, ru);
