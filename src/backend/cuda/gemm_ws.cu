@@ -50,6 +50,19 @@ struct WsLayout {
   static constexpr int bytes = bar_off + 2 * S * 8;
 };
 
+#ifdef BONSAI_WGMMA
+// One 128-group's wgmmas of a consumer: 4 k-steps x L planes, A (the group's fragments) from registers, B from the
+// stage's plane tiles at descriptor db (plane 0, k-step 0): + (byte offset >> 4) in the start-address field (no carry
+// out of its 14 bits: shared addresses < 256 KB), so each wgmma adds a constant. k-step 0 starts the accumulators.
+template <int L, int TOK, int R>
+__device__ __forceinline__ void group_wgmmas(int (&ac)[L][R], const uint32_t (&fr)[4][4], uint64_t db) {
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+    for (int l = 0; l < L; ++l) wgmma_rs(ac[l], fr[ks], db + uint64_t((l * TOK * 128 + 32 * ks) >> 4), ks);
+}
+#endif
+
 // TOK tokens per block (32, 64 or 128), L digit planes, S ring stages; CVT: the scaling's int -> float as
 // I2FP.F32.S32 (one instruction; 1) or the 1.5 x 2^23 mantissa add (i2f22, two full-rate ones; 0). Both exact:
 // the outputs are bit-identical (|254 I0 + I1| < 2^24).
@@ -232,12 +245,7 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
 #pragma unroll
         for (int l = 0; l < L; ++l) pin(ac[l]);
         wg_fence();
-        const uint64_t db = desc0 + uint64_t(uint32_t(s * Lay::x_bytes) >> 4);
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-          for (int l = 0; l < L; ++l)
-            wgmma_rs(ac[l], fr[ks], db + uint64_t((l * TOK * 128 + 32 * ks) >> 4), ks);
+        group_wgmmas<L, TOK>(ac, fr, desc0 + uint64_t(uint32_t(s * Lay::x_bytes) >> 4));
         wg_commit();
         if (DB == 1 && (c == 0 || kg + 1 < NG)) named_arrive(next_turn, 256);
         const int st = s;
@@ -291,14 +299,8 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
 #pragma unroll
       for (int l = 0; l < L; ++l) pin(acc[l]);
       wg_fence();
-      // B descriptors: the stage's plane-0 tile at k-step 0, + (byte offset >> 4) in the start-address field
-      // (no carry out of its 14 bits: shared addresses < 256 KB), so each wgmma adds a constant.
-      const uint64_t db = desc0 + uint64_t(uint32_t(s * Lay::x_bytes) >> 4);
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-        for (int l = 0; l < L; ++l)
-          wgmma_rs(acc[l], af[ks], db + uint64_t((l * TOK * 128 + 32 * ks) >> 4), ks);
+      // B descriptor: the stage's plane-0 tile at k-step 0 (group_wgmmas adds each k-step's and plane's offset).
+      group_wgmmas<L, TOK>(acc, af, desc0 + uint64_t(uint32_t(s * Lay::x_bytes) >> 4));
       wg_commit();
       if (c == 0 || kg + 1 < NG) named_arrive(next_turn, 256);  // its turn (consumer 1 skips its last)
       wg_wait<0>();
