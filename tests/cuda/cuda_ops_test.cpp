@@ -319,6 +319,31 @@ TEST(CudaOps, GemmV3TwoBlocksPerSmMatchesOneBlock) {
   }
 }
 
+// Round 25: which GEMM v3 instance a batched-decode product gets (host only: runs in CI). 132 SMs (the H200), 32
+// tokens: the rule-5 split puts gate+up (272 tiles) and the head on two blocks per SM and the products of fewer than 2
+// tiles per SM (ffn_down 40, qkv+z 128) on the double-buffered one; outside 9..32 tokens always one block.
+TEST(CudaPolicy, GemmV3BlocksPerSmRule) {
+  const int sms = 132;
+  auto occ = [&](int opt, std::initializer_list<int64_t> ns, int64_t K, int64_t M) {
+    cuda::TernaryDev t[3] = {};
+    int n = 0;
+    for (const int64_t N : ns) t[n++].N = N;
+    return cuda::gemm3_occ_rule(opt, t, n, K, M, 2, sms);
+  };
+  EXPECT_EQ(occ(5, {17408, 17408}, 5120, 32), 2);  // gate+up
+  EXPECT_EQ(occ(5, {248320}, 5120, 32), 2);        // head
+  EXPECT_EQ(occ(5, {5120}, 17408, 32), 4);         // ffn_down
+  EXPECT_EQ(occ(5, {10240, 6144}, 5120, 16), 4);   // qkv+z
+  EXPECT_EQ(occ(2, {17408, 17408}, 5120, 32), 2);  // round 17's rule: more blocks than SMs
+  EXPECT_EQ(occ(3, {5120}, 17408, 9), 3);
+  EXPECT_EQ(occ(4, {17408, 17408}, 5120, 32), 4);
+  EXPECT_EQ(occ(1, {17408, 17408}, 5120, 32), 1);
+  for (const int opt : {1, 2, 3, 4, 5}) {
+    EXPECT_EQ(occ(opt, {17408, 17408}, 5120, 8), 1) << opt;   // the batch kernels' and one block's range
+    EXPECT_EQ(occ(opt, {17408, 17408}, 5120, 33), 1) << opt;  // 64-token tiles
+  }
+}
+
 // Round 25: the one-block instance with double-buffered accumulators (Options::gemm3_occ 3 with the turn-taking, 4
 // without) runs the same plan as one block per SM (occ 1) and adds the same group sums in the same order: EQUAL to it,
 // and within fp32 summation of the exact int8 product. Groups per block odd and even, one group (K = 128), split and

@@ -22,6 +22,11 @@ struct Gemm3Fold {
 Gemm3Fold gemm3_fold_plan(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms, int occ = 1);
 // The same rule for a grid of B tiles of tile_floats partial floats each over G 128-groups (GEMM v4's plan uses it too).
 Gemm3Fold fold_plan(int64_t B, int sms, int64_t G, int64_t tile_floats);
+// GEMM v3's blocks-per-SM instance (the occ argument of the launches) for a product of M tokens under
+// Options::gemm3_occ `opt` (cuda_backend.h): 9..32 tokens only (else 1). 2: two blocks where the grid has more blocks
+// than SMs (round 17); 3 / 4: the double-buffered one-block instance (round 25); 5: two blocks where the product alone
+// has >= 2 tiles per SM, else 4.
+int gemm3_occ_rule(int opt, const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms);
 // part: float [(tiles - nfull) kt tile_floats]; cnt: int32 [tiles - nfull], zero.
 Launch gemm3_fold_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                          int levels, const Gemm3Fold& f, float* part, int32_t* cnt, int cvt, int occ = 1,

@@ -404,6 +404,15 @@ Gemm3Fold gemm3_fold_plan(const TernaryDev* outs, int n_outs, int64_t K, int64_t
                    int64_t(kWsRows) * p.tok);
 }
 
+int gemm3_occ_rule(int opt, const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms) {
+  if (M <= 8 || M > 32) return 1;
+  if (opt == 3 || opt == 4) return opt;
+  if (opt == 5) return gemm3_fold_plan(outs, n_outs, K, M, levels, sms, 2).tiles >= 2 * sms ? 2 : 4;
+  if (opt == 2 && gemm3_fold_plan(outs, n_outs, K, M, levels, sms, 2).tiles * gemm3_ksplit(outs, n_outs, K, M, levels, sms, 2) > sms)
+    return 2;
+  return 1;
+}
+
 Gemm3Fold fold_plan(int64_t B, int sms, int64_t G, int64_t tile_floats) {
   Gemm3Fold f{B, B, 1, tile_floats};
   if (B < sms) {  // all tiles split, as the unfused rule (wave_ksplit) cuts them: bit-identical to it
