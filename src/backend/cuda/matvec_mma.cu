@@ -782,7 +782,7 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
       // take the even one's {z, w}: two shuffles, the copy stays coalesced. nq is a multiple of 4 and the loop's
       // stride of 32, so a warp's lanes are all in or all out.
       // Round 25: kV7StageLoads loads in flight per lane before the first store (with one load a trip, each trip
-      // waited for its own L2 round trip: ffn_down's 4 trips held 27 % of its stall samples under ncu).
+      // waited for its own L2 round trip: ffn_down's 4 trips held 29 % of its stall samples under ncu).
       const bool odd = lane & 1;
       for (int e0 = threadIdx.x & ~31; e0 < nq; e0 += kV7StageLoads * NW * 32) {
         uint4 v[kV7StageLoads];
