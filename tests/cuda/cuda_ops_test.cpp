@@ -166,9 +166,9 @@ TEST(CudaOps, SiteFusedIntoMatvecMatchesTheSiteKernel) {
 
 // One product of n (1 or 2) outputs sharing x [M, K] on be, outputs poisoned first: {y0, y1} (y1 still poisoned when
 // n = 1), expecting every element of the n outputs written.
-std::pair<std::vector<float>, std::vector<float>> paired_linear(CudaBackend& be, TernaryMatrix& w0, TernaryMatrix& w1,
-                                                                int n, const std::vector<float>& x, int64_t M,
-                                                                const std::string& what) {
+using Pair = std::pair<std::vector<float>, std::vector<float>>;
+Pair paired_linear(CudaBackend& be, TernaryMatrix& w0, TernaryMatrix& w1, int n, const std::vector<float>& x, int64_t M,
+                   const std::string& what) {
   be.prepare_matrix(w0);
   be.prepare_matrix(w1);
   Buffer dx = up(be, x), y0 = poisoned(be, size_t(M * w0.rows)), y1 = poisoned(be, size_t(M * w1.rows));
@@ -180,6 +180,26 @@ std::pair<std::vector<float>, std::vector<float>> paired_linear(CudaBackend& be,
     unwritten += std::count_if(v[i].begin(), v[i].end(), [](float e) { return !std::isfinite(e); });
   EXPECT_EQ(unwritten, 0) << what;
   return {v[0], v[1]};
+}
+// The n outputs of two paired_linear results are EQUAL.
+bool same_outputs(const Pair& a, const Pair& b, int n) { return a.first == b.first && (n == 1 || a.second == b.second); }
+
+// A GEMM test case of paired_linear: random ternary w0 [N0, K] and w1 [N1, K] (N1 = 0: one output, w1 a 1-row stand-in)
+// and x [M, K], drawn from seed in that order, with its label.
+struct PairedCase {
+  TernaryMatrix& w0;
+  TernaryMatrix& w1;
+  int n;
+  std::vector<float> x;
+  std::string what;
+};
+PairedCase paired_case(int levels, int64_t M, int64_t K, int64_t N0, int64_t N1, uint32_t& seed) {
+  TernaryMatrix& w0 = random_matrix(N0, K, seed++, 0.02);
+  TernaryMatrix& w1 = random_matrix(N1 > 0 ? N1 : 1, K, seed++, 0.02);
+  std::vector<float> x = randn(size_t(M * K), seed++);
+  return {w0, w1, N1 > 0 ? 2 : 1, std::move(x),
+          "levels " + std::to_string(levels) + " M " + std::to_string(M) + " K " + std::to_string(K) + " N " +
+              std::to_string(N0) + "+" + std::to_string(N1)};
 }
 
 // GEMM v3's int -> float conversions of the per-group scaling (Options::gemm3_cvt: 0 = the 1.5 x 2^23 mantissa add,
@@ -294,15 +314,10 @@ TEST(CudaOps, GemmV3TwoBlocksPerSmMatchesOneBlock) {
                  {12, 1024, 40000, 129}, {31, 17408, 5120, 0}};
     for (const Case& c : cases) {
       if (levels == 1 && c.M <= 4) continue;  // the q8 matvec's
-      TernaryMatrix& w0 = random_matrix(c.N0, c.K, seed++, 0.02);
-      TernaryMatrix& w1 = random_matrix(c.N1 > 0 ? c.N1 : 1, c.K, seed++, 0.02);
-      const int n = c.N1 > 0 ? 2 : 1;
-      const auto x = randn(size_t(c.M * c.K), seed++);
-      const std::string what = "levels " + std::to_string(levels) + " M " + std::to_string(c.M) + " K " +
-                               std::to_string(c.K) + " N " + std::to_string(c.N0) + "+" + std::to_string(c.N1);
+      auto [w0, w1, n, x, what] = paired_case(levels, c.M, c.K, c.N0, c.N1, seed);
       const auto a = paired_linear(b2, w0, w1, n, x, c.M, what), b = paired_linear(b2, w0, w1, n, x, c.M, what);
       const auto u = paired_linear(b1, w0, w1, n, x, c.M, what);
-      EXPECT_TRUE(a.first == b.first && (n == 1 || a.second == b.second)) << "run to run, " << what;
+      EXPECT_TRUE(same_outputs(a, b, n)) << "run to run, " << what;
       cuda::TernaryDev t[2] = {{nullptr, nullptr, nullptr, c.N0}, {nullptr, nullptr, nullptr, c.N1}};
       auto whole = [&](int occ) {
         const cuda::Gemm3Fold f = cuda::gemm3_fold_plan(t, n, c.K, c.M, levels, sms, occ);
@@ -311,7 +326,7 @@ TEST(CudaOps, GemmV3TwoBlocksPerSmMatchesOneBlock) {
       const double r0 = rel_err(a.first, quantised_reference(w0, x, c.M, levels));
       EXPECT_LE(r0, 1e-5) << what;
       if (n == 2) EXPECT_LE(rel_err(a.second, quantised_reference(w1, x, c.M, levels)), 1e-5) << what;
-      if (whole(1) && whole(2)) EXPECT_TRUE(a.first == u.first && (n == 1 || a.second == u.second)) << "vs one block, " << what;
+      if (whole(1) && whole(2)) EXPECT_TRUE(same_outputs(a, u, n)) << "vs one block, " << what;
       else EXPECT_LE(rel_err(a.first, u.first), 2e-6) << what;
       std::printf("[gemm3 occ2] %s: vs quantised %.2e, vs one block %.2e (%s)\n", what.c_str(), r0,
                   rel_err(a.first, u.first), whole(1) && whole(2) ? "no split: EQUAL" : "split plans differ");
@@ -362,12 +377,7 @@ TEST(CudaOps, GemmV3DoubleBufferedEqualsOneBlock) {
     } cases[] = {{32, 5120, 4000, 4000}, {29, 1152, 257, 75}, {17, 6144, 5120, 0}, {9, 128, 300, 0},
                  {12, 1024, 40000, 129}, {31, 17408, 5120, 0}, {24, 384, 999, 0}};
     for (const Case& c : cases) {
-      TernaryMatrix& w0 = random_matrix(c.N0, c.K, seed++, 0.02);
-      TernaryMatrix& w1 = random_matrix(c.N1 > 0 ? c.N1 : 1, c.K, seed++, 0.02);
-      const int n = c.N1 > 0 ? 2 : 1;
-      const auto x = randn(size_t(c.M * c.K), seed++);
-      const std::string what = "levels " + std::to_string(levels) + " M " + std::to_string(c.M) + " K " +
-                               std::to_string(c.K) + " N " + std::to_string(c.N0) + "+" + std::to_string(c.N1);
+      auto [w0, w1, n, x, what] = paired_case(levels, c.M, c.K, c.N0, c.N1, seed);
       const auto u = paired_linear(b1, w0, w1, n, x, c.M, what);
       const double r0 = rel_err(u.first, quantised_reference(w0, x, c.M, levels));
       EXPECT_LE(r0, 1e-5) << what;
@@ -376,8 +386,8 @@ TEST(CudaOps, GemmV3DoubleBufferedEqualsOneBlock) {
         o.gemm3_occ = occ;
         CudaBackend bd(o);
         const auto a = paired_linear(bd, w0, w1, n, x, c.M, what), b = paired_linear(bd, w0, w1, n, x, c.M, what);
-        EXPECT_TRUE(a.first == b.first && (n == 1 || a.second == b.second)) << "run to run, occ " << occ << ", " << what;
-        EXPECT_TRUE(a.first == u.first && (n == 1 || a.second == u.second)) << "vs one block, occ " << occ << ", " << what;
+        EXPECT_TRUE(same_outputs(a, b, n)) << "run to run, occ " << occ << ", " << what;
+        EXPECT_TRUE(same_outputs(a, u, n)) << "vs one block, occ " << occ << ", " << what;
         std::printf("[gemm3 db occ %d] %s: vs quantised %.2e, vs one block %.2e\n", occ, what.c_str(), r0,
                     rel_err(a.first, u.first));
       }
@@ -405,15 +415,10 @@ TEST(CudaOps, GemmV3RowUnitsMatchTheRowQuantisedReference) {
     } cases[] = {{64, 1024, 300, 129}, {130, 5120, 2000, 77}, {300, 6144, 520, 0}, {64, 17408, 200, 0},
                  {97, 4096, 17000, 100}, {257, 2048, 130, 3}};
     for (const Case& c : cases) {
-      TernaryMatrix& w0 = random_matrix(c.N0, c.K, seed++, 0.02);
-      TernaryMatrix& w1 = random_matrix(c.N1 > 0 ? c.N1 : 1, c.K, seed++, 0.02);
-      const int n = c.N1 > 0 ? 2 : 1;
-      auto x = randn(size_t(c.M * c.K), seed++);
+      auto [w0, w1, n, x, what] = paired_case(levels, c.M, c.K, c.N0, c.N1, seed);
       for (int64_t m = 0; m < c.M; ++m) x[size_t(m * c.K + (m * 37) % c.K)] *= 30.f;  // one outlier per row
-      const std::string what = "levels " + std::to_string(levels) + " M " + std::to_string(c.M) + " K " +
-                               std::to_string(c.K) + " N " + std::to_string(c.N0) + "+" + std::to_string(c.N1);
       const auto a = paired_linear(bru, w0, w1, n, x, c.M, what), b = paired_linear(bru, w0, w1, n, x, c.M, what);
-      EXPECT_TRUE(a.first == b.first && (n == 1 || a.second == b.second)) << "run to run, " << what;
+      EXPECT_TRUE(same_outputs(a, b, n)) << "run to run, " << what;
       const auto er = quantised_reference(w0, x, c.M, levels, true), eg = quantised_reference(w0, x, c.M, levels);
       const double r0 = rel_err(a.first, er), g0 = rel_err(a.first, eg);
       EXPECT_LE(r0, 1e-5) << what;
@@ -459,7 +464,7 @@ void check_gemm_f16(const std::vector<GemmF16Case>& cases) {
                                std::to_string(c.N1);
       auto run = [&] { return paired_linear(be, w0, w1, n, x, c.M, what); };
       const auto a = run(), b = run();
-      EXPECT_TRUE(a.first == b.first && (n == 1 || a.second == b.second)) << "run to run, " << what;
+      EXPECT_TRUE(same_outputs(a, b, n)) << "run to run, " << what;
       const bool ru = be.row_quantised(c.M, c.K);
       const auto e0 = f16_reference(w0, x, c.M, levels, ru), q0 = quantised_reference(w0, x, c.M, levels, ru);
       const double r0 = rel_err(a.first, e0), d0 = rel_err(a.first, q0);

@@ -61,17 +61,22 @@ if [ -n "${SASS:-}" ]; then
   cuobjdump -sass $B/test_cuda 2>/dev/null | awk -v re="$SASS" '/Function :/ {on = ($0 ~ re)} on' > "$OUT/sass.txt"
   echo "sass lines: $(wc -l < "$OUT/sass.txt")"; gzip -9 "$OUT/sass.txt"
 fi
+# ncu_export NAME REGEX LINES (after an ncu run into $L/ncu_NAME; $? its status): the details page and the per-SASS
+# stall table into $OUT, the details' lines matching REGEX (at most LINES) on stdout.
+ncu_export() {
+  echo "ncu $1 rc=$?"; tail -2 "$L/ncu_$1.log"
+  ncu -i "$L/ncu_$1.ncu-rep" --page details --print-details all > "$OUT/ncu_$1.txt" 2>&1
+  ncu -i "$L/ncu_$1.ncu-rep" --page source --csv --print-source sass 2>/dev/null | gzip -9 > "$OUT/sass_$1.csv.gz"
+  grep -E "$2" "$OUT/ncu_$1.txt" | head -$3
+  stamp "ncu $1"
+}
 IFS=';' read -ra NCU_ENTRIES <<< "${NCU:-}"
 for spec in "${NCU_ENTRIES[@]}"; do
   IFS=: read -r name kre tags shape <<< "$spec"
   BONSAI_CUDA_BENCH=1 BONSAI_BENCH_OUT=$L BONSAI_BENCH_SHAPE="$shape" BONSAI_BENCH_TAGS="$tags" timeout 240 ncu --set full \
     --import-source no --clock-control none -k "regex:$kre" --launch-skip 3 --launch-count 1 -f -o "$L/ncu_$name" \
     $B/test_cuda --gtest_filter=CudaBench.ProbeAndTernaryKernels > "$L/ncu_$name.log" 2>&1
-  echo "ncu $name rc=$?"; tail -2 "$L/ncu_$name.log"
-  ncu -i "$L/ncu_$name.ncu-rep" --page details --print-details all > "$OUT/ncu_$name.txt" 2>&1
-  ncu -i "$L/ncu_$name.ncu-rep" --page source --csv --print-source sass 2>/dev/null | gzip -9 > "$OUT/sass_$name.csv.gz"
-  grep -E "Duration|Registers Per|Issued Warp|Bank Conflicts|No Eligible" "$OUT/ncu_$name.txt" | head -12
-  stamp "ncu $name"
+  ncu_export $name "Duration|Registers Per|Issued Warp|Bank Conflicts|No Eligible" 12
 done
 kernel_table() {  # $1 binary, $2 label
   BONSAI_CUDA_BENCH=1 BONSAI_BENCH_OUT=$L BONSAI_BENCH_SHAPE="$BENCH_SHAPES" BONSAI_BENCH_TAGS="${BENCH_TAGS:-q16 v3 pdl,q16 v3occ2 pdl}" \
@@ -116,11 +121,7 @@ if [ -n "${NCU_MODEL:-}" ]; then
   IFS=: read -r name kre skip cnt <<< "$NCU_MODEL"
   timeout 300 ncu --set full --import-source no --clock-control none -k "regex:$kre" --launch-skip $skip \
     --launch-count $cnt -f -o "$L/ncu_$name" $B/bonsai bench --backend cuda -m "$P27" -p 0 -n 8 -r 1 > "$L/ncu_$name.log" 2>&1
-  echo "ncu $name rc=$?"; tail -2 "$L/ncu_$name.log"
-  ncu -i "$L/ncu_$name.ncu-rep" --page details --print-details all > "$OUT/ncu_$name.txt" 2>&1
-  ncu -i "$L/ncu_$name.ncu-rep" --page source --csv --print-source sass 2>/dev/null | gzip -9 > "$OUT/sass_$name.csv.gz"
-  grep -E "^  [a-z_].*\(|Duration" "$OUT/ncu_$name.txt" | head -24
-  stamp "ncu $name"
+  ncu_export $name "^  [a-z_].*\(|Duration" 24
 fi
 if [ "${TRACE:-0}" = 1 ]; then
   BONSAI_CUDA_MV7_TRACE=$L/v7trace.txt timeout 120 $B/bonsai_trace bench --backend cuda -m "$P27" -p 0 -n 16 -r 1 \
