@@ -1305,6 +1305,75 @@ TEST(CudaOps, DeltaRuleAloneAndFused) {
   }
 }
 
+// Round 26: a decode token's delta step with the gated-norm site of its output in the same launch
+// (Options::delta_site: the last block of each 1024-chunk runs site_row_kernel's body) against the step and the site
+// kernel apart. The forward's ops for gdn_out's input (l2norm q / k, q scale, gates, delta rule, gated norm,
+// hadamard site, the linear): the delta output, the state, the gates, the normed row, the fp32 site and the linear's
+// outputs are EQUAL, the fused path launches one kernel fewer, and two tokens in a row check that the arrival
+// counters are left zero. Shapes: the 27b's (48 V heads of 128: six chunks, FWHT 1024), one chunk (n 128 and 512,
+// Dv 64: a 64-element norm segment), and 6 x 128 = 768 outputs (not a multiple of 1024: unfused on both).
+TEST(CudaOps, DeltaStepWithGatedNormSiteEqualsApart) {
+  BONSAI_REQUIRE_GPU();
+  struct Case {
+    int64_t Nk, Nv, Dk, Dv, n;
+  } cases[] = {{16, 48, 128, 128, 1024}, {2, 8, 128, 128, 128}, {4, 16, 64, 64, 512}, {2, 6, 128, 128, 256}};
+  for (const int levels : {2, 1})
+    for (const int sw : {8, 4})
+      for (const Case& c : cases) {
+        const int64_t K = c.Nv * c.Dv, nq = c.Nk * c.Dk;
+        TernaryMatrix& w = random_matrix(96, K, uint32_t(400 + K / 64), 0.02);
+        const auto signs = random_signs(size_t(K), 401);
+        const auto gain = uniform(size_t(c.Dv), 402, 0.5f, 1.5f), A = uniform(size_t(c.Nv), 403, -2.f, -0.1f),
+                   dtb = randn(size_t(c.Nv), 404), s0 = randn(size_t(c.Nv * c.Dk * c.Dv), 405, 0.1f);
+        const bool fusable = K % 1024 == 0;
+        std::vector<std::vector<float>> got[2];
+        uint64_t kernels[2] = {0, 0};
+        for (const bool on : {true, false}) {
+          CudaBackend::Options o;
+          o.delta_site = on;
+          o.delta_step = sw;
+          o.act_levels = levels;
+          CudaBackend be(o);
+          be.prepare_matrix(w);
+          Buffer sd = up_bytes(be, signs), gd = up(be, gain), dA = up(be, A), dd = up(be, dtb), ds = up(be, s0);
+          const auto* sp = reinterpret_cast<const int8_t*>(sd.data());
+          for (uint32_t tok = 0; tok < 2; ++tok) {
+            const uint32_t seed = 410 + 10 * tok;
+            Buffer dq = up(be, randn(size_t(nq), seed)), dk = up(be, randn(size_t(nq), seed + 1)),
+                   dv = up(be, randn(size_t(K), seed + 2)), dz = up(be, randn(size_t(K), seed + 3)),
+                   da = up(be, randn(size_t(c.Nv), seed + 4)), db = up(be, randn(size_t(c.Nv), seed + 5));
+            Buffer dg = poisoned(be, size_t(c.Nv)), dbeta = poisoned(be, size_t(c.Nv)), out = poisoned(be, size_t(K)),
+                   normed = poisoned(be, size_t(K)), st = poisoned(be, size_t(K)), yd = poisoned(be, size_t(w.rows));
+            const uint64_t k0 = be.stats().kernels;
+            be.l2norm_heads(dq.data(), c.Nk, c.Dk, 1e-6f);
+            be.l2norm_heads(dk.data(), c.Nk, c.Dk, 1e-6f);
+            be.scale(dq.data(), nq, float(1.0 / std::sqrt(double(c.Dk))));
+            be.gdn_gates(da.data(), db.data(), dA.data(), dd.data(), 1, c.Nv, dg.data(), dbeta.data());
+            be.gdn_delta_rule(ds.data(), dq.data(), dk.data(), dv.data(), dg.data(), dbeta.data(), 1, c.Nk, c.Nv, c.Dk,
+                              c.Dv, out.data());
+            be.gated_rmsnorm(out.data(), dz.data(), gd.data(), c.Nv, c.Dv, 1e-6f, normed.data());
+            be.copy_rows(st.data(), K, normed.data(), K, 1, K);
+            be.hadamard_forward(st.data(), 1, K, sp, c.n);
+            const LinearOut lo{&w, yd.data()};
+            be.linear(&lo, 1, K, st.data(), 1);
+            const std::vector<float> y = down(be, yd);
+            kernels[!on] += be.stats().kernels - k0;
+            const std::vector<float> site = down(be, st);
+            EXPECT_LE(rel_err(y, quantised_reference(w, site, 1, levels)), 1e-4) << "token " << tok;
+            for (auto v : {down(be, out), down(be, ds), down(be, dg), down(be, dbeta), down(be, normed), site, y})
+              got[!on].push_back(v);
+          }
+        }
+        const std::string what = "levels " + std::to_string(levels) + " warps " + std::to_string(sw) + " K " +
+                                 std::to_string(K) + " n " + std::to_string(c.n);
+        ASSERT_EQ(got[0].size(), got[1].size()) << what;
+        const char* names[] = {"delta out", "state", "g", "beta", "normed", "site", "linear"};
+        for (size_t i = 0; i < got[0].size(); ++i)
+          EXPECT_EQ(got[0][i], got[1][i]) << what << " token " << i / 7 << " " << names[i % 7];
+        EXPECT_EQ(kernels[0] + (fusable ? 2 : 0), kernels[1]) << what << " (one launch fewer a token where fused)";
+      }
+}
+
 // Round 8b: the chunked (WY) delta rule (delta_chunk.cu, Options::delta = 2) against ref::gdn_recurrent, fused and
 // unfused, on chunk tails (1, 5, 63, 64, 65, 131, 200, 300 tokens: one partial chunk, exactly one, one plus a token,
 // 2 + 3, 3 + 8, 4 + 44), Dk = 64, 6 to 48 V heads, a nonzero initial state, and the state carried over two calls

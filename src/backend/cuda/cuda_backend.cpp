@@ -127,6 +127,7 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA"); e && *e) o.delta = std::atoi(e);
   o.delta_mma = flag("BONSAI_CUDA_DELTA_MMA", o.delta_mma);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA_STEP"); e && *e) o.delta_step = std::atoi(e);
+  o.delta_site = flag("BONSAI_CUDA_DELTA_SITE", o.delta_site);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA_ROWS"); e && *e) o.delta_rows = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA_SPLIT"); e && *e) o.delta_rows_split = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_ATTN"); e && *e) o.attn = std::atoi(e);
@@ -292,6 +293,11 @@ struct CudaBackend::Impl {
   // can compute it as its prologue (Options::fuse_site); any other op launches it first (flush_pending).
   bool deferred_site = false;
   cuda::SiteDesc site_desc;
+  // A decode token's delta step, held back so the gated-norm site that reads its output can join its launch
+  // (Options::delta_site, site()); any other launch emits it first (emit).
+  bool held_delta = false;
+  cuda::DeltaDesc delta_desc;
+  Scratch delta_site_cnt;  // the fused site's arrivals: int32 [Nv Dv / 1024] (zeroed, left zero by each launch)
   bool recording = false;
   std::vector<cuda::Launch> rec;
   // Index in rec of the step's last M = 1 matvec (-1: none yet): the next one patches it to prefetch its
@@ -597,6 +603,10 @@ struct CudaBackend::Impl {
   }
 
   void emit(const cuda::Launch& l) {
+    if (held_delta) {  // it precedes every later launch
+      held_delta = false;
+      emit(cuda::delta_launch(delta_desc));
+    }
     if (!opt.skip.empty() && skipped(l)) return;
     ++st.kernels;
     if (!recording) return launch_now(l);
@@ -630,6 +640,10 @@ struct CudaBackend::Impl {
     }
   }
   void flush_pending() {
+    if (held_delta) {
+      held_delta = false;
+      emit(cuda::delta_launch(delta_desc));
+    }
     if (deferred_site) {  // it precedes everything still pending (its producers were folded into it)
       deferred_site = false;
       emit(site_kernel_launch(site_desc));
@@ -968,6 +982,10 @@ struct CudaBackend::Impl {
         }
       }
     }
+    // Round 26: the gated norm of the held delta step's output, nothing pending between them: one launch.
+    const bool with_delta = held_delta && pend.empty() && quantise && opt.site_row && d.pre == cuda::kPreGatedNorm &&
+                            d.src == delta_desc.out && rows == 1;
+    if (with_delta) held_delta = false;
     flush_pending();
     if (d.pre_out == d.dst) d.pre_out = nullptr;  // the site writes it anyway (n = 1, quantise only)
     // Quantise-only of x itself: x already holds the values, skip the fp32 write.
@@ -987,6 +1005,18 @@ struct CudaBackend::Impl {
     const bool v1_site = opt.fuse_site && levels() == 1 && d.src != d.dst && cuda::matvec_site_supported(K, n, d.pre, d.seg);
     const bool v7_site = (opt.site_prologue == 1 || (opt.site_prologue > 1 && (opt.site_prologue >> (d.pre + 1)) & 1)) &&
                          opt.matvec == 6 && cuda::matvec7_site_supported(d);
+    if (with_delta) {
+      delta_desc.site = &d;
+      if (cuda::delta_site_supported(delta_desc, d)) {
+        delta_desc.site_count = static_cast<int32_t*>(
+            ensure(delta_site_cnt, size_t(K / 1024) * 4, "fused delta-site counters", true));
+        emit(cuda::delta_launch(delta_desc));
+        delta_desc.site = nullptr;
+        return;
+      }
+      delta_desc.site = nullptr;
+      emit(cuda::delta_launch(delta_desc));  // unfused: the step, then the site as below
+    }
     if (may_defer && opt.fuse && !opt.exact && quantise && rows == 1 && !inverse && !d.perm && d.ld == K &&
         (v1_site || v7_site)) {
       deferred_site = true;
@@ -1601,6 +1631,11 @@ void CudaBackend::Impl::emit_delta(float* state, const cuda::RowTable* rows, con
   d.step_warps = opt.delta_step;
   d.rows_warps = opt.delta_rows;
   d.rows_split = opt.delta_rows_split;
+  if (opt.fuse && opt.delta_site && !opt.exact && !rows && T == 1) {  // site() may fuse the gated-norm site into it
+    held_delta = true;
+    delta_desc = d;
+    return;
+  }
   emit(cuda::delta_launch(d));
 }
 

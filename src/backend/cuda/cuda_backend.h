@@ -77,6 +77,9 @@ class CudaBackend final : public Backend {
                                // round 8b); batched rows always token by token; BONSAI_CUDA_DELTA=0|1|2
     int delta_step = 8;        // round 14: one sequence's decode token (T = 1) on delta_step_kernel with this many warps
                                // (8 or 4; one block barrier), 0 = delta_kernel (five); BONSAI_CUDA_DELTA_STEP
+    bool delta_site = true;    // round 26: a decode token's gated-norm site (the gdn_out input) computed by the delta
+                               // step's launch, by the last block of each 1024-chunk (delta_site_supported), instead
+                               // of a site_row_kernel after it; bit-identical; BONSAI_CUDA_DELTA_SITE=0|1
     int delta_rows = 8;        // round 18: batched decode's delta rule on delta_rows_kernel with this many warps (8 or
                                // 16: one barrier, vector loads, a block per (head, sequence)), 0 = delta_kernel;
                                // BONSAI_CUDA_DELTA_ROWS
@@ -194,13 +197,14 @@ class CudaBackend final : public Backend {
                                // BONSAI_CUDA_PREFILL_CHUNK. Round 18 (H200, 27b, same call, 3 reps): pp512 / pp2048
                                // 6,680 / 6,475 tok/s at 2048 vs 6,130 / 5,864 at 256 (1024: 6,683 / 6,388); round 4:
                                // 256 over 64
-    int gemm3_occ = 2;         // round 17: v3's blocks per SM at 9..32 tokens (batched decode): 2 = two blocks of 7
+    int gemm3_occ = 5;         // round 17: v3's blocks per SM at 9..32 tokens (batched decode): 2 = two blocks of 7
                                // stages with 96-register consumers where the grid has more blocks than SMs (their warps
                                // hide each other's per-group latency; ternary_launches has the rule), 1 = always one
                                // block of 12 stages with 232-register consumers (H200, B = 16 / 32: 1,445 / 2,432 vs
                                // 1,309 / 2,268 tok/s); round 25: 3 / 4 = one block whose consumers double-buffer
                                // their accumulators (group kg + 1 issued before kg is scaled), with / without the
-                               // turn-taking, 5 = two blocks where a product has >= 2 tiles per SM, else 4;
+                               // turn-taking, 5 = two blocks where a product has >= 2 tiles per SM, else 4 (round
+                               // 26, H200, same call: B = 16 / 32 1,530 / 2,563 vs 1,470 / 2,475 tok/s at 2);
                                // BONSAI_CUDA_GEMM3_OCC=1|2|3|4|5
     int gemm3_cvt = 1;         // v3's per-group int -> float: 1 = I2FP.F32.S32 (one instruction), 0 = the 1.5 x 2^23
                                // mantissa add (two); bit-identical results; 1 measured faster (H200 round 7: gate+up

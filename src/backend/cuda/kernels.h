@@ -368,8 +368,17 @@ struct DeltaDesc {
   int step_warps = 8;  // T = 1 of one sequence: delta_step_kernel with 8 / 4 warps; 0: delta_kernel
   int rows_warps = 0;  // batched rows: delta_rows_kernel with 8 / 16 warps (Dv = 128); 0: delta_kernel
   int rows_split = 1;  // delta_rows_kernel: column slices per state (1, 2, 4; round 22), one block each
+  // Round 26 (Options::delta_site): the decode token's gated-norm site of `out` in the same launch, computed by the
+  // last of the 32 blocks that write each 1024-element chunk of out (site_count: int32 [Nv Dv / 1024], zero between
+  // launches, left zero). Only where delta_site_supported; the site kernel and its hop on the decode chain go.
+  const SiteDesc* site = nullptr;
+  int32_t* site_count = nullptr;
 };
 Launch delta_launch(const DeltaDesc& d);
+// Whether delta_launch(d) with d.site = &s fuses: one token of one sequence on delta_step_kernel (step_warps 4 / 8),
+// s the gated-norm site of d.out as site_row_kernel runs it (site_row_supported, one row, K = Nv Dv), 16-byte
+// aligned out. The outputs are site_row_kernel's bit for bit (same values, same operations in the same order).
+bool delta_site_supported(const DeltaDesc& d, const SiteDesc& s);
 
 // The attention prologue (attn_prep.cu; Backend::attention_prep): q = rope(rmsnorm(q half of q_gate) * q_gain),
 // gate = the gate half, and rope(rmsnorm(k) * k_gain) and v appended to the KV cache(s), one launch.

@@ -2,10 +2,12 @@
 // Gated DeltaNet delta rule (token by token, state slice in registers, optional fused prologue).
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <type_traits>
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/warp_site.cuh"
 
 namespace bonsai::cuda {
 
@@ -603,6 +605,59 @@ __device__ __forceinline__ void delta_gates(const DeltaArgs& a, int64_t h, float
   }
 }
 
+// The gated-norm site fused into the decode step (round 26, DeltaDesc::site): the site_row_kernel arguments of row 0.
+struct DeltaSiteArgs {
+  DeltaArgs a;
+  SitePrologue s;   // src = a.out, src2 = z, gain, signs, pre = kPreGatedNorm; pre_out: the normed row or null
+  float* dst;       // [K] the fp32 site, or null
+  int8_t* xq;       // [LV, K]
+  float2* xds;      // [K / 64]
+  int32_t* count;   // int32 [K / 1024] blocks arrived per chunk; zero between launches
+  int64_t K;        // Nv Dv
+};
+__device__ __forceinline__ const DeltaArgs& step_args(const DeltaArgs& a) { return a; }
+__device__ __forceinline__ const DeltaArgs& step_args(const DeltaSiteArgs& x) { return x.a; }
+template <int LV>
+using DeltaStepArgs = std::conditional_t<LV == 0, DeltaArgs, DeltaSiteArgs>;
+
+// The fused site's two halves in a step block. Arrival, by warp 0 right after its outputs (the block's 32 of out):
+// fence them, count the block into its 1024-chunk; `last` (shared) tells the block whether the chunk's other 31
+// blocks are in. Only warp 0's own stores sit before the fence, so the state's write-back (16 KB a block, by every
+// warp after this) is not waited for: a fence after it cost the whole step (round 26: tg128 -0.4 to -1.3 %).
+__device__ __forceinline__ void delta_site_arrive(const DeltaSiteArgs& x, int64_t e0, int lane, int& last) {
+  __threadfence();
+  __syncwarp();
+  if (lane == 0) last = atomicAdd(x.count + (e0 >> 10), 1) == (1024 / 32) - 1;
+}
+// The rest, by the whole block after its state stores: the chunk's last block runs site_row_kernel's body on the
+// chunk with its first 4 warps (the slot functions: 128 threads x 8 elements), then zeroes the counter for the next
+// launch. The chunk is read with ld.global.cg: other SMs wrote it during this launch, so this SM's L1 may hold older
+// lines of it.
+template <int LV>
+__device__ __forceinline__ void delta_site_finish(const DeltaSiteArgs& x, int64_t e0, const int& last) {
+  __shared__ __align__(16) float scratch[128 * 8];  // [128 slots][8]: strides 256 / 512
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int chunk = int(e0 >> 10);
+  __syncthreads();  // `last` from warp 0
+  if (!last) return;
+  __threadfence();  // the other blocks' outputs, seen through their arrivals
+  if (tid < 128) {
+    const int e = (chunk << 10) + 8 * tid;
+    float v[8];
+    const float4 lo = __ldcg(reinterpret_cast<const float4*>(x.a.out + e));
+    const float4 hi = __ldcg(reinterpret_cast<const float4*>(x.a.out + e + 4));
+    v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+    site_slot_front(x.s, e, lane, 0.f, true, x.s.pre_out, v);
+    if ((1 << x.s.log2n) > 256) {
+      store8(scratch + tid * 8, v);
+      asm volatile("bar.sync 1, 128;" ::: "memory");
+      site_slot_exchange(1 << x.s.log2n, tid >> 5, lane, scratch, v);
+    }
+    site_slot_quantise<LV>(x.s, int(x.K), e, lane, x.dst, x.xq, x.xds, v);
+  }
+  if (tid == 0) x.count[chunk] = 0;
+}
+
 // One decode token of one sequence (T = 1), with ONE block barrier (round 14). The delta rule
 // rearranged so the pass over the old state needs neither the norms nor the gates: with raw k, q, nk = 1 / |k|,
 // nq = q_scale / |q|, P_j = sum_i S_ij k_i, Q_j = sum_i S_ij q_i, kq = k . q (all from the OLD state),
@@ -612,9 +667,11 @@ __device__ __forceinline__ void delta_gates(const DeltaArgs& a, int64_t h, float
 // warps' partial P, Q and the three dot products meet in shared memory once; every thread computes the gates
 // itself (a few transcendental instructions instead of a barrier). delta_kernel needed five barriers per token
 // and two block reductions in a row before the state pass; the decode chain measured it at 7.7 us per layer.
-// W warps per block: warp w owns state rows w, w + W, ... of the block's 32-column slice.
-template <int W>
-__global__ __launch_bounds__(W * 32) void delta_step_kernel(const DeltaArgs a) {
+// W warps per block: warp w owns state rows w, w + W, ... of the block's 32-column slice. LV 1 / 2 (round 26): the
+// gated-norm site of out follows in the same launch (delta_site_tail, q8 / q16); 0: none.
+template <int W, int LV = 0>
+__global__ __launch_bounds__(W * 32) void delta_step_kernel(const DeltaStepArgs<LV> args) {
+  const DeltaArgs& a = step_args(args);
   constexpr int kR = int(kDeltaMaxDk) / W;  // state rows per thread at most
   __shared__ float part[W][2][32];  // [warp][P, Q][lane]
   __shared__ float dots[W][3];      // [warp][k.k, q.q, k.q]
@@ -675,15 +732,21 @@ __global__ __launch_bounds__(W * 32) void delta_step_kernel(const DeltaArgs a) {
   const float nk = a.l2_k ? rsqrtf(kk + a.eps_k) : 1.f;
   const float nq = (a.l2_q ? rsqrtf(qq + a.eps_q) : 1.f) * a.q_scale;
   const float delta = bv * (vj - decay * nk * P);
-  if (warp == 0) a.out[(t * a.Nv + h) * a.Dv + j] = decay * nq * Q + delta * nk * nq * kq;
   if (a.a && blockIdx.y == 0 && tid == 0) {  // as delta_kernel: the gates for the buffers' later readers
     a.g[t * a.Nv + h] = gv;
     a.beta[t * a.Nv + h] = bv;
+  }
+  const int64_t e0 = h * a.Dv + int64_t(blockIdx.y) * 32;  // the block's first element of out
+  __shared__ int site_last;  // LV != 0: this block is its out chunk's last (delta_site_arrive)
+  if (warp == 0) {
+    a.out[t * a.Nv * a.Dv + e0 + lane] = decay * nq * Q + delta * nk * nq * kq;
+    if constexpr (LV != 0) delta_site_arrive(args, e0, lane, site_last);
   }
   const float kd = nk * delta;
 #pragma unroll
   for (int ii = 0; ii < kR; ++ii)
     if (ii < R) Sg[(warp + W * ii) * a.Dv + j] = decay * s[ii] + kr[ii] * kd;
+  if constexpr (LV != 0) delta_site_finish<LV>(args, e0, site_last);
 }
 
 // Batched decode (round 18): one token of each of B sequences, one block per (V head, sequence) with W warps, the
@@ -817,6 +880,18 @@ __global__ __launch_bounds__(W * 32, delta_rows_min_blocks<W, CPL>()) void delta
 
 }  // namespace
 
+namespace {
+// delta_step_kernel's warps for d (Options::delta_step 8 / 4 where they divide Dk), 0: delta_kernel.
+int delta_step_warps(const DeltaDesc& d) {
+  return (d.step_warps == 8 || d.step_warps == 4) && d.Dk % d.step_warps == 0 ? d.step_warps : 0;
+}
+}  // namespace
+
+bool delta_site_supported(const DeltaDesc& d, const SiteDesc& s) {
+  return d.T == 1 && !d.rows && delta_step_warps(d) != 0 && s.pre == kPreGatedNorm && s.src == d.out && s.rows == 1 &&
+         s.K == d.Nv * d.Dv && s.ld == s.K && aligned16(d.out) && site_row_supported(s);
+}
+
 Launch delta_launch(const DeltaDesc& d) {
   DeltaArgs a{d.state,
               d.q,
@@ -868,8 +943,19 @@ Launch delta_launch(const DeltaDesc& d) {
   }
   // One decode token of one sequence: the one-barrier kernel with 8 warps (Options::delta_step 8 / 4, 0 = delta_kernel;
   // H200 tg128 +2.3 % at depth 0, +1.6 % at 8k over delta_kernel, round 14).
-  const int sw = (d.step_warps == 8 || d.step_warps == 4) && d.Dk % d.step_warps == 0 ? d.step_warps : 0;
+  const int sw = delta_step_warps(d);
   const dim3 grid(unsigned(d.Nv), unsigned(d.Dv / 32));
+  if (d.site) {  // round 26: with the gated-norm site of out
+    if (!delta_site_supported(d, *d.site)) throw std::invalid_argument("delta_launch: the fused gated-norm site needs delta_site_supported (one decode token, the site of out on one row)");
+    const SiteDesc& sd = *d.site;
+    DeltaSiteArgs x{a, site_prologue_of(sd), sd.dst, sd.xq, sd.xds, d.site_count, sd.K};
+    const bool q16 = sd.levels == 2;
+    const void* f = sw == 8 ? (q16 ? reinterpret_cast<const void*>(&delta_step_kernel<8, 2>)
+                                   : reinterpret_cast<const void*>(&delta_step_kernel<8, 1>))
+                            : (q16 ? reinterpret_cast<const void*>(&delta_step_kernel<4, 2>)
+                                   : reinterpret_cast<const void*>(&delta_step_kernel<4, 1>));
+    return make_launch(f, grid, dim3(sw * 32), 0, x);
+  }
   if (d.T == 1 && sw == 8) return make_launch(reinterpret_cast<const void*>(&delta_step_kernel<8>), grid, dim3(256), 0, a);
   if (d.T == 1 && sw == 4) return make_launch(reinterpret_cast<const void*>(&delta_step_kernel<4>), grid, dim3(128), 0, a);
   return make_launch(reinterpret_cast<const void*>(&delta_kernel<DeltaArgs>), grid, dim3(kDeltaWarps * 32), 0, a);
