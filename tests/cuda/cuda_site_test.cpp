@@ -321,6 +321,72 @@ TEST(CudaSite, TransposedStagesEqualSharedMemoryStages) {
   }
 }
 
+// Round 26: the add + rmsnorm site of a one-token product's output at the end of that v7 launch (Options::v7_tail,
+// matvec7_add_tail: the grid's last block) against the product and the cluster site kernel apart: the forward's
+// down product -> add_rmsnorm -> copy -> hadamard site -> the next linear, two tokens in a row (the arrival counter
+// left zero). The product's output and the residual h += y are EQUAL, the normed row within 1e-6 and the next
+// linear's outputs within 1e-3 relative (the norm's sum of squares in another order), and the tail path launches
+// one kernel fewer. Shapes: K 17,408 / 6,144 / 2,560 (17 / 12 / 10 consumer warps: 2 or 3 rounds of 4-warp groups
+// over the row), rows 5,120 (5 chunks), 1,024 (one), 1,536 (not a multiple of 1024: the site kernel on both); FWHT
+// blocks 1024 and 128; q16 and q8.
+TEST(CudaSite, V7TailAddNormEqualsTheSiteKernel) {
+  BONSAI_REQUIRE_GPU();
+  struct Case {
+    int64_t K, N, n;
+  } cases[] = {{17408, 5120, 1024}, {6144, 5120, 128}, {2560, 1024, 1024}, {6144, 1536, 512}};
+  for (const int levels : {2, 1})
+    for (const Case& c : cases) {
+      TernaryMatrix& down_w = random_matrix(c.N, c.K, uint32_t(500 + c.K / 512 + c.N / 256), 0.02);
+      TernaryMatrix& next_w = random_matrix(96, c.N, uint32_t(501 + c.N / 256), 0.02);
+      const auto signs = random_signs(size_t(c.N), 502);
+      const auto gain = uniform(size_t(c.N), 503, 0.5f, 1.5f), h0 = randn(size_t(c.N), 504, 2.f);
+      const bool fusable = c.N % 1024 == 0;
+      std::vector<std::vector<float>> got[2];
+      uint64_t kernels[2] = {0, 0};
+      for (const bool on : {true, false}) {
+        CudaBackend::Options o;
+        o.v7_tail = on;
+        o.act_levels = levels;
+        CudaBackend be(o);
+        be.prepare_matrix(down_w);
+        be.prepare_matrix(next_w);
+        Buffer sd = up_bytes(be, signs), gd = up(be, gain), hd = up(be, h0);
+        const auto* sp = reinterpret_cast<const int8_t*>(sd.data());
+        for (uint32_t tok = 0; tok < 2; ++tok) {
+          Buffer xd = up(be, randn(size_t(c.K), 510 + tok)), yd = poisoned(be, size_t(c.N)),
+                 xn = poisoned(be, size_t(c.N)), st = poisoned(be, size_t(c.N)), y2 = poisoned(be, size_t(next_w.rows));
+          const uint64_t k0 = be.stats().kernels;
+          const LinearOut lo{&down_w, yd.data()};
+          be.linear(&lo, 1, c.K, xd.data(), 1);
+          be.add_rmsnorm(hd.data(), yd.data(), 1, c.N, gd.data(), 1e-6f, xn.data());
+          be.copy_rows(st.data(), c.N, xn.data(), c.N, 1, c.N);
+          be.hadamard_forward(st.data(), 1, c.N, sp, c.n);
+          const LinearOut lo2{&next_w, y2.data()};
+          be.linear(&lo2, 1, c.N, st.data(), 1);
+          got[!on].push_back(down(be, yd));
+          kernels[!on] += be.stats().kernels - k0;
+          got[!on].push_back(down(be, hd));
+          got[!on].push_back(down(be, xn));
+          got[!on].push_back(down(be, y2));
+          if (!on) {  // the site kernel writes the fp32 site (the tail does not): the next linear against it
+            EXPECT_LE(rel_err(got[1].back(), quantised_reference(next_w, down(be, st), 1, levels)), 1e-4) << tok;
+          }
+        }
+      }
+      const std::string what = "levels " + std::to_string(levels) + " K " + std::to_string(c.K) + " N " +
+                               std::to_string(c.N) + " n " + std::to_string(c.n);
+      ASSERT_EQ(got[0].size(), got[1].size()) << what;
+      for (size_t i = 0; i < got[0].size(); i += 4) {
+        const std::string at = what + " token " + std::to_string(i / 4);
+        EXPECT_EQ(got[0][i], got[1][i]) << at << " (product)";
+        EXPECT_EQ(got[0][i + 1], got[1][i + 1]) << at << " (h += y)";
+        EXPECT_LE(rel_err(got[0][i + 2], got[1][i + 2]), 1e-6) << at << " (normed row)";
+        EXPECT_LE(rel_err(got[0][i + 3], got[1][i + 3]), 1e-3) << at << " (next linear)";
+      }
+      EXPECT_EQ(kernels[0] + (fusable ? 2 : 0), kernels[1]) << what << " (one launch fewer a token where fused)";
+    }
+}
+
 // Round 11: the decode-row site (Options::site_row, site_row.cu: a 128-thread block per 1024 elements, 8 a thread,
 // strides 256 / 512 in one shared-memory exchange) against site_kernel at 1, 5 and 32 rows: the fp32 site, the
 // producer's own output (written by the row site as site_kernel writes it), the linear's outputs and the inverse are
