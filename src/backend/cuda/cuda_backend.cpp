@@ -128,7 +128,6 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   o.delta_mma = flag("BONSAI_CUDA_DELTA_MMA", o.delta_mma);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA_STEP"); e && *e) o.delta_step = std::atoi(e);
   o.delta_site = flag("BONSAI_CUDA_DELTA_SITE", o.delta_site);
-  o.v7_tail = flag("BONSAI_CUDA_V7_TAIL", o.v7_tail);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA_ROWS"); e && *e) o.delta_rows = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA_SPLIT"); e && *e) o.delta_rows_split = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_ATTN"); e && *e) o.attn = std::atoi(e);
@@ -299,22 +298,6 @@ struct CudaBackend::Impl {
   bool held_delta = false;
   cuda::DeltaDesc delta_desc;
   Scratch delta_site_cnt;  // the fused site's arrivals: int32 [Nv Dv / 1024] (zeroed, left zero by each launch)
-  // A one-token, one-output v7 product, held back so the AddNorm site of its output can join its launch
-  // (Options::v7_tail, site()); any other launch emits it first (emit).
-  bool held_mv = false;
-  cuda::Launch held_mv_launch;
-  Scratch v7_tail_cnt;  // the tail site's counters: int32 [2] (zeroed, left zero by each launch)
-  // The held launches go out before anything launched after them.
-  void emit_held() {
-    if (held_delta) {
-      held_delta = false;
-      emit(cuda::delta_launch(delta_desc));
-    }
-    if (held_mv) {
-      held_mv = false;
-      emit(held_mv_launch);
-    }
-  }
   bool recording = false;
   std::vector<cuda::Launch> rec;
   // Index in rec of the step's last M = 1 matvec (-1: none yet): the next one patches it to prefetch its
@@ -620,7 +603,10 @@ struct CudaBackend::Impl {
   }
 
   void emit(const cuda::Launch& l) {
-    emit_held();  // they precede every later launch
+    if (held_delta) {  // it precedes every later launch
+      held_delta = false;
+      emit(cuda::delta_launch(delta_desc));
+    }
     if (!opt.skip.empty() && skipped(l)) return;
     ++st.kernels;
     if (!recording) return launch_now(l);
@@ -654,7 +640,10 @@ struct CudaBackend::Impl {
     }
   }
   void flush_pending() {
-    emit_held();
+    if (held_delta) {
+      held_delta = false;
+      emit(cuda::delta_launch(delta_desc));
+    }
     if (deferred_site) {  // it precedes everything still pending (its producers were folded into it)
       deferred_site = false;
       emit(site_kernel_launch(site_desc));
@@ -997,10 +986,6 @@ struct CudaBackend::Impl {
     const bool with_delta = held_delta && pend.empty() && quantise && opt.site_row && d.pre == cuda::kPreGatedNorm &&
                             d.src == delta_desc.out && rows == 1;
     if (with_delta) held_delta = false;
-    // The add + rmsnorm of the held product's output (matvec7_add_tail checks that it is): at that launch's end.
-    const bool with_mv = held_mv && pend.empty() && quantise && d.pre == cuda::kPreAddNorm && d.resid && rows == 1 &&
-                         !d.perm && d.ld == K;
-    if (with_mv) held_mv = false;
     flush_pending();
     if (d.pre_out == d.dst) d.pre_out = nullptr;  // the site writes it anyway (n = 1, quantise only)
     // Quantise-only of x itself: x already holds the values, skip the fp32 write.
@@ -1020,12 +1005,6 @@ struct CudaBackend::Impl {
     const bool v1_site = opt.fuse_site && levels() == 1 && d.src != d.dst && cuda::matvec_site_supported(K, n, d.pre, d.seg);
     const bool v7_site = (opt.site_prologue == 1 || (opt.site_prologue > 1 && (opt.site_prologue >> (d.pre + 1)) & 1)) &&
                          opt.matvec == 6 && cuda::matvec7_site_supported(d);
-    if (with_mv) {
-      auto* cnt = static_cast<int32_t*>(ensure(v7_tail_cnt, 8, "v7 tail-site counters", true));
-      const bool tail = cuda::matvec7_add_tail(held_mv_launch, d, cnt);
-      emit(held_mv_launch);
-      if (tail) return;  // else the site as below
-    }
     if (with_delta) {
       delta_desc.site = &d;
       if (cuda::delta_site_supported(delta_desc, d)) {
@@ -1334,13 +1313,6 @@ void CudaBackend::linear(const LinearOut* outs, int n_outs, int64_t K, const flo
       if (I.recording && M == 1 && I.opt.l2_prefetch && I.last_matvec >= 0 && size_t(I.last_matvec) < I.rec.size())
         cuda::matvec_set_prefetch(I.rec[size_t(I.last_matvec)], t, n, K, uint64_t(I.prop.l2CacheSize) * 3 / 4);
       if (!I.trace_path.empty() && I.recording && M == 1) I.trace_v7(I.launches, t, n, K);
-      // Round 26: a one-output product of one token waits for the op after it (an AddNorm site may join it).
-      if (I.opt.v7_tail && I.opt.fuse && M == 1 && n_outs == 1 && I.launches.size() == 1 && I.trace_path.empty()) {
-        I.held_mv = true;
-        I.held_mv_launch = I.launches[0];
-        I.last_matvec = -1;
-        continue;
-      }
       for (const cuda::Launch& l : I.launches) I.emit(l);
       // The index the launch got (-1 if a graph segment went out with it: it can no longer be patched).
       if (I.recording && M == 1 && I.opt.l2_prefetch)

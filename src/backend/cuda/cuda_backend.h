@@ -77,10 +77,6 @@ class CudaBackend final : public Backend {
                                // round 8b); batched rows always token by token; BONSAI_CUDA_DELTA=0|1|2
     int delta_step = 8;        // round 14: one sequence's decode token (T = 1) on delta_step_kernel with this many warps
                                // (8 or 4; one block barrier), 0 = delta_kernel (five); BONSAI_CUDA_DELTA_STEP
-    bool v7_tail = true;       // round 26: a decode token's add + rmsnorm site (the input of gate+up and qkv+z) computed
-                               // at the end of the v7 product whose output it adds (ffn_down, gdn_out, attn_o), by
-                               // that grid's last block (matvec7_add_tail), instead of the cluster site kernel after
-                               // it; BONSAI_CUDA_V7_TAIL=0|1
     bool delta_site = true;    // round 26: a decode token's gated-norm site (the gdn_out input) computed by the delta
                                // step's launch, by the last block of each 1024-chunk (delta_site_supported), instead
                                // of a site_row_kernel after it; bit-identical; BONSAI_CUDA_DELTA_SITE=0|1

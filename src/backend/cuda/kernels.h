@@ -163,13 +163,6 @@ bool matvec7_site_supported(const SiteDesc& d);
 // early: the weight stages copied before the prologue is done (-1: the whole ring; the rest wait for it).
 bool matvec7_site_launch(const TernaryDev* outs, int n_outs, int64_t K, const SiteDesc& d, int sms, int cfg,
                          int32_t* counters, Launch& out, int early = -1, bool timing_only = false);
-// Round 26: the AddNorm site d of the product l computes (d.src its one output y, one row: h += y, the normed row
-// d.pre_out, xq / xds) moved into l: each block adds its rows of y to h, and the last d.K / 1024 blocks to finish take
-// a 1024-chunk each once all are in (count: int32 [2], zero, left zero): the site kernel and its hop on the decode
-// chain go. d as matvec7_site_supported, with a
-// residual and a gain, d.K the output's rows, d.levels the product's; l a plain v7 launch of 16-row stages, one
-// output, one token. False (l unchanged) where it does not apply. The fp32 site (d.dst) is not written.
-bool matvec7_add_tail(Launch& l, const SiteDesc& d, int32_t* count);
 // The K slices the backend gives matvec6_launch (1: none): req 0 = none, 1 = automatic (one token; the fewest serial
 // steps per warp over S = 1..4), 2..4 = that S where K % (128 S) == 0; only for ffn_down's shape (one output, K >
 // 8,192, M <= 2) unless `any` (every single-output product v6 serves).

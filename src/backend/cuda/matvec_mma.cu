@@ -600,73 +600,14 @@ struct Mv7Args {
   int32_t first_rows;          // rows of a block's FIRST stage (round 15): -1 = its ragged remainder (units mod TR / 8)
                                // first instead of last, 0 = TR (the remainder last), N = N rows
   SitePrologue site;           // active (M = 1): the consumers compute the activations into the staging area
-  // TAIL instances (round 26; matvec7_add_tail): the AddNorm site of this product's output y (one output, M = 1) in the
-  // same launch. Each block's producer writes h += y for its own rows; the last N / 1024 blocks to finish each take
-  // one 1024-chunk once all blocks are in (mv7_tail_site): the row's sum of squares, the normed chunk (tail.pre_out),
-  // its xq / xds. tail: AddNorm over tail.src = tail_h (the updated h), no resid.
-  SitePrologue tail;
-  float* tail_h;               // [N] the residual stream
-  int8_t* tail_xq;             // [LV, N]
-  float2* tail_xds;            // [N / 64]
-  int32_t* tail_count;         // int32 [2] {blocks done, chunk blocks past their wait}, zero between launches
 };
 
 
-// The tail site of a TAIL block that took `chunk` (its NW consumer warps): wait until every block's h rows are in
-// (count[0] == grid; the one spinning lane acquires), count this block past the wait (count[1]; the last of the chunk
-// blocks zeroes both for the next launch: every chunk block has then stopped reading count[0]), the row's sum of
-// squares (all chunk blocks sum the same values in the same order: one rr), then warps 0-3 run the site of the chunk
-// as site_row_kernel does (named barrier 3 for their exchange). Reads of h go through L2: other SMs wrote it in this
-// launch. scratch: float [128][8]; red: float [NW].
-template <int LV>
-__device__ __forceinline__ void mv7_tail_site(const Mv7Args& a, int chunk, int NW, int w, int lane, float* scratch,
-                                              float* red) {
-  const int N = int(a.o[0].N), chunks = N >> 10, tid = w * 32 + lane;
-  int32_t* count = a.tail_count;
-  if (tid == 0) {
-    int seen;
-    do {
-      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
-    } while (seen < int(gridDim.x));
-    if (atomicAdd(count + 1, 1) == chunks - 1) {
-      atomicExch(count, 0);
-      atomicExch(count + 1, 0);
-    }
-  }
-  asm volatile("bar.sync 1, %0;" ::"r"(NW * 32) : "memory");
-  __threadfence();
-  const SitePrologue& s = a.tail;
-  float v[8], ss = 0.f;
-  for (int e = 8 * tid; e < N; e += 8 * NW * 32) {
-    load8_cg(a.tail_h + e, v);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) ss += v[j] * v[j];
-  }
-  ss = warp_sum(ss);
-  if (lane == 0) red[w] = ss;
-  asm volatile("bar.sync 1, %0;" ::"r"(NW * 32) : "memory");
-  if (w >= 4) return;
-  float tot = 0.f;
-  for (int i = 0; i < NW; ++i) tot += red[i];
-  const float rr = rsqrtf(tot / float(N) + s.eps);
-  const int e = (chunk << 10) + 8 * tid, n = 1 << s.log2n;
-  load8_cg(a.tail_h + e, v);
-  site_slot_front(s, e, lane, rr, true, s.pre_out, v);
-  if (n > 256) {
-    store8(scratch + tid * 8, v);
-    asm volatile("bar.sync 3, 128;" ::: "memory");
-    site_slot_exchange(n, w, lane, scratch, v);
-  }
-  site_slot_quantise<LV>(s, N, e, lane, nullptr, a.tail_xq, a.tail_xds, v);
-}
-
 // SITE: the instance with the fused site (a.site.active; its prologue's registers stay out of the plain instance).
 // K32: the step on m16n8k32 (mv7_step32, round 15; plain instances only), the staged activations in pair order.
-// TAIL: the AddNorm site of y at the end (Mv7Args::tail; plain instances of 16-row stages only).
-template <int LV, int RB, bool SITE, bool K32 = false, bool TAIL = false>
+template <int LV, int RB, bool SITE, bool K32 = false>
 __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(const Mv7Args a) {
   static_assert(!(SITE && K32), "the fused site writes the staging area in the k16 order");
-  static_assert(!(TAIL && SITE), "a tail site on the fused-site instance is not built");
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kTok = LV == 2 ? 2 : 4;
   constexpr int TR = 16 * RB;
@@ -741,19 +682,8 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
     // s = i % ST (the stage issued), es / eph = (i - ST) % ST and its phase parity, slot = (i - ST) % (ST + 1).
     int s = 0, es = 0, slot = 0;
     unsigned eph = 0;
-    float h_pre = 0.f;  // TAIL: h of row r0 + lane of the stage summed next (M = 1, lane < TR), loaded before the wait
     for (int i = 0; i < nt + ST; ++i) {
       if (i >= ST) {  // stage i - ST consumed
-        if constexpr (TAIL) {  // h only after the wait: the kernels before may still write it
-          if (!waited) {
-            pdl_wait();
-            waited = true;
-          }
-          int o, nrow, u = u_sum;
-          int64_t r0;
-          stage_at(u, o, r0, nrow);
-          if (lane < nrow) h_pre = __ldcg(a.tail_h + r0 + lane);
-        }
         mbar_wait(&empty[es], eph);
         if (lane == 0 && i - ST < kV7TrMaxStages) V7_TRACE(kV7TrEmpty0 + i - ST);
       }
@@ -812,8 +742,6 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
           for (int ww = 0; ww < kV7MaxWarps; ++ww)
             if (ww < NW) v += pv[ww];
           O.y[m * O.N + r0 + rr] = v;
-          // TAIL: h += y, the site kernel's sum (y + h; commutative: bit-identical). One token: e = lane, rr = lane.
-          if constexpr (TAIL) a.tail_h[r0 + rr] = v + h_pre;
         }
         if (++es == ST) es = 0, eph ^= 1u;
         if (++slot == ST + 1) slot = 0;
@@ -821,14 +749,6 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
     }
     if (!waited) pdl_wait();
     if (lane == 0) V7_TRACE(kV7TrDone);
-    if constexpr (TAIL) {
-      // This block's h rows are written (by this warp only: its fence waits for nothing else); count the block in.
-      // Its arrival ticket goes in red's first word (the partials are all summed: this warp's loop is over).
-      __threadfence();
-      __syncwarp();
-      if (lane == 0) *reinterpret_cast<int*>(red) = atomicAdd(a.tail_count, 1);
-      asm volatile("bar.sync 2, %0;" ::"r"((NW + 1) * 32) : "memory");  // with the consumers (mv7_tail_site)
-    }
     return;
   }
 
@@ -993,15 +913,6 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
     if (++s == ST) s = 0, ph ^= 1u;
     if (++slot == ST + 1) slot = 0;
   }
-  if constexpr (TAIL) {
-    asm volatile("bar.sync 2, %0;" ::"r"((NW + 1) * 32) : "memory");  // the producer's ticket in red[0]
-    const int ticket = *reinterpret_cast<const int*>(red), chunks = int(a.o[0].N >> 10);
-    const int chunk = ticket - (int(gridDim.x) - chunks);  // the last `chunks` blocks in take one each
-    if (chunk < 0) return;
-    // The ring is free (every stage consumed and summed): the site's scratch float [128][8] and red float [NW].
-    auto* scratch = reinterpret_cast<float*>(smem);
-    mv7_tail_site<LV>(a, chunk, NW, w, lane, scratch, scratch + 128 * 8);
-  }
 }
 
 // Block shapes (Options::matvec6_cfg 1-4): row blocks per tile, steps in flight, warps per block; one block
@@ -1047,10 +958,10 @@ int mv6_lockstep_warps(int64_t steps) {
 constexpr int kV7Smem = 200 * 1024;  // leaves >= 28 KB of L1 for the activations read from global memory
 // The SITE instances read no activation from global memory in their loop: the most an sm_90 block may take.
 constexpr int kV7SmemSite = 227 * 1024 - 1024;  // (the kernel's 1 KB of static shared memory)
-template <int LV, int RB, bool SITE = false, bool K32 = false, bool TAIL = false>
+template <int LV, int RB, bool SITE = false, bool K32 = false>
 const void* mv7_kernel() {
   static const void* const f = [] {
-    const void* k = reinterpret_cast<const void*>(&matvec7_kernel<LV, RB, SITE, K32, TAIL>);
+    const void* k = reinterpret_cast<const void*>(&matvec7_kernel<LV, RB, SITE, K32>);
     if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SITE ? kV7SmemSite : kV7Smem) != cudaSuccess)
       (void)cudaGetLastError();  // no device here (host-only tests): the launch itself would report it
     return k;
@@ -1173,43 +1084,10 @@ bool is_matvec7(const Launch& l) {
                             mv7_kernel<1, 1, false, true>(),
                             mv7_kernel<1, 2, false, true>(),
                             mv7_kernel<2, 1, false, true>(),
-                            mv7_kernel<2, 2, false, true>(),
-                            mv7_kernel<1, 1, false, false, true>(),
-                            mv7_kernel<2, 1, false, false, true>(),
-                            mv7_kernel<1, 1, false, true, true>(),
-                            mv7_kernel<2, 1, false, true, true>()};
+                            mv7_kernel<2, 2, false, true>()};
   return std::find(std::begin(fs), std::end(fs), l.func) != std::end(fs);
 }
 }  // namespace
-
-bool matvec7_add_tail(Launch& l, const SiteDesc& d, int32_t* count) {
-  // The plain 16-row-stage instances and their TAIL twins, by levels and step.
-  const void* f = nullptr;
-  int lv = 0;
-  if (l.func == mv7_kernel<1, 1>()) f = mv7_kernel<1, 1, false, false, true>(), lv = 1;
-  if (l.func == mv7_kernel<2, 1>()) f = mv7_kernel<2, 1, false, false, true>(), lv = 2;
-  if (l.func == mv7_kernel<1, 1, false, true>()) f = mv7_kernel<1, 1, false, true, true>(), lv = 1;
-  if (l.func == mv7_kernel<2, 1, false, true>()) f = mv7_kernel<2, 1, false, true, true>(), lv = 2;
-  if (!f || l.size != sizeof(Mv7Args) || !count) return false;
-  Mv7Args a;
-  std::memcpy(&a, l.args, sizeof a);
-  const int nw = int(l.block.x / 32) - 1;
-  const int64_t scratch = 128 * 8 * 4 + nw * 4;  // the site's scratch and red, in the ring
-  if (a.n_outs != 1 || a.M != 1 || d.pre != kPreAddNorm || !d.resid || !d.gain || d.src != a.o[0].y ||
-      d.K != a.o[0].N || d.levels != lv || !matvec7_site_supported(d) || nw < 4 || d.K / 1024 > int64_t(l.grid.x) ||
-      scratch > int64_t(a.stages) * a.stage_bytes)
-    return false;
-  a.tail = site_prologue_of(d);
-  a.tail.src = d.resid;  // h after the producers' h += y
-  a.tail.resid = nullptr;
-  a.tail_h = d.resid;
-  a.tail_xq = d.xq;
-  a.tail_xds = d.xds;
-  a.tail_count = count;
-  l.func = f;
-  std::memcpy(l.args, &a, sizeof a);
-  return true;
-}
 
 bool matvec7_trace_compiled() {
 #ifdef BONSAI_V7_TRACE

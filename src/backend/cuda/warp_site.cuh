@@ -188,10 +188,6 @@ __device__ __forceinline__ void store8(float* p, const float (&v)[8]) {
   reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
   reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
 }
-__device__ __forceinline__ void load8_cg(const float* p, float (&v)[8]) {  // from L2 (ld.global.cg), not this SM's L1
-  const float4 a = __ldcg(reinterpret_cast<const float4*>(p)), b = __ldcg(reinterpret_cast<const float4*>(p + 4));
-  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-}
 // src (+ resid for AddNorm) of the slot at element e of s's row.
 __device__ __forceinline__ void site_slot_load(const SitePrologue& s, int e, float (&v)[8]) {
   load8(s.src + e, v);
