@@ -1374,6 +1374,59 @@ TEST(CudaOps, DeltaStepWithGatedNormSiteEqualsApart) {
       }
 }
 
+// Round 26: where the delta step takes the gated-norm site into its launch (host only: runs in CI). The 27b's decode
+// token (48 V heads of 128, the site over the 6,144 outputs) fuses; a prefill chunk, batched rows, delta_kernel (step
+// warps 0), another pre-op, a site of another buffer, a row count other than one, outputs not a multiple of 1024
+// (the chunk's 32 blocks) or a misaligned output do not.
+TEST(CudaPolicy, DeltaSiteSupported) {
+  alignas(16) static float out[16], z[16], gain[16];
+  alignas(16) static int8_t xq[16];
+  alignas(16) static float2 xds[16];
+  cuda::DeltaDesc d{};
+  d.T = 1;
+  d.Nk = 16;
+  d.Nv = 48;
+  d.Dk = d.Dv = 128;
+  d.out = out;
+  d.step_warps = 8;
+  cuda::SiteDesc s;
+  s.pre = cuda::kPreGatedNorm;
+  s.src = out;
+  s.src2 = z;
+  s.gain = gain;
+  s.seg = 128;
+  s.xq = xq;
+  s.xds = xds;
+  s.rows = 1;
+  s.K = s.ld = 48 * 128;
+  s.n = 1024;
+  EXPECT_TRUE(cuda::delta_site_supported(d, s));
+  d.step_warps = 4;
+  EXPECT_TRUE(cuda::delta_site_supported(d, s));
+  auto without = [&](auto change) {
+    cuda::DeltaDesc d2 = d;
+    cuda::SiteDesc s2 = s;
+    change(d2, s2);
+    return cuda::delta_site_supported(d2, s2);
+  };
+  EXPECT_FALSE(without([](cuda::DeltaDesc& dd, cuda::SiteDesc&) { dd.T = 2; }));
+  EXPECT_FALSE(without([](cuda::DeltaDesc& dd, cuda::SiteDesc&) { dd.step_warps = 0; }));
+  static const cuda::RowTable rows{};
+  EXPECT_FALSE(without([](cuda::DeltaDesc& dd, cuda::SiteDesc&) { dd.rows = &rows; }));
+  EXPECT_FALSE(without([](cuda::DeltaDesc&, cuda::SiteDesc& ss) { ss.pre = cuda::kPreSiluMul; }));
+  EXPECT_FALSE(without([](cuda::DeltaDesc&, cuda::SiteDesc& ss) { ss.src = z; }));
+  EXPECT_FALSE(without([](cuda::DeltaDesc&, cuda::SiteDesc& ss) { ss.rows = 2; }));
+  EXPECT_FALSE(without([](cuda::DeltaDesc& dd, cuda::SiteDesc& ss) {  // 768 outputs
+    dd.Nv = 6;
+    ss.K = ss.ld = 6 * 128;
+    ss.n = 256;
+  }));
+  EXPECT_FALSE(without([](cuda::DeltaDesc& dd, cuda::SiteDesc& ss) {
+    dd.out = out + 1;
+    ss.src = out + 1;
+  }));
+}
+
 // Round 8b: the chunked (WY) delta rule (delta_chunk.cu, Options::delta = 2) against ref::gdn_recurrent, fused and
 // unfused, on chunk tails (1, 5, 63, 64, 65, 131, 200, 300 tokens: one partial chunk, exactly one, one plus a token,
 // 2 + 3, 3 + 8, 4 + 44), Dk = 64, 6 to 48 V heads, a nonzero initial state, and the state carried over two calls

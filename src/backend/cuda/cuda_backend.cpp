@@ -421,7 +421,8 @@ struct CudaBackend::Impl {
     // Round 25: occ 3 / 4, the one-block instance with double-buffered accumulators (with / without turns), at 9..32;
     // 5: two blocks where the product alone has >= 2 tiles per SM (gate+up, head: the two-block instance measured
     // faster there, H200 us 44.1 vs 48.7 on gate+up M32), else the double-buffered one without turns (down M32 27.7 ->
-    // 24.8, qkv+z 23.6 -> 21.3, gdn_out 12.4 -> 11.8). The rule: cuda::gemm3_occ_rule.
+    // 24.8, qkv+z 23.6 -> 21.3, gdn_out 12.4 -> 11.8); the default since round 26 (B = 16 / 32 +4 / +3.6 % over 2).
+    // The rule: cuda::gemm3_occ_rule.
     const int occ = v3 ? cuda::gemm3_occ_rule(opt.gemm3_occ, t, n, K, M, lv, sms) : 1;
     // Round 19: the site that wrote xq (the shadow) used one unit per row: v3 scales per token (Options::row_units).
     const bool ru = shadow.row_units;
