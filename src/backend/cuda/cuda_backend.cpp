@@ -603,11 +603,14 @@ struct CudaBackend::Impl {
     std::fclose(f);
   }
 
+  // The held delta step goes out before anything launched after it.
+  void emit_held_delta() {
+    if (!held_delta) return;
+    held_delta = false;
+    emit(cuda::delta_launch(delta_desc));
+  }
   void emit(const cuda::Launch& l) {
-    if (held_delta) {  // it precedes every later launch
-      held_delta = false;
-      emit(cuda::delta_launch(delta_desc));
-    }
+    emit_held_delta();
     if (!opt.skip.empty() && skipped(l)) return;
     ++st.kernels;
     if (!recording) return launch_now(l);
@@ -641,10 +644,7 @@ struct CudaBackend::Impl {
     }
   }
   void flush_pending() {
-    if (held_delta) {
-      held_delta = false;
-      emit(cuda::delta_launch(delta_desc));
-    }
+    emit_held_delta();
     if (deferred_site) {  // it precedes everything still pending (its producers were folded into it)
       deferred_site = false;
       emit(site_kernel_launch(site_desc));
