@@ -668,7 +668,7 @@ __device__ __forceinline__ void delta_site_finish(const DeltaSiteArgs& x, int64_
 // itself (a few transcendental instructions instead of a barrier). delta_kernel needed five barriers per token
 // and two block reductions in a row before the state pass; the decode chain measured it at 7.7 us per layer.
 // W warps per block: warp w owns state rows w, w + W, ... of the block's 32-column slice. LV 1 / 2 (round 26): the
-// gated-norm site of out follows in the same launch (delta_site_tail, q8 / q16); 0: none.
+// gated-norm site of out follows in the same launch (delta_site_arrive / delta_site_finish, q8 / q16); 0: none.
 template <int W, int LV = 0>
 __global__ __launch_bounds__(W * 32) void delta_step_kernel(const DeltaStepArgs<LV> args) {
   const DeltaArgs& a = step_args(args);
@@ -878,13 +878,11 @@ __global__ __launch_bounds__(W * 32, delta_rows_min_blocks<W, CPL>()) void delta
   }
 }
 
-}  // namespace
-
-namespace {
 // delta_step_kernel's warps for d (Options::delta_step 8 / 4 where they divide Dk), 0: delta_kernel.
 int delta_step_warps(const DeltaDesc& d) {
   return (d.step_warps == 8 || d.step_warps == 4) && d.Dk % d.step_warps == 0 ? d.step_warps : 0;
 }
+
 }  // namespace
 
 bool delta_site_supported(const DeltaDesc& d, const SiteDesc& s) {
@@ -946,7 +944,9 @@ Launch delta_launch(const DeltaDesc& d) {
   const int sw = delta_step_warps(d);
   const dim3 grid(unsigned(d.Nv), unsigned(d.Dv / 32));
   if (d.site) {  // round 26: with the gated-norm site of out
-    if (!delta_site_supported(d, *d.site)) throw std::invalid_argument("delta_launch: the fused gated-norm site needs delta_site_supported (one decode token, the site of out on one row)");
+    if (!delta_site_supported(d, *d.site))
+      throw std::invalid_argument("delta_launch: the fused gated-norm site needs delta_site_supported (one decode "
+                                  "token, the site of out on one row)");
     const SiteDesc& sd = *d.site;
     DeltaSiteArgs x{a, site_prologue_of(sd), sd.dst, sd.xq, sd.xds, d.site_count, sd.K};
     const bool q16 = sd.levels == 2;
