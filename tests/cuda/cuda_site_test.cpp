@@ -215,6 +215,7 @@ TEST(CudaSite, NormClusterEqualsUnfusedNormAndSite) {
       CudaBackend::Options on, off;
       on.norm_cluster = K == 8192 ? 1 : 2;  // 2: the residual stored after the exchange
       off.norm_cluster = 0;
+      on.site_row_norm = off.site_row_norm = 0;  // site_kernel_cluster (site_row_norm_kernel: RowNormSite*)
       on.site_xpose = K == 1024 ? 1 : K == 2048 ? 0 : 2;  // the cluster with each tail (the unfused path: none)
       off.site_xpose = 0;
       on.act_levels = off.act_levels = levels;
@@ -232,6 +233,61 @@ TEST(CudaSite, NormClusterEqualsUnfusedNormAndSite) {
   EXPECT_FALSE(cuda::site_cluster_shape_ok(9216, 1024));
   EXPECT_FALSE(cuda::site_cluster_shape_ok(5120, 2048));
   EXPECT_FALSE(cuda::site_cluster_shape_ok(1536, 128));
+}
+
+// Rounds 26-27: the add + rmsnorm site of decode rows on 128-thread blocks (Options::site_row_norm, site_row_norm_kernel:
+// one cluster per row, the sum of squares through distributed shared memory) against the unfused norm_kernel + the
+// row site: the residual is EQUAL (the same sums), the normed row, the fp32 site within 1e-6 relative (the norm's sum
+// of squares in another order), the linear right against the exact int8 arithmetic on the fused path's own site and
+// within 1e-3 of the unfused one; one launch fewer. Rows 1 / 5 / 32, K from one tile to 8, FWHT 1024 and 128 (no
+// exchange), with and without the residual add, q16 and q8.
+TEST(CudaSite, RowNormSiteMatchesTheUnfusedNorm) {
+  BONSAI_REQUIRE_GPU();
+  for (const int levels : {2, 1})
+    for (const int64_t K : {int64_t(5120), int64_t(1024), int64_t(8192)}) {
+      TernaryMatrix& w = random_matrix(96, K, uint32_t(600 + K / 1024), 0.02);
+      const auto signs = random_signs(size_t(K), 601);
+      const auto gain = uniform(size_t(K), 602, 0.5f, 1.5f);
+      CudaBackend::Options on, off;
+      off.norm_cluster = 0;
+      on.site_row_norm = 2;  // every row count (the default, 1, takes one-row sites only)
+      on.act_levels = off.act_levels = levels;
+      CudaBackend fused(on), plain(off);
+      for (const int64_t rows : {int64_t(1), int64_t(5), int64_t(32)})
+        for (const int64_t n : {int64_t(1024), int64_t(128)})
+          for (const bool add : {true, false}) {
+            const auto h0 = randn(size_t(rows * K), uint32_t(603 + rows), 2.f), d0 = randn(size_t(rows * K), uint32_t(604 + rows));
+            std::vector<float> h[2], x[2], site[2], y[2];
+            uint64_t kernels[2];
+            for (CudaBackend* be : {&fused, &plain}) {
+              const size_t i = be == &plain;
+              be->prepare_matrix(w);
+              Buffer sd = up_bytes(*be, signs), gd = up(*be, gain), hd = up(*be, h0), dd = up(*be, d0);
+              Buffer xd = poisoned(*be, size_t(rows * K)), st = poisoned(*be, size_t(rows * K)),
+                     yd = poisoned(*be, size_t(rows * w.rows));
+              const uint64_t k0 = be->stats().kernels;
+              if (add) be->add_rmsnorm(hd.data(), dd.data(), rows, K, gd.data(), 1e-6f, xd.data());
+              else be->rmsnorm(hd.data(), rows, K, gd.data(), 1e-6f, xd.data());
+              be->copy_rows(st.data(), K, xd.data(), K, rows, K);
+              be->hadamard_forward(st.data(), rows, K, reinterpret_cast<const int8_t*>(sd.data()), n);
+              const LinearOut out{&w, yd.data()};
+              be->linear(&out, 1, K, st.data(), rows);
+              y[i] = down(*be, yd);
+              kernels[i] = be->stats().kernels - k0;
+              h[i] = down(*be, hd);
+              x[i] = down(*be, xd);
+              site[i] = down(*be, st);
+            }
+            const std::string what = "levels " + std::to_string(levels) + " K " + std::to_string(K) + " rows " +
+                                     std::to_string(rows) + " n " + std::to_string(n) + (add ? " add" : " plain");
+            EXPECT_EQ(h[0], h[1]) << what << " (residual)";
+            EXPECT_LE(rel_err(x[0], x[1]), 1e-6) << what << " (normed x)";
+            EXPECT_LE(rel_err(site[0], site[1]), 1e-6) << what << " (site)";
+            EXPECT_LE(rel_err(y[0], quantised_reference(w, site[0], rows, levels)), 1e-4) << what;
+            EXPECT_LE(rel_err(y[0], y[1]), 1e-3) << what << " (linear)";
+            EXPECT_EQ(kernels[0] + 1, kernels[1]) << what << " (the norm launch folded)";
+          }
+    }
 }
 
 // Round 11: the add_rmsnorm / rmsnorm fused into the warp site of prefill rows (Options::site_norm_warp,

@@ -103,4 +103,24 @@ inline unsigned blocks_for(int64_t n, int threads, int64_t cap = 65535 * 4) {
   return unsigned(b);
 }
 
+// Cluster barrier halves (sm_90; site_kernel_cluster, site_row_norm_kernel): arrive.release publishes this block's
+// shared-memory writes to the cluster, wait.acquire blocks until every block of the cluster has arrived. All threads
+// of the block call both.
+__device__ __forceinline__ void cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+// The arrive with no release fence: for "done reading your shared memory" (the reads already returned).
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
 }  // namespace bonsai::cuda

@@ -128,6 +128,7 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   o.delta_mma = flag("BONSAI_CUDA_DELTA_MMA", o.delta_mma);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA_STEP"); e && *e) o.delta_step = std::atoi(e);
   o.delta_site = flag("BONSAI_CUDA_DELTA_SITE", o.delta_site);
+  if (const char* e = std::getenv("BONSAI_CUDA_SITE_ROW_NORM"); e && *e) o.site_row_norm = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA_ROWS"); e && *e) o.delta_rows = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA_SPLIT"); e && *e) o.delta_rows_split = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_ATTN"); e && *e) o.attn = std::atoi(e);
@@ -1026,8 +1027,11 @@ struct CudaBackend::Impl {
     }
     emit(site_kernel_launch(d));
   }
-  // The site kernel for d: the decode-row site (Options::site_row) where it applies, else site_launch's choice.
+  // The site kernel for d: the decode-row sites (Options::site_row, site_row_norm) where they apply, else
+  // site_launch's choice.
   cuda::Launch site_kernel_launch(const cuda::SiteDesc& d) const {
+    if ((opt.site_row_norm == 2 || (opt.site_row_norm == 1 && d.rows == 1)) && cuda::site_row_norm_supported(d))
+      return cuda::site_row_norm_launch(d);
     return opt.site_row && cuda::site_row_supported(d) ? cuda::site_row_launch(d) : cuda::site_launch(d);
   }
 };

@@ -51,15 +51,20 @@ struct WsLayout {
 };
 
 #ifdef BONSAI_WGMMA
-// One 128-group's wgmmas of a consumer: 4 k-steps x L planes, A (the group's fragments) from registers, B from the
-// stage's plane tiles at descriptor db (plane 0, k-step 0): + (byte offset >> 4) in the start-address field (no carry
-// out of its 14 bits: shared addresses < 256 KB), so each wgmma adds a constant. k-step 0 starts the accumulators.
+// One 128-group's wgmmas of a consumer: 4 k-steps, A (the group's fragments) from registers, B from the stage's plane
+// tiles at descriptor db (plane 0, k-step 0): + (byte offset >> 4) in the start-address field (no carry out of its 14
+// bits: shared addresses < 256 KB), so each wgmma adds a constant. k-step 0 starts the accumulators.
+// Round 27: ONE wgmma of n = L x TOK per k-step over all L planes (not one of n = TOK per plane). The planes' tiles are
+// adjacent in the stage (plane l at l TOK 128 bytes, the same 1024-byte atoms), so plane 1's tokens are simply rows TOK ..
+// 2 TOK - 1 of one B operand; and the D fragment's register 4 j + i holds column 8 j + 2 q + (i & 1), so ac[l][x] (flat
+// index l R + x, R = TOK / 2) is exactly the per-plane wgmma's register x of plane l: the same integer sums in the same
+// registers, half the wgmma instructions and descriptors.
 template <int L, int TOK, int R>
 __device__ __forceinline__ void group_wgmmas(int (&ac)[L][R], const uint32_t (&fr)[4][4], uint64_t db) {
+  static_assert(R == TOK / 2, "R: one plane's accumulators");
+  int (&flat)[L * R] = *reinterpret_cast<int (*)[L * R]>(&ac);
 #pragma unroll
-  for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-    for (int l = 0; l < L; ++l) wgmma_rs(ac[l], fr[ks], db + uint64_t((l * TOK * 128 + 32 * ks) >> 4), ks);
+  for (int ks = 0; ks < 4; ++ks) wgmma_rs(flat, fr[ks], db + uint64_t((32 * ks) >> 4), ks);
 }
 #endif
 
@@ -244,6 +249,7 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
         if (DB == 1 && (c == 1 || kg > 0)) named_sync(my_turn, 256);
 #pragma unroll
         for (int l = 0; l < L; ++l) pin(ac[l]);
+        pin(fr);  // every A fragment defined before the fence (else ptxas injects a warpgroup.arrive per k-step)
         wg_fence();
         group_wgmmas<L, TOK>(ac, fr, desc0 + uint64_t(uint32_t(s * Lay::x_bytes) >> 4));
         wg_commit();
@@ -298,6 +304,7 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
       if (c == 1 || kg > 0) named_sync(my_turn, 256);  // the other consumer has issued its previous group
 #pragma unroll
       for (int l = 0; l < L; ++l) pin(acc[l]);
+      pin(af);  // every A fragment defined before the fence (else ptxas injects a warpgroup.arrive per k-step)
       wg_fence();
       // B descriptor: the stage's plane-0 tile at k-step 0 (group_wgmmas adds each k-step's and plane's offset).
       group_wgmmas<L, TOK>(acc, af, desc0 + uint64_t(uint32_t(s * Lay::x_bytes) >> 4));

@@ -77,6 +77,15 @@ bool site_cluster_supported(const SiteDesc& d);
 // == 0, n <= 1024, gated-norm segments of 8..256 dividing 256, 16-byte aligned rows, an int8 output.
 bool site_row_supported(const SiteDesc& d);
 Launch site_row_launch(const SiteDesc& d);
+// Rounds 26-27 (Options::site_row_norm): the add + rmsnorm site of decode rows on the same 128-thread blocks, the row's
+// K / 1024 blocks one thread-block cluster that sums the squares through distributed shared memory (the blocks'
+// sums in rank order: one rr in every block; not norm_kernel's order, so the normed row differs from the cluster site's
+// in the last bits). Small blocks can be resident beside the v7 product before them (site_kernel_cluster's 1024 threads
+// cannot), and the gain and signs are loaded before the wait (round 27). Supported: rows < kSiteWarpMinRows, kPreAddNorm
+// with a 16-byte aligned gain, K % 1024 == 0 with at most kSiteMaxCluster tiles, n <= 1024, no inverse / gather, pre_out
+// not aliasing src / resid, 16-byte aligned rows, an int8 output.
+bool site_row_norm_supported(const SiteDesc& d);
+Launch site_row_norm_launch(const SiteDesc& d);
 // Largest Hadamard block the site kernel supports.
 constexpr int64_t kMaxHadamardBlock = 8192;
 

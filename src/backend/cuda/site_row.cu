@@ -6,6 +6,8 @@
 // signs, a + b / a - b per stride, * norm, the quantiser), so xq / xds / dst / pre_out are its own bit for bit for the
 // elementwise pre-ops; the gated norm sums its squares in another order. AddNorm rows keep the cluster site (their
 // norm needs the whole row), prefill rows the warp site.
+#include <cooperative_groups.h>
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.h"
@@ -47,7 +49,104 @@ __global__ __launch_bounds__(kRowThreads) void site_row_kernel(const SiteRowArgs
                          a.xds + r * (a.K >> 6), v);
 }
 
+// AddNorm rows (round 26): block (tile blockIdx.x of C, row blockIdx.y) of a C-block cluster. The slot's src + resid,
+// the block's sum of squares (warp sums in warp order) published in shared memory, the C block sums read in rank
+// order from every block (the same rr everywhere), then h (resid) stored for the slot and the site as
+// site_row_kernel's with the norm as the pre-op. h is stored after the cluster barrier: a release arrive is a GPU-scope
+// fence that would wait for it (site_kernel_cluster's `cluster` 2).
+template <int C, int LV>
+__global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kRowThreads) site_row_norm_kernel(const SiteRowArgs a) {
+  __shared__ __align__(16) float scratch[kRowThreads * 8];  // [128 slots][8]: strides 256 / 512
+  __shared__ float wsum[kRowThreads / 32];                 // [4] the warps' sums of squares
+  __shared__ float bsum;                                    // this block's, read by the cluster
+  pdl_trigger();
+  const int64_t r = blockIdx.y;
+  const int t = threadIdx.x, lane = t & 31, e = int(blockIdx.x << 10) + 8 * t;
+  SitePrologue s = a.s;
+  // Model constants before the wait (their round trips overlap it; after the cluster barrier, whose asm is a compiler
+  // fence, the gain's load was one more L2 round trip on the chain).
+  float gn[8];
+  load8(s.gain + e, gn);
+  char4 sg0 = make_char4(1, 1, 1, 1), sg1 = sg0;
+  if (s.signs) sg0 = *reinterpret_cast<const char4*>(s.signs + e), sg1 = *reinterpret_cast<const char4*>(s.signs + e + 4);
+  pdl_wait();
+  s.src += r * a.ld;
+  if (s.resid) s.resid += r * a.ld;
+  float* pre_out = s.pre_out ? s.pre_out + r * a.ld : nullptr;
+  float v[8];
+  site_slot_load(s, e, v);  // src + resid
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) ss += v[j] * v[j];
+  ss = warp_sum(ss);
+  if (lane == 0) wsum[t >> 5] = ss;
+  __syncthreads();
+  if (t == 0) bsum = (wsum[0] + wsum[1]) + (wsum[2] + wsum[3]);
+  cluster_arrive();
+  cluster_wait();  // every block's bsum visible
+  cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+  float tot = 0.f;
+#pragma unroll
+  for (int b = 0; b < C; ++b) tot += *cl.map_shared_rank(&bsum, unsigned(b));
+  cluster_arrive_relaxed();  // done reading the others' bsum (the loads returned); waited for before exit
+  if (s.resid) store8(s.resid + e, v);  // h += delta: only this thread reads these elements
+  const float rr = rsqrtf(tot / float(a.K) + s.eps);
+  // site_slot_front's AddNorm pre-op, pre_out and signs with the preloaded constants (the same operations in the same
+  // order), then its transform strides alone.
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = v[j] * rr * gn[j];
+  if (pre_out) store8(pre_out + e, v);
+  if (s.signs) {
+    v[0] *= float(sg0.x), v[1] *= float(sg0.y), v[2] *= float(sg0.z), v[3] *= float(sg0.w);
+    v[4] *= float(sg1.x), v[5] *= float(sg1.y), v[6] *= float(sg1.z), v[7] *= float(sg1.w);
+  }
+  SitePrologue strides = s;
+  strides.pre = kPreNone;
+  strides.signs = nullptr;
+  site_slot_front(strides, e, lane, 0.f, true, nullptr, v);
+  const int n = 1 << s.log2n;
+  if (n > 256) {
+    store8(scratch + t * 8, v);
+    __syncthreads();
+    site_slot_exchange(n, t >> 5, lane, scratch, v);
+  }
+  site_slot_quantise<LV>(s, int(a.K), e, lane, a.dst ? a.dst + r * a.K : nullptr, a.xq + r * LV * a.K,
+                         a.xds + r * (a.K >> 6), v);
+  cluster_wait();
+}
+
 }  // namespace
+
+bool site_row_norm_supported(const SiteDesc& d) {
+  const int64_t K = d.K, n = d.n;
+  const bool aliased = d.pre_out && (d.pre_out == d.src || d.pre_out == d.resid);
+  return d.rows >= 1 && d.rows < kSiteWarpMinRows && d.pre == kPreAddNorm && d.gain && !aliased && !d.inverse &&
+         !d.perm && d.xq && d.xds && K % 1024 == 0 && K / 1024 <= kSiteMaxCluster && n >= 1 && n <= 1024 &&
+         (n & (n - 1)) == 0 && (d.levels == 1 || d.levels == 2) && d.ld % 4 == 0 && aligned16(d.src) &&
+         aligned16(d.resid) && aligned16(d.dst) && aligned16(d.pre_out) && aligned16(d.gain);
+}
+
+Launch site_row_norm_launch(const SiteDesc& d) {
+  SiteRowArgs a{};
+  a.s = site_prologue_of(d);
+  a.dst = d.dst;
+  a.xq = d.xq;
+  a.xds = d.xds;
+  a.ld = d.ld;
+  a.K = d.K;
+  // one instance per cluster width (__cluster_dims__ is compile-time) and digit count
+  static const void* const kernels[2][kSiteMaxCluster] = {
+      {reinterpret_cast<const void*>(&site_row_norm_kernel<1, 1>), reinterpret_cast<const void*>(&site_row_norm_kernel<2, 1>),
+       reinterpret_cast<const void*>(&site_row_norm_kernel<3, 1>), reinterpret_cast<const void*>(&site_row_norm_kernel<4, 1>),
+       reinterpret_cast<const void*>(&site_row_norm_kernel<5, 1>), reinterpret_cast<const void*>(&site_row_norm_kernel<6, 1>),
+       reinterpret_cast<const void*>(&site_row_norm_kernel<7, 1>), reinterpret_cast<const void*>(&site_row_norm_kernel<8, 1>)},
+      {reinterpret_cast<const void*>(&site_row_norm_kernel<1, 2>), reinterpret_cast<const void*>(&site_row_norm_kernel<2, 2>),
+       reinterpret_cast<const void*>(&site_row_norm_kernel<3, 2>), reinterpret_cast<const void*>(&site_row_norm_kernel<4, 2>),
+       reinterpret_cast<const void*>(&site_row_norm_kernel<5, 2>), reinterpret_cast<const void*>(&site_row_norm_kernel<6, 2>),
+       reinterpret_cast<const void*>(&site_row_norm_kernel<7, 2>), reinterpret_cast<const void*>(&site_row_norm_kernel<8, 2>)}};
+  const int64_t C = d.K / 1024;
+  return make_launch(kernels[d.levels == 2 ? 1 : 0][C - 1], dim3(unsigned(C), unsigned(d.rows)), dim3(kRowThreads), 0, a);
+}
 
 bool site_row_supported(const SiteDesc& d) {
   const int64_t K = d.K, n = d.n;

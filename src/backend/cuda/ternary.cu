@@ -261,25 +261,6 @@ __global__ __launch_bounds__(kSiteThreads) void site_kernel(const SiteArgs a) {
   site_tail(a, sh, xs, tid, len, sign0, r, t0, own && tid < len ? sh[tid] : 0.f);
 }
 
-// Cluster barrier halves (sm_90): arrive.release publishes this block's shared-memory writes to the cluster,
-// wait.acquire blocks until every block of the cluster has arrived. All threads of the block call both.
-__device__ __forceinline__ void cluster_arrive() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#endif
-}
-// The arrive with no release fence: for "done reading your shared memory" (the reads already returned).
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-
 // rmsnorm / add_rmsnorm fused into the site for small row counts (SiteDesc::cluster; round 9): the row's C
 // tiles of 1024 are C blocks of ONE thread-block cluster (grid (C, rows), cluster (C, 1, 1)); block b reads and
 // writes only its own tile of src / resid / pre_out and keeps every other stage of site_kernel (site_tail), so
