@@ -18,7 +18,7 @@ if [ -n "${BATCH_CHECK:-}${MEMCHECK:-}" ]; then
   if [ -n "${MEMCHECK:-}" ]; then
     IFS=: read -r nb envs <<< "$MEMCHECK"
     cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-    env ${envs//,/ } timeout 240 "$cs" --tool memcheck --print-limit 10 $B/bonsai bench --backend cuda -m $P27 -p 0 -n 1 \
+    env ${envs//,/ } timeout 150 "$cs" --tool memcheck --print-limit 10 $B/bonsai bench --backend cuda -m $P27 -p 0 -n 1 \
       -r 1 --batch $nb > "$OUT/bench_memcheck.txt" 2>&1
     echo "memcheck of --batch $nb ($envs) rc=$?"; grep -E "=========|rror" "$OUT/bench_memcheck.txt" | head -40
   fi
