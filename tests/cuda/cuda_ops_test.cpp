@@ -1378,6 +1378,38 @@ TEST(CudaOps, DeltaStepWithGatedNormSiteEqualsApart) {
 // token (48 V heads of 128, the site over the 6,144 outputs) fuses; a prefill chunk, batched rows, delta_kernel (step
 // warps 0), another pre-op, a site of another buffer, a row count other than one, outputs not a multiple of 1024
 // (the chunk's 32 blocks) or a misaligned output do not.
+// Round 27: the 128-thread add + rmsnorm site keeps its programmatic (early) launch at one row only; at 5-32 decode rows
+// an early launch failed on the H200 (docs/cuda-kernels.md, round 27), so several rows start after their predecessor.
+// Host only (runs in CI): the launch record's grid, block and edge flag.
+TEST(CudaPolicy, RowNormSiteLaunchesEarlyAtOneRowOnly) {
+  alignas(16) static float src[16], resid[16], gain[16];
+  alignas(16) static int8_t xq[16];
+  alignas(16) static float2 xds[16];
+  cuda::SiteDesc d;
+  d.pre = cuda::kPreAddNorm;
+  d.src = src;
+  d.resid = resid;
+  d.gain = gain;
+  d.xq = xq;
+  d.xds = xds;
+  d.K = d.ld = 5120;
+  d.n = 1024;
+  for (const int64_t rows : {int64_t(1), int64_t(2), int64_t(5), int64_t(32)}) {
+    d.rows = rows;
+    ASSERT_TRUE(cuda::site_row_norm_supported(d)) << rows;
+    const cuda::Launch l = cuda::site_row_norm_launch(d);
+    EXPECT_EQ(l.grid.x, 5u) << rows;  // one block per 1024-element tile, the row's cluster
+    EXPECT_EQ(l.grid.y, unsigned(rows));
+    EXPECT_EQ(l.block.x, 128u);
+    EXPECT_EQ(l.serial_in, rows > 1) << rows;
+  }
+  d.rows = 64;  // prefill rows: the warp site's
+  EXPECT_FALSE(cuda::site_row_norm_supported(d));
+  d.rows = 1;
+  d.gain = nullptr;
+  EXPECT_FALSE(cuda::site_row_norm_supported(d));
+}
+
 TEST(CudaPolicy, DeltaSiteSupported) {
   alignas(16) static float out[16], z[16], gain[16];
   alignas(16) static int8_t xq[16];

@@ -250,7 +250,7 @@ TEST(CudaSite, RowNormSiteMatchesTheUnfusedNorm) {
       const auto gain = uniform(size_t(K), 602, 0.5f, 1.5f);
       CudaBackend::Options on, off;
       off.norm_cluster = 0;
-      on.site_row_norm = 2;  // every row count (the default, 1, takes one-row sites only)
+      on.site_row_norm = 2;  // every row count (the default)
       on.act_levels = off.act_levels = levels;
       CudaBackend fused(on), plain(off);
       for (const int64_t rows : {int64_t(1), int64_t(5), int64_t(32)})

@@ -481,7 +481,7 @@ struct CudaBackend::Impl {
     cfg.dynamicSmemBytes = l.smem;
     cfg.stream = stream;
     cudaLaunchAttribute attr[1];
-    if (opt.pdl) {
+    if (opt.pdl && !l.serial_in) {
       attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
       attr[0].val.programmaticStreamSerializationAllowed = 1;
       cfg.attrs = attr;
@@ -765,7 +765,7 @@ struct CudaBackend::Impl {
         CUDA_CHECK(cudaGraphAddKernelNode(&g.nodes[i], g.graph, nullptr, 0, &p));
         if (i > 0) {
           cudaGraphEdgeData ed{};
-          if (opt.pdl) {
+          if (opt.pdl && !rec[i].serial_in) {
             ed.from_port = cudaGraphKernelNodePortProgrammatic;
             ed.type = cudaGraphDependencyTypeProgrammatic;
           }

@@ -77,10 +77,10 @@ class CudaBackend final : public Backend {
                                // round 8b); batched rows always token by token; BONSAI_CUDA_DELTA=0|1|2
     int delta_step = 8;        // round 14: one sequence's decode token (T = 1) on delta_step_kernel with this many warps
                                // (8 or 4; one block barrier), 0 = delta_kernel (five); BONSAI_CUDA_DELTA_STEP
-    int site_row_norm = 1;     // rounds 26-27: decode rows' add + rmsnorm site on 128-thread blocks (one cluster per row,
+    int site_row_norm = 2;     // rounds 26-27: decode rows' add + rmsnorm site on 128-thread blocks (one cluster per row,
                                // site_row_norm_kernel) instead of site_kernel_cluster's 1024-thread blocks, which cannot
-                               // be resident beside a v7 block. 1: one-row sites (a sequence's token), 2: every decode row
-                               // count, 0: off; BONSAI_CUDA_SITE_ROW_NORM=0|1|2
+                               // be resident beside a v7 block. 2: every decode row count (at more than one row without a
+                               // programmatic edge into it), 1: one-row sites only, 0: off; BONSAI_CUDA_SITE_ROW_NORM
     bool delta_site = true;    // round 26: a decode token's gated-norm site (the gdn_out input) computed by the delta
                                // step's launch, by the last block of each 1024-chunk (delta_site_supported), instead
                                // of a site_row_kernel after it; bit-identical; BONSAI_CUDA_DELTA_SITE=0|1

@@ -83,7 +83,8 @@ Launch site_row_launch(const SiteDesc& d);
 // in the last bits). Small blocks can be resident beside the v7 product before them (site_kernel_cluster's 1024 threads
 // cannot), and the gain and signs are loaded before the wait (round 27). Supported: rows < kSiteWarpMinRows, kPreAddNorm
 // with a 16-byte aligned gain, K % 1024 == 0 with at most kSiteMaxCluster tiles, n <= 1024, no inverse / gather, pre_out
-// not aliasing src / resid, 16-byte aligned rows, an int8 output.
+// not aliasing src / resid, 16-byte aligned rows, an int8 output. At more than one row the launch has no programmatic
+// edge into it (Launch::serial_in; round 27: launched early there, it failed at 5-32 rows).
 bool site_row_norm_supported(const SiteDesc& d);
 Launch site_row_norm_launch(const SiteDesc& d);
 // Largest Hadamard block the site kernel supports.

@@ -24,11 +24,13 @@ struct Launch {
   dim3 grid{1, 1, 1}, block{1, 1, 1};
   uint32_t smem = 0;           // dynamic shared memory bytes
   uint32_t size = 0;           // bytes of args in use
+  bool serial_in = false;      // no programmatic edge into this launch: it starts once its predecessor has completed
   alignas(16) unsigned char args[kLaunchArgBytes];
 
   bool same_shape(const Launch& o) const {
     return func == o.func && grid.x == o.grid.x && grid.y == o.grid.y && grid.z == o.grid.z &&
-           block.x == o.block.x && block.y == o.block.y && block.z == o.block.z && smem == o.smem && size == o.size;
+           block.x == o.block.x && block.y == o.block.y && block.z == o.block.z && smem == o.smem && size == o.size &&
+           serial_in == o.serial_in;
   }
   bool same_args(const Launch& o) const { return size == o.size && std::memcmp(args, o.args, size) == 0; }
 };
