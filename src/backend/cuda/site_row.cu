@@ -26,6 +26,21 @@ struct SiteRowArgs {
 
 constexpr int kRowThreads = 128;
 
+// A block's slot after the transform strides up to 256: strides 256 / 512 through scratch (one block barrier: every
+// thread of the block calls it), then * norm and the quantiser into row r's xq / xds (and dst when set).
+template <int LV>
+__device__ __forceinline__ void site_row_tail(const SiteRowArgs& a, const SitePrologue& s, int64_t r, int e, float* scratch,
+                                              float (&v)[8]) {
+  const int t = threadIdx.x, lane = t & 31, n = 1 << s.log2n;
+  if (n > 256) {
+    store8(scratch + t * 8, v);
+    __syncthreads();
+    site_slot_exchange(n, t >> 5, lane, scratch, v);
+  }
+  site_slot_quantise<LV>(s, int(a.K), e, lane, a.dst ? a.dst + r * a.K : nullptr, a.xq + r * LV * a.K,
+                         a.xds + r * (a.K >> 6), v);
+}
+
 template <int LV>
 __global__ __launch_bounds__(kRowThreads) void site_row_kernel(const SiteRowArgs a) {
   __shared__ __align__(16) float scratch[kRowThreads * 8];  // [128 slots][8]: strides 256 / 512
@@ -39,14 +54,7 @@ __global__ __launch_bounds__(kRowThreads) void site_row_kernel(const SiteRowArgs
   float* pre_out = s.pre_out ? s.pre_out + r * a.ld : nullptr;
   float v[8];
   site_slot_front(s, e, lane, 0.f, false, pre_out, v);
-  const int n = 1 << s.log2n;
-  if (n > 256) {
-    store8(scratch + t * 8, v);
-    __syncthreads();
-    site_slot_exchange(n, t >> 5, lane, scratch, v);
-  }
-  site_slot_quantise<LV>(s, int(a.K), e, lane, a.dst ? a.dst + r * a.K : nullptr, a.xq + r * LV * a.K,
-                         a.xds + r * (a.K >> 6), v);
+  site_row_tail<LV>(a, s, r, e, scratch, v);
 }
 
 // AddNorm rows (round 26): block (tile blockIdx.x of C, row blockIdx.y) of a C-block cluster. The slot's src + resid,
@@ -104,14 +112,7 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kRowThreads) site_ro
   strides.pre = kPreNone;
   strides.signs = nullptr;
   site_slot_front(strides, e, lane, 0.f, true, nullptr, v);
-  const int n = 1 << s.log2n;
-  if (n > 256) {
-    store8(scratch + t * 8, v);
-    __syncthreads();
-    site_slot_exchange(n, t >> 5, lane, scratch, v);
-  }
-  site_slot_quantise<LV>(s, int(a.K), e, lane, a.dst ? a.dst + r * a.K : nullptr, a.xq + r * LV * a.K,
-                         a.xds + r * (a.K >> 6), v);
+  site_row_tail<LV>(a, s, r, e, scratch, v);
   cluster_wait();
 }
 
