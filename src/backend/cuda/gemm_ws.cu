@@ -306,7 +306,7 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
       for (int l = 0; l < L; ++l) pin(acc[l]);
       pin(af);  // every A fragment defined before the fence (else ptxas injects a warpgroup.arrive per k-step)
       wg_fence();
-      // B descriptor: the stage's plane-0 tile at k-step 0 (group_wgmmas adds each k-step's and plane's offset).
+      // B descriptor: the stage's plane-0 tile at k-step 0 (group_wgmmas adds each k-step's offset; the planes are one operand).
       group_wgmmas<L, TOK>(acc, af, desc0 + uint64_t(uint32_t(s * Lay::x_bytes) >> 4));
       wg_commit();
       if (c == 0 || kg + 1 < NG) named_arrive(next_turn, 256);  // its turn (consumer 1 skips its last)

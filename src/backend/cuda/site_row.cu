@@ -100,7 +100,7 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kRowThreads) site_ro
   if (s.resid) store8(s.resid + e, v);  // h += delta: only this thread reads these elements
   const float rr = rsqrtf(tot / float(a.K) + s.eps);
   // site_slot_front's AddNorm pre-op, pre_out and signs with the preloaded constants (the same operations in the same
-  // order), then its transform strides alone.
+  // order), then its transform strides.
 #pragma unroll
   for (int j = 0; j < 8; ++j) v[j] = v[j] * rr * gn[j];
   if (pre_out) store8(pre_out + e, v);
@@ -108,10 +108,7 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kRowThreads) site_ro
     v[0] *= float(sg0.x), v[1] *= float(sg0.y), v[2] *= float(sg0.z), v[3] *= float(sg0.w);
     v[4] *= float(sg1.x), v[5] *= float(sg1.y), v[6] *= float(sg1.z), v[7] *= float(sg1.w);
   }
-  SitePrologue strides = s;
-  strides.pre = kPreNone;
-  strides.signs = nullptr;
-  site_slot_front(strides, e, lane, 0.f, true, nullptr, v);
+  site_slot_strides(1 << s.log2n, lane, v);
   site_row_tail<LV>(a, s, r, e, scratch, v);
   cluster_wait();
 }

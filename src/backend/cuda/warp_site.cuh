@@ -198,6 +198,30 @@ __device__ __forceinline__ void site_slot_load(const SitePrologue& s, int e, flo
     for (int j = 0; j < 8; ++j) v[j] = v[j] + r[j];
   }
 }
+// FWHT strides 1..min(n, 256) / 2 of an n-point transform on the slot: 1-4 in the thread, 8-128 by shuffles (all 32
+// lanes of the warp call it together).
+__device__ __forceinline__ void site_slot_strides(int n, int lane, float (&v)[8]) {
+#pragma unroll
+  for (int h = 1; h < 8; h <<= 1) {
+    if (h < n) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if ((j & h) == 0) {
+          const float a = v[j], b = v[j + h];
+          v[j] = a + b;
+          v[j + h] = a - b;
+        }
+    }
+  }
+  for (int h = 8; h < n && h < 256; h <<= 1) {
+    const int m = h >> 3;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float p = __shfl_xor_sync(0xffffffffu, v[j], m);
+      v[j] = (lane & m) ? p - v[j] : v[j] + p;
+    }
+  }
+}
 // The slot up to the shared-memory strides: its values (loaded unless `held`), the pre-op (AddNorm: * rr * gain),
 // pre_out (the pre-op's result, when asked), signs, FWHT strides 1..min(n, 256) / 2.
 __device__ __forceinline__ void site_slot_front(const SitePrologue& s, int e, int lane, float rr, bool held,
@@ -234,27 +258,7 @@ __device__ __forceinline__ void site_slot_front(const SitePrologue& s, int e, in
     v[0] *= float(a.x), v[1] *= float(a.y), v[2] *= float(a.z), v[3] *= float(a.w);
     v[4] *= float(b.x), v[5] *= float(b.y), v[6] *= float(b.z), v[7] *= float(b.w);
   }
-  const int n = 1 << s.log2n;
-#pragma unroll
-  for (int h = 1; h < 8; h <<= 1) {
-    if (h < n) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        if ((j & h) == 0) {
-          const float a = v[j], b = v[j + h];
-          v[j] = a + b;
-          v[j + h] = a - b;
-        }
-    }
-  }
-  for (int h = 8; h < n && h < 256; h <<= 1) {
-    const int m = h >> 3;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float p = __shfl_xor_sync(0xffffffffu, v[j], m);
-      v[j] = (lane & m) ? p - v[j] : v[j] + p;
-    }
-  }
+  site_slot_strides(1 << s.log2n, lane, v);
 }
 // Strides 256 (warps wq ^ 1) and 512 (wq ^ 2) of an n > 256 transform, after every slot of the group stored its values
 // at gs0 + slot * 8 and a barrier: a + b / a - b in stride order. Own values are read back from shared memory too, so
