@@ -1402,7 +1402,10 @@ TEST(CudaPolicy, RowNormSiteLaunchesEarlyAtOneRowOnly) {
     EXPECT_EQ(l.grid.y, unsigned(rows));
     EXPECT_EQ(l.block.x, 128u);
     EXPECT_EQ(l.serial_in, rows > 1) << rows;
+    // Round 28: Options::site_row_norm_early moves the limit (the default backend's value: 1).
+    EXPECT_EQ(cuda::site_row_norm_launch(d, 4).serial_in, rows > 4) << rows;
   }
+  EXPECT_EQ(CudaBackend::Options{}.site_row_norm_early, 1);
   d.rows = 64;  // prefill rows: the warp site's
   EXPECT_FALSE(cuda::site_row_norm_supported(d));
   d.rows = 1;
