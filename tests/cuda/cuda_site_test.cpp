@@ -200,6 +200,76 @@ TEST(CudaSite, RowUnitsRule) {
   EXPECT_FALSE(cuda::site_row_units(d));
 }
 
+// Round 28 (Options::site_rows_pipe): the row-unit site on site_warp_rows_kernel (a block walks several rows, the next
+// row's chunk copied into shared memory under this row's transform) gives site_warp_kernel<true, true>'s outputs bit
+// for bit: every producer kind (the gather keeps the one-row kernel), FWHT blocks 1024 and 16, q16 and q8; 2,000 rows
+// at K 3,072 (more rows than resident blocks: each block walks 2-3) and 300 at 17,408 (ffn_down's input, a second
+// source: one block per SM).
+TEST(CudaSite, RowsPipeEqualsTheRowUnitSite) {
+  BONSAI_REQUIRE_GPU();
+  const int64_t Dv = 128;
+  for (const auto& [rows, K] : {std::pair<int64_t, int64_t>{2000, 3072}, {300, 17408}}) {
+    TernaryMatrix& w = random_matrix(96, K, uint32_t(300 + K / 1024), 0.02);
+    const auto a = randn(size_t(rows * K), 301), b = randn(size_t(rows * K), 302);
+    const auto gain = uniform(size_t(Dv), 303, 0.5f, 1.5f);
+    const auto s = random_signs(size_t(K), 304);
+    std::vector<int32_t> perm(static_cast<size_t>(K));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), std::mt19937(305));
+    for (const int levels : {2, 1}) {
+      CudaBackend::Options one;
+      one.site_warp = one.row_units = true;
+      one.act_levels = levels;
+      CudaBackend::Options piped = one;
+      piped.site_rows_pipe = true;
+      CudaBackend b1(one), b2(piped);
+      for (const int64_t n : {int64_t(1024), int64_t(16)})
+        for (int kind = 0; kind < 5; ++kind) {
+          const SiteRun r1 = run_site(b1, kind, w, s, perm, gain, a, b, rows, K, Dv, n);
+          const SiteRun r2 = run_site(b2, kind, w, s, perm, gain, a, b, rows, K, Dv, n);
+          const std::string what = "rows " + std::to_string(rows) + " K " + std::to_string(K) + " levels " +
+                                   std::to_string(levels) + " n " + std::to_string(n) + " kind " + std::to_string(kind);
+          EXPECT_EQ(r2.site, r1.site) << what;
+          EXPECT_EQ(r2.prod, r1.prod) << what;
+          EXPECT_EQ(r2.y, r1.y) << what;
+          EXPECT_EQ(r2.inv, r1.inv) << what;
+          EXPECT_LE(rel_err(r2.y, quantised_reference(w, r2.site, rows, levels, true)), levels == 2 ? 1e-5 : 1e-4) << what;
+        }
+    }
+  }
+}
+
+// Round 28 (host only): where the row-unit site runs on site_warp_rows_kernel: asked, a row-unit site, no gather, its
+// load tiles (one per source) and store tiles in one block's shared memory (18 chunks with a second source).
+TEST(CudaSite, RowsPipeRule) {
+  alignas(16) static int8_t buf[16];
+  alignas(16) static int32_t perm[4];
+  cuda::SiteDesc d;
+  d.src = reinterpret_cast<const float*>(buf);
+  d.xq = buf;
+  d.rows = 64;
+  d.K = d.ld = 5120;
+  d.n = 1024;
+  d.row_units = true;
+  EXPECT_FALSE(cuda::site_rows_pipe_supported(d));  // not asked
+  d.rows_pipe = true;
+  EXPECT_TRUE(cuda::site_rows_pipe_supported(d));
+  d.K = d.ld = 20480;  // 20 chunks, one source: 20 x 8.1 KB
+  EXPECT_TRUE(cuda::site_rows_pipe_supported(d));
+  d.pre = cuda::kPreSiluMul;
+  d.src2 = d.src;
+  EXPECT_FALSE(cuda::site_rows_pipe_supported(d));  // two sources: 20 x 12.1 KB > 227 KB
+  d.K = d.ld = 18432;
+  EXPECT_TRUE(cuda::site_rows_pipe_supported(d));   // 18 chunks fit
+  d.pre = cuda::kPreNone;
+  d.src2 = nullptr;
+  d.perm = perm;
+  EXPECT_FALSE(cuda::site_rows_pipe_supported(d));  // the gather
+  d.perm = nullptr;
+  d.row_units = false;
+  EXPECT_FALSE(cuda::site_rows_pipe_supported(d));  // per-group units: the one-row-per-warp kernel
+}
+
 // Round 9: the add_rmsnorm / rmsnorm fused into the site of small row counts as one thread-block cluster per row
 // (Options::norm_cluster, site_kernel_cluster) against the unfused norm_kernel + site_kernel: the residual, the
 // normed x, the fp32 site and the linear's outputs are EQUAL (the cluster replays norm_kernel's sum order), at

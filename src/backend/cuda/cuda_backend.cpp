@@ -137,6 +137,7 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   if (const char* e = std::getenv("BONSAI_CUDA_ATTN_MMA"); e && *e) o.attn_prefill_mma = std::atoi(e);
   o.attn_planes = flag("BONSAI_CUDA_ATTN_PLANES", o.attn_planes);
   o.row_units = flag("BONSAI_CUDA_ROW_UNITS", o.row_units);
+  o.site_rows_pipe = flag("BONSAI_CUDA_SITE_PIPE", o.site_rows_pipe);
   if (const char* e = std::getenv("BONSAI_CUDA_ACT"); e && *e) {
     const std::string v = e;
     if (v == "q8") o.act_levels = 1;
@@ -928,6 +929,7 @@ struct CudaBackend::Impl {
     d.warp = opt.site_warp;
     d.cluster = opt.norm_cluster;
     d.xpose = opt.site_xpose;
+    d.rows_pipe = opt.site_rows_pipe;
     d.src = x;
     d.ld = K;
     d.dst = x;

@@ -55,6 +55,8 @@ struct SiteDesc {
                                  // thread reads its own element, quantised straight from the transpose; bit-identical
   bool row_units = false;        // round 19: quantise every 128-group of a row with the ROW's unit where the site
                                  // can (site_row_units); xds keeps its per-chunk form, each chunk holding that unit
+  bool rows_pipe = false;        // round 28: the row-unit site on site_warp_rows_kernel (several rows a block, the next
+                                 // row's loads in flight) where site_rows_pipe_supported; bit-identical
 };
 Launch site_launch(const SiteDesc& d);
 int site_launch_pre(const Launch& l);  // SiteArgs::pre of a site_kernel launch, else -1 (Options::skip's diagnostic)
@@ -65,6 +67,9 @@ bool site_warp_supported(const SiteDesc& d);
 // Whether site_launch(d) quantises with one unit per row (d.row_units asked, the warp site without its AddNorm or
 // cluster forms, K / 1024 <= 20): then GEMM v3 may scale per token (gemm3_launch's row_units).
 bool site_row_units(const SiteDesc& d);
+// Whether site_launch(d) takes site_warp_rows_kernel (d.rows_pipe, the row-unit site, no gather, its tiles within one
+// block's shared memory: K <= 18 x 1024 with a pre-op's second source, 27 x 1024 without).
+bool site_rows_pipe_supported(const SiteDesc& d);
 // The cluster form of the AddNorm site (site_kernel_cluster, round 9): K a multiple of 1024 with at most
 // kSiteMaxCluster tiles (one cluster per row, portable cluster size), n <= 1024, no gather, gain set, 16-byte
 // aligned src / resid rows. Its sum of squares is norm_kernel's, in norm_kernel's order: bit-identical norms.

@@ -20,6 +20,7 @@
 //   xds float2 [M, K/64] {u = d / 254, S = 254 sum(q0) + sum(q1) over the chunk's 64 elements}
 // (int8: u = d, S = sum(q0)); every kernel computes u * (sum(c Q) - S) per chunk / group.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
@@ -531,6 +532,81 @@ __global__ __launch_bounds__(ROWU ? 32 * kSiteRowUnitsMaxChunks : kSiteWarpThrea
   }
 }
 
+// Round 28 (SiteDesc::rows_pipe, Options::site_rows_pipe): the row-unit site with the next row's loads in flight. At
+// pp2048 site_warp_kernel<true, true> ran its three shapes at ~1.5-1.7 TB/s (K 5,120: 42 us, 6,144 with a second source:
+// 80 us, silu * up over 17,408: 213 us a launch; the norm kernel beside it streams 3.6 TB/s): one block per row, each
+// warp's chunk loaded, then transformed, quantised and stored with nothing in flight. Here a block takes rows
+// blockIdx.x, + gridDim.x, ... (as many blocks as fit), and each warp copies its chunk of the NEXT row into its shared
+// load tile (cp.async) as soon as this row's values are in registers, so the copy overlaps this row's transform,
+// quantiser and stores. The same values through the same operations (site_warp_transform / site_warp_quantise, the row
+// max in warp order): bit-identical to site_warp_kernel<true, true>. NSRC: 1 (src) or 2 (src2 of the pre-op too).
+// Shared memory: [chunks][NSRC][1024] floats of load tiles (lane row i's 16-byte piece c at 32 i + 4 (c ^ (i & 7)):
+// 16-byte aligned for cp.async, conflict-free both ways) then [chunks][32 * 33] store tiles (warp_rows_store's).
+constexpr int64_t kSiteRowsPipeMaxSmem = 227 * 1024;  // an sm_90 block's dynamic shared memory at most
+constexpr int64_t kSiteRowsPipeTileBytes = 1024 * 4;  // one source's load tile per warp
+constexpr int64_t kSiteRowsPipeStoreBytes = 32 * 33 * 4;
+int64_t site_rows_pipe_smem(int64_t chunks, int nsrc) {
+  return chunks * (nsrc * kSiteRowsPipeTileBytes + kSiteRowsPipeStoreBytes);
+}
+template <int NSRC>
+__global__ __launch_bounds__(32 * kSiteRowUnitsMaxChunks) void site_warp_rows_kernel(const SiteArgs a) {
+  extern __shared__ __align__(16) float pipe_smem[];
+  __shared__ float wmax[2][32];  // [row parity][warp] the chunks' max |v|
+  pdl_trigger();
+  pdl_wait();
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const int chunks = int(a.K >> 10);
+  float* ld_tile = pipe_smem + w * NSRC * 1024;                                       // [NSRC][1024]
+  float* st_tile = pipe_smem + int64_t(chunks) * NSRC * 1024 + w * (32 * 33);        // [32][33]
+  const int64_t c0 = int64_t(w) << 10, e0 = c0 + 32 * lane;
+  // Row r's chunk of each source into the load tile: copy k of a lane is elements 128 k + 4 lane .. (row i = 4 k +
+  // lane / 8 of the tile, piece lane % 8), one commit group.
+  auto issue = [&](int64_t r) {
+#pragma unroll
+    for (int sidx = 0; sidx < NSRC; ++sidx) {
+      const float* src = (sidx ? a.src2 : a.src) + r * a.ld + c0;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const int i = 4 * k + (lane >> 3), c = lane & 7;
+        cp_async16(ld_tile + sidx * 1024 + i * 32 + 4 * (c ^ (i & 7)), src + 128 * k + 4 * lane, 16);
+      }
+    }
+    cp_async_commit();
+  };
+  auto take = [&](int sidx, float (&v)[32]) {  // the lane's 32 elements (tile row `lane`)
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      const float4 f = *reinterpret_cast<const float4*>(ld_tile + sidx * 1024 + lane * 32 + 4 * (c ^ (lane & 7)));
+      v[4 * c] = f.x, v[4 * c + 1] = f.y, v[4 * c + 2] = f.z, v[4 * c + 3] = f.w;
+    }
+  };
+  int par = 0;
+  int64_t r = blockIdx.x;
+  if (r < a.rows) issue(r);
+  for (; r < a.rows; r += gridDim.x, par ^= 1) {
+    cp_async_wait<0>();
+    __syncwarp();  // every lane's copies of row r landed
+    float v[32];
+    take(0, v);
+    if constexpr (NSRC == 2) {
+      float u[32];
+      take(1, u);
+      __syncwarp();  // the tile is read: the next row's copies may land in it
+      if (r + gridDim.x < a.rows) issue(r + gridDim.x);
+      lane_pre_op32(a.pre, v, u, a.seg, a.eps, a.gain, e0);
+      if (a.pre_out) warp_rows_store(a.pre_out + r * a.ld + c0, st_tile, lane, v);
+    } else {
+      __syncwarp();
+      if (r + gridDim.x < a.rows) issue(r + gridDim.x);
+    }
+    float amax = warp_max(site_warp_transform(a, v, r, e0, lane, st_tile));
+    if (lane == 0) wmax[par][w] = amax;
+    __syncthreads();  // (wmax[par] is rewritten two rows on, after the next row's barrier)
+    for (int ww = 0; ww < chunks; ++ww) amax = fmaxf(amax, wmax[par][ww]);
+    site_warp_quantise(a, v, r, e0, lane, st_tile, amax);
+  }
+}
+
 // Round 11: the add_rmsnorm / rmsnorm fused into the warp site of prefill rows (SiteDesc::warp, kPreAddNorm, rows
 // >= kSiteWarpMinRows; Options::site_norm_warp). One block per row of norm_kernel's size (norm_block_threads(K)):
 // phase 1 is norm_kernel's float4 pass (v = src (+ resid), resid = v, the sum of squares in its order, the same
@@ -624,6 +700,29 @@ bool site_row_units(const SiteDesc& d) {
   return d.row_units && d.xq && site_warp_supported(d) && d.K / 1024 <= kSiteRowUnitsMaxChunks && d.rows <= 0x7fffffff;
 }
 
+// site_warp_rows_kernel (round 28): the row-unit site of d, no gather, its tiles within one block's shared memory.
+bool site_rows_pipe_supported(const SiteDesc& d) {
+  const int nsrc = d.pre == kPreNone ? 1 : 2;
+  return d.rows_pipe && site_row_units(d) && !d.perm && site_rows_pipe_smem(d.K >> 10, nsrc) <= kSiteRowsPipeMaxSmem;
+}
+// The blocks of one site_warp_rows_kernel launch: as many as are resident at once on the current device (each then
+// walks its rows), computed once per (instance, chunk count).
+static int64_t site_rows_pipe_blocks(const void* f, int64_t chunks, int64_t smem) {
+  static std::atomic<int> cache[2][kSiteRowUnitsMaxChunks + 1] = {};
+  const int which = f == reinterpret_cast<const void*>(&site_warp_rows_kernel<2>) ? 1 : 0;
+  int n = cache[which][chunks].load(std::memory_order_relaxed);
+  if (n == 0) {
+    int dev = 0, sms = 0, per_sm = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSiteRowsPipeMaxSmem));
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, int(32 * chunks), size_t(smem));
+    n = std::max(1, sms * std::max(1, per_sm));
+    cache[which][chunks].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
 // Round 11 A/B switch, read per warp-site launch (prefill only): BONSAI_CUDA_SITE_STAGE=0 turns the staging off.
 static bool site_stage_on() {
   const char* e = std::getenv("BONSAI_CUDA_SITE_STAGE");
@@ -685,6 +784,14 @@ Launch site_launch(const SiteDesc& d) {
   }
   if (site_row_units(d)) {
     a.stage = site_stage_on();
+    if (site_rows_pipe_supported(d) && a.stage) {
+      const int nsrc = d.pre == kPreNone ? 1 : 2;
+      const void* f = nsrc == 2 ? reinterpret_cast<const void*>(&site_warp_rows_kernel<2>)
+                                : reinterpret_cast<const void*>(&site_warp_rows_kernel<1>);
+      const int64_t chunks = d.K >> 10, smem = site_rows_pipe_smem(chunks, nsrc);
+      return make_launch(f, dim3(unsigned(std::min<int64_t>(d.rows, site_rows_pipe_blocks(f, chunks, smem)))),
+                         dim3(unsigned(32 * chunks)), uint32_t(smem), a);
+    }
     const void* f = a.stage ? reinterpret_cast<const void*>(&site_warp_kernel<true, true>)
                             : reinterpret_cast<const void*>(&site_warp_kernel<false, true>);
     const uint32_t smem = a.stage ? uint32_t((d.K >> 10) * 32 * 33 * sizeof(float)) : 0;
