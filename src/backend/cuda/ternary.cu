@@ -542,7 +542,7 @@ __global__ __launch_bounds__(ROWU ? 32 * kSiteRowUnitsMaxChunks : kSiteWarpThrea
 // max in warp order): bit-identical to site_warp_kernel<true, true>. NSRC: 1 (src) or 2 (src2 of the pre-op too).
 // Shared memory: [chunks][NSRC][1024] floats of load tiles (lane row i's 16-byte piece c at 32 i + 4 (c ^ (i & 7)):
 // 16-byte aligned for cp.async, conflict-free both ways) then [chunks][32 * 33] store tiles (warp_rows_store's).
-constexpr int64_t kSiteRowsPipeMaxSmem = 227 * 1024;  // an sm_90 block's dynamic shared memory at most
+constexpr int64_t kSiteRowsPipeMaxSmem = 227 * 1024 - 1024;  // an sm_90 block's 227 KB less its static wmax (1 KB kept)
 constexpr int64_t kSiteRowsPipeTileBytes = 1024 * 4;  // one source's load tile per warp
 constexpr int64_t kSiteRowsPipeStoreBytes = 32 * 33 * 4;
 int64_t site_rows_pipe_smem(int64_t chunks, int nsrc) {
