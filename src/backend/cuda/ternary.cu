@@ -364,20 +364,18 @@ __device__ __forceinline__ void warp_words_store(int8_t* plane, uint32_t* buf, i
 
 // Stages after the pre-op of the warp site, for the chunk of row r whose lane-l elements start at e0 (v: the
 // pre-op's values, lane l elements e0 .. e0 + 31): signs, FWHT, * norm, fp32 store (site_warp_transform, which
-// returns the lane's max |v|), then the int8 quantiser (site_warp_quantise). Shared by site_warp_kernel and
-// site_norm_warp_kernel (the same operations in the same order).
+// returns the lane's max |v|), then the int8 quantiser (site_warp_quantise). Shared by site_warp_kernel,
+// site_warp_rows_kernel and site_norm_warp_kernel (the same operations in the same order).
 // buf: the warp's [32][33] staging tile (warp_rows_*), or null: direct 16-byte stores.
 __device__ __forceinline__ float site_warp_transform(const SiteArgs& a, float (&v)[32], int64_t r, int64_t e0, int lane,
                                                      float* buf) {
-  float sg[32];  // the signs, applied before the transform (forward) or after it (inverse)
+  uint32_t sg[8];  // the signs' bytes (element 4 k + b at byte b of word k): applied before the transform (forward) or
+                   // after it (inverse)
 #pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    const char4 g = a.signs ? *reinterpret_cast<const char4*>(a.signs + e0 + 4 * k) : make_char4(1, 1, 1, 1);
-    sg[4 * k] = float(g.x), sg[4 * k + 1] = float(g.y), sg[4 * k + 2] = float(g.z), sg[4 * k + 3] = float(g.w);
-  }
+  for (int k = 0; k < 8; ++k) sg[k] = a.signs ? *reinterpret_cast<const uint32_t*>(a.signs + e0 + 4 * k) : 0x01010101u;
   if (!a.inverse && a.signs) {
 #pragma unroll
-    for (int j = 0; j < 32; ++j) v[j] *= sg[j];
+    for (int j = 0; j < 32; ++j) v[j] = sign_flip(v[j], sg[j >> 2], j & 3);
   }
   const int n = int(a.n);
 #pragma unroll
@@ -392,19 +390,23 @@ __device__ __forceinline__ float site_warp_transform(const SiteArgs& a, float (&
         }
     }
   }
-  for (int h = 32; h < n; h <<= 1) {
-    const int m = h / 32;
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      const float p = __shfl_xor_sync(0xffffffffu, v[j], m);
-      v[j] = (lane & m) ? p - v[j] : v[j] + p;
+  for (int h = 32; h < 1024; h <<= 1) {
+    if (h < n) {
+      const int m = h / 32;
+      const bool upper = lane & m;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        const float p = __shfl_xor_sync(0xffffffffu, v[j], m);
+        v[j] = butterfly(v[j], p, upper);
+      }
     }
   }
   float amax = 0.f;
 #pragma unroll
   for (int j = 0; j < 32; ++j) {
     v[j] *= a.norm;
-    if (a.inverse && a.signs) v[j] *= sg[j];
+    if (a.inverse && a.signs) v[j] = sign_flip(v[j], sg[j >> 2], j & 3);
     amax = fmaxf(amax, fabsf(v[j]));
   }
   if (a.dst && buf) {
@@ -422,24 +424,31 @@ __device__ __forceinline__ float site_warp_transform(const SiteArgs& a, float (&
 __device__ __forceinline__ void site_warp_quantise(const SiteArgs& a, const float (&v)[32], int64_t r, int64_t e0,
                                                    int lane, float* buf, float amax) {
   const float d = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
-  uint32_t p0[8], p1[8];
-#pragma unroll
-  for (int k = 0; k < 8; ++k) p0[k] = p1[k] = 0;
+  int q0[32], q1[32];
   int sum = 0;
 #pragma unroll
   for (int j = 0; j < 32; ++j) {
-    const float vs = v[j] * inv;
-    const float q0f = rintf(vs);
-    const int q0 = max(-127, min(127, int(q0f)));
-    const int w = j >> 4, b = (j >> 2) & 3, t = j & 3, pos = 16 * w + 4 * t + b;
-    p0[pos >> 2] |= uint32_t(q0 & 0xff) << (8 * (pos & 3));
+    const float vs = v[j] * inv;  // |vs| <= 127 (inv = 0 for a zero chunk)
+    int qi;
+    const float q0f = rint_bits(vs, qi);
+    q0[j] = max(-127, min(127, qi));
     if (a.levels == 2) {
-      const int q1 = max(-127, min(127, __float2int_rn((vs - q0f) * 254.f)));
-      p1[pos >> 2] |= uint32_t(q1 & 0xff) << (8 * (pos & 3));
-      sum += 254 * q0 + q1;
+      int ri;
+      rint_bits((vs - q0f) * 254.f, ri);
+      q1[j] = max(-127, min(127, ri));
+      sum += 254 * q0[j] + q1[j];
     } else {
-      sum += q0;
+      q1[j] = 0;
+      sum += q0[j];
     }
+  }
+  // word 4 w + t holds elements 16 w + 4 b + t at byte b
+  uint32_t p0[8], p1[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const int w = k >> 2, t = k & 3, j = 16 * w + t;
+    p0[k] = pack4(q0[j], q0[j + 4], q0[j + 8], q0[j + 12]);
+    p1[k] = pack4(q1[j], q1[j + 4], q1[j + 8], q1[j + 12]);
   }
   int8_t* xq = a.xq + r * a.levels * a.K + e0;  // digit plane 0 of row r; plane 1 at + K
   if (buf) {
