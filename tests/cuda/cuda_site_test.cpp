@@ -219,6 +219,7 @@ TEST(CudaSite, RowsPipeEqualsTheRowUnitSite) {
     for (const int levels : {2, 1}) {
       CudaBackend::Options one;
       one.site_warp = one.row_units = true;
+      one.site_rows_pipe = false;
       one.act_levels = levels;
       CudaBackend::Options piped = one;
       piped.site_rows_pipe = true;
@@ -269,6 +270,7 @@ TEST(CudaSite, RowsPipeRule) {
   d.perm = nullptr;
   d.row_units = false;
   EXPECT_FALSE(cuda::site_rows_pipe_supported(d));  // per-group units: the one-row-per-warp kernel
+  EXPECT_TRUE(CudaBackend::Options{}.site_rows_pipe);  // the backend's default since round 28
 }
 
 // Round 9: the add_rmsnorm / rmsnorm fused into the site of small row counts as one thread-block cluster per row

@@ -227,8 +227,9 @@ class CudaBackend final : public Backend {
                                // q8 only: the bulk matvec (matvec = 4) and fuse_site (v3 / the site kernel run
                                // in their place under q16)
     // ---- round 11, prefill (docs/cuda-kernels.md "Round 11: prefill") ----
-    bool site_rows_pipe = false;  // round 28: prefill's row-unit sites on site_warp_rows_kernel (a block walks several
-                                  // rows, the next row's chunk copied in while this one is transformed; bit-identical);
+    bool site_rows_pipe = true;   // round 28: prefill's row-unit sites on site_warp_rows_kernel (a block walks several
+                                  // rows, the next row's chunk copied in while this one is transformed; bit-identical;
+                                  // H200, same call: pp2048 7,143 / 7,136 vs 7,047 / 7,092 tok/s, pp512 +0.9 %);
                                   // BONSAI_CUDA_SITE_PIPE=0|1
     bool site_norm_warp = false;  // rmsnorm / add_rmsnorm of >= 64 rows fused into the warp site that reads them
                                   // (site_norm_warp_kernel, ternary.cu; needs fuse and site_warp): one launch instead

@@ -56,7 +56,8 @@ struct SiteDesc {
   bool row_units = false;        // round 19: quantise every 128-group of a row with the ROW's unit where the site
                                  // can (site_row_units); xds keeps its per-chunk form, each chunk holding that unit
   bool rows_pipe = false;        // round 28: the row-unit site on site_warp_rows_kernel (several rows a block, the next
-                                 // row's loads in flight) where site_rows_pipe_supported; bit-identical
+                                 // row's loads in flight) where site_rows_pipe_supported; bit-identical (the backend's
+                                 // Options::site_rows_pipe, on by default)
 };
 Launch site_launch(const SiteDesc& d);
 int site_launch_pre(const Launch& l);  // SiteArgs::pre of a site_kernel launch, else -1 (Options::skip's diagnostic)
