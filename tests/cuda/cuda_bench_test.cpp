@@ -168,7 +168,6 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
     int occ = 1;         // Options::gemm3_occ: v3's blocks per SM at M <= 32 (round 17)
     bool ru = true;      // Options::row_units (the default; M >= 64): the site's one unit per row, v3 scaling per token
                          // (round 19); false: one unit per 128-group
-    int ch = 1;          // Options::matvec7_chains: v7's Horner chains per step (round 28)
   };
   const Variant variants[] = {{"q16 pdl", 3, true, 2, 1, 2, true},          {"q16 fixed pdl", 3, true, 2, 1, 2, true, true},
                               {"q16 v2 pdl", 3, true, 2, 2, 2, true},       {"q16 v3 pdl", 3, true, 2, 3, 2, true},
@@ -187,11 +186,6 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
                               {"q16 v7r2 pdl", 6, true, 2, 1, 2, true, false, 1, 10}, {"q8 v7 pdl", 6, true, 1, 1, 2, true, false, 1, 8},
                               // round 15: v7 on round 14's k16 step (the plain v7 tags run the k32 step)
                               {"q16 v7k16 pdl", 6, true, 2, 1, 2, true, false, 1, 11},
-                              // round 28: the model's v7 (cfg 14: k32 but ffn_down's 16-row stages) with 1 / 2 / 4
-                              // Horner chains per step
-                              {"q16 v7m pdl", 6, true, 2, 1, 2, true, false, 1, 14},
-                              {"q16 v7ch2 pdl", 6, true, 2, 1, 2, true, false, 1, 14, 1, 0, 1, 0, true, 1, 0, 0, 1, true, 2},
-                              {"q16 v7ch4 pdl", 6, true, 2, 1, 2, true, false, 1, 14, 1, 0, 1, 0, true, 1, 0, 0, 1, true, 4},
                               // round 9: the batched-decode kernel (matvec_mma_batch.cu), auto tile / 1 / 2 row blocks
                               {"q16 mvb pdl", 6, true, 2, 3, 2, true, false, 1, 0, 2, 0},
                               {"q16 mvb1 pdl", 6, true, 2, 3, 2, true, false, 1, 0, 2, 1},
@@ -260,7 +254,6 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
     bo.gemm_f16_tile = v.h_tile;
     bo.matvec6_split = v.split;
     bo.matvec6_split_ilv = v.ilv;
-    bo.matvec7_chains = v.ch;
     be.set_options(bo);
     RoundWeights w;
     const uint64_t bytes = round_weights(be, sh.K, sh.N, w);

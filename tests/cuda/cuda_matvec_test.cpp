@@ -145,40 +145,6 @@ TEST(CudaMatvec6, V7K32EqualsK16) {
   }
 }
 
-// Round 28: v7's q16 step as 2 or 4 independent Horner chains (Options::matvec7_chains) regroups the same integer sums:
-// EQUAL to one chain on every step and stage shape (k32 auto, 32-row stages, the k16 step; one step per warp from
-// global memory at K = 5120, staged at 6144 and 17,408, several outputs, M 1 and 2); q8 keeps one chain.
-TEST(CudaMatvec6, V7ChainsEqualOneChain) {
-  BONSAI_REQUIRE_GPU();
-  const std::vector<Case> cases = {{1, 5120, {1024, 300}}, {2, 5120, {700}}, {1, 6144, {515}}, {1, 17408, {600}},
-                                   {1, 17408, {129, 3}}, {2, 1152, {37}}};
-  uint32_t seed = 5151;
-  for (const Case& c : cases) {
-    std::vector<TernaryMatrix*> ws;
-    for (int64_t N : c.N) ws.push_back(&random_matrix(N, c.K, seed++, 0.02));
-    const auto x = randn(size_t(c.M * c.K), seed++);
-    for (int cfg : {14, 10, 11}) {
-      std::vector<float> y[3];
-      for (int ci = 0; ci < 3; ++ci) {
-        CudaBackend::Options o;
-        o.graphs = false;
-        o.act_levels = 2;
-        o.matvec = 6;
-        o.matvec6_cfg = cfg;
-        o.matvec7_chains = 1 << ci;
-        CudaBackend b(o);
-        std::vector<std::vector<float>> per_out;
-        y[ci] = run_linear(b, ws, x, c.M, c.K, per_out);
-      }
-      const std::string what = "M " + std::to_string(c.M) + " K " + std::to_string(c.K) + " cfg " + std::to_string(cfg);
-      EXPECT_EQ(y[1], y[0]) << what << " 2 chains";
-      EXPECT_EQ(y[2], y[0]) << what << " 4 chains";
-      const auto exact = quantised_reference(*ws[0], x, c.M, 2);
-      EXPECT_LE(rel_err(std::vector<float>(y[0].begin(), y[0].begin() + exact.size()), exact), 1e-5) << what;
-    }
-  }
-}
-
 // Round 11: the one-row site as the prologue of matvec v7 (Options::site_prologue; warp_site.cuh). The backend defers
 // the site and the v7 product computes it. Against the same backend with the switch off (the site kernel then v7):
 // the elementwise pre-ops (silu * up, x * sigmoid(g), plain rotate) give the site kernel's int8 digits bit for bit,

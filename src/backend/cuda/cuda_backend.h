@@ -137,8 +137,6 @@ class CudaBackend final : public Backend {
                                // v6 serves, and for one token over K > 8,192 (ffn_down) instead of v3: the default since
                                // the same-call A/B on the H200 (tg128 185.9 vs 163.3 / 172.0 tok/s for v6 + v3, 8k
                                // context 159.3 vs 141.4 / 145.9; docs/cuda-kernels.md round 10); BONSAI_CUDA_MV7=0: v6 + v3
-    int matvec7_chains = 1;    // round 28: v7's q16 step as this many independent Horner chains (1, 2 or 4; the same
-                               // integer sums, bit-identical); BONSAI_CUDA_MV7_CHAINS
     int matvec7_k32 = 1;       // round 15: v7's step on m16n8k32 mmas (8 per 16-row block and step instead of 16;
                                // bit-identical): 1 = but ffn_down's 16-row stages (matvec6_cfg 14), 2 = every stage (cfg 8), 0 =
                                // round 14's k16 step (cfg 11); BONSAI_CUDA_MV7_K32=0|1|2

@@ -605,11 +605,9 @@ struct Mv7Args {
 
 // SITE: the instance with the fused site (a.site.active; its prologue's registers stay out of the plain instance).
 // K32: the step on m16n8k32 (mv7_step32, round 15; plain instances only), the staged activations in pair order.
-// CH: the step's Horner chains (round 28, matvec_step.cuh; plain q16 instances only).
-template <int LV, int RB, bool SITE, bool K32 = false, int CH = 1>
+template <int LV, int RB, bool SITE, bool K32 = false>
 __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(const Mv7Args a) {
   static_assert(!(SITE && K32), "the fused site writes the staging area in the k16 order");
-  static_assert(CH == 1 || (!SITE && LV == 2), "several chains: the plain q16 instances");
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kTok = LV == 2 ? 2 : 4;
   constexpr int TR = 16 * RB;
@@ -892,8 +890,8 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
         sv.sc[b] = c < lim_s ? uint32_t(q[0]) | uint32_t(q[8 * G]) << 16 : 0u;
         if constexpr (LV == 1) sv.sc2[b] = c < lim_s2 ? uint32_t(q[1]) | uint32_t(q[8 * G + 1]) << 16 : 0u;
       }
-      if constexpr (K32) mv7_step32<LV, RB, CH>(sv, X, xv0, xv1, yg, yg8);  // X in pair order (staged or converted)
-      else mv6_step<LV, RB, CH>(sv, X, xv0, xv1, yg, yg8);
+      if constexpr (K32) mv7_step32<LV, RB>(sv, X, xv0, xv1, yg, yg8);  // X in pair order (staged or converted)
+      else mv6_step<LV, RB>(sv, X, xv0, xv1, yg, yg8);
     }
     if constexpr (LV == 2) {  // lanes t, t ^ 1 hold the two groups of one token
 #pragma unroll
@@ -960,10 +958,10 @@ int mv6_lockstep_warps(int64_t steps) {
 constexpr int kV7Smem = 200 * 1024;  // leaves >= 28 KB of L1 for the activations read from global memory
 // The SITE instances read no activation from global memory in their loop: the most an sm_90 block may take.
 constexpr int kV7SmemSite = 227 * 1024 - 1024;  // (the kernel's 1 KB of static shared memory)
-template <int LV, int RB, bool SITE = false, bool K32 = false, int CH = 1>
+template <int LV, int RB, bool SITE = false, bool K32 = false>
 const void* mv7_kernel() {
   static const void* const f = [] {
-    const void* k = reinterpret_cast<const void*>(&matvec7_kernel<LV, RB, SITE, K32, CH>);
+    const void* k = reinterpret_cast<const void*>(&matvec7_kernel<LV, RB, SITE, K32>);
     if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SITE ? kV7SmemSite : kV7Smem) != cudaSuccess)
       (void)cudaGetLastError();  // no device here (host-only tests): the launch itself would report it
     return k;
@@ -997,15 +995,8 @@ Mv7Shape mv7_shape(int64_t K, int64_t M, int lv, int rb, bool stage_x = false) {
 }
 // The v7 launch (cfg 8-10; 11-13: the same on round 14's k16 step), or false where two stages do not fit (the caller
 // falls back to v6). site: the fused site (M = 1, always the k16 step), or null.
-// The plain q16 instance of (rb, k32) with CH chains per step (1, 2 or 4; anything else 1).
-template <int RB, bool K32>
-const void* mv7_q16_kernel(int chains) {
-  return chains == 4 ? mv7_kernel<2, RB, false, K32, 4>() : chains == 2 ? mv7_kernel<2, RB, false, K32, 2>()
-                                                          : mv7_kernel<2, RB, false, K32, 1>();
-}
 bool mv7_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M, int lv,
-                int sms, int cfg, const SitePrologue* site, Launch& out, int site_early = -1, int first_rows = -1,
-                int chains = 1) {
+                int sms, int cfg, const SitePrologue* site, Launch& out, int site_early = -1, int first_rows = -1) {
   // Auto: 32-row stages where they leave >= 3 per SM and >= 3 fit (fewer per-stage overheads), else 16. (The
   // kernel table of round 10 measured 32-row stages faster on every shape but attn_k; not yet the rule: its whole-
   // model run is still to do, docs/cuda-kernels.md.)
@@ -1046,9 +1037,9 @@ bool mv7_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq,
   b.first_rows = site ? 0 : first_rows;
   const void* f = site ? (lv == 2 ? (rb == 2 ? mv7_kernel<2, 2, true>() : mv7_kernel<2, 1, true>())
                                   : (rb == 2 ? mv7_kernel<1, 2, true>() : mv7_kernel<1, 1, true>()))
-                  : k32 ? (lv == 2 ? (rb == 2 ? mv7_q16_kernel<2, true>(chains) : mv7_q16_kernel<1, true>(chains))
+                  : k32 ? (lv == 2 ? (rb == 2 ? mv7_kernel<2, 2, false, true>() : mv7_kernel<2, 1, false, true>())
                                  : (rb == 2 ? mv7_kernel<1, 2, false, true>() : mv7_kernel<1, 1, false, true>()))
-                        : (lv == 2 ? (rb == 2 ? mv7_q16_kernel<2, false>(chains) : mv7_q16_kernel<1, false>(chains))
+                        : (lv == 2 ? (rb == 2 ? mv7_kernel<2, 2>() : mv7_kernel<2, 1>())
                                    : (rb == 2 ? mv7_kernel<1, 2>() : mv7_kernel<1, 1>()));
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(sms, b.units));
   out = make_launch(f, dim3(unsigned(blocks)), dim3(unsigned(32 * (sh.nw + 1))), uint32_t(sh.smem), b);
@@ -1093,15 +1084,7 @@ bool is_matvec7(const Launch& l) {
                             mv7_kernel<1, 1, false, true>(),
                             mv7_kernel<1, 2, false, true>(),
                             mv7_kernel<2, 1, false, true>(),
-                            mv7_kernel<2, 2, false, true>(),
-                            mv7_kernel<2, 1, false, false, 2>(),
-                            mv7_kernel<2, 2, false, false, 2>(),
-                            mv7_kernel<2, 1, false, true, 2>(),
-                            mv7_kernel<2, 2, false, true, 2>(),
-                            mv7_kernel<2, 1, false, false, 4>(),
-                            mv7_kernel<2, 2, false, false, 4>(),
-                            mv7_kernel<2, 1, false, true, 4>(),
-                            mv7_kernel<2, 2, false, true, 4>()};
+                            mv7_kernel<2, 2, false, true>()};
   return std::find(std::begin(fs), std::end(fs), l.func) != std::end(fs);
 }
 }  // namespace
@@ -1149,8 +1132,7 @@ int matvec6_split_for(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, 
 }
 
 Launch matvec6_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                      int levels, int sms, int cfg, int split, float* part, int32_t* counters, bool interleave, int v7_first,
-                      int v7_chains) {
+                      int levels, int sms, int cfg, int split, float* part, int32_t* counters, bool interleave, int v7_first) {
   Mv6Args a{};
   a.xq = xq;
   a.xds = xds;
@@ -1165,7 +1147,7 @@ Launch matvec6_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_
   cfg = mv6_resolve_cfg(rows, K, cfg);
   if (cfg >= 8 && cfg <= 14 && split <= 1) {
     Launch l;
-    if (mv7_launch(outs, n_outs, K, xq, xds, M, lv, sms, cfg, nullptr, l, -1, v7_first, v7_chains)) return l;
+    if (mv7_launch(outs, n_outs, K, xq, xds, M, lv, sms, cfg, nullptr, l, -1, v7_first)) return l;
     cfg = mv6_resolve_cfg(rows, K, 0);  // a K too long for two stages: v6
   }
   if (split > 1) {

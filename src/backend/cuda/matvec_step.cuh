@@ -64,64 +64,32 @@ __device__ __forceinline__ void mv6_combine(const Mv6Stage<RB>& st, const int (&
   }
 }
 
-// Round 28 (CH, v7's instances; Options::matvec7_chains): the step's 4 code positions j as CH independent Horner chains
-// of P = 4 / CH positions each (chain c: positions 3 - c P .. 4 - (c + 1) P, highest first, >> 2 between two of them),
-// issued interleaved (position pp of every chain, then pp + 1), so a warp has CH accumulator chains in flight instead
-// of one 16-deep one. Chain c ends at 4^(4 - (c + 1) P) times its positions' sum (a multiple of it), so
-// mv_chains_total's shifts are exact and the total is CH = 1's integer: bit-identical outputs.
-template <int CH, int RB>
-__device__ __forceinline__ void mv_chains_total(const int (&cc)[CH][RB][4], int (&tot)[RB][4]) {
-  constexpr int P = 4 / CH;
-#pragma unroll
-  for (int b = 0; b < RB; ++b)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      int t = cc[CH - 1][b][i];  // the lowest positions: shift 0
-#pragma unroll
-      for (int c = CH - 2; c >= 0; --c) t += cc[c][b][i] >> (2 * (4 - (c + 1) * P));
-      tot[b][i] = t;
-    }
-}
-
 // One step of a tile (both kernels): for each row block, the 16 mmas of the 4 words x 4 code positions (Horner
 // over j: the accumulator >> 2 between positions is exact, a multiple of 4), then the per-group combine
 // y += d_w u (sum(c Q) - S) into the rows g (yg) and g + 8 (yg8). Zero scales (a missing group or row) add nothing.
 // X: the lane's 4 transposed activation words; xv0 / xv1: {u, S, u, S} of its accumulator groups.
 // (Round 14, not kept: -64 S as the accumulators' start instead of the float subtract saves the 4 FADDs of a step but
 // costs 8 register moves, the first mma no longer starting from RZ.)
-template <int LV, int RB, int CH = 1>
+template <int LV, int RB>
 __device__ __forceinline__ void mv6_step(const Mv6Stage<RB>& st, const uint4 (&X)[4], const float4& xv0, const float4& xv1,
                                          float (&yg)[RB], float (&yg8)[RB]) {
   // (Round 14: the chains cut in two, positions j = 3, 2 and j = 1, 0 combined as hi / 16 + lo, which ptxas does
-  // interleave, measured slower in the model: 197.9 vs 204.4 tok/s, on v6's register ring; round 28 re-measures it on
-  // v7 as CH = 2.)
-  static_assert(CH == 1 || CH == 2 || CH == 4);
-  constexpr int P = 4 / CH;
-  int cc[CH][RB][4];
+  // interleave, measured slower in the model: 197.9 vs 204.4 tok/s; ptxas issues one row block's chain after the
+  // other's whatever the source order. Round 28, on v7: 2 and 4 independent chains per step, interleaved in the SASS:
+  // ffn_down 12.88 -> 12.58 us back to back, the others level or slower, tg128 235.6 vs 236.5: the chain's latency is
+  // not what holds v7; removed.)
+  int cc[RB][4];
+  mv_acc_zero(cc);
 #pragma unroll
-  for (int c = 0; c < CH; ++c) mv_acc_zero(cc[c]);
-#pragma unroll
-  for (int pp = 0; pp < P; ++pp) {
+  for (int j = 3; j >= 0; --j) {
+    const uint32_t m = 0x03030303u << (2 * j);
 #pragma unroll
     for (int q = 0; q < 4; ++q)
 #pragma unroll
-      for (int c = 0; c < CH; ++c) {
-        const int j = 3 - c * P - pp;
-        const uint32_t m = 0x03030303u << (2 * j);
-#pragma unroll
-        for (int b = 0; b < RB; ++b) mma16_u8s8(cc[c][b], comp(st.wa[b], q) & m, comp(st.wb[b], q) & m, comp(X[q], j));
-      }
-    if (pp < P - 1)
-#pragma unroll
-      for (int c = 0; c < CH; ++c) mv_acc_next_position(cc[c]);
+      for (int b = 0; b < RB; ++b) mma16_u8s8(cc[b], comp(st.wa[b], q) & m, comp(st.wb[b], q) & m, comp(X[q], j));
+    if (j > 0) mv_acc_next_position(cc);
   }
-  if constexpr (CH == 1) {
-    mv6_combine<LV, RB>(st, cc[0], xv0, xv1, yg, yg8);
-  } else {
-    int tot[RB][4];
-    mv_chains_total<CH, RB>(cc, tot);
-    mv6_combine<LV, RB>(st, tot, xv0, xv1, yg, yg8);
-  }
+  mv6_combine<LV, RB>(st, cc, xv0, xv1, yg, yg8);
 }
 
 // ---- round 15: the same step on m16n8k32 (v7's plain instances) ----------------------------------------------------
@@ -149,40 +117,26 @@ __device__ __forceinline__ void mv7_pair_order(const uint4 (&X)[4], uint4 (&XP)[
   }
 }
 
-template <int LV, int RB, int CH = 1>
+template <int LV, int RB>
 __device__ __forceinline__ void mv7_step32(const Mv6Stage<RB>& st, const uint4 (&XP)[4], const float4& xv0,
                                            const float4& xv1, float (&yg)[RB], float (&yg8)[RB]) {
-  static_assert(CH == 1 || CH == 2 || CH == 4);
-  constexpr int P = 4 / CH;  // positions per chain (mv6_step's round-28 note)
-  int cc[CH][RB][4];
+  int cc[RB][4];
+  mv_acc_zero(cc);
 #pragma unroll
-  for (int c = 0; c < CH; ++c) mv_acc_zero(cc[c]);
+  for (int j = 3; j >= 0; --j) {
+    const uint32_t m = 0x03030303u << (2 * j);
 #pragma unroll
-  for (int pp = 0; pp < P; ++pp) {
+    for (int p = 0; p < 2; ++p) {
+      const uint4& xb = XP[2 * p + (j >> 1)];
+      const uint32_t b0 = (j & 1) ? xb.z : xb.x, b1 = (j & 1) ? xb.w : xb.y;
 #pragma unroll
-    for (int p = 0; p < 2; ++p)
-#pragma unroll
-      for (int c = 0; c < CH; ++c) {
-        const int j = 3 - c * P - pp;
-        const uint32_t m = 0x03030303u << (2 * j);
-        const uint4& xb = XP[2 * p + (j >> 1)];
-        const uint32_t b0 = (j & 1) ? xb.z : xb.x, b1 = (j & 1) ? xb.w : xb.y;
-#pragma unroll
-        for (int b = 0; b < RB; ++b)
-          mma32_u8s8(cc[c][b], comp(st.wa[b], 2 * p) & m, comp(st.wb[b], 2 * p) & m, comp(st.wa[b], 2 * p + 1) & m,
-                     comp(st.wb[b], 2 * p + 1) & m, b0, b1);
-      }
-    if (pp < P - 1)
-#pragma unroll
-      for (int c = 0; c < CH; ++c) mv_acc_next_position(cc[c]);
+      for (int b = 0; b < RB; ++b)
+        mma32_u8s8(cc[b], comp(st.wa[b], 2 * p) & m, comp(st.wb[b], 2 * p) & m, comp(st.wa[b], 2 * p + 1) & m,
+                   comp(st.wb[b], 2 * p + 1) & m, b0, b1);
+    }
+    if (j > 0) mv_acc_next_position(cc);
   }
-  if constexpr (CH == 1) {
-    mv6_combine<LV, RB>(st, cc[0], xv0, xv1, yg, yg8);
-  } else {
-    int tot[RB][4];
-    mv_chains_total<CH, RB>(cc, tot);
-    mv6_combine<LV, RB>(st, tot, xv0, xv1, yg, yg8);
-  }
+  mv6_combine<LV, RB>(st, cc, xv0, xv1, yg, yg8);
 }
 
 }  // namespace
