@@ -171,7 +171,8 @@ TEST(CudaSite, WarpSiteEqualsTheBlockSiteKernel) {
 
 // Round 19 (host only): where the site quantises with one unit per row. Only when asked, on the warp site's rows (>= 64)
 // and shapes, an int8 output, no AddNorm (its own kernels), at most 20 chunks of 1024 (one block of <= 640 threads).
-TEST(CudaSite, RowUnitsRule) {
+// A prefill quantise site of 64 rows x 5,120 (n 1024) on 16-byte aligned stand-ins: the host rule tests' start.
+static cuda::SiteDesc prefill_site_desc() {
   alignas(16) static int8_t buf[16];
   cuda::SiteDesc d;
   d.src = reinterpret_cast<const float*>(buf);
@@ -179,6 +180,12 @@ TEST(CudaSite, RowUnitsRule) {
   d.rows = 64;
   d.K = d.ld = 5120;
   d.n = 1024;
+  return d;
+}
+
+TEST(CudaSite, RowUnitsRule) {
+  cuda::SiteDesc d = prefill_site_desc();
+  int8_t* const buf = d.xq;
   EXPECT_FALSE(cuda::site_row_units(d));  // not asked
   d.row_units = true;
   EXPECT_TRUE(cuda::site_row_units(d));
@@ -244,14 +251,8 @@ TEST(CudaSite, RowsPipeEqualsTheRowUnitSite) {
 // Round 28 (host only): where the row-unit site runs on site_warp_rows_kernel: asked, a row-unit site, no gather, its
 // load tiles (one per source) and store tiles in one block's shared memory (18 chunks with a second source).
 TEST(CudaSite, RowsPipeRule) {
-  alignas(16) static int8_t buf[16];
   alignas(16) static int32_t perm[4];
-  cuda::SiteDesc d;
-  d.src = reinterpret_cast<const float*>(buf);
-  d.xq = buf;
-  d.rows = 64;
-  d.K = d.ld = 5120;
-  d.n = 1024;
+  cuda::SiteDesc d = prefill_site_desc();
   d.row_units = true;
   EXPECT_FALSE(cuda::site_rows_pipe_supported(d));  // not asked
   d.rows_pipe = true;
