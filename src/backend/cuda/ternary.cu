@@ -715,16 +715,17 @@ bool site_rows_pipe_supported(const SiteDesc& d) {
   return d.rows_pipe && site_row_units(d) && !d.perm && site_rows_pipe_smem(d.K >> 10, nsrc) <= kSiteRowsPipeMaxSmem;
 }
 // The blocks of one site_warp_rows_kernel launch: as many as are resident at once on the current device (each then
-// walks its rows), computed once per (instance, chunk count).
+// walks its rows), computed once per (instance, chunk count). The shared-memory limit is raised on every call: the
+// attribute belongs to the current device's context, and one process may drive several devices.
 static int64_t site_rows_pipe_blocks(const void* f, int64_t chunks, int64_t smem) {
   static std::atomic<int> cache[2][kSiteRowUnitsMaxChunks + 1] = {};
+  cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSiteRowsPipeMaxSmem));
   const int which = f == reinterpret_cast<const void*>(&site_warp_rows_kernel<2>) ? 1 : 0;
   int n = cache[which][chunks].load(std::memory_order_relaxed);
   if (n == 0) {
     int dev = 0, sms = 0, per_sm = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSiteRowsPipeMaxSmem));
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, int(32 * chunks), size_t(smem));
     n = std::max(1, sms * std::max(1, per_sm));
     cache[which][chunks].store(n, std::memory_order_relaxed);
