@@ -75,8 +75,8 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kRowThreads) site_ro
   // fence, the gain's load was one more L2 round trip on the chain).
   float gn[8];
   load8(s.gain + e, gn);
-  char4 sg0 = make_char4(1, 1, 1, 1), sg1 = sg0;
-  if (s.signs) sg0 = *reinterpret_cast<const char4*>(s.signs + e), sg1 = *reinterpret_cast<const char4*>(s.signs + e + 4);
+  uint32_t sg0 = 0, sg1 = 0;  // the slot's sign bytes (site_slot_signs)
+  if (s.signs) sg0 = *reinterpret_cast<const uint32_t*>(s.signs + e), sg1 = *reinterpret_cast<const uint32_t*>(s.signs + e + 4);
   pdl_wait();
   s.src += r * a.ld;
   if (s.resid) s.resid += r * a.ld;
@@ -104,10 +104,7 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kRowThreads) site_ro
 #pragma unroll
   for (int j = 0; j < 8; ++j) v[j] = v[j] * rr * gn[j];
   if (pre_out) store8(pre_out + e, v);
-  if (s.signs) {
-    v[0] *= float(sg0.x), v[1] *= float(sg0.y), v[2] *= float(sg0.z), v[3] *= float(sg0.w);
-    v[4] *= float(sg1.x), v[5] *= float(sg1.y), v[6] *= float(sg1.z), v[7] *= float(sg1.w);
-  }
+  if (s.signs) site_slot_signs(sg0, sg1, v);
   site_slot_strides(1 << s.log2n, lane, v);
   site_row_tail<LV>(a, s, r, e, scratch, v);
   cluster_wait();

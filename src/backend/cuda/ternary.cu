@@ -595,18 +595,14 @@ __global__ __launch_bounds__(32 * kSiteRowUnitsMaxChunks) void site_warp_rows_ke
   for (; r < a.rows; r += gridDim.x, par ^= 1) {
     cp_async_wait<0>();
     __syncwarp();  // every lane's copies of row r landed
-    float v[32];
+    float v[32], u[32];
     take(0, v);
+    if constexpr (NSRC == 2) take(1, u);
+    __syncwarp();  // the tile is read: the next row's copies may land in it
+    if (r + gridDim.x < a.rows) issue(r + gridDim.x);
     if constexpr (NSRC == 2) {
-      float u[32];
-      take(1, u);
-      __syncwarp();  // the tile is read: the next row's copies may land in it
-      if (r + gridDim.x < a.rows) issue(r + gridDim.x);
       lane_pre_op32(a.pre, v, u, a.seg, a.eps, a.gain, e0);
       if (a.pre_out) warp_rows_store(a.pre_out + r * a.ld + c0, st_tile, lane, v);
-    } else {
-      __syncwarp();
-      if (r + gridDim.x < a.rows) issue(r + gridDim.x);
     }
     float amax = warp_max(site_warp_transform(a, v, r, e0, lane, st_tile));
     if (lane == 0) wmax[par][w] = amax;
@@ -709,17 +705,17 @@ bool site_row_units(const SiteDesc& d) {
   return d.row_units && d.xq && site_warp_supported(d) && d.K / 1024 <= kSiteRowUnitsMaxChunks && d.rows <= 0x7fffffff;
 }
 
+// site_warp_rows_kernel's sources for d: src, and src2 under a pre-op (the warp site's pre-ops all read one).
+static int site_rows_pipe_sources(const SiteDesc& d) { return d.pre == kPreNone ? 1 : 2; }
 // site_warp_rows_kernel (round 28): the row-unit site of d, no gather, its tiles within one block's shared memory.
 bool site_rows_pipe_supported(const SiteDesc& d) {
-  const int nsrc = d.pre == kPreNone ? 1 : 2;
-  return d.rows_pipe && site_row_units(d) && !d.perm && site_rows_pipe_smem(d.K >> 10, nsrc) <= kSiteRowsPipeMaxSmem;
+  return d.rows_pipe && site_row_units(d) && !d.perm &&
+         site_rows_pipe_smem(d.K >> 10, site_rows_pipe_sources(d)) <= kSiteRowsPipeMaxSmem;
 }
 // The blocks of one site_warp_rows_kernel launch: as many as are resident at once on the current device (each then
-// walks its rows), computed once per (instance, chunk count). The shared-memory limit is raised on every call: the
-// attribute belongs to the current device's context, and one process may drive several devices.
+// walks its rows), computed once per (instance, chunk count).
 static int64_t site_rows_pipe_blocks(const void* f, int64_t chunks, int64_t smem) {
   static std::atomic<int> cache[2][kSiteRowUnitsMaxChunks + 1] = {};
-  cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSiteRowsPipeMaxSmem));
   const int which = f == reinterpret_cast<const void*>(&site_warp_rows_kernel<2>) ? 1 : 0;
   int n = cache[which][chunks].load(std::memory_order_relaxed);
   if (n == 0) {
@@ -795,7 +791,7 @@ Launch site_launch(const SiteDesc& d) {
   if (site_row_units(d)) {
     a.stage = site_stage_on();
     if (site_rows_pipe_supported(d) && a.stage) {
-      const int nsrc = d.pre == kPreNone ? 1 : 2;
+      const int nsrc = site_rows_pipe_sources(d);
       const void* f = nsrc == 2 ? reinterpret_cast<const void*>(&site_warp_rows_kernel<2>)
                                 : reinterpret_cast<const void*>(&site_warp_rows_kernel<1>);
       const int64_t chunks = d.K >> 10, smem = site_rows_pipe_smem(chunks, nsrc);
@@ -1501,6 +1497,10 @@ void init_kernel_attributes() {
   // the row-unit warp site's staging tiles: up to 20 chunks of [32][33] floats (84 KB)
   cudaFuncSetAttribute(reinterpret_cast<const void*>(&site_warp_kernel<true, true>),
                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSiteRowUnitsMaxChunks * 32 * 33 * sizeof(float)));
+  // round 28's pipelined form: its load and store tiles (site_rows_pipe_smem), up to the opt-in limit
+  for (const void* f : {reinterpret_cast<const void*>(&site_warp_rows_kernel<1>),
+                        reinterpret_cast<const void*>(&site_warp_rows_kernel<2>)})
+    cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSiteRowsPipeMaxSmem));
   init_matvec_bulk_attributes();
   init_attention_attributes();
   init_gemm_attributes();

@@ -221,6 +221,11 @@ __device__ __forceinline__ void site_slot_load(const SitePrologue& s, int e, flo
     for (int j = 0; j < 8; ++j) v[j] = v[j] + r[j];
   }
 }
+// The slot's 8 signs applied (sign_flip): bytes of s0 for elements e .. e + 3, of s1 for e + 4 .. e + 7.
+__device__ __forceinline__ void site_slot_signs(uint32_t s0, uint32_t s1, float (&v)[8]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) v[j] = sign_flip(v[j], s0, j), v[j + 4] = sign_flip(v[j + 4], s1, j);
+}
 // FWHT strides 1..min(n, 256) / 2 of an n-point transform on the slot: 1-4 in the thread, 8-128 by shuffles (all 32
 // lanes of the warp call it together).
 __device__ __forceinline__ void site_slot_strides(int n, int lane, float (&v)[8]) {
@@ -277,9 +282,7 @@ __device__ __forceinline__ void site_slot_front(const SitePrologue& s, int e, in
   }
   if (pre_out && s.pre != kPreNone) store8(pre_out + e, v);
   if (s.signs) {
-    const uint32_t a = *reinterpret_cast<const uint32_t*>(s.signs + e), b = *reinterpret_cast<const uint32_t*>(s.signs + e + 4);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = sign_flip(v[j], a, j), v[j + 4] = sign_flip(v[j + 4], b, j);
+    site_slot_signs(*reinterpret_cast<const uint32_t*>(s.signs + e), *reinterpret_cast<const uint32_t*>(s.signs + e + 4), v);
   }
   site_slot_strides(1 << s.log2n, lane, v);
 }
