@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <numeric>
 #include <tuple>
 #include <utility>
@@ -826,6 +827,67 @@ TEST(CudaOps, DenseLinearSingleAndPaired) {
   }
 }
 
+// Round 29: the prefill a / b pair of bf16 weights on the tensor cores (dense_mma_kernel: x as three bf16 pieces) against
+// the fp64 reference and the fp32 tile kernel (BONSAI_CUDA_DENSE_MMA=0). M 33 / 100 / 300 (ragged 16-token tiles), K 640
+// / 5,120 (8 warps' K chunks: 2.5 and 20 each), N 48 + 48 (the 27b's: 3 blocks of 32 rows, one across the pair's
+// seam), 3 + 2 (one partial block) and 128 alone (4 blocks).
+TEST(CudaOps, DenseMmaBf16MatchesTheTileKernel) {
+  BONSAI_REQUIRE_GPU();
+  CudaBackend& be = gpu();
+  auto bf16_values = [](std::vector<float> v) {  // round to bf16 (truncation is fine: any bf16 value will do)
+    for (float& f : v) {
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      u &= 0xffff0000u;
+      std::memcpy(&f, &u, 4);
+    }
+    return v;
+  };
+  struct Shape {
+    int64_t K, N0, N1;
+  };
+  for (const Shape sh : {Shape{640, 48, 48}, Shape{5120, 48, 48}, Shape{640, 3, 2}, Shape{640, 128, 0}}) {
+    const int64_t K = sh.K, N0 = sh.N0, N1 = sh.N1;
+    // host weights live as long as the backend's constants keyed by their address: static storage per shape
+    static std::deque<std::vector<float>> keep;  // a deque: references to its elements survive push_back
+    keep.push_back(bf16_values(randn(size_t(N0 * K), uint32_t(K + N0), 0.05f)));
+    const std::vector<float>& w0 = keep.back();
+    keep.push_back(bf16_values(randn(size_t(std::max<int64_t>(N1, 1) * K), uint32_t(K + N1 + 7), 0.05f)));
+    const std::vector<float>& w1 = keep.back();
+    be.upload_constant(w0.data(), w0.size() * 4, true);
+    be.upload_constant(w1.data(), w1.size() * 4, true);
+    for (int64_t M : {33, 100, 300}) {
+      const auto x = randn(size_t(M * K), uint32_t(M + K), 2.f);
+      std::vector<float> y0(size_t(M * N0)), y1(size_t(M * std::max<int64_t>(N1, 1)));
+      ref::dense_matmul_f32(w0.data(), N0, K, x.data(), M, y0.data());
+      if (N1) ref::dense_matmul_f32(w1.data(), N1, K, x.data(), M, y1.data());
+      Buffer dx = up(be, x);
+      auto run = [&](bool mma) {
+        if (!mma) setenv("BONSAI_CUDA_DENSE_MMA", "0", 1);
+        Buffer o0 = poisoned(be, y0.size()), o1 = poisoned(be, y1.size());
+        be.dense_linear(w0.data(), N0, K, dx.data(), M, o0.data());
+        if (N1) be.dense_linear(w1.data(), N1, K, dx.data(), M, o1.data());  // paired with the first
+        auto r = std::make_pair(down(be, o0), N1 ? down(be, o1) : std::vector<float>{});
+        unsetenv("BONSAI_CUDA_DENSE_MMA");
+        return r;
+      };
+      const auto [g0, g1] = run(true);
+      const auto [t0, t1] = run(false);
+      const std::string at = "K " + std::to_string(K) + " N " + std::to_string(N0) + "+" + std::to_string(N1) + " M " +
+                             std::to_string(M);
+      // fp32-level: dropping x's lo piece would be ~2e-6 here, its mid piece ~1e-3
+      EXPECT_LE(rel_err(g0, y0), 1e-6) << at;
+      EXPECT_LE(rel_err(g0, t0), 1e-6) << at;
+      EXPECT_LE(rel_err(t0, y0), 1e-6) << at;
+      if (N1) {
+        EXPECT_LE(rel_err(g1, y1), 1e-6) << at;
+        EXPECT_LE(rel_err(g1, t1), 1e-6) << at;
+      }
+      EXPECT_EQ(run(true).first, g0) << at << ": run to run";
+    }
+  }
+}
+
 TEST(CudaOps, Norms) {
   BONSAI_REQUIRE_GPU();
   CudaBackend& be = gpu();
@@ -1137,18 +1199,30 @@ TEST(CudaOps, ElementwiseAndCopies) {
 TEST(CudaOps, GdnConvAndGates) {
   BONSAI_REQUIRE_GPU();
   CudaBackend& be = gpu();
-  const int64_t C = 300, Kc = 4;
-  const auto taps = randn(size_t(C * Kc), 1, 0.5f);
-  Buffer dt = up(be, taps);
-  for (int64_t T : {1, 2, 5, 8, 9, 33, 256}) {  // T > 1: conv_seq_kernel (8 token slices; T < 8 leaves some empty)
-    const auto x = randn(size_t(T * C), uint32_t(T + 10)), st0 = randn(size_t((Kc - 1) * C), uint32_t(T + 20));
-    auto st = st0;
-    std::vector<float> want(x.size());
-    ref::gdn_conv(x.data(), st.data(), taps.data(), T, C, Kc, want.data());
-    Buffer dx = up(be, x), ds = up(be, st0), o = poisoned(be, x.size());
-    be.gdn_conv(dx.data(), ds.data(), dt.data(), T, C, Kc, o.data());
-    EXPECT_LE(rel_err(down(be, o), want), 1e-5) << "T " << T;
-    EXPECT_EQ(down(be, ds), st) << "T " << T;
+  // T > 1: conv_seq_kernel (8 token slices; T < 8 leaves some empty); T >= 32 with C % 4 == 0: conv_seq4_kernel (4
+  // channels a lane, 32-token slices: 40 and 300 leave ragged slices and a second block row, 300 channels a partial
+  // 128-channel block), which must equal conv_seq_kernel bit for bit (BONSAI_CUDA_CONV4=0); C 302 and Kc 2 / 8 too.
+  const std::pair<int64_t, int64_t> shapes[] = {{300, 4}, {302, 4}, {256, 2}, {128, 8}};  // C, Kc
+  for (const auto& [C, Kc] : shapes) {
+    const auto taps = randn(size_t(C * Kc), uint32_t(C + Kc), 0.5f);
+    Buffer dt = up(be, taps);
+    for (int64_t T : {1, 2, 5, 8, 9, 33, 40, 256, 300}) {
+      const auto x = randn(size_t(T * C), uint32_t(T + 10)), st0 = randn(size_t((Kc - 1) * C), uint32_t(T + 20));
+      auto st = st0;
+      std::vector<float> want(x.size());
+      ref::gdn_conv(x.data(), st.data(), taps.data(), T, C, Kc, want.data());
+      Buffer dx = up(be, x), ds = up(be, st0), o = poisoned(be, x.size());
+      be.gdn_conv(dx.data(), ds.data(), dt.data(), T, C, Kc, o.data());
+      const auto got = down(be, o);
+      EXPECT_LE(rel_err(got, want), 1e-5) << "C " << C << " Kc " << Kc << " T " << T;
+      EXPECT_EQ(down(be, ds), st) << "C " << C << " Kc " << Kc << " T " << T;
+      setenv("BONSAI_CUDA_CONV4", "0", 1);
+      Buffer ds1 = up(be, st0), o1 = poisoned(be, x.size());
+      be.gdn_conv(dx.data(), ds1.data(), dt.data(), T, C, Kc, o1.data());
+      unsetenv("BONSAI_CUDA_CONV4");
+      EXPECT_EQ(down(be, o1), got) << "C " << C << " Kc " << Kc << " T " << T;
+      EXPECT_EQ(down(be, ds1), st) << "C " << C << " Kc " << Kc << " T " << T;
+    }
   }
   const int64_t T = 3, Nv = 48;
   const auto a = randn(size_t(T * Nv), 1, 3.f), b = randn(size_t(T * Nv), 2, 3.f), A = uniform(size_t(Nv), 3, -8.f, -0.1f),

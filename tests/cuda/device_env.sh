@@ -69,9 +69,13 @@ run_sanitizer() {
   local cs
   cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
   if [ -z "$cs" ]; then echo "no compute-sanitizer"; return 0; fi
-  BONSAI_TINY_PACK=/tmp/tiny/tiny-pq2_0.gguf timeout "$2" "$cs" --tool memcheck --print-limit 20 $B/test_cuda \
-    --gtest_filter="$1" > "$OUT/sanitizer.log" 2>&1
-  echo "sanitizer rc=$?"; grep -E "ERROR SUMMARY|PASSED|FAILED${3:+|$3}" "$OUT/sanitizer.log" | head -12
+  local tool
+  for tool in ${SAN_TOOLS:-memcheck}; do  # memcheck, racecheck, synccheck, initcheck
+    BONSAI_TINY_PACK=/tmp/tiny/tiny-pq2_0.gguf timeout "$2" "$cs" --tool $tool --print-limit 20 $B/test_cuda \
+      --gtest_filter="$1" > "$OUT/sanitizer_$tool.log" 2>&1
+    echo "sanitizer $tool rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED${3:+|$3}" \
+      "$OUT/sanitizer_$tool.log" | head -12
+  done
 }
 
 # The per-kernel profile (BONSAI_CUDA_PROFILE=1, eager launches) of one prefill of each size in $2 per entry of $1

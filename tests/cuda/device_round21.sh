@@ -3,7 +3,7 @@
 # benches, an A/B against an earlier build. Binaries: DEVBIN=.devbin-me BUILD=build STAGE_GZ=1 tests/cuda/stage_devbin.sh,
 # plus an earlier build's bonsai / test_cuda copied in as bonsai_prev / test_cuda_prev (gzipped); run
 # `bash .devbin-me/device_round21.sh` with carry [".devbin-me"]. In order:
-#   the fixture gate per GATE_ENVS entry, test_cuda (TEST_FILTER), memcheck (SAN_FILTER), test_engine (ENGINE_FILTER),
+#   the fixture gate per GATE_ENVS entry, test_cuda (TEST_FILTER), compute-sanitizer (SAN_FILTER; SAN_TOOLS, default memcheck), test_engine (ENGINE_FILTER),
 #   BENCH_SHAPES="gate+up M32,..."  the kernel table (CudaBench.ProbeAndTernaryKernels, tags BENCH_TAGS) of test_cuda
 #                                   and of test_cuda_prev, KT_REPS times each (default 1), alternated
 #   then on the 27b pack, per entry "name:ENV=V,ENV=V" (a name prev* runs bonsai_prev, alt* bonsai_alt; repeat entries

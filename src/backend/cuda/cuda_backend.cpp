@@ -1147,7 +1147,9 @@ void CudaBackend::release_matrix(const TernaryMatrix& w) {
   cudaFree(base);
   I.mats.erase(it);
 }
-void CudaBackend::upload_constant(const void* host, size_t bytes) { p_->upload_const(host, bytes); }
+void CudaBackend::upload_constant(const void* host, size_t bytes, bool try_bf16) {
+  p_->upload_const(host, bytes, try_bf16);
+}
 
 // ---- memory ---------------------------------------------------------------------------------------
 

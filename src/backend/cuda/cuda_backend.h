@@ -331,8 +331,9 @@ class CudaBackend final : public Backend {
   // Frees the device copy of w (before w is destroyed, when its address could be reused).
   void release_matrix(const TernaryMatrix& w);
   // Device copy of host bytes, found again by the host address (what prepare() does for norm gains,
-  // taps, signs, ...); for op tests that pass canonical host pointers. Idempotent per address.
-  void upload_constant(const void* host, size_t bytes);
+  // taps, signs, ...); for op tests that pass canonical host pointers. Idempotent per address. try_bf16: fp32 values
+  // stored as bf16 where every one round-trips exactly (prepare()'s dense a / b projections).
+  void upload_constant(const void* host, size_t bytes, bool try_bf16 = false);
 
   struct Stats {
     uint64_t weight_bytes = 0;       // device bytes of uploaded weights (ternary + constants)

@@ -438,6 +438,7 @@ struct ConvArgs {
   const float* taps;
   float* out;
   int64_t T, C, Kc;
+  int64_t slice = 0;  // conv_seq4_kernel: tokens per warp slice (a multiple of 8)
 };
 using ConvRowsArgs = WithRows<ConvArgs>;  // batched decode: token m (grid.y) is row m's, state t.a[m]
 
@@ -571,6 +572,88 @@ __global__ __launch_bounds__(kThreads) void conv_seq_kernel(const ConvArgs a) {
 #pragma unroll
     for (int j = 0; j < kMaxConvKernel; ++j)
       if (j < P) a.state[j * a.C + c] = last[j];
+}
+
+// Round 29, the prefill form of conv_seq_kernel: a lane takes 4 adjacent channels (16-byte loads and stores, a warp
+// 512 B of a token row) and a warp a slice of kConv4Tok tokens; block = 128 channels x 8 slices, grid (C / 128,
+// T / (8 kConv4Tok)). conv_seq_kernel had one channel a lane (128 B a warp and token row) and 320 blocks of T / 8
+// tokens a warp at the 27b's C = 10,240: ~20 KB of loads in flight per SM, 124 us per 2,048-token launch (~1.4 TB/s of
+// its 168 MB); this keeps 4x the bytes in flight a thread with the same 8-token unroll and more blocks (a slice of 32
+// tokens, 16 or 8 where that leaves fewer than two blocks per SM: 640 blocks at 2,048 tokens, 320 at 512). The same
+// FMAs in the same order per channel as conv_seq_kernel: bit-identical. Needs C % 4 == 0, 16-byte aligned x / out /
+// state, T >= kConv4Tok (every slice's window starts in x or, for slice 0, in the old state; slices >= 8 > Kc - 1) and out not overlapping x:
+// block y = 0 writes the new state (x's last Kc - 1 rows) after its own slice 0 has read the old one, and no other
+// block reads the state.
+// KM: the most taps of the instance (4: the models' Kc; 8: the rest), so the registers of a 4-tap conv hold only its
+// window (two blocks per SM).
+constexpr int kConv4Tok = 32;  // tokens per warp slice
+template <int KM>
+__global__ __launch_bounds__(kThreads, KM <= 4 ? 2 : 1) void conv_seq4_kernel(const ConvArgs a) {
+  pdl_trigger();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t c = (int64_t(blockIdx.x) * 32 + lane) * 4;  // channels c .. c + 3
+  const bool ok = c < a.C;
+  float4 tap[KM];  // tap[j]: the 4 channels' tap j (model constants: read before the wait)
+#pragma unroll
+  for (int j = 0; j < KM; ++j) {
+    const bool on = ok && j < a.Kc;
+    tap[j] = on ? make_float4(a.taps[c * a.Kc + j], a.taps[(c + 1) * a.Kc + j], a.taps[(c + 2) * a.Kc + j],
+                              a.taps[(c + 3) * a.Kc + j])
+                : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  pdl_wait();
+  const int P = int(a.Kc - 1);
+  const int64_t t_begin = (int64_t(blockIdx.y) * (kThreads / 32) + warp) * a.slice, t_end = min(a.T, t_begin + a.slice);
+  // input s of the sequence: s >= 0 is x row s, s in [-P, 0) is state row P + s
+  auto in = [&](int64_t s) {
+    return *reinterpret_cast<const float4*>(s >= 0 ? a.x + s * a.C + c : a.state + (P + s) * a.C + c);
+  };
+  float4 win[KM];
+#pragma unroll
+  for (int j = 0; j < KM; ++j)
+    win[j] = ok && j < P && t_begin < t_end ? in(t_begin - P + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+  // One channel's output: conv_seq_kernel's FMAs in its order.
+  auto conv1 = [&](const float* tp, const float* wn, float xv) {
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < KM; ++j) {
+      if (j < P) acc += tp[4 * j] * wn[4 * j];
+      else if (j == P) acc += tp[4 * j] * xv;
+    }
+    return siluf_(acc);
+  };
+  constexpr int kU = 8;  // tokens' loads in flight before any store (x and out may alias as far as nvcc knows)
+  if (ok)
+    for (int64_t tb = t_begin; tb < t_end; tb += kU) {
+      float4 xs[kU];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) xs[u] = tb + u < t_end ? in(tb + u) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        if (tb + u >= t_end) break;
+        const float4 xv = xs[u];
+        const float* tp = &tap[0].x;
+        const float* wn = &win[0].x;
+        float4 o;
+        o.x = conv1(tp + 0, wn + 0, xv.x);
+        o.y = conv1(tp + 1, wn + 1, xv.y);
+        o.z = conv1(tp + 2, wn + 2, xv.z);
+        o.w = conv1(tp + 3, wn + 3, xv.w);
+        *reinterpret_cast<float4*>(a.out + (tb + u) * a.C + c) = o;
+#pragma unroll
+        for (int j = 0; j < KM; ++j) {
+          if (j + 1 < P) win[j] = win[j + 1];
+          else if (j + 1 == P) win[j] = xv;
+        }
+      }
+    }
+  if (blockIdx.y != 0) return;
+  __syncthreads();  // slice 0 has read its window from the old state
+  // The new state: x's last P rows (T >= P; this kernel writes only out, which does not overlap x).
+  if (ok && warp == 0)
+#pragma unroll
+    for (int j = 0; j < KM; ++j)
+      if (j < P) *reinterpret_cast<float4*>(a.state + j * a.C + c) = in(a.T - P + j);
 }
 
 struct GatesArgs {
@@ -844,6 +927,7 @@ DenseArgs dense_args(const DenseDev* outs, int n_outs, bool bf16, int64_t K, con
 }  // namespace
 
 Launch dense_launch(const DenseDev* outs, int n_outs, bool bf16, int64_t K, const float* x, int64_t M) {
+  if (dense_mma_supported(outs, n_outs, bf16, K, x, M)) return dense_mma_launch(outs, n_outs, K, x, M);
   const DenseArgs a = dense_args(outs, n_outs, bf16, K, x, M);
   // Prefill chunks: row tiles (round 8b). A batched decode step (M <= 32) keeps a block per row: the tile grid
   // is then 12 x 4 blocks for the a/b pair (17.4 us at M = 32 on the H200, round 9), the row grid 96 x 4.
@@ -863,8 +947,29 @@ Launch dense_launch(const DenseDev* outs, int n_outs, bool bf16, int64_t K, cons
                      a);
 }
 
+bool conv_seq4_supported(const float* x, const float* state, const float* out, int64_t T, int64_t C, int64_t Kc) {
+  if (T < kConv4Tok) return false;  // decode rows and short chunks: conv_kernel / conv_seq_kernel
+  const char* e = std::getenv("BONSAI_CUDA_CONV4");  // round 29 A/B switch (default on; read per prefill launch)
+  if (e && e[0] == '0' && e[1] == 0) return false;
+  const bool apart = out + T * C <= x || x + T * C <= out;
+  return C % 4 == 0 && Kc >= 1 && Kc <= kMaxConvKernel && apart && aligned16(x) &&
+         aligned16(out) && aligned16(state);
+}
+
 Launch gdn_conv_launch(const float* x, float* state, const float* taps, int64_t T, int64_t C, int64_t Kc, float* out) {
   ConvArgs a{x, state, taps, out, T, C, Kc};
+  if (conv_seq4_supported(x, state, out, T, C, Kc)) {
+    const int64_t cb = (C + 127) / 128;
+    a.slice = kConv4Tok;
+    while (a.slice > 8 && cb * ((T + 8 * a.slice - 1) / (8 * a.slice)) < 2 * 132) a.slice /= 2;
+    if (const char* e = std::getenv("BONSAI_CUDA_CONV4_SLICE"); e && *e) {  // round 29 A/B: 8, 16, 32, 64
+      const int64_t v = std::atoll(e);
+      if (v >= 8 && v % 8 == 0 && v <= T) a.slice = v;
+    }
+    return make_launch(Kc <= 4 ? reinterpret_cast<const void*>(&conv_seq4_kernel<4>)
+                               : reinterpret_cast<const void*>(&conv_seq4_kernel<kMaxConvKernel>),
+                       dim3(unsigned(cb), unsigned((T + 8 * a.slice - 1) / (8 * a.slice))), dim3(kThreads), 0, a);
+  }
   if (T > 1)  // round 8b: 145 us -> tokens split over the block's warps (one thread per channel walked all T)
     return make_launch(reinterpret_cast<const void*>(&conv_seq_kernel), dim3(unsigned((C + kConvCh - 1) / kConvCh)),
                        dim3(kThreads), 0, a);

@@ -278,6 +278,10 @@ struct DenseDev {
   int64_t N;
 };
 Launch dense_launch(const DenseDev* outs, int n_outs, bool bf16, int64_t K, const float* x, int64_t M);
+// Round 29 (dense_mma.cu): the prefill form on the tensor cores, bf16 weights, x split in three bf16 pieces; dense_launch
+// takes it where supported (M > 32, K % 32 == 0, at most 128 rows together; BONSAI_CUDA_DENSE_MMA=0 turns it off).
+bool dense_mma_supported(const DenseDev* outs, int n_outs, bool bf16, int64_t K, const float* x, int64_t M);
+Launch dense_mma_launch(const DenseDev* outs, int n_outs, int64_t K, const float* x, int64_t M);
 
 // ---- batched decode: several sequences, one token each (Backend::*_rows) ----------------------------
 // Per-row positions and per-sequence memory travel INLINE in the launch arguments, so a cached decode
@@ -352,6 +356,9 @@ constexpr int64_t kAttnMaxDim = 256;    // D (multiple of 32)
 constexpr int64_t kAttnMaxSplits = 32;  // decode (one query row per sequence); prefill chunks use at most 16
 
 // ---- Gated DeltaNet --------------------------------------------------------------------------------
+// Whether a T-token conv takes conv_seq4_kernel (round 29: 4 channels a lane, token slices; elementwise.cu), else
+// conv_seq_kernel (T > 1) or conv_kernel. BONSAI_CUDA_CONV4=0 turns it off.
+bool conv_seq4_supported(const float* x, const float* state, const float* out, int64_t T, int64_t C, int64_t Kc);
 Launch gdn_conv_launch(const float* x, float* state, const float* taps, int64_t T, int64_t C, int64_t Kc, float* out);
 // One decode token: the conv above (T = 1) and the dense product of dense_launch (M = 1, x = dx) in one launch.
 Launch gdn_conv_dense_launch(const float* x, float* state, const float* taps, int64_t C, int64_t Kc, float* out,
