@@ -1448,6 +1448,160 @@ TEST(CudaOps, DeltaStepWithGatedNormSiteEqualsApart) {
       }
 }
 
+// Round 29: a decode token's GDN inputs (the dense a / b pair, the conv of q | k | v) computed by the delta step's own
+// launch (Options::delta_conv) against conv_dense_kernel + the step apart. The forward's op sequence from the a / b
+// projections to gdn_out's linear (with and without the gated-norm site after the step, which fuses as well): the
+// delta output, the recurrent state, the conv state, the gates and the site's outputs are EQUAL, the fused path
+// launches one kernel fewer a token, three tokens in a row check that the per-K-head counters are left zero (and the
+// conv state carried), and the delta output matches the fp64 reference of the same ops. Shapes: the 27b's (16 K / 48
+// V heads of 128, E 5,120, C 10,240, 4 taps), a small one (2 / 6 heads), Dk = Dv = 64 (half the threads without a
+// q / k channel) with 2 taps; a / b weights bf16 (as the packs' ssm_alpha / ssm_beta) and fp32.
+TEST(CudaOps, DeltaStepWithConvEqualsApart) {
+  BONSAI_REQUIRE_GPU();
+  struct Case {
+    int64_t Nk, Nv, Dk, Dv, E, Kc;
+    bool bf16;
+  } cases[] = {{16, 48, 128, 128, 5120, 4, true}, {2, 6, 128, 128, 256, 4, false}, {4, 8, 64, 64, 384, 2, true},
+               {16, 48, 128, 128, 5120, 4, false}};
+  auto bf16_values = [](std::vector<float> v) {  // bf16-exact values: upload_constant then keeps them as bf16
+    for (float& f : v) {
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      u &= 0xffff0000u;
+      std::memcpy(&f, &u, 4);
+    }
+    return v;
+  };
+  for (const bool with_site : {true, false})
+    for (const Case& c : cases) {
+      const int64_t KD = c.Nk * c.Dk, VD = c.Nv * c.Dv, C = 2 * KD + VD;
+      int64_t hb = 1024;  // the site's FWHT block: the largest power of two <= 1024 dividing VD
+      while (VD % hb != 0) hb /= 2;
+      static std::deque<std::vector<float>> keep;  // host weights outlive the backends' constants keyed by address
+      keep.push_back(randn(size_t(c.Nv * c.E), uint32_t(500 + c.E), 0.05f));
+      if (c.bf16) keep.back() = bf16_values(keep.back());
+      const std::vector<float>& wa = keep.back();
+      keep.push_back(randn(size_t(c.Nv * c.E), uint32_t(501 + c.E), 0.05f));
+      if (c.bf16) keep.back() = bf16_values(keep.back());
+      const std::vector<float>& wb = keep.back();
+      TernaryMatrix& w = random_matrix(96, VD, uint32_t(510 + VD / 64), 0.02);
+      const auto signs = random_signs(size_t(VD), 511);
+      const auto taps = randn(size_t(C * c.Kc), 512, 0.5f), cs0 = randn(size_t((c.Kc - 1) * C), 513),
+                 gain = uniform(size_t(c.Dv), 514, 0.5f, 1.5f), A = uniform(size_t(c.Nv), 515, -2.f, -0.1f),
+                 dtb = randn(size_t(c.Nv), 516), s0 = randn(size_t(c.Nv * c.Dk * c.Dv), 517, 0.1f);
+      constexpr int kTokens = 3;
+      std::vector<std::vector<float>> got[2];
+      uint64_t kernels[2] = {0, 0};
+      for (const bool on : {true, false}) {
+        CudaBackend::Options o;
+        o.delta_conv = on;
+        o.delta_site = with_site;
+        CudaBackend be(o);
+        be.prepare_matrix(w);
+        be.upload_constant(wa.data(), wa.size() * 4, true);
+        be.upload_constant(wb.data(), wb.size() * 4, true);
+        Buffer sd = up_bytes(be, signs), gd = up(be, gain), dA = up(be, A), dd = up(be, dtb), ds = up(be, s0),
+               dt = up(be, taps), dcs = up(be, cs0);
+        const auto* sp = reinterpret_cast<const int8_t*>(sd.data());
+        std::vector<float> ref_cs = cs0, ref_s = s0;  // the reference's carried conv and recurrent state
+        for (uint32_t tok = 0; tok < kTokens; ++tok) {
+          const uint32_t seed = 520 + 10 * tok;
+          const auto x = randn(size_t(C), seed), dxh = randn(size_t(c.E), seed + 1), z = randn(size_t(VD), seed + 2);
+          Buffer dx = up(be, x), dnx = up(be, dxh), dz = up(be, z);
+          Buffer da = poisoned(be, size_t(c.Nv)), db = poisoned(be, size_t(c.Nv)), conv = poisoned(be, size_t(C)),
+                 dg = poisoned(be, size_t(c.Nv)), dbeta = poisoned(be, size_t(c.Nv)), out = poisoned(be, size_t(VD)),
+                 normed = poisoned(be, size_t(VD)), st = poisoned(be, size_t(VD)), yd = poisoned(be, size_t(w.rows));
+          const uint64_t k0 = be.stats().kernels;
+          be.dense_linear(wa.data(), c.Nv, c.E, dnx.data(), 1, da.data());
+          be.dense_linear(wb.data(), c.Nv, c.E, dnx.data(), 1, db.data());
+          be.gdn_conv(dx.data(), dcs.data(), dt.data(), 1, C, c.Kc, conv.data());
+          float *q = conv.data(), *k = conv.data() + KD, *v = conv.data() + 2 * KD;
+          be.l2norm_heads(q, c.Nk, c.Dk, 1e-6f);
+          be.l2norm_heads(k, c.Nk, c.Dk, 1e-6f);
+          be.scale(q, size_t(KD), float(1.0 / std::sqrt(double(c.Dk))));
+          be.gdn_gates(da.data(), db.data(), dA.data(), dd.data(), 1, c.Nv, dg.data(), dbeta.data());
+          be.gdn_delta_rule(ds.data(), q, k, v, dg.data(), dbeta.data(), 1, c.Nk, c.Nv, c.Dk, c.Dv, out.data());
+          be.gated_rmsnorm(out.data(), dz.data(), gd.data(), c.Nv, c.Dv, 1e-6f, normed.data());
+          be.copy_rows(st.data(), VD, normed.data(), VD, 1, VD);
+          be.hadamard_forward(st.data(), 1, VD, sp, hb);
+          const LinearOut lo{&w, yd.data()};
+          be.linear(&lo, 1, VD, st.data(), 1);
+          const std::vector<float> y = down(be, yd);
+          kernels[!on] += be.stats().kernels - k0;
+          for (auto vec : {down(be, out), down(be, ds), down(be, dcs), down(be, dg), down(be, dbeta), down(be, st), y})
+            got[!on].push_back(vec);
+          if (on) {  // the fp64 reference of the same ops (the fused path's values)
+            std::vector<float> ca(size_t(c.Nv)), cb(size_t(c.Nv)), cv(static_cast<size_t>(C)), g(size_t(c.Nv)), beta(size_t(c.Nv)),
+                want(static_cast<size_t>(VD));
+            ref::dense_matmul_f32(wa.data(), c.Nv, c.E, dxh.data(), 1, ca.data());
+            ref::dense_matmul_f32(wb.data(), c.Nv, c.E, dxh.data(), 1, cb.data());
+            ref::gdn_conv(x.data(), ref_cs.data(), taps.data(), 1, C, c.Kc, cv.data());
+            std::vector<float> rq(cv.begin(), cv.begin() + KD), rk(cv.begin() + KD, cv.begin() + 2 * KD),
+                rv(cv.begin() + 2 * KD, cv.end());
+            ref_delta_inputs(rq, rk, ca, cb, A, dtb, 1, c.Nk, c.Nv, c.Dk, g, beta);
+            ref::gdn_recurrent(ref_s.data(), rq.data(), rk.data(), rv.data(), g.data(), beta.data(), 1, c.Nk, c.Nv,
+                               c.Dk, c.Dv, want.data());
+            const std::string at = "E " + std::to_string(c.E) + " token " + std::to_string(tok);
+            EXPECT_LE(rel_err(down(be, out), want), 1e-4) << at;
+            EXPECT_LE(rel_err(down(be, ds), ref_s), 1e-4) << at;
+            EXPECT_EQ(down(be, dcs), ref_cs) << at << ": the conv state is a shift of exact values";
+          }
+        }
+      }
+      const std::string what = std::string(with_site ? "site" : "no site") + " Nv " + std::to_string(c.Nv) + " Dk " +
+                               std::to_string(c.Dk) + " E " + std::to_string(c.E) + (c.bf16 ? " bf16" : " fp32");
+      ASSERT_EQ(got[0].size(), got[1].size()) << what;
+      const char* names[] = {"delta out", "state", "conv state", "g", "beta", "site", "linear"};
+      for (size_t i = 0; i < got[0].size(); ++i)
+        EXPECT_EQ(got[0][i], got[1][i]) << what << " token " << i / 7 << " " << names[i % 7];
+      EXPECT_EQ(kernels[0] + kTokens, kernels[1]) << what << " (one launch fewer a token)";
+    }
+}
+
+// Round 29 (host only: runs in CI): where the delta step takes the conv and a / b pair into its launch.
+TEST(CudaPolicy, DeltaConvSupported) {
+  alignas(16) static float conv_out[10240], x[10240], state[3 * 10240], taps[4 * 10240], dx[5120], wa[48 * 5120],
+      wb[48 * 5120], ab[96], st[48 * 128 * 128], o[6144];
+  alignas(16) static int32_t count[16];
+  cuda::DeltaDesc d{};
+  d.state = st;
+  d.q = conv_out;
+  d.k = conv_out + 2048;
+  d.v = conv_out + 4096;
+  d.out = o;
+  d.a = ab;
+  d.b = ab + 48;
+  d.A = ab;
+  d.dt_bias = ab;
+  d.T = 1;
+  d.Nk = 16;
+  d.Nv = 48;
+  d.Dk = d.Dv = 128;
+  d.step_warps = 8;
+  cuda::DeltaConvIn c{x, state, taps, conv_out, wa, wb, dx, count, 10240, 4, 5120, true};
+  EXPECT_TRUE(cuda::delta_conv_supported(d, c));  // the 27b's decode token
+  auto without = [&](auto change) {
+    cuda::DeltaDesc e = d;
+    cuda::DeltaConvIn f = c;
+    change(e, f);
+    return !cuda::delta_conv_supported(e, f);
+  };
+  EXPECT_TRUE(without([](cuda::DeltaDesc& e, cuda::DeltaConvIn&) { e.step_warps = 4; }));  // dense_block's 256 threads
+  EXPECT_TRUE(without([](cuda::DeltaDesc& e, cuda::DeltaConvIn&) { e.T = 2; }));
+  EXPECT_TRUE(without([](cuda::DeltaDesc& e, cuda::DeltaConvIn&) { e.a = nullptr; }));  // gates not folded
+  EXPECT_TRUE(without([](cuda::DeltaDesc& e, cuda::DeltaConvIn&) { e.v = conv_out + 4097; }));  // past the conv row
+  EXPECT_TRUE(without([](cuda::DeltaDesc& e, cuda::DeltaConvIn&) { e.q = x; }));               // another buffer
+  EXPECT_TRUE(without([](cuda::DeltaDesc&, cuda::DeltaConvIn& f) { f.Kc = 9; }));
+  EXPECT_TRUE(without([](cuda::DeltaDesc&, cuda::DeltaConvIn& f) { f.E = 5124; }));
+  EXPECT_TRUE(without([](cuda::DeltaDesc&, cuda::DeltaConvIn& f) { f.dx = dx + 1; }));  // misaligned
+  EXPECT_TRUE(without([](cuda::DeltaDesc&, cuda::DeltaConvIn& f) { f.count = nullptr; }));
+  EXPECT_TRUE(without([](cuda::DeltaDesc& e, cuda::DeltaConvIn&) {
+    e.Dk = 192;  // 2 Dk > 256: not a q / k channel a thread
+    e.Nk = 1;
+  }));
+  EXPECT_TRUE(CudaBackend::Options{}.delta_conv);
+}
+
 // Round 26: where the delta step takes the gated-norm site into its launch (host only: runs in CI). The 27b's decode
 // token (48 V heads of 128, the site over the 6,144 outputs) fuses; a prefill chunk, batched rows, delta_kernel (step
 // warps 0), another pre-op, a site of another buffer, a row count other than one, outputs not a multiple of 1024

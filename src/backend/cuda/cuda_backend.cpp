@@ -128,6 +128,7 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   o.delta_mma = flag("BONSAI_CUDA_DELTA_MMA", o.delta_mma);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA_STEP"); e && *e) o.delta_step = std::atoi(e);
   o.delta_site = flag("BONSAI_CUDA_DELTA_SITE", o.delta_site);
+  o.delta_conv = flag("BONSAI_CUDA_DELTA_CONV", o.delta_conv);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_ROW_NORM"); e && *e) o.site_row_norm = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_ROW_EARLY"); e && *e) o.site_row_norm_early = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA_ROWS"); e && *e) o.delta_rows = std::atoi(e);
@@ -189,17 +190,19 @@ struct CudaBackend::Impl {
     bool bf16 = false;  // dense weights stored as bf16 (only when every value round-trips exactly)
   };
   // A deferred op (see the header: fused into its consumer, else launched in order at the next flush).
-  enum class PK { Copy, Permute, SiluMul, SigMul, GNorm, L2, Scale, Gates, Dense, Norm };
+  // ConvDense (round 29): a decode token's conv and its dense a / b pair, held for the delta step that reads them
+  // (Options::delta_conv; else launched as gdn_conv_dense_launch).
+  enum class PK { Copy, Permute, SiluMul, SigMul, GNorm, L2, Scale, Gates, Dense, Norm, ConvDense };
   struct Pending {
     PK kind;
-    float* dst = nullptr;         // Copy/Permute/SiluMul/GNorm out; SigMul/L2/Scale x; Gates g
-    float* dst2 = nullptr;        // Gates beta; Norm residual (add_rmsnorm) or null
-    const float* src = nullptr;   // Copy/Permute src; SiluMul gate; GNorm o; Gates a; Dense x
-    const float* src2 = nullptr;  // SiluMul up; SigMul gate; GNorm z; Gates b
-    const float* gain = nullptr;  // GNorm gain; Gates A
+    float* dst = nullptr;         // Copy/Permute/SiluMul/GNorm out; SigMul/L2/Scale x; Gates g; ConvDense conv state
+    float* dst2 = nullptr;        // Gates beta; Norm residual (add_rmsnorm) or null; ConvDense conv out
+    const float* src = nullptr;   // Copy/Permute src; SiluMul gate; GNorm o; Gates a; Dense / ConvDense x
+    const float* src2 = nullptr;  // SiluMul up; SigMul gate; GNorm z; Gates b; ConvDense the conv's input
+    const float* gain = nullptr;  // GNorm gain; Gates A; ConvDense taps (device)
     const float* gain2 = nullptr; // Gates dt_bias
     const int32_t* perm = nullptr;
-    int64_t ld_dst = 0, ld_src = 0, rows = 0, cols = 0;  // rows x cols, or n in cols
+    int64_t ld_dst = 0, ld_src = 0, rows = 0, cols = 0;  // rows x cols, or n in cols; ConvDense: C, Kc, 1, dense K
     float f = 0.f;                                        // eps or scale
     cuda::DenseDev dense[2]{};
     int n_dense = 0;
@@ -300,7 +303,9 @@ struct CudaBackend::Impl {
   // (Options::delta_site, site()); any other launch emits it first (emit).
   bool held_delta = false;
   cuda::DeltaDesc delta_desc;
+  cuda::DeltaConvIn delta_conv_in{};  // delta_desc.conv points here when the step computes its conv (Options::delta_conv)
   Scratch delta_site_cnt;  // the fused site's arrivals: int32 [Nv Dv / 1024] (zeroed, left zero by each launch)
+  Scratch delta_conv_cnt;  // the fused conv's q / k readers per K head: int32 [Nk] (zeroed, left zero by each launch)
   bool recording = false;
   std::vector<cuda::Launch> rec;
   // Index in rec of the step's last M = 1 matvec (-1: none yet): the next one patches it to prefetch its
@@ -640,6 +645,10 @@ struct CudaBackend::Impl {
       case PK::Scale: emit(cuda::scale_launch(p.dst, p.cols, p.f)); break;
       case PK::Gates: emit(cuda::gdn_gates_launch(p.src, p.src2, p.gain, p.gain2, p.rows, p.cols, p.dst, p.dst2)); break;
       case PK::Dense: emit(cuda::dense_launch(p.dense, p.n_dense, p.bf16, p.cols, p.src, p.rows)); break;
+      case PK::ConvDense:
+        emit(cuda::gdn_conv_dense_launch(p.src2, p.dst, p.gain, p.ld_dst, p.ld_src, p.dst2, p.dense, p.n_dense, p.bf16,
+                                         p.cols, p.src));
+        break;
       case PK::Norm:
         emit(p.dst2 ? cuda::add_rmsnorm_launch(p.dst2, p.src, p.rows, p.cols, p.gain, p.f, p.dst)
                     : cuda::rmsnorm_launch(p.src, p.rows, p.cols, p.gain, p.f, p.dst));
@@ -1091,7 +1100,8 @@ CudaBackend::~CudaBackend() {
   for (void* q : p_->owned) cudaFree(q);
   for (Impl::Scratch* s : {&p_->xq, &p_->xds, &p_->attn_o, &p_->attn_ml, &p_->attn_cnt, &p_->ids,
                            &p_->amr_out, &p_->amr_v, &p_->amr_i, &p_->amr_cnt, &p_->topk_out, &p_->gemm_part, &p_->mv6_part, &p_->mv6_cnt, &p_->site_cnt,
-                           &p_->mvw_part, &p_->mvw_cnt, &p_->xh})
+                           &p_->mvw_part, &p_->mvw_cnt, &p_->xh, &p_->delta_scratch, &p_->delta_site_cnt,
+                           &p_->delta_conv_cnt})
     if (s->p) cudaFree(s->p);
   if (p_->pinned) cudaFreeHost(p_->pinned);
   for (cudaEvent_t e : p_->ev_pool) cudaEventDestroy(e);
@@ -1524,6 +1534,18 @@ void CudaBackend::gdn_conv(const float* x, float* conv_state, const float* taps,
   if (t && t->kind == Impl::PK::Dense && t->rows == 1 && t->dense[0].y != x && t->dense[1].y != x) {
     const Impl::Pending dn = *t;
     I.pend.pop_back();
+    if (I.opt.delta_conv) {  // held for the delta step, which may compute both itself (emit_delta)
+      Impl::Pending q = dn;
+      q.kind = Impl::PK::ConvDense;
+      q.dst = conv_state;
+      q.dst2 = out;
+      q.src2 = x;
+      q.gain = I.dev(taps);
+      q.ld_dst = C;
+      q.ld_src = Kc;
+      I.pend.push_back(q);
+      return;
+    }
     I.flush_pending();
     I.emit(cuda::gdn_conv_dense_launch(x, conv_state, I.dev(taps), C, Kc, out, dn.dense, dn.n_dense, dn.bf16, dn.cols,
                                        dn.src));
@@ -1624,6 +1646,30 @@ void CudaBackend::Impl::emit_delta(float* state, const cuda::RowTable* rows, con
       }
       pend.pop_back();
       t = tail();
+    }
+    // Round 29: a decode token's conv + a / b pair (held by gdn_conv) computed by the step itself. Its dense outputs
+    // must be the gates' a / b folded above and its conv output the buffer q / k / v point into.
+    if (t && t->kind == PK::ConvDense && opt.delta_conv && !rows && T == 1 && t->n_dense == 2 && d.a &&
+        t->dense[0].y == d.a && t->dense[1].y == d.b && t->dense[0].N == Nv && t->dense[1].N == Nv) {
+      emit_held_delta();  // an earlier held step would read delta_conv_in, rewritten here (it goes first anyway)
+      delta_conv_in = {};
+      delta_conv_in.x = t->src2;
+      delta_conv_in.state = t->dst;
+      delta_conv_in.taps = t->gain;
+      delta_conv_in.out = t->dst2;
+      delta_conv_in.wa = t->dense[0].w;
+      delta_conv_in.wb = t->dense[1].w;
+      delta_conv_in.dx = t->src;
+      delta_conv_in.C = t->ld_dst;
+      delta_conv_in.Kc = t->ld_src;
+      delta_conv_in.E = t->cols;
+      delta_conv_in.bf16 = t->bf16;
+      delta_conv_in.count = static_cast<int32_t*>(ensure(delta_conv_cnt, size_t(Nk) * 4, "fused delta-conv counters", true));
+      d.step_warps = opt.delta_step;
+      if (cuda::delta_conv_supported(d, delta_conv_in)) {
+        d.conv = &delta_conv_in;
+        pend.pop_back();
+      }
     }
   }
   flush_pending();

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/gdn_inputs.cuh"
 
 namespace bonsai::cuda {
 
@@ -257,23 +258,6 @@ __device__ __forceinline__ float wload(const void* w, int64_t i) {
   else return reinterpret_cast<const float*>(w)[i];
 }
 
-// 8 consecutive weights of row w starting at element i (16-byte loads; i % 8 == 0).
-template <bool BF16>
-__device__ __forceinline__ void wload8(const void* w, int64_t i, float (&f)[8]) {
-  if constexpr (BF16) {
-    const uint4 u = *reinterpret_cast<const uint4*>(reinterpret_cast<const __nv_bfloat16*>(w) + i);
-    const uint32_t v[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      f[2 * k] = __uint_as_float(v[k] << 16);
-      f[2 * k + 1] = __uint_as_float(v[k] & 0xffff0000u);
-    }
-  } else {
-    const float4 a = *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(w) + i);
-    const float4 b = *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(w) + i + 4);
-    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-  }
-}
 
 // Block per (output row, tile of kDenseToks tokens); the 8 warps split K (a decode a/b pair is 96 rows:
 // 96 blocks instead of 12), each 8-weight load serves the tile's tokens; shared-memory reduce.
@@ -311,8 +295,7 @@ __device__ __forceinline__ void dense_block(const DenseArgs& a, int64_t row, int
         if (m < mt) {
           const float* x = a.x + (m0 + m) * a.K + i;
           const float4 x0 = *reinterpret_cast<const float4*>(x), x1 = *reinterpret_cast<const float4*>(x + 4);
-          s[m] += f[0] * x0.x + f[1] * x0.y + f[2] * x0.z + f[3] * x0.w + f[4] * x1.x + f[5] * x1.y + f[6] * x1.z +
-                  f[7] * x1.w;
+          s[m] += dot8(f, x0, x1);
         }
       }
     }
@@ -431,7 +414,6 @@ __global__ __launch_bounds__(kDenseTileThreads) void dense_tile_kernel(const Den
 }
 
 // ---- GDN conv: one thread per channel, the Kc-1 window in registers -------------------------------
-constexpr int kMaxConvKernel = 8;
 struct ConvArgs {
   const float* x;
   float* state;
@@ -466,19 +448,7 @@ __device__ __forceinline__ void conv_block(const Args& args, int64_t bx, int64_t
 #pragma unroll
   for (int j = 0; j < kMaxConvKernel; ++j) win[j] = j < P ? state[j * a.C + c] : 0.f;
   for (int64_t t = t0; t < t1; ++t) {
-    const float xv = a.x[t * a.C + c];
-    float acc = 0.f;
-#pragma unroll
-    for (int j = 0; j < kMaxConvKernel; ++j) {
-      if (j < P) acc += tap[j] * win[j];
-      else if (j == P) acc += tap[j] * xv;
-    }
-    a.out[t * a.C + c] = siluf_(acc);
-#pragma unroll
-    for (int j = 0; j < kMaxConvKernel; ++j) {
-      if (j + 1 < P) win[j] = win[j + 1];
-      else if (j + 1 == P) win[j] = xv;
-    }
+    a.out[t * a.C + c] = conv_token(tap, win, a.x[t * a.C + c], P);
   }
 #pragma unroll
   for (int j = 0; j < kMaxConvKernel; ++j)
@@ -552,19 +522,7 @@ __global__ __launch_bounds__(kThreads) void conv_seq_kernel(const ConvArgs a) {
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
         if (tb + u >= t_end) break;
-        const float xv = xs[u];
-        float acc = 0.f;
-#pragma unroll
-        for (int j = 0; j < kMaxConvKernel; ++j) {
-          if (j < P) acc += tap[j] * win[j];
-          else if (j == P) acc += tap[j] * xv;
-        }
-        a.out[(tb + u) * a.C + c] = siluf_(acc);
-#pragma unroll
-        for (int j = 0; j < kMaxConvKernel; ++j) {
-          if (j + 1 < P) win[j] = win[j + 1];
-          else if (j + 1 == P) win[j] = xv;
-        }
+        a.out[(tb + u) * a.C + c] = conv_token(tap, win, xs[u], P);
       }
     }
   __syncthreads();  // every warp has read its window from the old state

@@ -397,8 +397,30 @@ struct DeltaDesc {
   // launches, left zero). Only where delta_site_supported; the site kernel and its hop on the decode chain go.
   const SiteDesc* site = nullptr;
   int32_t* site_count = nullptr;
+  // Round 29 (Options::delta_conv): the decode token's conv (+ SiLU) of q / k / v and its dense a / b pair computed in
+  // the step's own launch (conv_dense_kernel's work: one launch fewer on the chain per GDN layer), where
+  // delta_conv_supported. q / k / v above then point into conv->out, which the fused step does not write (the forward
+  // reads those values only here), and the gates' a / b are computed, not read.
+  const struct DeltaConvIn* conv = nullptr;
+};
+// The conv + a / b inputs of a fused decode step (DeltaDesc::conv).
+struct DeltaConvIn {
+  const float* x;     // [C] the conv's input (the qkv product's row: q | k | v channels)
+  float* state;       // [Kc - 1][C] the conv state, shifted in place (as gdn_conv does)
+  const float* taps;  // [C][Kc]
+  const float* out;   // [C] the conv output the separate launch would write (DeltaDesc::q / k / v point into it)
+  const void* wa;     // [Nv][E] the a projection (bf16 when bf16, else fp32)
+  const void* wb;     // [Nv][E] the b projection
+  const float* dx;    // [E] the normed row they read
+  int32_t* count;     // int32 [Nk] blocks past their q / k conv, per K head (zero between launches, left zero)
+  int64_t C, Kc, E;
+  bool bf16;
 };
 Launch delta_launch(const DeltaDesc& d);
+// Whether delta_launch(d) with d.conv = &c fuses: one decode token of one sequence on delta_step_kernel at 8 warps
+// (dense_kernel's thread layout: the same a / b sums bit for bit), the gates folded (d.a, d.b, A, dt_bias), q / k / v
+// inside c.out, 2 Dk <= 256 (a q / k channel a thread), 1 <= Kc <= 8, E % 8 == 0 with 16-byte aligned dx and weights.
+bool delta_conv_supported(const DeltaDesc& d, const DeltaConvIn& c);
 // Whether delta_launch(d) with d.site = &s fuses: one token of one sequence on delta_step_kernel (step_warps 4 / 8),
 // s the gated-norm site of d.out as site_row_kernel runs it (site_row_supported, one row, K = Nv Dv), 16-byte
 // aligned out. The outputs are site_row_kernel's bit for bit (same values, same operations in the same order).

@@ -743,6 +743,10 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
             if (ww < NW) v += pv[ww];
           O.y[m * O.N + r0 + rr] = v;
         }
+        // Round 29 (compute-sanitizer racecheck): every lane's reads of this red slot before lane 0's next
+        // expect_tx arrive, which (through the copy it issues) lets the consumers rewrite the slot ST + 1 stages on.
+        // Without it only lane 0's own reads were ordered before that arrive: a WAR hazard for lanes 1-31.
+        __syncwarp();
         if (++es == ST) es = 0, eph ^= 1u;
         if (++slot == ST + 1) slot = 0;
       }

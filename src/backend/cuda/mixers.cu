@@ -7,6 +7,7 @@
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/gdn_inputs.cuh"
 #include "backend/cuda/warp_site.cuh"
 
 namespace bonsai::cuda {
@@ -620,6 +621,38 @@ __device__ __forceinline__ const DeltaArgs& step_args(const DeltaSiteArgs& x) { 
 template <int LV>
 using DeltaStepArgs = std::conditional_t<LV == 0, DeltaArgs, DeltaSiteArgs>;
 
+// Round 29 (DeltaDesc::conv): the step's own q / k / v conv and a / b pair. q0 / k0 / v0: the first channel of q, k, v
+// in the conv's rows (DeltaConvIn::out and x).
+struct DeltaConvArgs {
+  const float* x;
+  float* state;
+  const float* taps;
+  const void* wa;
+  const void* wb;
+  const float* dx;
+  int32_t* count;
+  int64_t C, Kc, E, q0, k0, v0;
+};
+template <int LV>
+struct DeltaConvStepArgs {
+  DeltaStepArgs<LV> s;
+  DeltaConvArgs c;
+};
+static_assert(sizeof(DeltaConvStepArgs<0>) == sizeof(DeltaArgs) + sizeof(DeltaConvArgs) &&
+                  sizeof(DeltaConvStepArgs<2>) == sizeof(DeltaSiteArgs) + sizeof(DeltaConvArgs),
+              "no padding holes: equal arguments must be equal bytes (launch.h)");
+template <int LV>
+__device__ __forceinline__ const DeltaArgs& step_args(const DeltaConvStepArgs<LV>& x) {
+  return step_args(x.s);
+}
+// The kernel's argument: the step (with its site when LV != 0), and its conv inputs when CONV.
+template <int LV, bool CONV>
+using DeltaKernelArgs = std::conditional_t<CONV, DeltaConvStepArgs<LV>, DeltaStepArgs<LV>>;
+template <int LV>
+__device__ __forceinline__ const DeltaStepArgs<LV>& site_part(const DeltaStepArgs<LV>& x) { return x; }
+template <int LV>
+__device__ __forceinline__ const DeltaStepArgs<LV>& site_part(const DeltaConvStepArgs<LV>& x) { return x.s; }
+
 // The fused site's two halves in a step block. Arrival, by warp 0 right after its outputs (the block's 32 of out):
 // fence them, count the block into its 1024-chunk; `last` (shared) tells the block whether the chunk's other 31
 // blocks are in. Only warp 0's own stores sit before the fence, so the state's write-back (16 KB a block, by every
@@ -669,8 +702,16 @@ __device__ __forceinline__ void delta_site_finish(const DeltaSiteArgs& x, int64_
 // and two block reductions in a row before the state pass; the decode chain measured it at 7.7 us per layer.
 // W warps per block: warp w owns state rows w, w + W, ... of the block's 32-column slice. LV 1 / 2 (round 26): the
 // gated-norm site of out follows in the same launch (delta_site_arrive / delta_site_finish, q8 / q16); 0: none.
-template <int W, int LV = 0>
-__global__ __launch_bounds__(W * 32) void delta_step_kernel(const DeltaStepArgs<LV> args) {
+// CONV (round 29, W = 8, DeltaDesc::conv): the block first computes its own inputs, which conv_dense_kernel computed
+// one launch earlier: thread t < 2 Dk the conv (+ SiLU) of q / k channel t of its K head, warp 0 the 32 v channels
+// of its slice, and every thread its share of the a / b dot products of row h (dense_block's thread layout and sums,
+// the warps' partials added in warp order: the same values bit for bit), met by one more block barrier. The v
+// channels' conv state is the block's own: warp 0 shifts it in place. The q / k channels' state is read by the
+// (Nv / Nk) x (Dv / 32) blocks of the K head: each counts itself in after its reads (count[kh]), and the last one
+// shifts that state once all have read it (no block waits for another: the pattern of delta_site_arrive).
+template <int W, int LV = 0, bool CONV = false, bool BF16 = false>
+__global__ __launch_bounds__(W * 32) void delta_step_kernel(const DeltaKernelArgs<LV, CONV> args) {
+  static_assert(!CONV || W == 8, "the fused conv's a / b sums follow dense_block's 256 threads");
   const DeltaArgs& a = step_args(args);
   constexpr int kR = int(kDeltaMaxDk) / W;  // state rows per thread at most
   __shared__ float part[W][2][32];  // [warp][P, Q][lane]
@@ -683,20 +724,91 @@ __global__ __launch_bounds__(W * 32) void delta_step_kernel(const DeltaStepArgs<
   const int64_t t = 0;
   float* Sg = a.state + h * a.Dk * a.Dv;
   if (lane < R) prefetch_l2(Sg + (warp + W * lane) * a.Dv + (j - lane));  // as delta_kernel: L2 while the wait runs
+  // CONV: this thread's q / k channel (-1: none) and warp 0's v channel, their taps (model constants: read before the
+  // wait), the a / b rows into L2 (as dense_block does).
+  [[maybe_unused]] int64_t qk_ch = -1, v_ch = -1;
+  [[maybe_unused]] float qk_tap[kMaxConvKernel], v_tap[kMaxConvKernel];
+  if constexpr (CONV) {
+    const DeltaConvArgs& c = args.c;
+    if (tid < 2 * a.Dk) qk_ch = tid < a.Dk ? c.q0 + kh * a.Dk + tid : c.k0 + kh * a.Dk + (tid - a.Dk);
+    if (warp == 0) v_ch = c.v0 + j + h * a.Dv;
+#pragma unroll
+    for (int i = 0; i < kMaxConvKernel; ++i) {
+      qk_tap[i] = qk_ch >= 0 && i < c.Kc ? c.taps[qk_ch * c.Kc + i] : 0.f;
+      v_tap[i] = v_ch >= 0 && i < c.Kc ? c.taps[v_ch * c.Kc + i] : 0.f;
+    }
+    const int64_t row_bytes = c.E * (BF16 ? 2 : 4);
+    for (int64_t off = int64_t(tid) * 128; off < row_bytes; off += W * 32 * 128) {
+      prefetch_l2(static_cast<const char*>(c.wa) + h * row_bytes + off);
+      prefetch_l2(static_cast<const char*>(c.wb) + h * row_bytes + off);
+    }
+  }
   pdl_wait();
+  __shared__ float conv_qk[CONV ? 2 * kDeltaMaxDk : 1];  // CONV: q then k of the K head after the conv
+  __shared__ float conv_v[CONV ? 32 : 1];                // CONV: v of the block's 32 columns
+  __shared__ float ab_part[CONV ? 2 : 1][W];             // CONV: [a, b][warp] partial dot products
+  __shared__ int qk_last;                                // CONV: this block shifts the K head's q / k conv state
+  [[maybe_unused]] float qk_win[kMaxConvKernel], qk_x = 0.f;
+  if constexpr (CONV) {
+    const DeltaConvArgs& c = args.c;
+    const int Pc = int(c.Kc - 1);
+    if (qk_ch >= 0) {
+#pragma unroll
+      for (int i = 0; i < kMaxConvKernel; ++i) qk_win[i] = i < Pc ? c.state[i * c.C + qk_ch] : 0.f;
+      qk_x = c.x[qk_ch];
+      float win[kMaxConvKernel];  // conv_token shifts its window: qk_win stays the old one for the state write below
+#pragma unroll
+      for (int i = 0; i < kMaxConvKernel; ++i) win[i] = qk_win[i];
+      conv_qk[tid] = conv_token(qk_tap, win, qk_x, Pc);
+    }
+    if (v_ch >= 0) {
+      float win[kMaxConvKernel];
+#pragma unroll
+      for (int i = 0; i < kMaxConvKernel; ++i) win[i] = i < Pc ? c.state[i * c.C + v_ch] : 0.f;
+      conv_v[lane] = conv_token(v_tap, win, c.x[v_ch], Pc);
+#pragma unroll
+      for (int i = 0; i < kMaxConvKernel; ++i)
+        if (i < Pc) c.state[i * c.C + v_ch] = win[i];  // this block's own channels
+    }
+    float sa = 0.f, sb = 0.f;
+    for (int64_t i = int64_t(tid) * 8; i < c.E; i += W * 32 * 8) {
+      float f[8];
+      const float4 x0 = *reinterpret_cast<const float4*>(c.dx + i), x1 = *reinterpret_cast<const float4*>(c.dx + i + 4);
+      wload8<BF16>(c.wa, h * c.E + i, f);
+      sa += dot8(f, x0, x1);
+      wload8<BF16>(c.wb, h * c.E + i, f);
+      sb += dot8(f, x0, x1);
+    }
+    sa = warp_sum(sa);
+    sb = warp_sum(sb);
+    if (lane == 0) ab_part[0][warp] = sa, ab_part[1][warp] = sb;
+    __syncthreads();  // the conv outputs and the a / b partials
+    if (tid == 0) {   // this block has read the K head's q / k conv state (its values are in conv_qk)
+      __threadfence();
+      qk_last = atomicAdd(c.count + kh, 1) == int(rep * gridDim.y) - 1;
+    }
+  }
   float s[kR], kr[kR];
   float P = 0.f, Q = 0.f, kk = 0.f, qq = 0.f, kq = 0.f;
-  const float* kp = a.k + t * a.ldk + kh * a.Dk;
-  const float* qp = a.q + t * a.ldq + kh * a.Dk;
+  const float* kp = CONV ? conv_qk + a.Dk : a.k + t * a.ldk + kh * a.Dk;
+  const float* qp = CONV ? conv_qk : a.q + t * a.ldq + kh * a.Dk;
 #pragma unroll
   for (int ii = 0; ii < kR; ++ii) {
     const int i = warp + W * ii;
     s[ii] = ii < R ? Sg[i * a.Dv + j] : 0.f;
     kr[ii] = ii < R ? kp[i] : 0.f;  // the same address in every lane: one broadcast load
   }
-  const float vj = a.v[t * a.ldv + h * a.Dv + j];
-  const float ga = a.a ? a.a[t * a.Nv + h] : a.g[t * a.Nv + h];
-  const float gbv = a.a ? a.b[t * a.Nv + h] : a.beta[t * a.Nv + h];
+  float vj, ga, gbv;
+  if constexpr (CONV) {
+    vj = conv_v[lane];
+    ga = gbv = 0.f;  // dense_block's order: warp 0's partial first
+#pragma unroll
+    for (int w = 0; w < W; ++w) ga += ab_part[0][w], gbv += ab_part[1][w];
+  } else {
+    vj = a.v[t * a.ldv + h * a.Dv + j];
+    ga = a.a ? a.a[t * a.Nv + h] : a.g[t * a.Nv + h];
+    gbv = a.a ? a.b[t * a.Nv + h] : a.beta[t * a.Nv + h];
+  }
 #pragma unroll
   for (int ii = 0; ii < kR; ++ii) {
     if (ii < R) {
@@ -740,13 +852,24 @@ __global__ __launch_bounds__(W * 32) void delta_step_kernel(const DeltaStepArgs<
   __shared__ int site_last;  // LV != 0: this block is its out chunk's last (delta_site_arrive)
   if (warp == 0) {
     a.out[t * a.Nv * a.Dv + e0 + lane] = decay * nq * Q + delta * nk * nq * kq;
-    if constexpr (LV != 0) delta_site_arrive(args, e0, lane, site_last);
+    if constexpr (LV != 0) delta_site_arrive(site_part<LV>(args), e0, lane, site_last);
   }
   const float kd = nk * delta;
 #pragma unroll
   for (int ii = 0; ii < kR; ++ii)
     if (ii < R) Sg[(warp + W * ii) * a.Dv + j] = decay * s[ii] + kr[ii] * kd;
-  if constexpr (LV != 0) delta_site_finish<LV>(args, e0, site_last);
+  if constexpr (CONV) {
+    if (qk_last) {  // every block of the K head has read its q / k conv state (qk_last: set before the barrier above)
+      const DeltaConvArgs& c = args.c;
+      __threadfence();
+      if (qk_ch >= 0)
+#pragma unroll
+        for (int i = 0; i < kMaxConvKernel; ++i)
+          if (i + 1 < c.Kc) c.state[i * c.C + qk_ch] = i + 2 < c.Kc ? qk_win[i + 1] : qk_x;
+      if (tid == 0) c.count[kh] = 0;
+    }
+  }
+  if constexpr (LV != 0) delta_site_finish<LV>(site_part<LV>(args), e0, site_last);
 }
 
 // Batched decode (round 18): one token of each of B sequences, one block per (V head, sequence) with W warps, the
@@ -890,6 +1013,23 @@ bool delta_site_supported(const DeltaDesc& d, const SiteDesc& s) {
          s.K == d.Nv * d.Dv && s.ld == s.K && aligned16(d.out) && site_row_supported(s);
 }
 
+bool delta_conv_supported(const DeltaDesc& d, const DeltaConvIn& c) {
+  auto inside = [&](const float* p, int64_t n) { return p >= c.out && p + n <= c.out + c.C; };
+  return d.T == 1 && !d.rows && delta_step_warps(d) == 8 && d.a && d.b && d.A && d.dt_bias && 2 * d.Dk <= 256 &&
+         c.x && c.state && c.taps && c.out && c.wa && c.wb && c.dx && c.count && c.Kc >= 1 && c.Kc <= kMaxConvKernel &&
+         inside(d.q, d.Nk * d.Dk) && inside(d.k, d.Nk * d.Dk) && inside(d.v, d.Nv * d.Dv) && c.E % 8 == 0 &&
+         aligned16(c.dx) && aligned16(c.wa) && aligned16(c.wb);
+}
+
+namespace {
+// The fused instance for (site levels LV, bf16 a / b weights).
+template <int LV>
+const void* delta_conv_kernel(bool bf16) {
+  return bf16 ? reinterpret_cast<const void*>(&delta_step_kernel<8, LV, true, true>)
+              : reinterpret_cast<const void*>(&delta_step_kernel<8, LV, true, false>);
+}
+}  // namespace
+
 Launch delta_launch(const DeltaDesc& d) {
   DeltaArgs a{d.state,
               d.q,
@@ -943,6 +1083,23 @@ Launch delta_launch(const DeltaDesc& d) {
   // H200 tg128 +2.3 % at depth 0, +1.6 % at 8k over delta_kernel, round 14).
   const int sw = delta_step_warps(d);
   const dim3 grid(unsigned(d.Nv), unsigned(d.Dv / 32));
+  if (d.conv) {  // round 29: with its conv and a / b pair
+    const DeltaConvIn& c = *d.conv;
+    if (!delta_conv_supported(d, c))
+      throw std::invalid_argument("delta_launch: the fused conv needs delta_conv_supported (one decode token at 8 "
+                                  "warps, the gates folded, q / k / v inside the conv output)");
+    const DeltaConvArgs ca{c.x,  c.state, c.taps, c.wa,         c.wb,         c.dx,        c.count,
+                           c.C,  c.Kc,    c.E,    d.q - c.out,  d.k - c.out,  d.v - c.out};
+    if (d.site) {
+      if (!delta_site_supported(d, *d.site))
+        throw std::invalid_argument("delta_launch: the fused gated-norm site needs delta_site_supported");
+      const SiteDesc& sd = *d.site;
+      const DeltaSiteArgs x{a, site_prologue_of(sd), sd.dst, sd.xq, sd.xds, d.site_count, sd.K};
+      if (sd.levels == 2) return make_launch(delta_conv_kernel<2>(c.bf16), grid, dim3(256), 0, DeltaConvStepArgs<2>{x, ca});
+      return make_launch(delta_conv_kernel<1>(c.bf16), grid, dim3(256), 0, DeltaConvStepArgs<1>{x, ca});
+    }
+    return make_launch(delta_conv_kernel<0>(c.bf16), grid, dim3(256), 0, DeltaConvStepArgs<0>{a, ca});
+  }
   if (d.site) {  // round 26: with the gated-norm site of out
     if (!delta_site_supported(d, *d.site))
       throw std::invalid_argument("delta_launch: the fused gated-norm site needs delta_site_supported (one decode "
