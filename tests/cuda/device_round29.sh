@@ -1,0 +1,50 @@
+#!/bin/bash
+# Device run of round 29, in priority order for a short lease (every step's output lands in $OUT as it goes, so a call
+# cut off by its limit still brings back what ran): the fixture gate per GATE_ENVS entry, test_cuda (TEST_FILTER), the
+# 27b decode A/B (AB: "name:ENV=V,ENV=V ..."; prev* runs bonsai_prev; `bench -p 0 -n 128 -r 2`), compute-sanitizer
+# racecheck on RACE_FILTER and memcheck on MEM_FILTER (each at most SAN_TIMEOUT s), the v7 timeline (TRACE=1), then
+# FINAL=1 (device_round21.sh's final benches). Staged by stage_devbin.sh; `bash .devbin-me/device_round29.sh` with carry
+# [".devbin-me"].
+source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
+device_header "$OUT/gpu.csv"
+start_27b_pack
+make_tiny_packs
+run_gates "${GATE_ENVS:-X=1}" 60
+stamp "gates"
+if [ -n "${TEST_FILTER:-}" ]; then
+  run_test_cuda ${TEST_TIMEOUT:-150}
+  grep -E "^\[  FAILED|^\[  PASSED|Failure|Expected|Which is" "$OUT/test_cuda.log" | head -20
+  stamp "test_cuda"
+fi
+wait $MP
+stamp "27b pack"
+pick() { case $1 in prev*) echo $B/bonsai_prev ;; *) echo $B/bonsai ;; esac; }
+for cfg in ${AB:-}; do
+  name=${cfg%%:*}; env=${cfg#*:}; bin=$(pick $name)
+  echo "== $name ($env, $(basename $bin))" | tee -a "$OUT/ab.txt"
+  env ${env//,/ } timeout 90 $bin bench --backend cuda -m "$P27" -p 0 -n 128 -r 2 2>&1 | grep -E "^tg|rror" \
+    | tee -a "$OUT/ab.txt"
+done
+stamp "A/B"
+cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+san() {  # tool filter
+  BONSAI_TINY_PACK=/tmp/tiny/tiny-pq2_0.gguf timeout ${SAN_TIMEOUT:-100} "$cs" --tool $1 --print-limit 20 $B/test_cuda \
+    --gtest_filter="$2" > "$OUT/sanitizer_$1.log" 2>&1
+  echo "sanitizer $1 ($2) rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT/sanitizer_$1.log" | head -6
+}
+[ -n "${RACE_FILTER:-}" ] && san racecheck "$RACE_FILTER"
+[ -n "${MEM_FILTER:-}" ] && san memcheck "$MEM_FILTER"
+stamp "sanitizer"
+if [ "${TRACE:-0}" = 1 ]; then
+  BONSAI_CUDA_MV7_TRACE=$L/v7trace.txt timeout 90 $B/bonsai_trace bench --backend cuda -m "$P27" -p 0 -n 16 -r 1 \
+    > "$L/trace_bench.txt" 2>&1
+  echo "trace rc=$?"; python3 $B/v7_trace_report.py $L/v7trace.txt > "$OUT/v7trace_report.txt" 2>&1; head -30 "$OUT/v7trace_report.txt"
+  stamp "trace"
+fi
+if [ "${FINAL:-0}" = 1 ]; then
+  timeout 150 $B/bonsai bench --backend cuda -m "$P27" -p 512,2048 -n 128 -r 2 -d 0,8192 --json > "$OUT/bench.json" 2> "$OUT/bench.txt"
+  echo "bench rc=$?"; tail -6 "$OUT/bench.txt"
+  timeout 100 $B/bonsai bench --backend cuda -m "$P27" -p 0 -n 32 -r 2 --batch 4,8,16,32 > "$OUT/batch.txt" 2>&1
+  echo "batch rc=$?"; tail -4 "$OUT/batch.txt"
+fi
+stamp "done"
