@@ -827,6 +827,18 @@ TEST(CudaOps, DenseLinearSingleAndPaired) {
   }
 }
 
+// v with each value truncated to bf16 (any bf16 value will do): CudaBackend::upload_constant(..., true) then keeps such
+// weights as bf16, as prepare() does with the packs' dense a / b projections.
+std::vector<float> bf16_exact(std::vector<float> v) {
+  for (float& f : v) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    u &= 0xffff0000u;
+    std::memcpy(&f, &u, 4);
+  }
+  return v;
+}
+
 // Round 29: the prefill a / b pair of bf16 weights on the tensor cores (dense_mma_kernel: x as three bf16 pieces) against
 // the fp64 reference and the fp32 tile kernel (BONSAI_CUDA_DENSE_MMA=0). M 33 / 100 / 300 (ragged 16-token tiles), K 640
 // / 5,120 (8 warps' K chunks: 2.5 and 20 each), N 48 + 48 (the 27b's: 3 blocks of 32 rows, one across the pair's
@@ -834,15 +846,6 @@ TEST(CudaOps, DenseLinearSingleAndPaired) {
 TEST(CudaOps, DenseMmaBf16MatchesTheTileKernel) {
   BONSAI_REQUIRE_GPU();
   CudaBackend& be = gpu();
-  auto bf16_values = [](std::vector<float> v) {  // round to bf16 (truncation is fine: any bf16 value will do)
-    for (float& f : v) {
-      uint32_t u;
-      std::memcpy(&u, &f, 4);
-      u &= 0xffff0000u;
-      std::memcpy(&f, &u, 4);
-    }
-    return v;
-  };
   struct Shape {
     int64_t K, N0, N1;
   };
@@ -850,9 +853,9 @@ TEST(CudaOps, DenseMmaBf16MatchesTheTileKernel) {
     const int64_t K = sh.K, N0 = sh.N0, N1 = sh.N1;
     // host weights live as long as the backend's constants keyed by their address: static storage per shape
     static std::deque<std::vector<float>> keep;  // a deque: references to its elements survive push_back
-    keep.push_back(bf16_values(randn(size_t(N0 * K), uint32_t(K + N0), 0.05f)));
+    keep.push_back(bf16_exact(randn(size_t(N0 * K), uint32_t(K + N0), 0.05f)));
     const std::vector<float>& w0 = keep.back();
-    keep.push_back(bf16_values(randn(size_t(std::max<int64_t>(N1, 1) * K), uint32_t(K + N1 + 7), 0.05f)));
+    keep.push_back(bf16_exact(randn(size_t(std::max<int64_t>(N1, 1) * K), uint32_t(K + N1 + 7), 0.05f)));
     const std::vector<float>& w1 = keep.back();
     be.upload_constant(w0.data(), w0.size() * 4, true);
     be.upload_constant(w1.data(), w1.size() * 4, true);
@@ -1463,15 +1466,6 @@ TEST(CudaOps, DeltaStepWithConvEqualsApart) {
     bool bf16;
   } cases[] = {{16, 48, 128, 128, 5120, 4, true}, {2, 6, 128, 128, 256, 4, false}, {4, 8, 64, 64, 384, 2, true},
                {16, 48, 128, 128, 5120, 4, false}};
-  auto bf16_values = [](std::vector<float> v) {  // bf16-exact values: upload_constant then keeps them as bf16
-    for (float& f : v) {
-      uint32_t u;
-      std::memcpy(&u, &f, 4);
-      u &= 0xffff0000u;
-      std::memcpy(&f, &u, 4);
-    }
-    return v;
-  };
   for (const bool with_site : {true, false})
     for (const Case& c : cases) {
       const int64_t KD = c.Nk * c.Dk, VD = c.Nv * c.Dv, C = 2 * KD + VD;
@@ -1479,10 +1473,10 @@ TEST(CudaOps, DeltaStepWithConvEqualsApart) {
       while (VD % hb != 0) hb /= 2;
       static std::deque<std::vector<float>> keep;  // host weights outlive the backends' constants keyed by address
       keep.push_back(randn(size_t(c.Nv * c.E), uint32_t(500 + c.E), 0.05f));
-      if (c.bf16) keep.back() = bf16_values(keep.back());
+      if (c.bf16) keep.back() = bf16_exact(keep.back());
       const std::vector<float>& wa = keep.back();
       keep.push_back(randn(size_t(c.Nv * c.E), uint32_t(501 + c.E), 0.05f));
-      if (c.bf16) keep.back() = bf16_values(keep.back());
+      if (c.bf16) keep.back() = bf16_exact(keep.back());
       const std::vector<float>& wb = keep.back();
       TernaryMatrix& w = random_matrix(96, VD, uint32_t(510 + VD / 64), 0.02);
       const auto signs = random_signs(size_t(VD), 511);
