@@ -1593,7 +1593,8 @@ TEST(CudaPolicy, DeltaConvSupported) {
     e.Dk = 192;  // 2 Dk > 256: not a q / k channel a thread
     e.Nk = 1;
   }));
-  EXPECT_TRUE(CudaBackend::Options{}.delta_conv);
+  // Off by default until CudaOps.DeltaStepWithConvEqualsApart has passed on a device (round 29 got no machine for it).
+  EXPECT_FALSE(CudaBackend::Options{}.delta_conv);
 }
 
 // Round 26: where the delta step takes the gated-norm site into its launch (host only: runs in CI). The 27b's decode

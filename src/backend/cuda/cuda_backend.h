@@ -83,9 +83,10 @@ class CudaBackend final : public Backend {
                                // programmatic edge into it), 1: one-row sites only, 0: off; BONSAI_CUDA_SITE_ROW_NORM
     int site_row_norm_early = 1;  // round 28: the most rows whose site_row_norm_kernel launches early (a programmatic edge);
                                   // past it a full dependency (round 27's fault at 5-32 rows); BONSAI_CUDA_SITE_ROW_EARLY
-    bool delta_conv = true;    // round 29: a decode token's GDN conv and dense a / b pair computed by the delta step's own
+    bool delta_conv = false;   // round 29: a decode token's GDN conv and dense a / b pair computed by the delta step's own
                                // launch (cuda::delta_conv_supported; needs conv_dense and fuse) instead of one launch
-                               // before it; bit-identical; BONSAI_CUDA_DELTA_CONV=0|1
+                               // before it; meant bit-identical. Off until it has run on a device (round 29 got no
+                               // machine for it): CudaOps.DeltaStepWithConvEqualsApart first; BONSAI_CUDA_DELTA_CONV=1
     bool delta_site = true;    // round 26: a decode token's gated-norm site (the gdn_out input) computed by the delta
                                // step's launch, by the last block of each 1024-chunk (delta_site_supported), instead
                                // of a site_row_kernel after it; bit-identical; BONSAI_CUDA_DELTA_SITE=0|1
