@@ -19,6 +19,8 @@
 #            (round 23: at context PROF_DEPTH, default 0; the fill's kernels are in the profile too)
 #   STATE_PROBE=1 (round 22) the state read-modify-write ceiling (tests/cuda/state_stream_probe.cu, compiled here with nvcc)
 #   BULK_PROBE=1 (round 23) one SM's cp.async.bulk rate by copy size and depth (tests/cuda/bulk_copy_probe.cu, the same way)
+#   CLUSTER_PROBE=1 (round 29) an FFN's gate+up and ffn_down meeting at a cluster barrier instead of a launch boundary
+#            (tests/cuda/cluster_ffn_probe.cu, the same way)
 #   PERSIST_PROBE=1 (round 28) the decode chain's weight streams as per-product launches vs one persistent kernel with
 #            grid barriers (tests/cuda/persist_chain_probe.cu, the same way)
 #   TRACE=1  (round 24) the v7 timeline of a decode step (bonsai_trace: stage_devbin.sh TRACE_BUILD) at context
@@ -60,6 +62,7 @@ device_probe() {
 [ "${STATE_PROBE:-0}" = 1 ] && device_probe state_stream_probe 60
 [ "${BULK_PROBE:-0}" = 1 ] && device_probe bulk_copy_probe 120
 [ "${PERSIST_PROBE:-0}" = 1 ] && device_probe persist_chain_probe 120
+[ "${CLUSTER_PROBE:-0}" = 1 ] && device_probe cluster_ffn_probe 120
 if [ -n "${SASS:-}" ]; then
   cuobjdump -sass $B/test_cuda 2>/dev/null | awk -v re="$SASS" '/Function :/ {on = ($0 ~ re)} on' > "$OUT/sass.txt"
   echo "sass lines: $(wc -l < "$OUT/sass.txt")"; gzip -9 "$OUT/sass.txt"

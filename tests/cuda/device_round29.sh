@@ -4,7 +4,7 @@
 # 27b decode A/B (AB: "name:ENV=V,ENV=V ..."; prev* runs bonsai_prev; `bench -p 0 -n 128 -r 2`), compute-sanitizer
 # racecheck on RACE_FILTER and memcheck on MEM_FILTER (each at most SAN_TIMEOUT s), the v7 timeline (TRACE=1), then
 # FINAL=1 (device_round21.sh's final benches). Staged by stage_devbin.sh; `bash .devbin-me/device_round29.sh` with carry
-# [".devbin-me"].
+# [".devbin-me"]. CLUSTER_PROBE=1: tests/cuda/cluster_ffn_probe.cu (compiled there with nvcc) after the tests.
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
 device_header "$OUT/gpu.csv"
 start_27b_pack
@@ -15,6 +15,11 @@ if [ -n "${TEST_FILTER:-}" ]; then
   run_test_cuda ${TEST_TIMEOUT:-150}
   grep -E "^\[  FAILED|^\[  PASSED|Failure|Expected|Which is" "$OUT/test_cuda.log" | head -20
   stamp "test_cuda"
+fi
+if [ "${CLUSTER_PROBE:-0}" = 1 ]; then  # tests/cuda/cluster_ffn_probe.cu (needs no pack)
+  $(command -v nvcc || echo /usr/local/cuda/bin/nvcc) -O3 -arch=sm_90a -std=c++17 -Isrc tests/cuda/cluster_ffn_probe.cu \
+    -o $L/cfp > $L/cfp_build.log 2>&1 && timeout 120 $L/cfp | tee "$OUT/cluster_ffn_probe.txt" || { echo "cluster probe failed"; tail -5 $L/cfp_build.log; }
+  stamp "cluster probe"
 fi
 wait $MP
 stamp "27b pack"
