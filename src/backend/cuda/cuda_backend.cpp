@@ -1101,7 +1101,7 @@ CudaBackend::~CudaBackend() {
   for (Impl::Scratch* s : {&p_->xq, &p_->xds, &p_->attn_o, &p_->attn_ml, &p_->attn_cnt, &p_->ids,
                            &p_->amr_out, &p_->amr_v, &p_->amr_i, &p_->amr_cnt, &p_->topk_out, &p_->gemm_part, &p_->mv6_part, &p_->mv6_cnt, &p_->site_cnt,
                            &p_->mvw_part, &p_->mvw_cnt, &p_->xh, &p_->delta_scratch, &p_->delta_site_cnt,
-                           &p_->delta_conv_cnt})
+                           &p_->delta_conv_cnt, &p_->attn_planes})
     if (s->p) cudaFree(s->p);
   if (p_->pinned) cudaFreeHost(p_->pinned);
   for (cudaEvent_t e : p_->ev_pool) cudaEventDestroy(e);
