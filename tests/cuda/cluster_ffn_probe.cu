@@ -155,22 +155,10 @@ int main() {
   CK(cudaEventCreate(&e1));
   std::printf("device: %d SMs; %d FFNs, %.3f GB (gate+up %.2f MB, down %.2f MB each)\n", sms, kFfns, total / 1e9,
               up / 1e6, down / 1e6);
-  auto time_ms = [&](auto&& run, int reps) -> double {
-    run();
-    run();
-    CK(cudaStreamSynchronize(st));
-    CK(cudaEventRecord(e0, st));
-    for (int r = 0; r < reps; ++r) run();
-    CK(cudaEventRecord(e1, st));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    CK(cudaGetLastError());
-    return double(ms) / reps;
-  };
+  auto time_ms = [&](auto&& run, int reps) { return time_events_ms(st, e0, e1, run, reps); };
   const double probe_ms = time_ms([&] { read_only<<<4 * sms, 512, 0, st>>>(reinterpret_cast<const float4*>(w), size_t(total) / 16, fsink); }, 5);
   std::printf("read probe: %.0f GB/s (%.3f ms for these bytes)\n", total / (probe_ms * 1e-3) / 1e9, probe_ms);
-  // One graph of the launches of a configuration; returns its ms per token (the 64 FFNs).
+  // One graph of the launches of a configuration; returns its ms per token (the 64 FFNs), -1 on an error (printed).
   auto chain = [&](int mode, int cs) -> double {
     cudaGraph_t g;
     cudaGraphExec_t exec;
@@ -201,8 +189,10 @@ int main() {
         }
       }
     }
-    CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&exec, g, 0));
+    if (cudaStreamEndCapture(st, &g) != cudaSuccess || cudaGraphInstantiate(&exec, g, 0) != cudaSuccess) {
+      std::printf("graph (mode %d, cs %d): %s\n", mode, cs, cudaGetErrorString(cudaGetLastError()));
+      return -1;
+    }
     const double ms = time_ms([&] { cudaGraphLaunch(exec, st); }, 10);
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(g);

@@ -63,8 +63,8 @@ run_gates() {
   done
 }
 
-# compute-sanitizer memcheck of test_cuda on gtest filter $1 (at most $2 seconds) into $OUT/sanitizer.log, then its
-# summary lines (and those matching the extra pattern $3, if given).
+# compute-sanitizer (each tool of SAN_TOOLS, default memcheck) of test_cuda on gtest filter $1 (at most $2 seconds each)
+# into $OUT/sanitizer_<tool>.log, then its summary lines (and those matching the extra pattern $3, if given).
 run_sanitizer() {
   local cs
   cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
@@ -120,4 +120,12 @@ run_batch_bench() {
     env ${env//,/ } timeout 120 $B/bonsai bench --backend cuda -m "$P27" -p 0 -n 32 -r 2 --batch 32 2>&1 | grep -E "^tg|rror" \
       | tee -a "$OUT/bab.txt"
   done
+}
+
+# device_probe NAME TIMEOUT: compile tests/cuda/NAME.cu here with nvcc (the kernels' headers on the include path) and
+# run it, its output into $OUT/NAME.txt.
+device_probe() {
+  $(command -v nvcc || echo /usr/local/cuda/bin/nvcc) -O3 -arch=sm_90a -std=c++17 -Isrc tests/cuda/$1.cu -o $L/$1 \
+    > $L/$1_build.log 2>&1 && timeout $2 $L/$1 | tee "$OUT/$1.txt" || { echo "$1 failed"; tail -5 $L/$1_build.log; }
+  stamp "$1"
 }

@@ -52,13 +52,6 @@ if [ "${WGMMA:-0}" = 1 ]; then
   echo "wgmma ceiling rc=$?"; cat "$L/bench_wgmma.txt" 2>/dev/null | tee "$OUT/wgmma.txt"
   stamp "wgmma ceiling"
 fi
-# device_probe NAME TIMEOUT: compile tests/cuda/NAME.cu here with nvcc (the kernels' headers on the include path) and
-# run it, its output into $OUT/NAME.txt.
-device_probe() {
-  $(command -v nvcc || echo /usr/local/cuda/bin/nvcc) -O3 -arch=sm_90a -std=c++17 -Isrc tests/cuda/$1.cu -o $L/$1 \
-    > $L/$1_build.log 2>&1 && timeout $2 $L/$1 | tee "$OUT/$1.txt" || { echo "$1 failed"; tail -5 $L/$1_build.log; }
-  stamp "$1"
-}
 [ "${STATE_PROBE:-0}" = 1 ] && device_probe state_stream_probe 60
 [ "${BULK_PROBE:-0}" = 1 ] && device_probe bulk_copy_probe 120
 [ "${PERSIST_PROBE:-0}" = 1 ] && device_probe persist_chain_probe 120

@@ -16,11 +16,7 @@ if [ -n "${TEST_FILTER:-}" ]; then
   grep -E "^\[  FAILED|^\[  PASSED|Failure|Expected|Which is" "$OUT/test_cuda.log" | head -20
   stamp "test_cuda"
 fi
-if [ "${CLUSTER_PROBE:-0}" = 1 ]; then  # tests/cuda/cluster_ffn_probe.cu (needs no pack)
-  $(command -v nvcc || echo /usr/local/cuda/bin/nvcc) -O3 -arch=sm_90a -std=c++17 -Isrc tests/cuda/cluster_ffn_probe.cu \
-    -o $L/cfp > $L/cfp_build.log 2>&1 && timeout 120 $L/cfp | tee "$OUT/cluster_ffn_probe.txt" || { echo "cluster probe failed"; tail -5 $L/cfp_build.log; }
-  stamp "cluster probe"
-fi
+[ "${CLUSTER_PROBE:-0}" = 1 ] && device_probe cluster_ffn_probe 120  # needs no pack
 wait $MP
 stamp "27b pack"
 pick() { case $1 in prev*) echo $B/bonsai_prev ;; *) echo $B/bonsai ;; esac; }
@@ -31,14 +27,8 @@ for cfg in ${AB:-}; do
     | tee -a "$OUT/ab.txt"
 done
 stamp "A/B"
-cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-san() {  # tool filter
-  BONSAI_TINY_PACK=/tmp/tiny/tiny-pq2_0.gguf timeout ${SAN_TIMEOUT:-100} "$cs" --tool $1 --print-limit 20 $B/test_cuda \
-    --gtest_filter="$2" > "$OUT/sanitizer_$1.log" 2>&1
-  echo "sanitizer $1 ($2) rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT/sanitizer_$1.log" | head -6
-}
-[ -n "${RACE_FILTER:-}" ] && san racecheck "$RACE_FILTER"
-[ -n "${MEM_FILTER:-}" ] && san memcheck "$MEM_FILTER"
+[ -n "${RACE_FILTER:-}" ] && SAN_TOOLS=racecheck run_sanitizer "$RACE_FILTER" ${SAN_TIMEOUT:-100}
+[ -n "${MEM_FILTER:-}" ] && SAN_TOOLS=memcheck run_sanitizer "$MEM_FILTER" ${SAN_TIMEOUT:-100}
 stamp "sanitizer"
 if [ "${TRACE:-0}" = 1 ]; then
   BONSAI_CUDA_MV7_TRACE=$L/v7trace.txt timeout 90 $B/bonsai_trace bench --backend cuda -m "$P27" -p 0 -n 16 -r 1 \

@@ -289,19 +289,7 @@ int main() {
   CK(cudaEventCreate(&e1));
   std::printf("device: %d SMs; the chain: %d products, %.3f GB\n", sms, P, double(total) / 1e9);
 
-  auto time_ms = [&](auto&& run, int reps) -> double {
-    run();
-    run();
-    CK(cudaStreamSynchronize(st));
-    CK(cudaEventRecord(e0, st));
-    for (int r = 0; r < reps; ++r) run();
-    CK(cudaEventRecord(e1, st));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    CK(cudaGetLastError());
-    return double(ms) / reps;
-  };
+  auto time_ms = [&](auto&& run, int reps) { return time_events_ms(st, e0, e1, run, reps); };
   // The read probe over the same bytes.
   const double probe_ms = time_ms([&] { read_only<<<4 * sms, 512, 0, st>>>(reinterpret_cast<const float4*>(w), size_t(total) / 16, fsink); }, 5);
   const double probe = double(total) / (probe_ms * 1e-3) / 1e9;

@@ -25,3 +25,22 @@ __global__ void read_only(const float4* s, size_t n, float* sink) {
   }
   if (acc == 1234.5f) *sink = acc;  // never: keeps the loads
 }
+
+// The mean ms of `reps` runs of run() on stream st, after two warm-ups, between events e0 and e1 (the probes' timing);
+// -1 after a CUDA error, which it prints.
+template <class F>
+double time_events_ms(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, F&& run, int reps) {
+  auto ok = [](cudaError_t e, const char* what) {
+    if (e != cudaSuccess) std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    return e == cudaSuccess;
+  };
+  run();
+  run();
+  if (!ok(cudaStreamSynchronize(st), "warm-up") || !ok(cudaEventRecord(e0, st), "event")) return -1;
+  for (int r = 0; r < reps; ++r) run();
+  float ms = 0;
+  if (!ok(cudaEventRecord(e1, st), "event") || !ok(cudaEventSynchronize(e1), "timed runs") ||
+      !ok(cudaEventElapsedTime(&ms, e0, e1), "elapsed") || !ok(cudaGetLastError(), "launch"))
+    return -1;
+  return double(ms) / reps;
+}

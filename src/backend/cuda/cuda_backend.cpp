@@ -1596,6 +1596,7 @@ void CudaBackend::Impl::emit_delta(float* state, const cuda::RowTable* rows, con
   d.Dk = Dk;
   d.Dv = Dv;
   d.q_scale = 1.f;
+  d.step_warps = opt.delta_step;
   d.ldq = d.ldk = Nk * Dk;  // packed rows unless the q / k / v copies fold below
   d.ldv = Nv * Dv;
   if (opt.fuse) {
@@ -1665,7 +1666,6 @@ void CudaBackend::Impl::emit_delta(float* state, const cuda::RowTable* rows, con
       delta_conv_in.E = t->cols;
       delta_conv_in.bf16 = t->bf16;
       delta_conv_in.count = static_cast<int32_t*>(ensure(delta_conv_cnt, size_t(Nk) * 4, "fused delta-conv counters", true));
-      d.step_warps = opt.delta_step;
       if (cuda::delta_conv_supported(d, delta_conv_in)) {
         d.conv = &delta_conv_in;
         pend.pop_back();
@@ -1684,7 +1684,6 @@ void CudaBackend::Impl::emit_delta(float* state, const cuda::RowTable* rows, con
     emit(l[1]);
     return;
   }
-  d.step_warps = opt.delta_step;
   d.rows_warps = opt.delta_rows;
   d.rows_split = opt.delta_rows_split;
   if (opt.fuse && opt.delta_site && !opt.exact && !rows && T == 1) {  // site() may fuse the gated-norm site into it

@@ -748,18 +748,14 @@ __global__ __launch_bounds__(W * 32) void delta_step_kernel(const DeltaKernelArg
   __shared__ float conv_v[CONV ? 32 : 1];                // CONV: v of the block's 32 columns
   __shared__ float ab_part[CONV ? 2 : 1][W];             // CONV: [a, b][warp] partial dot products
   __shared__ int qk_last;                                // CONV: this block shifts the K head's q / k conv state
-  [[maybe_unused]] float qk_win[kMaxConvKernel], qk_x = 0.f;
+  [[maybe_unused]] float qk_win[kMaxConvKernel];  // CONV: this thread's q / k channel's window, then its new state
   if constexpr (CONV) {
     const DeltaConvArgs& c = args.c;
     const int Pc = int(c.Kc - 1);
     if (qk_ch >= 0) {
 #pragma unroll
       for (int i = 0; i < kMaxConvKernel; ++i) qk_win[i] = i < Pc ? c.state[i * c.C + qk_ch] : 0.f;
-      qk_x = c.x[qk_ch];
-      float win[kMaxConvKernel];  // conv_token shifts its window: qk_win stays the old one for the state write below
-#pragma unroll
-      for (int i = 0; i < kMaxConvKernel; ++i) win[i] = qk_win[i];
-      conv_qk[tid] = conv_token(qk_tap, win, qk_x, Pc);
+      conv_qk[tid] = conv_token(qk_tap, qk_win, c.x[qk_ch], Pc);  // written back below, by the K head's last block
     }
     if (v_ch >= 0) {
       float win[kMaxConvKernel];
@@ -865,7 +861,7 @@ __global__ __launch_bounds__(W * 32) void delta_step_kernel(const DeltaKernelArg
       if (qk_ch >= 0)
 #pragma unroll
         for (int i = 0; i < kMaxConvKernel; ++i)
-          if (i + 1 < c.Kc) c.state[i * c.C + qk_ch] = i + 2 < c.Kc ? qk_win[i + 1] : qk_x;
+          if (i + 1 < c.Kc) c.state[i * c.C + qk_ch] = qk_win[i];
       if (tid == 0) c.count[kh] = 0;
     }
   }
