@@ -18,7 +18,11 @@
 //             gate+up bytes, then (after a cluster barrier: every block of the cluster done with its gate+up share)
 //             its 1 / CS of chunk c's down bytes; its producer warp streams on across the barrier (weights depend on
 //             nothing); PDL between the FFNs, one graph;
-//   nobar:    the same without the cluster barrier (its streaming ceiling).
+//   nobar:    the same without the cluster barrier (its streaming ceiling);
+//   group:    one launch per FFN over ALL SMs (one block each, no cluster), block b in group c = b * 17 / grid of 17;
+//             the group's blocks meet at a software barrier (a global arrival counter and a poll) instead of the
+//             cluster barrier: no GPC packing limit (a cluster of 7-8 one-block SMs fits 2 to a GPC), one L2 round
+//             trip more. All blocks are resident (grid = SMs, one block an SM), so the poll ends.
 // CS = 6, 7, 8 (17 x 7 = 119 blocks; a GPC holds 16-18 SMs, so 2 blocks an SM are allowed by the ring's size).
 #include <cstdint>
 #include <cstdio>
@@ -44,7 +48,8 @@ struct FfnArgs {
   int64_t down_off;    // down bytes (cluster modes); split: unused
   int64_t down_bytes;
   unsigned* sink;      // [blocks] the XORs (kept live)
-  int32_t mode;        // 0 split, 1 cluster, 2 nobar
+  unsigned* count;     // group mode: [17] arrival counters, monotone over launches (zeroed once)
+  int32_t mode;        // 0 split, 1 cluster, 2 nobar, 3 group
   int32_t cs;          // cluster size (modes 1, 2)
 };
 
@@ -73,16 +78,24 @@ __global__ __launch_bounds__(kThreads) void ffn_kernel(const FfnArgs a) {
   // This block's two runs: split mode one run (its 1 / grid of the launch's product); cluster modes its 1 / cs of its
   // cluster's chunk of gate+up, then of down.
   int64_t lo[2], n[2];
+  int group = 0, gsize = 1;  // group mode: this block's group and its size
   if (a.mode == 0) {
     part_of(a.up_off, a.up_bytes, int(blockIdx.x), int(gridDim.x), lo[0], n[0]);
     lo[1] = n[1] = 0;
   } else {
-    const int c = int(blockIdx.x) / a.cs, r = int(blockIdx.x) % a.cs;
+    int c = int(blockIdx.x) / a.cs, r = int(blockIdx.x) % a.cs, parts = a.cs;
+    if (a.mode == 3) {
+      const int g = int(gridDim.x);
+      c = int(int64_t(blockIdx.x) * kChunks / g);
+      const int b0 = int((int64_t(c) * g + kChunks - 1) / kChunks), b1 = int((int64_t(c + 1) * g + kChunks - 1) / kChunks);
+      r = int(blockIdx.x) - b0, parts = b1 - b0;
+      group = c, gsize = parts;
+    }
     int64_t clo, cn;
     part_of(a.up_off, a.up_bytes, c, kChunks, clo, cn);
-    part_of(clo, cn, r, a.cs, lo[0], n[0]);
+    part_of(clo, cn, r, parts, lo[0], n[0]);
     part_of(a.down_off, a.down_bytes, c, kChunks, clo, cn);
-    part_of(clo, cn, r, a.cs, lo[1], n[1]);
+    part_of(clo, cn, r, parts, lo[1], n[1]);
   }
   if (warp == 0) {  // ---- producer: both runs' stages in order, as far ahead as the ring allows ----
     int s = 0, issued = 0;
@@ -116,6 +129,19 @@ __global__ __launch_bounds__(kThreads) void ffn_kernel(const FfnArgs a) {
       asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
       asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
     }
+    if (run == 1 && a.mode == 3) {  // the group's software barrier: one arrival a block, a poll for the group's last
+      asm volatile("bar.sync 1, %0;" ::"r"(kConsumers * 32) : "memory");
+      if (cw == 0 && lane == 0) {
+        __threadfence();
+        const unsigned old = atomicAdd(a.count + group, 1u);
+        const unsigned target = (old / unsigned(gsize) + 1u) * unsigned(gsize);
+        unsigned seen;
+        do {
+          asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(a.count + group) : "memory");
+        } while (int(seen - target) < 0);
+      }
+      asm volatile("bar.sync 1, %0;" ::"r"(kConsumers * 32) : "memory");
+    }
     for (int64_t c = 0; c < n[run]; c += kStageBytes) {
       mbar_wait(&full[s], ph);
       const int words = int(lmin(kStageBytes, n[run] - c) / 16);
@@ -145,6 +171,9 @@ int main() {
   CK(cudaMemset(w, 1, size_t(total)));
   unsigned* sink;
   CK(cudaMalloc(&sink, 4 * 1024));
+  unsigned* count;
+  CK(cudaMalloc(&count, 4 * kChunks));
+  CK(cudaMemset(count, 0, 4 * kChunks));
   float* fsink;
   CK(cudaMalloc(&fsink, 4));
   CK(cudaFuncSetAttribute(ffn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kStages * kStageBytes));
@@ -166,10 +195,10 @@ int main() {
     for (int f = 0; f < kFfns; ++f) {
       const int64_t base = f * (up + down);
       for (int launch = 0; launch < (mode == 0 ? 2 : 1); ++launch) {
-        FfnArgs a{w, base, up, base + up, down, sink, mode, cs};
+        FfnArgs a{w, base, up, base + up, down, sink, count, mode, cs};
         if (mode == 0 && launch == 1) a.up_off = base + up, a.up_bytes = down;
         cudaLaunchConfig_t cfg{};
-        cfg.gridDim = dim3(unsigned(mode == 0 ? sms : kChunks * cs));
+        cfg.gridDim = dim3(unsigned(mode == 0 || mode == 3 ? sms : kChunks * cs));
         cfg.blockDim = dim3(kThreads);
         cfg.dynamicSmemBytes = size_t(kStages * kStageBytes);
         cfg.stream = st;
@@ -177,7 +206,7 @@ int main() {
         at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         at[0].val.programmaticStreamSerializationAllowed = 1;
         at[1].id = cudaLaunchAttributeClusterDimension;
-        at[1].val.clusterDim.x = unsigned(mode == 0 ? 1 : cs);
+        at[1].val.clusterDim.x = unsigned(mode == 0 || mode == 3 ? 1 : cs);
         at[1].val.clusterDim.y = at[1].val.clusterDim.z = 1;
         cfg.attrs = at;
         cfg.numAttrs = 2;
@@ -204,6 +233,7 @@ int main() {
                 100.0 * probe_ms / ms, 1e3 * ms / kFfns, 1e3 * (ms - probe_ms) / kFfns);
   };
   report("split (two launches an FFN, today's)", 1, chain(0, 1));
+  report("group (one launch, all SMs, software barrier)", 1, chain(3, 1));
   for (int cs : {6, 7, 8}) {
     int clusters = 0;  // how many clusters of this shape fit at once
     cudaLaunchConfig_t cfg{};
