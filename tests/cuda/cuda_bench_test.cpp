@@ -275,6 +275,39 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
 
 // Round 15: what a kernel boundary and a grid-wide barrier cost on this GPU (CudaBackend::probe_sync_us), the two
 // ways a decode step can order its stages; the barrier time per round includes 1 / rounds of a 4-byte memset.
+// Round 30: the batch-1 FFN in one launch (ffn_fused.cu) against today's three launches, 27b shapes: 8 FFNs of distinct
+// weights (568 MB, past L2) in one graph with programmatic edges, us per FFN and its bytes' share of the read probe.
+TEST(CudaBench, FfnFusedVsThreeLaunches) {
+  if (!bench_enabled()) GTEST_SKIP() << "set BONSAI_CUDA_BENCH=1";
+  BONSAI_REQUIRE_GPU();
+  CudaBackend& be = cudatest::gpu();
+  const int64_t D = 5120, F = 17408;
+  constexpr int kFfns = 8;
+  std::deque<TernaryMatrix> mats;
+  std::vector<const TernaryMatrix*> list;
+  for (int f = 0; f < kFfns; ++f)
+    for (int m = 0; m < 3; ++m) {
+      mats.emplace_back();
+      fill_matrix(mats.back(), m < 2 ? F : D, m < 2 ? D : F, uint64_t(3 * f + m + 1));
+      be.prepare_matrix(mats.back());
+      list.push_back(&mats.back());
+    }
+  const auto x = cudatest::randn(size_t(D), 77);
+  const auto signs = cudatest::random_signs(size_t(F), 78);
+  const double bytes = 3.0 * double(F * D / 4 + F * D / 128 * 2), probe = probe_gbs();
+  for (int rep = 0; rep < 2; ++rep)
+    for (bool fused : {false, true}) {
+      const CudaBackend::FfnKernelRun r = be.run_ffn_kernel(list.data(), kFfns, x.data(), signs.data(), 1024, fused, 50);
+      ASSERT_TRUE(r.ran);
+      char line[256];
+      std::snprintf(line, sizeof line, "ffn 27b, %s: %.2f us an FFN (%.1f MB: %.1f %% of the %.0f GB/s probe)",
+                    fused ? "one fused launch" : "three launches", r.us, bytes / 1e6, 100.0 * bytes / (r.us * 1e-6) / 1e9 / probe,
+                    probe);
+      report("bench_ffn.txt", line);
+      EXPECT_GT(r.us, 0.0);
+    }
+}
+
 TEST(CudaBench, SyncCosts) {
   if (!bench_enabled()) GTEST_SKIP() << "set BONSAI_CUDA_BENCH=1";
   BONSAI_REQUIRE_GPU();

@@ -5,6 +5,8 @@
 # racecheck on RACE_FILTER and memcheck on MEM_FILTER (each at most SAN_TIMEOUT s), the v7 timeline (TRACE=1), then
 # FINAL=1 (device_round21.sh's final benches). Staged by stage_devbin.sh; `bash .devbin-me/device_round29.sh` with carry
 # [".devbin-me"]. CLUSTER_PROBE=1: tests/cuda/cluster_ffn_probe.cu (compiled there with nvcc) after the tests.
+# Round 30: KBENCH=<gtest filter> runs those CudaBench cases (BONSAI_CUDA_BENCH=1) after the probe; at the end every file
+# of $OUT is packed into $OUT/out.tgz (a call brings back at most 8 files).
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
 device_header "$OUT/gpu.csv"
 start_27b_pack
@@ -17,6 +19,11 @@ if [ -n "${TEST_FILTER:-}" ]; then
   stamp "test_cuda"
 fi
 [ "${CLUSTER_PROBE:-0}" = 1 ] && device_probe cluster_ffn_probe 120  # needs no pack
+if [ -n "${KBENCH:-}" ]; then
+  BONSAI_CUDA_BENCH=1 timeout ${KBENCH_TIMEOUT:-150} $B/test_cuda --gtest_filter="$KBENCH" > "$OUT/kbench.log" 2>&1
+  echo "kbench rc=$?"; grep -E "^ffn|^probe|FAILED|Failure" "$OUT/kbench.log" | head -20
+  stamp "kbench"
+fi
 wait $MP
 stamp "27b pack"
 pick() { case $1 in prev*) echo $B/bonsai_prev ;; *) echo $B/bonsai ;; esac; }
@@ -43,3 +50,4 @@ if [ "${FINAL:-0}" = 1 ]; then
   echo "batch rc=$?"; tail -4 "$OUT/batch.txt"
 fi
 stamp "done"
+(cd "$OUT" && tar czf "$L/out.tgz" . && rm -rf "$OUT"/* && mv "$L/out.tgz" "$OUT/")

@@ -2088,4 +2088,100 @@ std::vector<uint64_t> CudaBackend::trace_linear_kernel(const TernaryMatrix* cons
   return out;
 }
 
+CudaBackend::FfnKernelRun CudaBackend::run_ffn_kernel(const TernaryMatrix* const* mats, int n_ffn, const float* x,
+                                                      const int8_t* signs, int64_t n, bool fused, int reps) {
+  Impl& I = *p_;
+  I.sync();
+  FfnKernelRun out;
+  const int64_t F = mats[0]->rows, D = mats[0]->cols, C = F / 1024;
+  const int lv = I.levels(), sms = I.prop.multiProcessorCount;
+  float* xd = allocate(size_t(D));                             // [D] the input row
+  float* gu = allocate(size_t(2 * F));                         // [2, F] gate rows, up rows
+  float* y = allocate(size_t(D));                              // [D] ffn_down's output (unfused)
+  float* parts = allocate(size_t(std::max<int64_t>(C, 1) * D));  // [C, D] chunk partials (fused)
+  float* xq2 = allocate(size_t((lv * F + 3) / 4));             // int8 [lv, F] the down input's digits (unfused)
+  float* xds2 = allocate(size_t(F / 32));                      // float2 [F/64]
+  float* cnt = allocate(size_t(std::max<int64_t>(2 * C, 1)));  // int32 [2C] the fused kernel's group counters
+  float* sg = signs ? allocate(size_t((F + 3) / 4)) : nullptr;  // int8 [F]
+  zero(cnt, size_t(std::max<int64_t>(2 * C, 1)));
+  for (float* q : {gu, y, parts})  // poisoned (NaN): a row no kernel writes shows
+    CUDA_CHECK(cudaMemsetAsync(q, 0xff, (q == gu ? 2 * F : q == y ? D : std::max<int64_t>(C, 1) * D) * 4, I.stream));
+  copy_from_host(x, size_t(D), xd);
+  if (sg) CUDA_CHECK(cudaMemcpyAsync(sg, signs, size_t(F), cudaMemcpyHostToDevice, I.stream));
+  I.site(xd, 1, D, nullptr, 1, false, true);  // x's digits into I.xq / I.xds
+  I.flush_pending();
+  const auto* xq = static_cast<const int8_t*>(I.xq.p);
+  const auto* xds = static_cast<const float2*>(I.xds.p);
+  std::vector<cuda::Launch> ls;
+  for (int f = 0; f < n_ffn; ++f) {
+    const Impl::DevMatrix &g = I.matrix(mats[3 * f]), &u = I.matrix(mats[3 * f + 1]), &dn = I.matrix(mats[3 * f + 2]);
+    if (fused) {
+      cuda::FfnFusedDesc d;
+      d.gate = {g.words, g.scales, nullptr, g.N};
+      d.up = {u.words, u.scales, nullptr, u.N};
+      d.down = {dn.words, dn.scales, nullptr, dn.N};
+      d.xq = xq;
+      d.xds = xds;
+      d.gu = gu;
+      d.signs = reinterpret_cast<const int8_t*>(sg);
+      d.parts = parts;
+      d.count = reinterpret_cast<int32_t*>(cnt);
+      d.D = D;
+      d.F = F;
+      d.n = n;
+      d.levels = lv;
+      if (!cuda::ffn_fused_supported(d, sms)) break;
+      ls.push_back(cuda::ffn_fused_launch(d, sms));
+    } else {
+      const cuda::TernaryDev t[2] = {{g.words, g.scales, gu, g.N}, {u.words, u.scales, gu + F, u.N}};
+      I.ternary_launches(t, 2, D, xq, xds, 1, nullptr, ls);
+      cuda::SiteDesc sd;
+      sd.warp = I.opt.site_warp;
+      sd.rows_pipe = I.opt.site_rows_pipe;
+      sd.src = gu;
+      sd.src2 = gu + F;
+      sd.pre = cuda::kPreSiluMul;
+      sd.signs = reinterpret_cast<const int8_t*>(sg);
+      sd.ld = F;
+      sd.rows = 1;
+      sd.K = F;
+      sd.n = n;
+      sd.levels = lv;
+      sd.xq = reinterpret_cast<int8_t*>(xq2);
+      sd.xds = reinterpret_cast<float2*>(xds2);
+      ls.push_back(I.site_kernel_launch(sd));
+      const cuda::TernaryDev td = {dn.words, dn.scales, y, dn.N};
+      I.ternary_launches(&td, 1, F, reinterpret_cast<const int8_t*>(xq2), reinterpret_cast<const float2*>(xds2), 1,
+                         nullptr, ls);
+    }
+  }
+  if (int(ls.size()) >= n_ffn) {
+    CUDA_CHECK(cudaStreamSynchronize(I.stream));
+    cudaGraphExec_t ge = I.capture_launches(ls, true);
+    CUDA_CHECK(cudaGraphLaunch(ge, I.stream));
+    CUDA_CHECK(cudaStreamSynchronize(I.stream));
+    out.ran = true;
+    out.gu = std::vector<float>(size_t(2 * F));
+    copy_to_host(gu, out.gu.size(), out.gu.data());
+    out.y = std::vector<float>(size_t(D), 0.f);
+    if (fused) {
+      std::vector<float> p(size_t(C * D));
+      copy_to_host(parts, p.size(), p.data());
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t i = 0; i < D; ++i) out.y[size_t(i)] += p[size_t(c * D + i)];
+    } else {
+      copy_to_host(y, out.y.size(), out.y.data());
+    }
+    if (reps > 0) {
+      std::vector<float> ms = I.timed_runs_ms(2, reps, [&] { CUDA_CHECK(cudaGraphLaunch(ge, I.stream)); });
+      std::sort(ms.begin(), ms.end());
+      out.us = double(ms[ms.size() / 2]) * 1e3 / double(n_ffn);
+    }
+    cudaGraphExecDestroy(ge);
+  }
+  for (float* q : {xd, gu, y, parts, xq2, xds2, cnt, sg})
+    if (q) release(q);
+  return out;
+}
+
 }  // namespace bonsai

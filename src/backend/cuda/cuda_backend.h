@@ -382,6 +382,20 @@ class CudaBackend final : public Backend {
   // from the last run (blocks: the launches' grid; empty when they are not all v7 or the trace is not compiled in).
   std::vector<uint64_t> trace_linear_kernel(const TernaryMatrix* const* mats, int n_mats, int n_outs, int64_t M,
                                             int& blocks);
+  // Round 30 (ffn_fused.cu), its op test and kernel bench: the batch-1 FFN of n_ffn (gate, up, down) triples (mats: 3
+  // n_ffn prepared matrices, gate / up [F, D], down [D, F]) on the host row x [D] (quantised by a plain site), with the
+  // down input site's host signs [F] (or null) and Hadamard block n. fused: one cuda::ffn_fused_launch per FFN; else
+  // today's three launches (the gate+up product, the SwiGLU row site, the ffn_down product) as the decode step picks
+  // them. Returns the LAST FFN's gate / up rows gu [2F] and y [D] (fused: its chunk partials summed in chunk order
+  // here) and, for reps > 0, the median us per FFN of `reps` runs of one graph of every FFN's launches with
+  // programmatic edges between them. ran = false (nothing run) where the fused kernel does not support the shapes.
+  struct FfnKernelRun {
+    std::vector<float> gu, y;
+    double us = 0;
+    bool ran = false;
+  };
+  FfnKernelRun run_ffn_kernel(const TernaryMatrix* const* mats, int n_ffn, const float* x, const int8_t* signs,
+                              int64_t n, bool fused, int reps);
 
  private:
   // The measurement helpers' round of ternary product launches over mats (x, y: its scratch, the caller releases them).

@@ -504,6 +504,29 @@ enum WgmmaProbeMode {
 Launch wgmma_probe_launch(int mode, float* sink, int blocks, int groups);
 void init_wgmma_probe_attributes();
 
+// ---- round 30: the batch-1 FFN in one launch (ffn_fused.cu) ------------------------------------------------------
+// One token: gu [2, F] = (gate x, up x) from x's digits (xq int8 [levels, D], xds [D/64]); then, per 1,024-column chunk
+// c of ffn_down's input, the SwiGLU site's digits (silu(g) u, signs, FWHT of block n, int8: bit-identical to
+// site_row_launch's) and parts [C = F / 1,024, D] = that chunk's share of ffn_down's product. sum_c parts[c] is ffn_down's
+// y up to the fp32 order of the sum (the chunks are summed by the caller in chunk order). One block per SM (grid = sms)
+// in C groups that meet at a software barrier: count int32 [2 C], zero before the first launch and left zero by every
+// launch. gate / up: [F, D] canonical; down: [D, F]. Supported: D % 1,024 == 0 (<= 20,480), F % 1,024 == 0, C <= sms,
+// n a power of two <= 1,024, levels 1 or 2, gu / parts 16-byte aligned.
+struct FfnFusedDesc {
+  TernaryDev gate{}, up{}, down{};  // words / scales (y unused)
+  const int8_t* xq = nullptr;
+  const float2* xds = nullptr;
+  float* gu = nullptr;              // [2, F]
+  const int8_t* signs = nullptr;    // [F] or null
+  float* parts = nullptr;           // [F / 1024, D]
+  int32_t* count = nullptr;         // [2 F / 1024]
+  int64_t D = 0, F = 0, n = 1024;
+  int32_t levels = 2;
+};
+bool ffn_fused_supported(const FfnFusedDesc& d, int sms);
+Launch ffn_fused_launch(const FfnFusedDesc& d, int sms);
+void init_ffn_fused_attributes();  // called by init_kernel_attributes
+
 // One-time function attributes (dynamic shared memory limits). Idempotent.
 void init_kernel_attributes();
 

@@ -1507,6 +1507,7 @@ void init_kernel_attributes() {
   init_gemm2_attributes();
   init_gemm3_attributes();
   init_gemmh_attributes();
+  init_ffn_fused_attributes();
 }
 
 }  // namespace bonsai::cuda

@@ -1,0 +1,394 @@
+// The batch-1 FFN in ONE launch (round 30): parts[c] = ffn_down[:, chunk c] . q(FWHT(signs . silu(gate x) . up x))[chunk
+// c] for the F / 1,024 chunks c, summed by the kernel after it (the AddNorm site). Today's chain is three kernels with a
+// grid-wide dependency between each (v7 gate+up -> the SwiGLU row site -> v7 ffn_down): ~34 us an FFN at batch 1 for
+// 71 MB whose bytes take ~16 us at the read probe (docs/cuda-kernels.md, rounds 24 and 29).
+//
+// Why it splits: ffn_down's input site is blockwise (the Hadamard block is <= 1,024 and every int8 unit covers one
+// 128-group), so the digits of columns [1,024 c, 1,024 c + 1,024) depend only on rows [1,024 c, 1,024 c + 1,024) of
+// gate and up. Grid = one block per SM in C = F / 1,024 GROUPS of ~SMs / C blocks (block b in group b C / grid); group c:
+//   phase A  gate and up rows of chunk c, split over the group's blocks in 8-row units: v7's step (matvec_mma.cu) on
+//            16-row stages of one output through the bulk-copy ring, warp w taking steps w, w + NW, ... (K = 5,120: one
+//            step a warp), the producer warp summing the warps' partials in warp order into gu: the same integer sums
+//            and float order as v7's gate+up (bit-identical where v7 runs one step a warp).
+//   barrier  the producer, once its last gate / up rows are stored, fences and counts its block in on the group's
+//            arrival counter; one consumer thread polls it (a software barrier: a cluster of 7-8 one-block SMs packs only
+//            2 to a GPC, so hardware clusters would leave SMs idle; tests/cuda/cluster_ffn_probe.cu measures both).
+//   site     consumer warps 0-3 compute the chunk's site from gu into shared memory: silu(g) u, signs, the FWHT strides,
+//            * 1 / sqrt(n), the int8 digits: warp_site.cuh's slot functions in site_row_kernel's order, so the digits
+//            are that kernel's bit for bit.
+//   phase B  the block's share of ffn_down's rows (8-row units of D), columns of chunk c only: 80-row stages of 256 B a
+//            row (a bulk copy per row's words and one per its 8 scales, rows F / 4 bytes apart), warp w taking row
+//            block w / 4 and step w % 4 of each stage; the producer sums a row block's 4 warps in warp order -> parts.
+// The weights depend on nothing, so the producer streams phase B's stages right behind phase A's: they land while the
+// group meets and the site is computed. Counters: arrivals and departures per group, zero before the first launch; the
+// group's last block to depart zeroes both (the next launch touches them only after its pdl_wait, i.e. after this
+// launch has completed).
+#include <algorithm>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.h"
+#include "backend/cuda/matvec_step.cuh"
+#include "backend/cuda/mbarrier.cuh"
+#include "backend/cuda/warp_site.cuh"
+
+namespace bonsai::cuda {
+namespace {
+
+constexpr int kFfnWarps = 20;                      // consumer warps; warp kFfnWarps is the producer
+constexpr int kFfnRowsA = 16;                      // rows of a phase-A stage (one output)
+constexpr int kFfnBlocksB = kFfnWarps / 4;         // 16-row blocks of a phase-B stage (4 steps of a 1,024 chunk each)
+constexpr int kFfnRowsB = 16 * kFfnBlocksB;        // 80
+constexpr int kFfnChunk = 1024;
+constexpr int kFfnMaxStages = 8;
+constexpr int kFfnSmem = 227 * 1024;               // an sm_90 block's most dynamic shared memory
+
+struct FfnArgs {
+  const uint32_t* gw;     // gate words u32 [F, D/16]
+  const uint16_t* gs;     // gate scales fp16 [F, D/128]
+  const uint32_t* uw;     // up
+  const uint16_t* us;
+  const uint32_t* dw;     // down words u32 [D, F/16]
+  const uint16_t* ds;     // down scales fp16 [D, F/128]
+  const int8_t* xq;       // the input's digits int8 [LV, D] (transposed layout, ternary.cu)
+  const float2* xds;      // [D/64]
+  float* gu;              // [2, F] gate rows, then up rows (fp32; read back by the group's site)
+  const int8_t* signs;    // [F] the down input site's signs, or null
+  float* parts;           // [C, D] chunk c's share of y
+  int32_t* count;         // [2 C] per group: arrivals, departures (zero between launches)
+  int64_t D, F;
+  int32_t stages;         // ring depth
+  int32_t stage_bytes;    // one stage: phase A words [16, D/4 B] then scales [16, D/64 B]; phase B words [80, 256 B]
+                          // then scales [80, 16 B]
+  int32_t log2n;          // the down site's Hadamard block n = 1 << log2n (<= 1,024)
+  float norm;             // 1 / sqrt(n)
+};
+
+// Group geometry: block b is in group b C / B; group c holds blocks [ceil(c B / C), ceil((c + 1) B / C)).
+__device__ __forceinline__ void ffn_group(int b, int B, int C, int& c, int& r, int& gsize) {
+  c = int(int64_t(b) * C / B);
+  const int b0 = int((int64_t(c) * B + C - 1) / C), b1 = int((int64_t(c + 1) * B + C - 1) / C);
+  r = b - b0;
+  gsize = b1 - b0;
+}
+
+template <int LV>
+__global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(const FfnArgs a) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int NW = kFfnWarps;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const int D = int(a.D), C = int(a.F / kFfnChunk), ST = a.stages;
+  int c, r, gsize;
+  ffn_group(int(blockIdx.x), int(gridDim.x), C, c, r, gsize);
+  // Phase A: units [ua0, ua1) of the chunk's 128 8-row units, for gate then up; phase B: units [ub0, ub1) of D / 8.
+  const int ua0 = kFfnChunk / 8 * r / gsize, ua1 = kFfnChunk / 8 * (r + 1) / gsize;
+  const int ub0 = int(int64_t(D / 8) * r / gsize), ub1 = int(int64_t(D / 8) * (r + 1) / gsize);
+  const int na_out = (ua1 - ua0 + 1) / 2;                         // stages per output (16 rows; the last may be 8)
+  const int nA = 2 * na_out, nB = (ub1 - ub0 + kFfnBlocksB * 2 - 1) / (kFfnBlocksB * 2), n = nA + nB;
+  // Stage i: output o (0 gate, 1 up, 2 down), its first row, its rows.
+  auto stage_at = [&](int i, int& o, int& r0, int& nrow) {
+    if (i < nA) {
+      o = i / na_out;
+      const int u = ua0 + 2 * (i % na_out);
+      r0 = c * kFfnChunk + 8 * u;
+      nrow = 8 * min(2, ua1 - u);
+    } else {
+      o = 2;
+      const int u = ub0 + 2 * kFfnBlocksB * (i - nA);
+      r0 = 8 * u;
+      nrow = 8 * min(2 * kFfnBlocksB, ub1 - u);
+    }
+  };
+  // Shared memory: ring [ST][stage_bytes] | full [ST], empty [ST] | red float [ST + 1][NW][16] (stage j's partials in
+  // slot j % (ST + 1), as v7) | xs int8 [LV][1,024] then xds float2 [16] (the chunk's digits) | scratch float [128][8]
+  // (the site's strides 256 / 512).
+  unsigned char* ring = smem;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + size_t(ST) * a.stage_bytes);
+  uint64_t* empty = full + ST;
+  float* red = reinterpret_cast<float*>(empty + ST);
+  int8_t* xs = reinterpret_cast<int8_t*>(red + size_t(ST + 1) * NW * 16);
+  float2* xs_d = reinterpret_cast<float2*>(xs + LV * kFfnChunk);
+  float* scratch = reinterpret_cast<float*>(xs_d + kFfnChunk / 64);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < ST; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], unsigned(NW));
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  pdl_trigger();
+  const int G = D >> 7;  // phase A's 128-groups a row
+  int32_t* arrivals = a.count + 2 * c;
+
+  if (w == NW) {  // ---- producer: copies ST stages ahead; sums each stage once it is consumed ----
+    bool waited = false;
+    auto wait_once = [&] {
+      if (!waited) pdl_wait();  // gu / parts / the counters may still be used by earlier kernels
+      waited = true;
+    };
+    auto arrive = [&] {  // this block's gate / up rows are stored: count it in (every lane's stores fenced first)
+      wait_once();
+      __threadfence();
+      __syncwarp();
+      if (lane == 0) atomicAdd(arrivals, 1);
+    };
+    if (nA == 0) arrive();
+    int s = 0, es = 0, slot = 0;
+    unsigned eph = 0;
+    for (int i = 0; i < n + ST; ++i) {
+      if (i >= ST) mbar_wait(&empty[es], eph);  // stage i - ST consumed
+      if (i < n) {
+        int o, r0, nrow;
+        stage_at(i, o, r0, nrow);
+        unsigned char* st = ring + size_t(s) * a.stage_bytes;
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the consumers' reads of this slot first
+        if (o < 2) {  // nrow rows x D: one contiguous run of words and one of scales
+          const unsigned wbytes = unsigned(nrow) * unsigned(D >> 2), sbytes = unsigned(nrow) * unsigned(D >> 6);
+          if (lane == 0) {
+            mbar_expect_tx(&full[s], wbytes + sbytes);
+            bulk_load(st, (o ? a.uw : a.gw) + int64_t(r0) * (D >> 4), wbytes, &full[s]);
+            bulk_load(st + kFfnRowsA * (D >> 2), (o ? a.us : a.gs) + int64_t(r0) * G, sbytes, &full[s]);
+          }
+        } else {  // nrow rows x the chunk's 1,024 columns: 256 B of words and 16 B of scales a row
+          if (lane == 0) mbar_expect_tx(&full[s], unsigned(nrow) * 272u);
+          __syncwarp();
+          const int64_t wrow = a.F >> 4, srow = a.F >> 7;  // u32 / fp16 per row of ffn_down
+          for (int rr = lane; rr < nrow; rr += 32) {
+            bulk_load(st + rr * 256, a.dw + (r0 + rr) * wrow + 64 * c, 256u, &full[s]);
+            bulk_load(st + kFfnRowsB * 256 + rr * 16, a.ds + (r0 + rr) * srow + 8 * c, 16u, &full[s]);
+          }
+        }
+        __syncwarp();
+        if (++s == ST) s = 0;
+      }
+      if (i >= ST) {
+        wait_once();
+        const int j = i - ST;
+        int o, r0, nrow;
+        stage_at(j, o, r0, nrow);
+        const float* p = red + size_t(slot) * NW * 16;  // [NW][16]
+        if (o < 2) {  // every warp's partial of the stage's 16 rows, in warp order
+          if (lane < nrow) {
+            float pv[NW];
+#pragma unroll
+            for (int ww = 0; ww < NW; ++ww) pv[ww] = p[ww * 16 + lane];
+            float v = 0.f;
+#pragma unroll
+            for (int ww = 0; ww < NW; ++ww) v += pv[ww];
+            a.gu[o * a.F + r0 + lane] = v;
+          }
+        } else {  // row rr: row block rr / 16's 4 step warps, in warp order
+          for (int rr = lane; rr < nrow; rr += 32) {
+            const float* q = p + (rr >> 4) * 4 * 16 + (rr & 15);
+            a.parts[int64_t(c) * D + r0 + rr] = ((q[0] + q[16]) + q[32]) + q[48];
+          }
+        }
+        __syncwarp();  // every lane's reads of this red slot before the next arrive that lets it be rewritten
+        if (j == nA - 1) arrive();
+        if (++es == ST) es = 0, eph ^= 1u;
+        if (++slot == ST + 1) slot = 0;
+      }
+    }
+    wait_once();
+    return;
+  }
+
+  // ---- consumers ----
+  pdl_wait();  // the input's digits depend on earlier kernels
+  const int g = lane >> 2, t = lane & 3;
+  const int bm = LV == 2 ? g >> 2 : g >> 1, bl = LV == 2 ? g & 1 : 0, bg = LV == 2 ? (g >> 1) & 1 : g & 1;
+  const bool b_on = bg == (t >> 1) && bm == 0;  // one token: the B columns of token 0 only
+  const int cm = LV == 2 ? t >> 1 : t;
+  const bool c_on = cm == 0;
+  const bool holder = c_on && (LV == 1 || (t & 1) == 0);
+  uint4 X[4], XP[4];
+  float4 xv0, xv1;
+  // The lane's B fragment and group units of step cc of a K-long activation (v7's load_b with M = 1).
+  auto load_b = [&](int cc, int K, const int8_t* xq, const float2* xds) {
+    const int GK = K >> 7;
+    const uint4* xp = reinterpret_cast<const uint4*>(xq + (b_on ? bl * K + bg * 128 + 64 * (t & 1) : 0)) + 16 * cc;
+    const int cs_b = b_on ? (GK - bg + 1) >> 1 : 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) X[i] = cc < cs_b ? xp[i] : make_uint4(0, 0, 0, 0);
+    mv7_pair_order(X, XP);
+    const float4* xd = reinterpret_cast<const float4*>(xds);
+    const int cs_c = c_on ? (LV == 2 ? (GK - (t & 1) + 1) >> 1 : (GK + 1) >> 1) : 0;
+    xv0 = xv1 = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (cc < cs_c) {
+      xv0 = xd[LV == 2 ? 2 * cc + (t & 1) : 2 * cc];
+      if (LV == 1 && 2 * cc + 1 < GK) xv1 = xd[2 * cc + 1];
+    }
+  };
+  // One step: rows g / g + 8 of a 16-row block at wrow (row stride rs bytes) with its scales at srow (row stride GR
+  // fp16), the lane's step cc; partial rows into yg / yg8.
+  auto step = [&](const unsigned char* wrow, int rs, const uint16_t* srow, int GR, int cc, float& yg, float& yg8) {
+    Mv6Stage<1> sv;
+    sv.wa[0] = *reinterpret_cast<const uint4*>(wrow + 64 * cc);
+    sv.wb[0] = *reinterpret_cast<const uint4*>(wrow + 8 * rs + 64 * cc);
+    const uint16_t* q = srow + 2 * cc;
+    const int lim_s = LV == 2 ? (GR - (t & 1) + 1) >> 1 : (GR + 1) >> 1;
+    sv.sc[0] = cc < lim_s ? uint32_t(q[0]) | uint32_t(q[8 * GR]) << 16 : 0u;
+    if constexpr (LV == 1) sv.sc2[0] = cc < (GR >> 1) ? uint32_t(q[1]) | uint32_t(q[8 * GR + 1]) << 16 : 0u;
+    float a0[1] = {yg}, a8[1] = {yg8};
+    mv7_step32<LV, 1>(sv, XP, xv0, xv1, a0, a8);
+    yg = a0[0], yg8 = a8[0];
+  };
+  auto put = [&](int slot, float yg, float yg8) {  // the warp's partial rows of a stage into red[slot][w]
+    if constexpr (LV == 2) {  // lanes t, t ^ 1 hold the two groups of the token
+      yg += __shfl_xor_sync(0xffffffffu, yg, 1);
+      yg8 += __shfl_xor_sync(0xffffffffu, yg8, 1);
+    }
+    if (holder) {
+      float* p = red + (size_t(slot) * NW + w) * 16 + g;
+      p[0] = yg;
+      p[8] = yg8;
+    }
+  };
+  int s = 0, slot = 0;
+  unsigned ph = 0;
+  auto next = [&] {
+    __syncwarp();  // every lane's reads of the stage and writes of red before lane 0's arrive (a release)
+    if (lane == 0) mbar_arrive(&empty[s]);
+    if (++s == ST) s = 0, ph ^= 1u;
+    if (++slot == ST + 1) slot = 0;
+  };
+  // Phase A: K = D, S = G / 2 steps a row; warp w takes steps w, w + NW, ... (one step a warp at D = 5,120: its B once).
+  const int SA = (G + 1) >> 1;
+  const bool hoist = SA <= NW;
+  if (hoist) load_b(w, D, a.xq, a.xds);
+  for (int j = 0; j < nA; ++j) {
+    mbar_wait(&full[s], ph);
+    const unsigned char* st = ring + size_t(s) * a.stage_bytes;
+    const unsigned char* wrow = st + g * (D >> 2) + 16 * t;
+    const uint16_t* srow = reinterpret_cast<const uint16_t*>(st + kFfnRowsA * (D >> 2)) + g * G + (LV == 2 ? (t & 1) : 0);
+    float yg = 0.f, yg8 = 0.f;
+    for (int cc = w; cc < SA; cc += NW) {
+      if (!hoist) load_b(cc, D, a.xq, a.xds);
+      step(wrow, D >> 2, srow, G, cc, yg, yg8);
+    }
+    put(slot, yg, yg8);
+    next();
+  }
+  // The group's barrier, then the chunk's site (warps 0-3: 128 slots of 8 elements) into xs / xs_d.
+  if (w < 4) {
+    const int tt = threadIdx.x;  // slot 0..127
+    if (tt == 0) {
+      int seen;
+      do {
+        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(arrivals) : "memory");
+      } while (seen < gsize);
+      if (atomicAdd(arrivals + 1, 1) == gsize - 1) {  // the last to depart: every block is past its poll
+        atomicExch(arrivals, 0);
+        atomicExch(arrivals + 1, 0);
+      }
+    }
+    asm volatile("bar.sync 2, 128;" ::: "memory");
+    const int e = 8 * tt;  // chunk-local element of the slot
+    const float* gp = a.gu + int64_t(c) * kFfnChunk + e;
+    float v[8], u[8];
+    {  // L2 reads (other blocks wrote them in this launch)
+      const float4 g0 = __ldcg(reinterpret_cast<const float4*>(gp)), g1 = __ldcg(reinterpret_cast<const float4*>(gp) + 1);
+      const float4 u0 = __ldcg(reinterpret_cast<const float4*>(gp + a.F)), u1 = __ldcg(reinterpret_cast<const float4*>(gp + a.F) + 1);
+      v[0] = g0.x, v[1] = g0.y, v[2] = g0.z, v[3] = g0.w, v[4] = g1.x, v[5] = g1.y, v[6] = g1.z, v[7] = g1.w;
+      u[0] = u0.x, u[1] = u0.y, u[2] = u0.z, u[3] = u0.w, u[4] = u1.x, u[5] = u1.y, u[6] = u1.z, u[7] = u1.w;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = siluf_(v[k]) * u[k];  // site_slot_front's SiluMul, the same expression
+    SitePrologue sp{};
+    sp.pre = kPreNone;
+    sp.signs = a.signs ? a.signs + int64_t(c) * kFfnChunk : nullptr;
+    sp.log2n = a.log2n;
+    sp.norm = a.norm;
+    site_slot_front(sp, e, lane, 0.f, true, nullptr, v);  // signs, strides 1 .. min(n, 256) / 2
+    const int nn = 1 << a.log2n;
+    if (nn > 256) {
+      store8(scratch + tt * 8, v);
+      asm volatile("bar.sync 2, 128;" ::: "memory");
+      site_slot_exchange(nn, w, lane, scratch, v);
+    }
+    site_slot_quantise<LV>(sp, kFfnChunk, e, lane, nullptr, xs, xs_d, v);
+  }
+  asm volatile("bar.sync 1, %0;" ::"r"(NW * 32) : "memory");  // the chunk's digits are in xs / xs_d
+  // Phase B: a stage is 5 row blocks x the chunk's 4 steps; warp w takes row block w / 4, step w % 4.
+  const int rb = w >> 2, cc = w & 3;
+  load_b(cc, kFfnChunk, xs, xs_d);
+  for (int j = 0; j < nB; ++j) {
+    mbar_wait(&full[s], ph);
+    const unsigned char* st = ring + size_t(s) * a.stage_bytes;
+    const unsigned char* wrow = st + (16 * rb + g) * 256 + 16 * t;
+    const uint16_t* srow =
+        reinterpret_cast<const uint16_t*>(st + kFfnRowsB * 256) + (16 * rb + g) * 8 + (LV == 2 ? (t & 1) : 0);
+    float yg = 0.f, yg8 = 0.f;
+    step(wrow, 256, srow, kFfnChunk >> 7, cc, yg, yg8);
+    put(slot, yg, yg8);
+    next();
+  }
+}
+
+template <int LV>
+const void* ffn_fused_kernel_for() {
+  return reinterpret_cast<const void*>(&ffn_fused_kernel<LV>);
+}
+
+struct FfnShape {
+  int stages = 0;
+  int64_t stage_bytes = 0, smem = 0;
+};
+FfnShape ffn_shape(int64_t D, int levels) {
+  FfnShape f;
+  f.stage_bytes = std::max<int64_t>(kFfnRowsA * (D / 4 + D / 64), kFfnRowsB * (256 + 16));
+  const int64_t rest_fixed = levels * kFfnChunk + (kFfnChunk / 64) * 8 + 128 * 8 * 4;
+  for (int st = kFfnMaxStages; st >= 2; --st) {
+    const int64_t bytes = st * f.stage_bytes + 16 * st + (st + 1) * kFfnWarps * 16 * 4 + rest_fixed;
+    if (bytes <= kFfnSmem) {
+      f.stages = st;
+      f.smem = bytes;
+      break;
+    }
+  }
+  return f;
+}
+
+}  // namespace
+
+void init_ffn_fused_attributes() {
+  for (const void* f : {ffn_fused_kernel_for<1>(), ffn_fused_kernel_for<2>()})
+    if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kFfnSmem) != cudaSuccess)
+      (void)cudaGetLastError();  // no device here (host-only tests): the launch itself would report it
+}
+
+bool ffn_fused_supported(const FfnFusedDesc& d, int sms) {
+  const int64_t C = d.F / kFfnChunk;
+  return d.D >= 1024 && d.D % 1024 == 0 && d.D <= 20 * 1024 && d.F >= kFfnChunk && d.F % kFfnChunk == 0 &&
+         C <= sms && sms / C <= kFfnChunk / 8 && d.n >= 1 && d.n <= kFfnChunk && (d.n & (d.n - 1)) == 0 &&
+         (d.levels == 1 || d.levels == 2) && ffn_shape(d.D, d.levels).stages >= 2 && d.gate.words && d.up.words &&
+         d.down.words && d.xq && d.xds && d.gu && d.parts && d.count && aligned16(d.gu) && aligned16(d.parts);
+}
+
+Launch ffn_fused_launch(const FfnFusedDesc& d, int sms) {
+  const FfnShape sh = ffn_shape(d.D, d.levels);
+  FfnArgs a{};
+  a.gw = d.gate.words;
+  a.gs = d.gate.scales;
+  a.uw = d.up.words;
+  a.us = d.up.scales;
+  a.dw = d.down.words;
+  a.ds = d.down.scales;
+  a.xq = d.xq;
+  a.xds = d.xds;
+  a.gu = d.gu;
+  a.signs = d.signs;
+  a.parts = d.parts;
+  a.count = d.count;
+  a.D = d.D;
+  a.F = d.F;
+  a.stages = sh.stages;
+  a.stage_bytes = int32_t(sh.stage_bytes);
+  while ((int64_t(1) << a.log2n) < d.n) ++a.log2n;
+  a.norm = float(1.0 / __builtin_sqrt(double(d.n)));
+  const void* f = d.levels == 2 ? ffn_fused_kernel_for<2>() : ffn_fused_kernel_for<1>();
+  return make_launch(f, dim3(unsigned(sms)), dim3(unsigned(32 * (kFfnWarps + 1))), uint32_t(sh.smem), a);
+}
+
+}  // namespace bonsai::cuda

@@ -1,0 +1,96 @@
+// Round 30: the batch-1 FFN in one launch (ffn_fused.cu) against today's three launches (the gate+up product, the
+// SwiGLU row site, the ffn_down product), through CudaBackend::run_ffn_kernel.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kernels.h"
+#include "cuda_test_util.h"
+
+namespace bonsai {
+namespace {
+
+using cudatest::randn;
+using cudatest::random_matrix;
+using cudatest::random_signs;
+using cudatest::rel_err;
+
+bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Shapes: the 27b FFN (D 5,120, F 17,408: 17 groups of 7-8 blocks, 16-row stages and ragged 8-row ones, 1,024-point
+// site with both shared-memory strides); 3 chunks over a small D (groups of ~44 blocks: most hold 2-3 gate / up units,
+// some phase-B ranges a single 8-row unit); n 256 (no shared-memory stride) and 128; D 3,072 (12 steps: warps 12-19
+// idle in phase A) and 2,048 without signs. q16 and q8.
+// - gate / up rows: v7's own sums in its order (one step a warp at D = 5,120; several at D 1,024-3,072 where v7 stages
+//   the activations: the same steps and warp order), so bit-identical to the unfused product;
+// - y: the same digits (the site's operations in site_row_kernel's order), ffn_down's float sums regrouped by chunk:
+//   within 2e-5 of the unfused y's max;
+// - two runs bit-identical (the group counters come back to zero: a stale count would let a block read gu early).
+TEST(CudaFfnFused, MatchesTheThreeLaunches) {
+  BONSAI_REQUIRE_GPU();
+  struct Case {
+    int64_t D, F, n;
+    bool signs;
+  };
+  const std::vector<Case> cases = {{5120, 17408, 1024, true}, {1024, 3072, 1024, true}, {3072, 5120, 256, true},
+                                   {2048, 2048, 128, false}};
+  uint32_t seed = 3000;
+  for (const Case& c : cases)
+    for (int levels : {2, 1}) {
+      CudaBackend::Options o;
+      o.act_levels = levels;
+      CudaBackend be(o);
+      TernaryMatrix& gate = random_matrix(c.F, c.D, seed++, 0.01);
+      TernaryMatrix& up = random_matrix(c.F, c.D, seed++, 0.01);
+      TernaryMatrix& down = random_matrix(c.D, c.F, seed++, 0.01);
+      for (TernaryMatrix* m : {&gate, &up, &down}) be.prepare_matrix(*m);
+      const TernaryMatrix* mats[3] = {&gate, &up, &down};
+      const auto x = randn(size_t(c.D), seed++);
+      const auto signs = random_signs(size_t(c.F), seed++);
+      const int8_t* sg = c.signs ? signs.data() : nullptr;
+      const std::string what = "D " + std::to_string(c.D) + " F " + std::to_string(c.F) + " n " + std::to_string(c.n) +
+                               (levels == 2 ? " q16" : " q8");
+      const CudaBackend::FfnKernelRun ref = be.run_ffn_kernel(mats, 1, x.data(), sg, c.n, false, 0);
+      const CudaBackend::FfnKernelRun f1 = be.run_ffn_kernel(mats, 1, x.data(), sg, c.n, true, 0);
+      const CudaBackend::FfnKernelRun f2 = be.run_ffn_kernel(mats, 1, x.data(), sg, c.n, true, 0);
+      ASSERT_TRUE(ref.ran && f1.ran && f2.ran) << what;
+      EXPECT_TRUE(bit_equal(f1.gu, ref.gu)) << what << ": gate / up rows differ from the unfused product, rel "
+                                            << rel_err(f1.gu, ref.gu);
+      const double err = rel_err(f1.y, ref.y);
+      EXPECT_LT(err, 2e-5) << what;  // +inf for a non-finite (unwritten, poisoned) output
+      EXPECT_TRUE(bit_equal(f1.y, f2.y) && bit_equal(f1.gu, f2.gu)) << what << ": two runs differ";
+      std::printf("%s: y within %.3g of the unfused y's max\n", what.c_str(), err);
+    }
+}
+
+// The host rule: shapes the kernel does not take are refused (the backend keeps the three launches there).
+TEST(CudaPolicy, FfnFusedSupportedShapes) {
+  cuda::FfnFusedDesc d;
+  d.gate.words = d.up.words = d.down.words = reinterpret_cast<const uint32_t*>(16);
+  d.xq = reinterpret_cast<const int8_t*>(16);
+  d.xds = reinterpret_cast<const float2*>(16);
+  d.gu = d.parts = reinterpret_cast<float*>(16);
+  d.count = reinterpret_cast<int32_t*>(16);
+  d.D = 5120;
+  d.F = 17408;
+  EXPECT_TRUE(cuda::ffn_fused_supported(d, 132));
+  EXPECT_FALSE(cuda::ffn_fused_supported(d, 16));  // 17 groups need 17 blocks
+  d.n = 2048;
+  EXPECT_FALSE(cuda::ffn_fused_supported(d, 132));  // the site's block must fit a chunk
+  d.n = 1024;
+  d.F = 17408 + 512;
+  EXPECT_FALSE(cuda::ffn_fused_supported(d, 132));  // F in whole chunks
+  d.F = 17408;
+  d.D = 5120 + 512;
+  EXPECT_FALSE(cuda::ffn_fused_supported(d, 132));
+  d.D = 5120;
+  d.gu = reinterpret_cast<float*>(20);
+  EXPECT_FALSE(cuda::ffn_fused_supported(d, 132));  // unaligned scratch
+}
+
+}  // namespace
+}  // namespace bonsai
