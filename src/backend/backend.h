@@ -145,6 +145,19 @@ class Backend {
     hadamard_forward(site, rows, n, signs, block);
   }
 
+  // ---- the SwiGLU FFN around a folded down projection (one op) --------------------------------------------
+  // delta fp32 [M, E] = down . hadamard_forward(silu(x gate^T) * (x up^T), signs, block), x fp32 [M, E] the FFN input
+  // site; fg / fu fp32 [M, F] scratch (gate / up rows). The default is the op sequence (the forward's own); a backend
+  // overrides it to run the three products and the site as fewer launches.
+  virtual void swiglu_ffn(const TernaryMatrix& gate, const TernaryMatrix& up, const TernaryMatrix& down, const float* x,
+                          int64_t M, float* fg, float* fu, float* delta, const int8_t* signs, int64_t block) {
+    const LinearOut in[2] = {{&gate, fg}, {&up, fu}};
+    linear(in, 2, gate.cols, x, M);
+    silu_mul_rotate(fg, fu, M, gate.rows, fg, signs, block);
+    const LinearOut out{&down, delta};
+    linear(&out, 1, gate.rows, fg, M);
+  }
+
   // ---- the attention prologue: q / gate split, per-head q and k norms, RoPE, KV append (one op) ----
   // q = rope(rmsnorm(query) * q_gain), gate = the gate half, the K row rope(rmsnorm(k) * k_gain) and the V
   // row appended to the cache(s) (AttnPrep above). The default is the op sequence; a backend overrides it to

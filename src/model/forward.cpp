@@ -326,16 +326,16 @@ void Decoder::ffn_block(const LayerWeights& L, int64_t M) {
   float *fg = ws_.ff_gate.data(), *fu = ws_.ff_up.data();
   // Site: normed residual -> {gate, up}.
   const float* xr = hadamard_site(ws_.x.data(), M, L.gate);
+  // A folded down projection: the whole FFN as one backend op (SwiGLU + sign+FWHT over fg between the products).
+  if (L.down.folded && L.down.input_perm.empty()) {
+    be_.swiglu_ffn(L.gate, L.up, L.down, xr, M, fg, fu, ws_.delta.data(), m_.hadamard.signs_for(FF), m_.hadamard.block);
+    return;
+  }
   const LinearOut in[2] = {{&L.gate, fg}, {&L.up, fu}};
   be_.linear(in, 2, E, xr, M);
-  // Site: silu(gate) * up -> down; a folded down projection gets SwiGLU + sign+FWHT in one op (over fg).
-  const float* arot = fg;
-  if (L.down.folded && L.down.input_perm.empty()) {
-    be_.silu_mul_rotate(fg, fu, M, FF, fg, m_.hadamard.signs_for(FF), m_.hadamard.block);
-  } else {
-    be_.silu_mul(fg, fu, M * FF, fg);
-    arot = hadamard_site(fg, M, L.down);
-  }
+  // Site: silu(gate) * up -> down.
+  be_.silu_mul(fg, fu, M * FF, fg);
+  const float* arot = hadamard_site(fg, M, L.down);
   const LinearOut out{&L.down, ws_.delta.data()};
   be_.linear(&out, 1, FF, arot, M);
 }

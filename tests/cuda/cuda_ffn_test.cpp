@@ -73,7 +73,7 @@ TEST(CudaPolicy, FfnFusedSupportedShapes) {
   d.gate.words = d.up.words = d.down.words = reinterpret_cast<const uint32_t*>(16);
   d.xq = reinterpret_cast<const int8_t*>(16);
   d.xds = reinterpret_cast<const float2*>(16);
-  d.gu = d.parts = reinterpret_cast<float*>(16);
+  d.g = d.u = d.parts = reinterpret_cast<float*>(16);
   d.count = reinterpret_cast<int32_t*>(16);
   d.D = 5120;
   d.F = 17408;
@@ -88,7 +88,7 @@ TEST(CudaPolicy, FfnFusedSupportedShapes) {
   d.D = 5120 + 512;
   EXPECT_FALSE(cuda::ffn_fused_supported(d, 132));
   d.D = 5120;
-  d.gu = reinterpret_cast<float*>(20);
+  d.g = reinterpret_cast<float*>(20);
   EXPECT_FALSE(cuda::ffn_fused_supported(d, 132));  // unaligned scratch
 }
 

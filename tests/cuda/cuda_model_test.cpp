@@ -125,7 +125,7 @@ TEST(CudaModel, TinyPackMatchesReference) {
     const char* name;
     CudaBackend::Options o;
   };
-  std::vector<Config> configs(19);
+  std::vector<Config> configs(22);
   configs[0].name = "default";  // q16
   configs[1].name = "no-graphs";
   configs[1].o.graphs = false;
@@ -168,10 +168,20 @@ TEST(CudaModel, TinyPackMatchesReference) {
   configs[18].name = "v3 segments 5";  // the v3 matvec's L2 prefetch hook patches launches across segment ends
   configs[18].o.matvec = 3;
   configs[18].o.graph_segment = 5;
+  configs[19].name = "ffn-fused";  // round 30: a decode token's FFN as one launch, its partials summed by the AddNorm site
+  configs[19].o.ffn_fused = true;
+  configs[20].name = "ffn-fused q8";
+  configs[20].o.ffn_fused = true;
+  configs[20].o.act_levels = 1;
+  configs[21].name = "ffn-fused no-graphs";
+  configs[21].o.ffn_fused = true;
+  configs[21].o.graphs = false;
   std::vector<ModelRun> runs;
+  std::vector<uint64_t> nodes;
   for (const Config& cfg : configs) {
     CudaBackend be(cfg.o);
     runs.push_back(run_model(m, be, ids, kPrefill));
+    nodes.push_back(be.stats().last_step_nodes);
     if (&cfg == &configs[0])  // the segments fall at the same launches every step: cached, not rebuilt
       EXPECT_LT(be.stats().graph_builds * 4, be.stats().graph_launches) << cfg.name;
     const bool q8 = cfg.o.act_levels == 1 && !cfg.o.exact;
@@ -192,6 +202,9 @@ TEST(CudaModel, TinyPackMatchesReference) {
   // a prefetch is a hint, and a v3 matvec row's sum does not depend on which warp computes it
   EXPECT_EQ(runs[13].logits, runs[10].logits);
   EXPECT_EQ(runs[13].logits, runs[11].logits);
+  // the fused FFN ran: 4 layers x (gate+up, the SwiGLU site, ffn_down -> one launch) fewer graph nodes a decode step
+  EXPECT_EQ(nodes[19] + 8, nodes[0]);
+  EXPECT_EQ(runs[19].logits, runs[21].logits);
 }
 
 // Token walk vs chunked prefill on CUDA (matvec + recurrent delta rule vs GEMM + the same kernel over a

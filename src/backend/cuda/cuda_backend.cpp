@@ -129,6 +129,7 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA_STEP"); e && *e) o.delta_step = std::atoi(e);
   o.delta_site = flag("BONSAI_CUDA_DELTA_SITE", o.delta_site);
   o.delta_conv = flag("BONSAI_CUDA_DELTA_CONV", o.delta_conv);
+  o.ffn_fused = flag("BONSAI_CUDA_FFN_FUSED", o.ffn_fused);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_ROW_NORM"); e && *e) o.site_row_norm = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_ROW_EARLY"); e && *e) o.site_row_norm_early = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA_ROWS"); e && *e) o.delta_rows = std::atoi(e);
@@ -192,7 +193,9 @@ struct CudaBackend::Impl {
   // A deferred op (see the header: fused into its consumer, else launched in order at the next flush).
   // ConvDense (round 29): a decode token's conv and its dense a / b pair, held for the delta step that reads them
   // (Options::delta_conv; else launched as gdn_conv_dense_launch).
-  enum class PK { Copy, Permute, SiluMul, SigMul, GNorm, L2, Scale, Gates, Dense, Norm, ConvDense };
+  // Parts (round 30): ffn_fused's chunk partials [rows = parts][cols] at src, summed into dst by the AddNorm site that
+  // reads dst (else by parts_sum_launch).
+  enum class PK { Copy, Permute, SiluMul, SigMul, GNorm, L2, Scale, Gates, Dense, Norm, ConvDense, Parts };
   struct Pending {
     PK kind;
     float* dst = nullptr;         // Copy/Permute/SiluMul/GNorm out; SigMul/L2/Scale x; Gates g; ConvDense conv state
@@ -306,6 +309,8 @@ struct CudaBackend::Impl {
   cuda::DeltaConvIn delta_conv_in{};  // delta_desc.conv points here when the step computes its conv (Options::delta_conv)
   Scratch delta_site_cnt;  // the fused site's arrivals: int32 [Nv Dv / 1024] (zeroed, left zero by each launch)
   Scratch delta_conv_cnt;  // the fused conv's q / k readers per K head: int32 [Nk] (zeroed, left zero by each launch)
+  Scratch ffn_parts;       // round 30: ffn_fused's chunk partials float [F / 1024, E] (summed by the next AddNorm site)
+  Scratch ffn_cnt;         // its group counters: int32 [2 F / 1024] (zeroed, left zero by each launch)
   bool recording = false;
   std::vector<cuda::Launch> rec;
   // Index in rec of the step's last M = 1 matvec (-1: none yet): the next one patches it to prefetch its
@@ -649,6 +654,7 @@ struct CudaBackend::Impl {
         emit(cuda::gdn_conv_dense_launch(p.src2, p.dst, p.gain, p.ld_dst, p.ld_src, p.dst2, p.dense, p.n_dense, p.bf16,
                                          p.cols, p.src));
         break;
+      case PK::Parts: emit(cuda::parts_sum_launch(p.src, p.rows, p.cols, p.dst)); break;
       case PK::Norm:
         emit(p.dst2 ? cuda::add_rmsnorm_launch(p.dst2, p.src, p.rows, p.cols, p.gain, p.f, p.dst)
                     : cuda::rmsnorm_launch(p.src, p.rows, p.cols, p.gain, p.f, p.dst));
@@ -983,6 +989,23 @@ struct CudaBackend::Impl {
           d.eps = t->f;
           d.pre_out = t->dst;
           pend.pop_back();
+          // Round 30: the delta is ffn_fused's chunk partials: the decode-row AddNorm site sums them itself.
+          t = tail();
+          if (t && t->kind == PK::Parts && t->dst == d.src && rows == 1 && quantise) {
+            cuda::SiteDesc dp = d;
+            dp.src = t->src;
+            dp.nparts = int32_t(t->rows);
+            dp.part_stride = t->cols;
+            dp.levels = levels();
+            dp.xq = reinterpret_cast<int8_t*>(16);  // (the supported check needs outputs; set below)
+            dp.xds = reinterpret_cast<float2*>(16);
+            if (opt.site_row_norm >= 1 && cuda::site_row_norm_supported(dp)) {
+              d.src = dp.src;
+              d.nparts = dp.nparts;
+              d.part_stride = dp.part_stride;
+              pend.pop_back();
+            }
+          }
         } else if (t->kind == PK::GNorm && t->dst == d.src && t->rows * t->cols == n_el && K % t->cols == 0 &&
                    tile % t->cols == 0) {
           d.pre = cuda::kPreGatedNorm;
@@ -1016,7 +1039,7 @@ struct CudaBackend::Impl {
     // The fused form does not write d.dst / d.pre_out: the forward reads a site's outputs only through
     // the linear that follows (checked by the tiny-pack model tests against the reference).
     // Round 11 (Options::site_prologue): q16 or q8, into matvec v7, AddNorm's residual and normed row included.
-    const bool v1_site = opt.fuse_site && levels() == 1 && d.src != d.dst && cuda::matvec_site_supported(K, n, d.pre, d.seg);
+    const bool v1_site = opt.fuse_site && d.nparts == 1 && levels() == 1 && d.src != d.dst && cuda::matvec_site_supported(K, n, d.pre, d.seg);
     const bool v7_site = (opt.site_prologue == 1 || (opt.site_prologue > 1 && (opt.site_prologue >> (d.pre + 1)) & 1)) &&
                          opt.matvec == 6 && cuda::matvec7_site_supported(d);
     if (with_delta) {
@@ -1101,7 +1124,7 @@ CudaBackend::~CudaBackend() {
   for (Impl::Scratch* s : {&p_->xq, &p_->xds, &p_->attn_o, &p_->attn_ml, &p_->attn_cnt, &p_->ids,
                            &p_->amr_out, &p_->amr_v, &p_->amr_i, &p_->amr_cnt, &p_->topk_out, &p_->gemm_part, &p_->mv6_part, &p_->mv6_cnt, &p_->site_cnt,
                            &p_->mvw_part, &p_->mvw_cnt, &p_->xh, &p_->delta_scratch, &p_->delta_site_cnt,
-                           &p_->delta_conv_cnt, &p_->attn_planes})
+                           &p_->delta_conv_cnt, &p_->attn_planes, &p_->ffn_parts, &p_->ffn_cnt})
     if (s->p) cudaFree(s->p);
   if (p_->pinned) cudaFreeHost(p_->pinned);
   for (cudaEvent_t e : p_->ev_pool) cudaEventDestroy(e);
@@ -1500,6 +1523,56 @@ void CudaBackend::attention(const float* q, const float* k_cache, const float* v
 }
 
 // ---- elementwise ----------------------------------------------------------------------------------------
+
+void CudaBackend::swiglu_ffn(const TernaryMatrix& gate, const TernaryMatrix& up, const TernaryMatrix& down,
+                             const float* x, int64_t M, float* fg, float* fu, float* delta, const int8_t* signs,
+                             int64_t block) {
+  Impl& I = *p_;
+  const int64_t E = gate.cols, F = gate.rows, C = F / 1024;
+  const int sms = I.prop.multiProcessorCount;
+  cuda::FfnFusedDesc d;
+  d.D = E;
+  d.F = F;
+  d.n = block;
+  d.levels = I.levels();
+  const bool shapes = M == 1 && I.opt.ffn_fused && I.opt.fuse && !I.opt.exact && up.cols == E && up.rows == F &&
+                      down.cols == F && down.rows == E && block <= F && F % block == 0;
+  if (shapes) {  // the real pointers are only needed for the launch: the rule's shape half first
+    d.gate.words = d.up.words = d.down.words = reinterpret_cast<const uint32_t*>(16);
+    d.xq = reinterpret_cast<const int8_t*>(16);
+    d.xds = reinterpret_cast<const float2*>(16);
+    d.g = fg;
+    d.u = fu;
+    d.parts = reinterpret_cast<float*>(16);
+    d.count = reinterpret_cast<int32_t*>(16);
+  }
+  if (!shapes || !cuda::ffn_fused_supported(d, sms)) {
+    Backend::swiglu_ffn(gate, up, down, x, M, fg, fu, delta, signs, block);
+    return;
+  }
+  // x's digits as linear() gets them (its site, if deferred, launched as a kernel by the flush).
+  const bool fresh = I.shadow.x == x && I.shadow.rows == M && I.shadow.K == E && I.shadow.seq == I.seq;
+  ++I.seq;
+  if (!fresh) I.site(const_cast<float*>(x), M, E, nullptr, 1, false, true, true);
+  I.flush_pending();
+  const Impl::DevMatrix &g = I.matrix(&gate), &u = I.matrix(&up), &dn = I.matrix(&down);
+  d.gate = {g.words, g.scales, nullptr, g.N};
+  d.up = {u.words, u.scales, nullptr, u.N};
+  d.down = {dn.words, dn.scales, nullptr, dn.N};
+  d.xq = static_cast<const int8_t*>(I.xq.p);
+  d.xds = static_cast<const float2*>(I.xds.p);
+  d.signs = I.dev(signs);
+  d.parts = static_cast<float*>(I.ensure(I.ffn_parts, size_t(C * E) * 4, "fused FFN partials"));
+  d.count = static_cast<int32_t*>(I.ensure(I.ffn_cnt, size_t(2 * C) * 4, "fused FFN counters", true));
+  I.emit(cuda::ffn_fused_launch(d, sms));
+  I.last_matvec = -1;  // no v7 launch to patch with the next product's L2 prefetch
+  Impl::Pending q{Impl::PK::Parts};  // delta = the sum of the partials, by the AddNorm site that reads it
+  q.dst = delta;
+  q.src = d.parts;
+  q.rows = C;
+  q.cols = E;
+  I.defer(q);
+}
 
 void CudaBackend::sigmoid_gate_mul(float* x, const float* gate, int64_t n) {
   Impl& I = *p_;
@@ -2122,7 +2195,8 @@ CudaBackend::FfnKernelRun CudaBackend::run_ffn_kernel(const TernaryMatrix* const
       d.down = {dn.words, dn.scales, nullptr, dn.N};
       d.xq = xq;
       d.xds = xds;
-      d.gu = gu;
+      d.g = gu;
+      d.u = gu + F;
       d.signs = reinterpret_cast<const int8_t*>(sg);
       d.parts = parts;
       d.count = reinterpret_cast<int32_t*>(cnt);

@@ -87,6 +87,10 @@ class CudaBackend final : public Backend {
                                // launch (cuda::delta_conv_supported; needs conv_dense and fuse) instead of one launch
                                // before it; meant bit-identical. Off until it has run on a device (round 29 got no
                                // machine for it): CudaOps.DeltaStepWithConvEqualsApart first; BONSAI_CUDA_DELTA_CONV=1
+    bool ffn_fused = false;    // round 30: a decode token's SwiGLU FFN (gate+up, the SwiGLU site, ffn_down) as ONE launch
+                               // (cuda::ffn_fused_launch: groups of blocks per 1,024 chunk of ffn_down's input meeting at
+                               // a software barrier), its chunk partials summed by the AddNorm site after it. Off until
+                               // it has run on a device; BONSAI_CUDA_FFN_FUSED=1
     bool delta_site = true;    // round 26: a decode token's gated-norm site (the gdn_out input) computed by the delta
                                // step's launch, by the last block of each 1024-chunk (delta_site_supported), instead
                                // of a site_row_kernel after it; bit-identical; BONSAI_CUDA_DELTA_SITE=0|1
@@ -303,6 +307,9 @@ class CudaBackend final : public Backend {
                       float theta) override;
   // One launch (attn_prep.cu) when fusion is on and the head fits (Dh <= 512); else the op sequence.
   void attention_prep(const AttnPrep& a) override;
+  // Round 30 (Options::ffn_fused): one row as cuda::ffn_fused_launch, else the default op sequence.
+  void swiglu_ffn(const TernaryMatrix& gate, const TernaryMatrix& up, const TernaryMatrix& down, const float* x, int64_t M,
+                  float* fg, float* fu, float* delta, const int8_t* signs, int64_t block) override;
   void kv_write_rows(float* const* k_caches, float* const* v_caches, const int64_t* host_pos, const float* k,
                      const float* v, int64_t M, int64_t row) override;
   void attention_rows(const float* q, const float* const* k_caches, const float* const* v_caches,

@@ -834,6 +834,25 @@ Launch sigmoid_mul_launch(float* x, const float* gate, int64_t n) { return ew(x,
 Launch silu_mul_launch(const float* gate, const float* up, int64_t n, float* out) { return ew(out, gate, up, n, 0.f, 2); }
 Launch zero_launch(float* x, int64_t n) { return ew(x, nullptr, nullptr, n, 0.f, 3); }
 
+struct PartsSumArgs {
+  const float* parts;  // [n_parts][n]
+  float* out;          // [n]
+  int64_t n_parts, n;
+};
+__global__ void parts_sum_kernel(const PartsSumArgs a) {
+  pdl_trigger();
+  pdl_wait();
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < a.n; i += int64_t(gridDim.x) * blockDim.x) {
+    float v = a.parts[i];
+    for (int64_t p = 1; p < a.n_parts; ++p) v += a.parts[p * a.n + i];
+    a.out[i] = v;
+  }
+}
+Launch parts_sum_launch(const float* parts, int64_t n_parts, int64_t n, float* out) {
+  const PartsSumArgs a{parts, out, n_parts, n};
+  return make_launch(reinterpret_cast<const void*>(&parts_sum_kernel), dim3(blocks_for(n, kThreads)), dim3(kThreads), 0, a);
+}
+
 Launch copy_rows_launch(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows, int64_t cols) {
   CopyArgs a{dst, src, nullptr, ld_dst, ld_src, rows, cols};
   if (cols % 4 == 0 && ld_dst % 4 == 0 && ld_src % 4 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0 &&

@@ -8,12 +8,12 @@
 // gate and up. Grid = one block per SM in C = F / 1,024 GROUPS of ~SMs / C blocks (block b in group b C / grid); group c:
 //   phase A  gate and up rows of chunk c, split over the group's blocks in 8-row units: v7's step (matvec_mma.cu) on
 //            16-row stages of one output through the bulk-copy ring, warp w taking steps w, w + NW, ... (K = 5,120: one
-//            step a warp), the producer warp summing the warps' partials in warp order into gu: the same integer sums
+//            step a warp), the producer warp summing the warps' partials in warp order into g / u: the same integer sums
 //            and float order as v7's gate+up (bit-identical where v7 runs one step a warp).
 //   barrier  the producer, once its last gate / up rows are stored, fences and counts its block in on the group's
 //            arrival counter; one consumer thread polls it (a software barrier: a cluster of 7-8 one-block SMs packs only
 //            2 to a GPC, so hardware clusters would leave SMs idle; tests/cuda/cluster_ffn_probe.cu measures both).
-//   site     consumer warps 0-3 compute the chunk's site from gu into shared memory: silu(g) u, signs, the FWHT strides,
+//   site     consumer warps 0-3 compute the chunk's site from g / u into shared memory: silu(g) u, signs, the FWHT strides,
 //            * 1 / sqrt(n), the int8 digits: warp_site.cuh's slot functions in site_row_kernel's order, so the digits
 //            are that kernel's bit for bit.
 //   phase B  the block's share of ffn_down's rows (8-row units of D), columns of chunk c only: 80-row stages of 256 B a
@@ -52,7 +52,8 @@ struct FfnArgs {
   const uint16_t* ds;     // down scales fp16 [D, F/128]
   const int8_t* xq;       // the input's digits int8 [LV, D] (transposed layout, ternary.cu)
   const float2* xds;      // [D/64]
-  float* gu;              // [2, F] gate rows, then up rows (fp32; read back by the group's site)
+  float* g;               // [F] gate rows (fp32; read back by the group's site)
+  float* u;               // [F] up rows
   const int8_t* signs;    // [F] the down input site's signs, or null
   float* parts;           // [C, D] chunk c's share of y
   int32_t* count;         // [2 C] per group: arrivals, departures (zero between launches)
@@ -124,7 +125,7 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
   if (w == NW) {  // ---- producer: copies ST stages ahead; sums each stage once it is consumed ----
     bool waited = false;
     auto wait_once = [&] {
-      if (!waited) pdl_wait();  // gu / parts / the counters may still be used by earlier kernels
+      if (!waited) pdl_wait();  // g / u / parts / the counters may still be used by earlier kernels
       waited = true;
     };
     auto arrive = [&] {  // this block's gate / up rows are stored: count it in (every lane's stores fenced first)
@@ -176,7 +177,7 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
             float v = 0.f;
 #pragma unroll
             for (int ww = 0; ww < NW; ++ww) v += pv[ww];
-            a.gu[o * a.F + r0 + lane] = v;
+            (o ? a.u : a.g)[r0 + lane] = v;
           }
         } else {  // row rr: row block rr / 16's 4 step warps, in warp order
           for (int rr = lane; rr < nrow; rr += 32) {
@@ -285,11 +286,12 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
     }
     asm volatile("bar.sync 2, 128;" ::: "memory");
     const int e = 8 * tt;  // chunk-local element of the slot
-    const float* gp = a.gu + int64_t(c) * kFfnChunk + e;
+    const float* gp = a.g + int64_t(c) * kFfnChunk + e;
+    const float* up = a.u + int64_t(c) * kFfnChunk + e;
     float v[8], u[8];
     {  // L2 reads (other blocks wrote them in this launch)
       const float4 g0 = __ldcg(reinterpret_cast<const float4*>(gp)), g1 = __ldcg(reinterpret_cast<const float4*>(gp) + 1);
-      const float4 u0 = __ldcg(reinterpret_cast<const float4*>(gp + a.F)), u1 = __ldcg(reinterpret_cast<const float4*>(gp + a.F) + 1);
+      const float4 u0 = __ldcg(reinterpret_cast<const float4*>(up)), u1 = __ldcg(reinterpret_cast<const float4*>(up) + 1);
       v[0] = g0.x, v[1] = g0.y, v[2] = g0.z, v[3] = g0.w, v[4] = g1.x, v[5] = g1.y, v[6] = g1.z, v[7] = g1.w;
       u[0] = u0.x, u[1] = u0.y, u[2] = u0.z, u[3] = u0.w, u[4] = u1.x, u[5] = u1.y, u[6] = u1.z, u[7] = u1.w;
     }
@@ -363,7 +365,8 @@ bool ffn_fused_supported(const FfnFusedDesc& d, int sms) {
   return d.D >= 1024 && d.D % 1024 == 0 && d.D <= 20 * 1024 && d.F >= kFfnChunk && d.F % kFfnChunk == 0 &&
          C <= sms && sms / C <= kFfnChunk / 8 && d.n >= 1 && d.n <= kFfnChunk && (d.n & (d.n - 1)) == 0 &&
          (d.levels == 1 || d.levels == 2) && ffn_shape(d.D, d.levels).stages >= 2 && d.gate.words && d.up.words &&
-         d.down.words && d.xq && d.xds && d.gu && d.parts && d.count && aligned16(d.gu) && aligned16(d.parts);
+         d.down.words && d.xq && d.xds && d.g && d.u && d.parts && d.count && aligned16(d.g) && aligned16(d.u) &&
+         aligned16(d.parts);
 }
 
 Launch ffn_fused_launch(const FfnFusedDesc& d, int sms) {
@@ -377,7 +380,8 @@ Launch ffn_fused_launch(const FfnFusedDesc& d, int sms) {
   a.ds = d.down.scales;
   a.xq = d.xq;
   a.xds = d.xds;
-  a.gu = d.gu;
+  a.g = d.g;
+  a.u = d.u;
   a.signs = d.signs;
   a.parts = d.parts;
   a.count = d.count;

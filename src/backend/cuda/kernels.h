@@ -55,6 +55,8 @@ struct SiteDesc {
                                  // thread reads its own element, quantised straight from the transpose; bit-identical
   bool row_units = false;        // round 19: quantise every 128-group of a row with the ROW's unit where the site
                                  // can (site_row_units); xds keeps its per-chunk form, each chunk holding that unit
+  int32_t nparts = 1;            // round 30: src holds nparts partial sums [nparts][part_stride] of the row, summed in
+  int64_t part_stride = 0;       // part order (ffn_fused's chunk partials); > 1 only where site_row_norm_supported
   bool rows_pipe = false;        // round 28: the row-unit site on site_warp_rows_kernel (several rows a block, the next
                                  // row's loads in flight) where site_rows_pipe_supported; bit-identical (the backend's
                                  // Options::site_rows_pipe, on by default)
@@ -264,6 +266,8 @@ Launch rope_launch(float* x, int64_t M, int64_t H, int64_t D, int64_t rot, int64
 Launch scale_launch(float* x, int64_t n, float s);
 Launch sigmoid_mul_launch(float* x, const float* gate, int64_t n);
 Launch silu_mul_launch(const float* gate, const float* up, int64_t n, float* out);
+// Round 30: out [n] = sum over p of parts [p][n] in part order (ffn_fused's chunk partials where no site sums them).
+Launch parts_sum_launch(const float* parts, int64_t n_parts, int64_t n, float* out);
 Launch copy_rows_launch(float* dst, int64_t ld_dst, const float* src, int64_t ld_src, int64_t rows, int64_t cols);
 Launch permute_launch(const float* x, int64_t rows, int64_t K, const int32_t* perm, float* out);
 Launch zero_launch(float* x, int64_t n);
@@ -505,18 +509,19 @@ Launch wgmma_probe_launch(int mode, float* sink, int blocks, int groups);
 void init_wgmma_probe_attributes();
 
 // ---- round 30: the batch-1 FFN in one launch (ffn_fused.cu) ------------------------------------------------------
-// One token: gu [2, F] = (gate x, up x) from x's digits (xq int8 [levels, D], xds [D/64]); then, per 1,024-column chunk
+// One token: g, u [F] = gate x, up x from x's digits (xq int8 [levels, D], xds [D/64]); then, per 1,024-column chunk
 // c of ffn_down's input, the SwiGLU site's digits (silu(g) u, signs, FWHT of block n, int8: bit-identical to
 // site_row_launch's) and parts [C = F / 1,024, D] = that chunk's share of ffn_down's product. sum_c parts[c] is ffn_down's
 // y up to the fp32 order of the sum (the chunks are summed by the caller in chunk order). One block per SM (grid = sms)
 // in C groups that meet at a software barrier: count int32 [2 C], zero before the first launch and left zero by every
 // launch. gate / up: [F, D] canonical; down: [D, F]. Supported: D % 1,024 == 0 (<= 20,480), F % 1,024 == 0, C <= sms,
-// n a power of two <= 1,024, levels 1 or 2, gu / parts 16-byte aligned.
+// n a power of two <= 1,024, levels 1 or 2, g / u / parts 16-byte aligned.
 struct FfnFusedDesc {
   TernaryDev gate{}, up{}, down{};  // words / scales (y unused)
   const int8_t* xq = nullptr;
   const float2* xds = nullptr;
-  float* gu = nullptr;              // [2, F]
+  float* g = nullptr;               // [F] gate rows
+  float* u = nullptr;               // [F] up rows
   const int8_t* signs = nullptr;    // [F] or null
   float* parts = nullptr;           // [F / 1024, D]
   int32_t* count = nullptr;         // [2 F / 1024]

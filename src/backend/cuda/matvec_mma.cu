@@ -1054,7 +1054,7 @@ bool mv7_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq,
 bool matvec7_site_supported(const SiteDesc& d) {
   const int64_t K = d.K, n = d.n;
   const bool aliased = d.pre_out && (d.pre_out == d.src || d.pre_out == d.resid || d.pre_out == d.src2);
-  return d.rows == 1 && !d.inverse && !d.perm && d.ld == K && K % 1024 == 0 && K <= (int64_t(1) << 20) && n >= 1 &&
+  return d.rows == 1 && d.nparts == 1 && !d.inverse && !d.perm && d.ld == K && K % 1024 == 0 && K <= (int64_t(1) << 20) && n >= 1 &&
          n <= 1024 && (n & (n - 1)) == 0 && (d.levels == 1 || d.levels == 2) &&
          (d.pre == kPreNone || d.pre == kPreSiluMul || d.pre == kPreSigmoidMul ||
           (d.pre == kPreGatedNorm && d.gain && d.seg >= 8 && d.seg <= 256 && 256 % d.seg == 0) ||

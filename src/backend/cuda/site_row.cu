@@ -82,7 +82,19 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kRowThreads) site_ro
   if (s.resid) s.resid += r * a.ld;
   float* pre_out = s.pre_out ? s.pre_out + r * a.ld : nullptr;
   float v[8];
-  site_slot_load(s, e, v);  // src + resid
+  load8(s.src + e, v);  // src (round 30: the sum of its nparts partials, in part order) + resid: site_slot_load's sum
+  for (int p = 1; p < s.nparts; ++p) {
+    float w[8];
+    load8(s.src + p * s.part_stride + e, w);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] += w[j];
+  }
+  if (s.resid) {
+    float rs[8];
+    load8(s.resid + e, rs);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = v[j] + rs[j];
+  }
   float ss = 0.f;
 #pragma unroll
   for (int j = 0; j < 8; ++j) ss += v[j] * v[j];
@@ -115,7 +127,8 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kRowThreads) site_ro
 bool site_row_norm_supported(const SiteDesc& d) {
   const int64_t K = d.K, n = d.n;
   const bool aliased = d.pre_out && (d.pre_out == d.src || d.pre_out == d.resid);
-  return d.rows >= 1 && d.rows < kSiteWarpMinRows && d.pre == kPreAddNorm && d.gain && !aliased && !d.inverse &&
+  const bool parts_ok = d.nparts == 1 || (d.nparts > 1 && d.rows == 1 && d.part_stride >= K && d.part_stride % 4 == 0);
+  return parts_ok && d.rows >= 1 && d.rows < kSiteWarpMinRows && d.pre == kPreAddNorm && d.gain && !aliased && !d.inverse &&
          !d.perm && d.xq && d.xds && K % 1024 == 0 && K / 1024 <= kSiteMaxCluster && n >= 1 && n <= 1024 &&
          (n & (n - 1)) == 0 && (d.levels == 1 || d.levels == 2) && d.ld % 4 == 0 && aligned16(d.src) &&
          aligned16(d.resid) && aligned16(d.dst) && aligned16(d.pre_out) && aligned16(d.gain);

@@ -153,6 +153,8 @@ struct SitePrologue {
   int32_t seg;           // GatedNorm segment: a power of two in [8, 256] (inside one warp's 256 elements)
   int32_t active;        // 0: no site (the kernel reads a ready int8 activation); 2: timing only, no site computed
   float eps, norm;       // norm eps; 1/sqrt(n)
+  int32_t nparts, pad_;  // round 30: src as nparts partial sums [nparts][part_stride] (site_row_norm_kernel only)
+  int64_t part_stride;
 };
 
 // ---- one SLOT = 8 consecutive elements of a thread; 4 warps (128 slots) hold one 1024-block --------------------------
@@ -177,6 +179,8 @@ inline SitePrologue site_prologue_of(const SiteDesc& d) {
   while ((int64_t(1) << s.log2n) < d.n) ++s.log2n;
   s.norm = float(1.0 / __builtin_sqrt(double(d.n)));
   s.active = 1;
+  s.nparts = d.nparts;
+  s.part_stride = d.part_stride;
   return s;
 }
 
