@@ -15,7 +15,7 @@ run_gates "${GATE_ENVS:-X=1}" 60
 stamp "gates"
 if [ -n "${TEST_FILTER:-}" ]; then
   run_test_cuda ${TEST_TIMEOUT:-150}
-  grep -E "^\[  FAILED|^\[  PASSED|Failure|Expected|Which is" "$OUT/test_cuda.log" | head -20
+  grep -E "^\[  FAILED|^\[  PASSED|Failure|Expected|Which is|${TEST_SHOW:-@@none@@}" "$OUT/test_cuda.log" | head -${TEST_LINES:-20}
   stamp "test_cuda"
 fi
 [ "${CLUSTER_PROBE:-0}" = 1 ] && device_probe cluster_ffn_probe 120  # needs no pack
