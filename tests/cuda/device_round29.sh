@@ -18,8 +18,13 @@ if [ -n "${TEST_FILTER:-}" ]; then
   grep -E "^\[  FAILED|^\[  PASSED|Failure|Expected|Which is|${TEST_SHOW:-@@none@@}" "$OUT/test_cuda.log" | head -${TEST_LINES:-20}
   stamp "test_cuda"
 fi
+# Round 30: the fused FFN's timed steps only once its tests passed (a hang would spend the call).
+FFN_OK=0
+grep -q "^\[       OK \] CudaFfnFused.MatchesTheThreeLaunches" "$OUT/test_cuda.log" 2>/dev/null &&
+  ! grep -q "^\[  FAILED  \] CudaModel" "$OUT/test_cuda.log" && FFN_OK=1
+echo "FFN_OK=$FFN_OK"
 [ "${CLUSTER_PROBE:-0}" = 1 ] && device_probe cluster_ffn_probe 120  # needs no pack
-if [ -n "${KBENCH:-}" ]; then
+if [ -n "${KBENCH:-}" ] && [ $FFN_OK = 1 ]; then
   BONSAI_CUDA_BENCH=1 timeout ${KBENCH_TIMEOUT:-150} $B/test_cuda --gtest_filter="$KBENCH" > "$OUT/kbench.log" 2>&1
   echo "kbench rc=$?"; grep -E "^ffn|^probe|FAILED|Failure" "$OUT/kbench.log" | head -20
   stamp "kbench"
@@ -29,6 +34,7 @@ stamp "27b pack"
 pick() { case $1 in prev*) echo $B/bonsai_prev ;; *) echo $B/bonsai ;; esac; }
 for cfg in ${AB:-}; do
   name=${cfg%%:*}; env=${cfg#*:}; bin=$(pick $name)
+  case $env in *FFN_FUSED*) [ $FFN_OK = 1 ] || { echo "== $name skipped (FFN_OK=0)"; continue; } ;; esac
   echo "== $name ($env, $(basename $bin))" | tee -a "$OUT/ab.txt"
   env ${env//,/ } timeout 90 $bin bench --backend cuda -m "$P27" -p 0 -n 128 -r 2 2>&1 | grep -E "^tg|rror" \
     | tee -a "$OUT/ab.txt"
