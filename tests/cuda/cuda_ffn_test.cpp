@@ -87,6 +87,8 @@ TEST(CudaPolicy, FfnFusedSupportedShapes) {
   d.F = 17408;
   d.D = 5120 + 512;
   EXPECT_FALSE(cuda::ffn_fused_supported(d, 132));
+  d.D = 6144;
+  EXPECT_FALSE(cuda::ffn_fused_supported(d, 132));  // more phase-A steps than consumer warps
   d.D = 5120;
   d.g = reinterpret_cast<float*>(20);
   EXPECT_FALSE(cuda::ffn_fused_supported(d, 132));  // unaligned scratch

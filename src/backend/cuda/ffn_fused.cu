@@ -7,8 +7,8 @@
 // 128-group), so the digits of columns [1,024 c, 1,024 c + 1,024) depend only on rows [1,024 c, 1,024 c + 1,024) of
 // gate and up. Grid = one block per SM in C = F / 1,024 GROUPS of ~SMs / C blocks (block b in group b C / grid); group c:
 //   phase A  gate and up rows of chunk c, split over the group's blocks in 8-row units: v7's step (matvec_mma.cu) on
-//            16-row stages of one output through the bulk-copy ring, warp w taking steps w, w + NW, ... (K = 5,120: one
-//            step a warp), the producer warp summing the warps' partials in warp order into g / u: the same integer sums
+//            16-row stages of one output through the bulk-copy ring, warp w taking step w (D <= 5,120: one step a warp
+//            at most), the producer warp summing the warps' partials in warp order into g / u: the same integer sums
 //            and float order as v7's gate+up (bit-identical where v7 runs one step a warp).
 //   barrier  the producer, once its last gate / up rows are stored, fences and counts its block in on the group's
 //            arrival counter; one consumer thread polls it (a software barrier: a cluster of 7-8 one-block SMs packs only
@@ -254,20 +254,17 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
     if (++s == ST) s = 0, ph ^= 1u;
     if (++slot == ST + 1) slot = 0;
   };
-  // Phase A: K = D, S = G / 2 steps a row; warp w takes steps w, w + NW, ... (one step a warp at D = 5,120: its B once).
+  // Phase A: K = D, S = G / 2 <= NW steps a row (ffn_fused_supported); warp w takes step w (none past S), its B read
+  // once.
   const int SA = (G + 1) >> 1;
-  const bool hoist = SA <= NW;
-  if (hoist) load_b(w, D, a.xq, a.xds);
+  load_b(w, D, a.xq, a.xds);
   for (int j = 0; j < nA; ++j) {
     mbar_wait(&full[s], ph);
     const unsigned char* st = ring + size_t(s) * a.stage_bytes;
     const unsigned char* wrow = st + g * (D >> 2) + 16 * t;
     const uint16_t* srow = reinterpret_cast<const uint16_t*>(st + kFfnRowsA * (D >> 2)) + g * G + (LV == 2 ? (t & 1) : 0);
     float yg = 0.f, yg8 = 0.f;
-    for (int cc = w; cc < SA; cc += NW) {
-      if (!hoist) load_b(cc, D, a.xq, a.xds);
-      step(wrow, D >> 2, srow, G, cc, yg, yg8);
-    }
+    if (w < SA) step(wrow, D >> 2, srow, G, w, yg, yg8);
     put(slot, yg, yg8);
     next();
   }
@@ -362,7 +359,7 @@ void init_ffn_fused_attributes() {
 
 bool ffn_fused_supported(const FfnFusedDesc& d, int sms) {
   const int64_t C = d.F / kFfnChunk;
-  return d.D >= 1024 && d.D % 1024 == 0 && d.D <= 20 * 1024 && d.F >= kFfnChunk && d.F % kFfnChunk == 0 &&
+  return d.D >= 1024 && d.D % 1024 == 0 && d.D / 256 <= kFfnWarps && d.F >= kFfnChunk && d.F % kFfnChunk == 0 &&
          C <= sms && sms / C <= kFfnChunk / 8 && d.n >= 1 && d.n <= kFfnChunk && (d.n & (d.n - 1)) == 0 &&
          (d.levels == 1 || d.levels == 2) && ffn_shape(d.D, d.levels).stages >= 2 && d.gate.words && d.up.words &&
          d.down.words && d.xq && d.xds && d.g && d.u && d.parts && d.count && aligned16(d.g) && aligned16(d.u) &&

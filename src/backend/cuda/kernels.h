@@ -514,7 +514,7 @@ void init_wgmma_probe_attributes();
 // site_row_launch's) and parts [C = F / 1,024, D] = that chunk's share of ffn_down's product. sum_c parts[c] is ffn_down's
 // y up to the fp32 order of the sum (the chunks are summed by the caller in chunk order). One block per SM (grid = sms)
 // in C groups that meet at a software barrier: count int32 [2 C], zero before the first launch and left zero by every
-// launch. gate / up: [F, D] canonical; down: [D, F]. Supported: D % 1,024 == 0 (<= 20,480), F % 1,024 == 0, C <= sms,
+// launch. gate / up: [F, D] canonical; down: [D, F]. Supported: D % 1,024 == 0 (<= 5,120), F % 1,024 == 0, C <= sms,
 // n a power of two <= 1,024, levels 1 or 2, g / u / parts 16-byte aligned.
 struct FfnFusedDesc {
   TernaryDev gate{}, up{}, down{};  // words / scales (y unused)
