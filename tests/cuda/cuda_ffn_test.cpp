@@ -29,7 +29,8 @@ bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
 //   the activations: the same steps and warp order), so bit-identical to the unfused product;
 // - y: the same digits (the site's operations in site_row_kernel's order), ffn_down's float sums regrouped by chunk:
 //   within 2e-5 of the unfused y's max;
-// - two runs bit-identical (the group counters come back to zero: a stale count would let a block read gu early).
+// - two runs bit-identical (the group counters come back to zero: a stale count would let a block read g / u early);
+// - 16-row and 32-row stages (Options::ffn_rows; phase B 80 / 160 rows) bit-identical: the same sums in the same order.
 TEST(CudaFfnFused, MatchesTheThreeLaunches) {
   BONSAI_REQUIRE_GPU();
   struct Case {
@@ -57,7 +58,13 @@ TEST(CudaFfnFused, MatchesTheThreeLaunches) {
       const CudaBackend::FfnKernelRun ref = be.run_ffn_kernel(mats, 1, x.data(), sg, c.n, false, 0);
       const CudaBackend::FfnKernelRun f1 = be.run_ffn_kernel(mats, 1, x.data(), sg, c.n, true, 0);
       const CudaBackend::FfnKernelRun f2 = be.run_ffn_kernel(mats, 1, x.data(), sg, c.n, true, 0);
-      ASSERT_TRUE(ref.ran && f1.ran && f2.ran) << what;
+      CudaBackend::Options o16 = o;
+      o16.ffn_rows = 16;
+      CudaBackend be16(o16);
+      for (TernaryMatrix* m : {&gate, &up, &down}) be16.prepare_matrix(*m);
+      const CudaBackend::FfnKernelRun f16 = be16.run_ffn_kernel(mats, 1, x.data(), sg, c.n, true, 0);
+      ASSERT_TRUE(ref.ran && f1.ran && f2.ran && f16.ran) << what;
+      EXPECT_TRUE(bit_equal(f1.y, f16.y) && bit_equal(f1.gu, f16.gu)) << what << ": 16- and 32-row stages differ";
       EXPECT_TRUE(bit_equal(f1.gu, ref.gu)) << what << ": gate / up rows differ from the unfused product, rel "
                                             << rel_err(f1.gu, ref.gu);
       const double err = rel_err(f1.y, ref.y);
@@ -92,6 +99,11 @@ TEST(CudaPolicy, FfnFusedSupportedShapes) {
   d.D = 5120;
   d.g = reinterpret_cast<float*>(20);
   EXPECT_FALSE(cuda::ffn_fused_supported(d, 132));  // unaligned scratch
+  d.g = reinterpret_cast<float*>(16);
+  d.rows_a = 16;
+  EXPECT_TRUE(cuda::ffn_fused_supported(d, 132));
+  d.rows_a = 48;
+  EXPECT_FALSE(cuda::ffn_fused_supported(d, 132));
 }
 
 // The AddNorm row site sums ffn_fused's chunk partials itself (SiteDesc::nparts) for one row whose parts are whole,

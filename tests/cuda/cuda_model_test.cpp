@@ -125,7 +125,7 @@ TEST(CudaModel, TinyPackMatchesReference) {
     const char* name;
     CudaBackend::Options o;
   };
-  std::vector<Config> configs(22);
+  std::vector<Config> configs(23);
   configs[0].name = "default";  // q16
   configs[1].name = "no-graphs";
   configs[1].o.graphs = false;
@@ -176,6 +176,9 @@ TEST(CudaModel, TinyPackMatchesReference) {
   configs[21].name = "ffn-fused no-graphs";
   configs[21].o.ffn_fused = true;
   configs[21].o.graphs = false;
+  configs[22].name = "ffn-fused rows16";  // its 16-row gate / up stages (the default 32): the same sums
+  configs[22].o.ffn_fused = true;
+  configs[22].o.ffn_rows = 16;
   std::vector<ModelRun> runs;
   std::vector<uint64_t> nodes;
   for (const Config& cfg : configs) {
@@ -205,6 +208,7 @@ TEST(CudaModel, TinyPackMatchesReference) {
   // the fused FFN ran: 4 layers x (gate+up, the SwiGLU site, ffn_down -> one launch) fewer graph nodes a decode step
   EXPECT_EQ(nodes[19] + 8, nodes[0]);
   EXPECT_EQ(runs[19].logits, runs[21].logits);
+  EXPECT_EQ(runs[19].logits, runs[22].logits);
 }
 
 // Token walk vs chunked prefill on CUDA (matvec + recurrent delta rule vs GEMM + the same kernel over a

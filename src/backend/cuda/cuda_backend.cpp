@@ -130,6 +130,7 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   o.delta_site = flag("BONSAI_CUDA_DELTA_SITE", o.delta_site);
   o.delta_conv = flag("BONSAI_CUDA_DELTA_CONV", o.delta_conv);
   o.ffn_fused = flag("BONSAI_CUDA_FFN_FUSED", o.ffn_fused);
+  if (const char* e = std::getenv("BONSAI_CUDA_FFN_ROWS"); e && *e) o.ffn_rows = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_ROW_NORM"); e && *e) o.site_row_norm = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_ROW_EARLY"); e && *e) o.site_row_norm_early = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA_ROWS"); e && *e) o.delta_rows = std::atoi(e);
@@ -1535,6 +1536,7 @@ void CudaBackend::swiglu_ffn(const TernaryMatrix& gate, const TernaryMatrix& up,
   d.F = F;
   d.n = block;
   d.levels = I.levels();
+  d.rows_a = I.opt.ffn_rows;
   const bool shapes = M == 1 && I.opt.ffn_fused && I.opt.fuse && !I.opt.exact && up.cols == E && up.rows == F &&
                       down.cols == F && down.rows == E && block <= F && F % block == 0;
   if (shapes) {  // the real pointers are only needed for the launch: the rule's shape half first
@@ -2204,6 +2206,7 @@ CudaBackend::FfnKernelRun CudaBackend::run_ffn_kernel(const TernaryMatrix* const
       d.F = F;
       d.n = n;
       d.levels = lv;
+      d.rows_a = I.opt.ffn_rows;
       if (!cuda::ffn_fused_supported(d, sms)) break;
       ls.push_back(cuda::ffn_fused_launch(d, sms));
     } else {

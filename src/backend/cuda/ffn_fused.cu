@@ -36,9 +36,8 @@ namespace bonsai::cuda {
 namespace {
 
 constexpr int kFfnWarps = 20;                      // consumer warps; warp kFfnWarps is the producer
-constexpr int kFfnRowsA = 16;                      // rows of a phase-A stage (one output)
-constexpr int kFfnBlocksB = kFfnWarps / 4;         // 16-row blocks of a phase-B stage (4 steps of a 1,024 chunk each)
-constexpr int kFfnRowsB = 16 * kFfnBlocksB;        // 80
+constexpr int kFfnBlocksB = kFfnWarps / 4;         // 16-row blocks of a warp set in phase B (4 steps of a 1,024 chunk)
+constexpr int kFfnRowsB = 16 * kFfnBlocksB;        // 80 rows: a phase-B stage holds RBA such sets
 constexpr int kFfnChunk = 1024;
 constexpr int kFfnMaxStages = 8;
 constexpr int kFfnSmem = 227 * 1024;               // an sm_90 block's most dynamic shared memory
@@ -59,8 +58,8 @@ struct FfnArgs {
   int32_t* count;         // [2 C] per group: arrivals, departures (zero between launches)
   int64_t D, F;
   int32_t stages;         // ring depth
-  int32_t stage_bytes;    // one stage: phase A words [16, D/4 B] then scales [16, D/64 B]; phase B words [80, 256 B]
-                          // then scales [80, 16 B]
+  int32_t stage_bytes;    // one stage: phase A words [16 RBA, D/4 B] then scales [16 RBA, D/64 B]; phase B words
+                          // [80, 256 B] then scales [80, 16 B]
   int32_t log2n;          // the down site's Hadamard block n = 1 << log2n (<= 1,024)
   float norm;             // 1 / sqrt(n)
 };
@@ -73,10 +72,49 @@ __device__ __forceinline__ void ffn_group(int b, int B, int C, int& c, int& r, i
   gsize = b1 - b0;
 }
 
-template <int LV>
+// One step of RB 16-row blocks: block b's rows g / g + 8 at wrow + b bstride (row stride rs bytes), its scales at
+// srow + b sstride (row stride GR fp16); the lane's step cc (matvec v7's fragment roles), partial rows into yg / yg8.
+template <int LV, int RB>
+__device__ __forceinline__ void ffn_step(const unsigned char* wrow, int bstride, int rs, const uint16_t* srow, int sstride,
+                                         int GR, int cc, int t, const uint4 (&XP)[4], const float4& xv0,
+                                         const float4& xv1, float (&yg)[RB], float (&yg8)[RB]) {
+  Mv6Stage<RB> sv;
+  const int lim_s = LV == 2 ? (GR - (t & 1) + 1) >> 1 : (GR + 1) >> 1;
+#pragma unroll
+  for (int b = 0; b < RB; ++b) {
+    const unsigned char* wb = wrow + b * bstride;
+    sv.wa[b] = *reinterpret_cast<const uint4*>(wb + 64 * cc);
+    sv.wb[b] = *reinterpret_cast<const uint4*>(wb + 8 * rs + 64 * cc);
+    const uint16_t* q = srow + b * sstride + 2 * cc;
+    sv.sc[b] = cc < lim_s ? uint32_t(q[0]) | uint32_t(q[8 * GR]) << 16 : 0u;
+    if constexpr (LV == 1) sv.sc2[b] = cc < (GR >> 1) ? uint32_t(q[1]) | uint32_t(q[8 * GR + 1]) << 16 : 0u;
+  }
+  mv7_step32<LV, RB>(sv, XP, xv0, xv1, yg, yg8);
+}
+
+// The warp's partial rows of a stage into its red row p (+ g: lane (g, t) holds rows g, g + 8 of each block b at
+// 16 b), by the holder lanes; under q16 lanes t, t ^ 1 hold the two groups of the token first.
+template <int LV, int RB>
+__device__ __forceinline__ void ffn_put(float* p, bool holder, float (&yg)[RB], float (&yg8)[RB]) {
+#pragma unroll
+  for (int b = 0; b < RB; ++b) {
+    if constexpr (LV == 2) {
+      yg[b] += __shfl_xor_sync(0xffffffffu, yg[b], 1);
+      yg8[b] += __shfl_xor_sync(0xffffffffu, yg8[b], 1);
+    }
+    if (holder) {
+      p[16 * b] = yg[b];
+      p[16 * b + 8] = yg8[b];
+    }
+  }
+}
+
+// RBA: 16-row blocks a warp takes per stage, 1 or 2: phase A's stages of 16 RBA rows (2: as v7's gate+up), phase B's of
+// 80 RBA rows (warp w: row blocks w / 4 + 5 b, b < RBA), so both phases' stages fill the same ring slots.
+template <int LV, int RBA>
 __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(const FfnArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];
-  constexpr int NW = kFfnWarps;
+  constexpr int NW = kFfnWarps, TRA = 16 * RBA;  // TRA: rows of a phase-A stage, and of a warp's red row
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int D = int(a.D), C = int(a.F / kFfnChunk), ST = a.stages;
   int c, r, gsize;
@@ -84,30 +122,31 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
   // Phase A: units [ua0, ua1) of the chunk's 128 8-row units, for gate then up; phase B: units [ub0, ub1) of D / 8.
   const int ua0 = kFfnChunk / 8 * r / gsize, ua1 = kFfnChunk / 8 * (r + 1) / gsize;
   const int ub0 = int(int64_t(D / 8) * r / gsize), ub1 = int(int64_t(D / 8) * (r + 1) / gsize);
-  const int na_out = (ua1 - ua0 + 1) / 2;                         // stages per output (16 rows; the last may be 8)
-  const int nA = 2 * na_out, nB = (ub1 - ub0 + kFfnBlocksB * 2 - 1) / (kFfnBlocksB * 2), n = nA + nB;
+  const int na_out = (ua1 - ua0 + 2 * RBA - 1) / (2 * RBA);        // stages per output (TRA rows; the last may be fewer)
+  constexpr int UB = 2 * kFfnBlocksB * RBA;  // 8-row units of a phase-B stage
+  const int nA = 2 * na_out, nB = (ub1 - ub0 + UB - 1) / UB, n = nA + nB;
   // Stage i: output o (0 gate, 1 up, 2 down), its first row, its rows.
   auto stage_at = [&](int i, int& o, int& r0, int& nrow) {
     if (i < nA) {
       o = i / na_out;
-      const int u = ua0 + 2 * (i % na_out);
+      const int u = ua0 + 2 * RBA * (i % na_out);
       r0 = c * kFfnChunk + 8 * u;
-      nrow = 8 * min(2, ua1 - u);
+      nrow = 8 * min(2 * RBA, ua1 - u);
     } else {
       o = 2;
-      const int u = ub0 + 2 * kFfnBlocksB * (i - nA);
+      const int u = ub0 + UB * (i - nA);
       r0 = 8 * u;
-      nrow = 8 * min(2 * kFfnBlocksB, ub1 - u);
+      nrow = 8 * min(UB, ub1 - u);
     }
   };
-  // Shared memory: ring [ST][stage_bytes] | full [ST], empty [ST] | red float [ST + 1][NW][16] (stage j's partials in
+  // Shared memory: ring [ST][stage_bytes] | full [ST], empty [ST] | red float [ST + 1][NW][TRA] (stage j's partials in
   // slot j % (ST + 1), as v7) | xs int8 [LV][1,024] then xds float2 [16] (the chunk's digits) | scratch float [128][8]
   // (the site's strides 256 / 512).
   unsigned char* ring = smem;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + size_t(ST) * a.stage_bytes);
   uint64_t* empty = full + ST;
   float* red = reinterpret_cast<float*>(empty + ST);
-  int8_t* xs = reinterpret_cast<int8_t*>(red + size_t(ST + 1) * NW * 16);
+  int8_t* xs = reinterpret_cast<int8_t*>(red + size_t(ST + 1) * NW * TRA);
   float2* xs_d = reinterpret_cast<float2*>(xs + LV * kFfnChunk);
   float* scratch = reinterpret_cast<float*>(xs_d + kFfnChunk / 64);
   if (threadIdx.x == 0) {
@@ -149,7 +188,7 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
           if (lane == 0) {
             mbar_expect_tx(&full[s], wbytes + sbytes);
             bulk_load(st, (o ? a.uw : a.gw) + int64_t(r0) * (D >> 4), wbytes, &full[s]);
-            bulk_load(st + kFfnRowsA * (D >> 2), (o ? a.us : a.gs) + int64_t(r0) * G, sbytes, &full[s]);
+            bulk_load(st + TRA * (D >> 2), (o ? a.us : a.gs) + int64_t(r0) * G, sbytes, &full[s]);
           }
         } else {  // nrow rows x the chunk's 1,024 columns: 256 B of words and 16 B of scales a row
           if (lane == 0) mbar_expect_tx(&full[s], unsigned(nrow) * 272u);
@@ -157,7 +196,7 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
           const int64_t wrow = a.F >> 4, srow = a.F >> 7;  // u32 / fp16 per row of ffn_down
           for (int rr = lane; rr < nrow; rr += 32) {
             bulk_load(st + rr * 256, a.dw + (r0 + rr) * wrow + 64 * c, 256u, &full[s]);
-            bulk_load(st + kFfnRowsB * 256 + rr * 16, a.ds + (r0 + rr) * srow + 8 * c, 16u, &full[s]);
+            bulk_load(st + RBA * kFfnRowsB * 256 + rr * 16, a.ds + (r0 + rr) * srow + 8 * c, 16u, &full[s]);
           }
         }
         __syncwarp();
@@ -168,21 +207,22 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
         const int j = i - ST;
         int o, r0, nrow;
         stage_at(j, o, r0, nrow);
-        const float* p = red + size_t(slot) * NW * 16;  // [NW][16]
-        if (o < 2) {  // every warp's partial of the stage's 16 rows, in warp order
+        const float* p = red + size_t(slot) * NW * TRA;  // [NW][TRA]
+        if (o < 2) {  // every warp's partial of the stage's <= 32 rows, in warp order
           if (lane < nrow) {
             float pv[NW];
 #pragma unroll
-            for (int ww = 0; ww < NW; ++ww) pv[ww] = p[ww * 16 + lane];
+            for (int ww = 0; ww < NW; ++ww) pv[ww] = p[ww * TRA + lane];
             float v = 0.f;
 #pragma unroll
             for (int ww = 0; ww < NW; ++ww) v += pv[ww];
             (o ? a.u : a.g)[r0 + lane] = v;
           }
-        } else {  // row rr: row block rr / 16's 4 step warps, in warp order
+        } else {  // row rr: row block k = rr / 16 is warps 4 (k % 5) .. + 3's block k / 5; its 4 steps in warp order
           for (int rr = lane; rr < nrow; rr += 32) {
-            const float* q = p + (rr >> 4) * 4 * 16 + (rr & 15);
-            a.parts[int64_t(c) * D + r0 + rr] = ((q[0] + q[16]) + q[32]) + q[48];
+            const int k = rr >> 4;
+            const float* q = p + (k % kFfnBlocksB) * 4 * TRA + 16 * (k / kFfnBlocksB) + (rr & 15);
+            a.parts[int64_t(c) * D + r0 + rr] = ((q[0] + q[TRA]) + q[2 * TRA]) + q[3 * TRA];
           }
         }
         __syncwarp();  // every lane's reads of this red slot before the next arrive that lets it be rewritten
@@ -221,31 +261,6 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
       if (LV == 1 && 2 * cc + 1 < GK) xv1 = xd[2 * cc + 1];
     }
   };
-  // One step: rows g / g + 8 of a 16-row block at wrow (row stride rs bytes) with its scales at srow (row stride GR
-  // fp16), the lane's step cc; partial rows into yg / yg8.
-  auto step = [&](const unsigned char* wrow, int rs, const uint16_t* srow, int GR, int cc, float& yg, float& yg8) {
-    Mv6Stage<1> sv;
-    sv.wa[0] = *reinterpret_cast<const uint4*>(wrow + 64 * cc);
-    sv.wb[0] = *reinterpret_cast<const uint4*>(wrow + 8 * rs + 64 * cc);
-    const uint16_t* q = srow + 2 * cc;
-    const int lim_s = LV == 2 ? (GR - (t & 1) + 1) >> 1 : (GR + 1) >> 1;
-    sv.sc[0] = cc < lim_s ? uint32_t(q[0]) | uint32_t(q[8 * GR]) << 16 : 0u;
-    if constexpr (LV == 1) sv.sc2[0] = cc < (GR >> 1) ? uint32_t(q[1]) | uint32_t(q[8 * GR + 1]) << 16 : 0u;
-    float a0[1] = {yg}, a8[1] = {yg8};
-    mv7_step32<LV, 1>(sv, XP, xv0, xv1, a0, a8);
-    yg = a0[0], yg8 = a8[0];
-  };
-  auto put = [&](int slot, float yg, float yg8) {  // the warp's partial rows of a stage into red[slot][w]
-    if constexpr (LV == 2) {  // lanes t, t ^ 1 hold the two groups of the token
-      yg += __shfl_xor_sync(0xffffffffu, yg, 1);
-      yg8 += __shfl_xor_sync(0xffffffffu, yg8, 1);
-    }
-    if (holder) {
-      float* p = red + (size_t(slot) * NW + w) * 16 + g;
-      p[0] = yg;
-      p[8] = yg8;
-    }
-  };
   int s = 0, slot = 0;
   unsigned ph = 0;
   auto next = [&] {
@@ -262,10 +277,10 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
     mbar_wait(&full[s], ph);
     const unsigned char* st = ring + size_t(s) * a.stage_bytes;
     const unsigned char* wrow = st + g * (D >> 2) + 16 * t;
-    const uint16_t* srow = reinterpret_cast<const uint16_t*>(st + kFfnRowsA * (D >> 2)) + g * G + (LV == 2 ? (t & 1) : 0);
-    float yg = 0.f, yg8 = 0.f;
-    if (w < SA) step(wrow, D >> 2, srow, G, w, yg, yg8);
-    put(slot, yg, yg8);
+    const uint16_t* srow = reinterpret_cast<const uint16_t*>(st + TRA * (D >> 2)) + g * G + (LV == 2 ? (t & 1) : 0);
+    float yg[RBA] = {}, yg8[RBA] = {};
+    if (w < SA) ffn_step<LV, RBA>(wrow, 16 * (D >> 2), D >> 2, srow, 16 * G, G, w, t, XP, xv0, xv1, yg, yg8);
+    ffn_put<LV, RBA>(red + (size_t(slot) * NW + w) * TRA + g, holder, yg, yg8);
     next();
   }
   // The group's barrier, then the chunk's site (warps 0-3: 128 slots of 8 elements) into xs / xs_d.
@@ -309,7 +324,7 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
     site_slot_quantise<LV>(sp, kFfnChunk, e, lane, nullptr, xs, xs_d, v);
   }
   asm volatile("bar.sync 1, %0;" ::"r"(NW * 32) : "memory");  // the chunk's digits are in xs / xs_d
-  // Phase B: a stage is 5 row blocks x the chunk's 4 steps; warp w takes row block w / 4, step w % 4.
+  // Phase B: a stage is RBA x 5 row blocks x the chunk's 4 steps; warp w takes row blocks w / 4 + 5 b, step w % 4.
   const int rb = w >> 2, cc = w & 3;
   load_b(cc, kFfnChunk, xs, xs_d);
   for (int j = 0; j < nB; ++j) {
@@ -317,29 +332,31 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
     const unsigned char* st = ring + size_t(s) * a.stage_bytes;
     const unsigned char* wrow = st + (16 * rb + g) * 256 + 16 * t;
     const uint16_t* srow =
-        reinterpret_cast<const uint16_t*>(st + kFfnRowsB * 256) + (16 * rb + g) * 8 + (LV == 2 ? (t & 1) : 0);
-    float yg = 0.f, yg8 = 0.f;
-    step(wrow, 256, srow, kFfnChunk >> 7, cc, yg, yg8);
-    put(slot, yg, yg8);
+        reinterpret_cast<const uint16_t*>(st + RBA * kFfnRowsB * 256) + (16 * rb + g) * 8 + (LV == 2 ? (t & 1) : 0);
+    float yg[RBA] = {}, yg8[RBA] = {};
+    ffn_step<LV, RBA>(wrow, kFfnRowsB * 256, 256, srow, kFfnRowsB * 8, kFfnChunk >> 7, cc, t, XP, xv0, xv1, yg, yg8);
+    ffn_put<LV, RBA>(red + (size_t(slot) * NW + w) * TRA + g, holder, yg, yg8);
     next();
   }
 }
 
-template <int LV>
-const void* ffn_fused_kernel_for() {
-  return reinterpret_cast<const void*>(&ffn_fused_kernel<LV>);
+const void* ffn_fused_kernel_for(int lv, int rows_a) {
+  return lv == 2 ? (rows_a == 32 ? reinterpret_cast<const void*>(&ffn_fused_kernel<2, 2>)
+                                 : reinterpret_cast<const void*>(&ffn_fused_kernel<2, 1>))
+                 : (rows_a == 32 ? reinterpret_cast<const void*>(&ffn_fused_kernel<1, 2>)
+                                 : reinterpret_cast<const void*>(&ffn_fused_kernel<1, 1>));
 }
 
 struct FfnShape {
   int stages = 0;
   int64_t stage_bytes = 0, smem = 0;
 };
-FfnShape ffn_shape(int64_t D, int levels) {
+FfnShape ffn_shape(int64_t D, int levels, int rows_a) {
   FfnShape f;
-  f.stage_bytes = std::max<int64_t>(kFfnRowsA * (D / 4 + D / 64), kFfnRowsB * (256 + 16));
+  f.stage_bytes = std::max<int64_t>(rows_a * (D / 4 + D / 64), rows_a / 16 * kFfnRowsB * (256 + 16));
   const int64_t rest_fixed = levels * kFfnChunk + (kFfnChunk / 64) * 8 + 128 * 8 * 4;
   for (int st = kFfnMaxStages; st >= 2; --st) {
-    const int64_t bytes = st * f.stage_bytes + 16 * st + (st + 1) * kFfnWarps * 16 * 4 + rest_fixed;
+    const int64_t bytes = st * f.stage_bytes + 16 * st + (st + 1) * kFfnWarps * rows_a * 4 + rest_fixed;
     if (bytes <= kFfnSmem) {
       f.stages = st;
       f.smem = bytes;
@@ -352,7 +369,8 @@ FfnShape ffn_shape(int64_t D, int levels) {
 }  // namespace
 
 void init_ffn_fused_attributes() {
-  for (const void* f : {ffn_fused_kernel_for<1>(), ffn_fused_kernel_for<2>()})
+  for (const void* f : {ffn_fused_kernel_for(1, 16), ffn_fused_kernel_for(1, 32), ffn_fused_kernel_for(2, 16),
+                        ffn_fused_kernel_for(2, 32)})
     if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kFfnSmem) != cudaSuccess)
       (void)cudaGetLastError();  // no device here (host-only tests): the launch itself would report it
 }
@@ -361,13 +379,14 @@ bool ffn_fused_supported(const FfnFusedDesc& d, int sms) {
   const int64_t C = d.F / kFfnChunk;
   return d.D >= 1024 && d.D % 1024 == 0 && d.D / 256 <= kFfnWarps && d.F >= kFfnChunk && d.F % kFfnChunk == 0 &&
          C <= sms && sms / C <= kFfnChunk / 8 && d.n >= 1 && d.n <= kFfnChunk && (d.n & (d.n - 1)) == 0 &&
-         (d.levels == 1 || d.levels == 2) && ffn_shape(d.D, d.levels).stages >= 2 && d.gate.words && d.up.words &&
+         (d.levels == 1 || d.levels == 2) && (d.rows_a == 16 || d.rows_a == 32) &&
+         ffn_shape(d.D, d.levels, d.rows_a).stages >= 2 && d.gate.words && d.up.words &&
          d.down.words && d.xq && d.xds && d.g && d.u && d.parts && d.count && aligned16(d.g) && aligned16(d.u) &&
          aligned16(d.parts);
 }
 
 Launch ffn_fused_launch(const FfnFusedDesc& d, int sms) {
-  const FfnShape sh = ffn_shape(d.D, d.levels);
+  const FfnShape sh = ffn_shape(d.D, d.levels, d.rows_a);
   FfnArgs a{};
   a.gw = d.gate.words;
   a.gs = d.gate.scales;
@@ -388,7 +407,7 @@ Launch ffn_fused_launch(const FfnFusedDesc& d, int sms) {
   a.stage_bytes = int32_t(sh.stage_bytes);
   while ((int64_t(1) << a.log2n) < d.n) ++a.log2n;
   a.norm = float(1.0 / __builtin_sqrt(double(d.n)));
-  const void* f = d.levels == 2 ? ffn_fused_kernel_for<2>() : ffn_fused_kernel_for<1>();
+  const void* f = ffn_fused_kernel_for(d.levels, d.rows_a);
   return make_launch(f, dim3(unsigned(sms)), dim3(unsigned(32 * (kFfnWarps + 1))), uint32_t(sh.smem), a);
 }
 

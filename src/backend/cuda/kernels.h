@@ -527,6 +527,7 @@ struct FfnFusedDesc {
   int32_t* count = nullptr;         // [2 F / 1024]
   int64_t D = 0, F = 0, n = 1024;
   int32_t levels = 2;
+  int32_t rows_a = 32;              // rows of a gate / up stage: 16 or 32 (v7's gate+up shape)
 };
 bool ffn_fused_supported(const FfnFusedDesc& d, int sms);
 Launch ffn_fused_launch(const FfnFusedDesc& d, int sms);
