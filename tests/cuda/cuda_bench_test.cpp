@@ -280,7 +280,6 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
 TEST(CudaBench, FfnFusedVsThreeLaunches) {
   if (!bench_enabled()) GTEST_SKIP() << "set BONSAI_CUDA_BENCH=1";
   BONSAI_REQUIRE_GPU();
-  CudaBackend& be = cudatest::gpu();
   const int64_t D = 5120, F = 17408;
   constexpr int kFfns = 8;
   std::deque<TernaryMatrix> mats;
@@ -289,23 +288,30 @@ TEST(CudaBench, FfnFusedVsThreeLaunches) {
     for (int m = 0; m < 3; ++m) {
       mats.emplace_back();
       fill_matrix(mats.back(), m < 2 ? F : D, m < 2 ? D : F, uint64_t(3 * f + m + 1));
-      be.prepare_matrix(mats.back());
       list.push_back(&mats.back());
     }
   const auto x = cudatest::randn(size_t(D), 77);
   const auto signs = cudatest::random_signs(size_t(F), 78);
   const double bytes = 3.0 * double(F * D / 4 + F * D / 128 * 2), probe = probe_gbs();
-  for (int rep = 0; rep < 2; ++rep)
-    for (bool fused : {false, true}) {
-      const CudaBackend::FfnKernelRun r = be.run_ffn_kernel(list.data(), kFfns, x.data(), signs.data(), 1024, fused, 50);
-      ASSERT_TRUE(r.ran);
-      char line[256];
-      std::snprintf(line, sizeof line, "ffn 27b, %s: %.2f us an FFN (%.1f MB: %.1f %% of the %.0f GB/s probe)",
-                    fused ? "one fused launch" : "three launches", r.us, bytes / 1e6, 100.0 * bytes / (r.us * 1e-6) / 1e9 / probe,
-                    probe);
-      report("bench_ffn.txt", line);
-      EXPECT_GT(r.us, 0.0);
-    }
+  for (int rows : {32, 16}) {  // Options::ffn_rows: the fused kernel's stage shape
+    CudaBackend::Options o;
+    o.ffn_rows = rows;
+    CudaBackend be(o);
+    for (const TernaryMatrix* m : list) be.prepare_matrix(*m);
+    for (int rep = 0; rep < 2; ++rep)
+      for (bool fused : {false, true}) {
+        if (!fused && rows != 32) continue;
+        const CudaBackend::FfnKernelRun r = be.run_ffn_kernel(list.data(), kFfns, x.data(), signs.data(), 1024, fused, 50);
+        ASSERT_TRUE(r.ran);
+        char line[256];
+        std::snprintf(line, sizeof line, "ffn 27b, %s: %.2f us an FFN (%.1f MB: %.1f %% of the %.0f GB/s probe)",
+                      fused ? (rows == 32 ? "one fused launch, 32-row stages" : "one fused launch, 16-row stages")
+                            : "three launches",
+                      r.us, bytes / 1e6, 100.0 * bytes / (r.us * 1e-6) / 1e9 / probe, probe);
+        report("bench_ffn.txt", line);
+        EXPECT_GT(r.us, 0.0);
+      }
+  }
 }
 
 TEST(CudaBench, SyncCosts) {
