@@ -62,7 +62,9 @@ __global__ __launch_bounds__(kRowThreads) void site_row_kernel(const SiteRowArgs
 // order from every block (the same rr everywhere), then h (resid) stored for the slot and the site as
 // site_row_kernel's with the norm as the pre-op. h is stored after the cluster barrier: a release arrive is a GPU-scope
 // fence that would wait for it (site_kernel_cluster's `cluster` 2).
-template <int C, int LV>
+// PARTS (round 30): src is nparts partial sums (ffn_fused's chunks), its own instance so the plain one keeps its ~36
+// registers (a v7 or ffn_fused block holds 53,760 of an SM's 65,536: this block fits beside it below ~92).
+template <int C, int LV, bool PARTS = false>
 __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kRowThreads) site_row_norm_kernel(const SiteRowArgs a) {
   __shared__ __align__(16) float scratch[kRowThreads * 8];  // [128 slots][8]: strides 256 / 512
   __shared__ float wsum[kRowThreads / 32];                 // [4] the warps' sums of squares
@@ -82,18 +84,29 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kRowThreads) site_ro
   if (s.resid) s.resid += r * a.ld;
   float* pre_out = s.pre_out ? s.pre_out + r * a.ld : nullptr;
   float v[8];
-  load8(s.src + e, v);  // src (round 30: the sum of its nparts partials, in part order) + resid: site_slot_load's sum
-  for (int p = 1; p < s.nparts; ++p) {
-    float w[8];
-    load8(s.src + p * s.part_stride + e, w);
+  if constexpr (PARTS) {  // the partials summed in part order, then + resid: site_slot_load's sum
+    load8(s.src + e, v);
+    // 4 at a time, their loads issued before the adds (this site is on the decode chain: an L2 round trip a partial
+    // would cost ~0.5 us each)
+    for (int p0 = 1; p0 < s.nparts; p0 += 4) {
+      float w[4][8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] += w[j];
-  }
-  if (s.resid) {
-    float rs[8];
-    load8(s.resid + e, rs);
+      for (int q = 0; q < 4; ++q)
+        if (p0 + q < s.nparts) load8(s.src + (p0 + q) * s.part_stride + e, w[q]);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = v[j] + rs[j];
+      for (int q = 0; q < 4; ++q)
+        if (p0 + q < s.nparts)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) v[j] += w[q][j];
+    }
+    if (s.resid) {
+      float rs[8];
+      load8(s.resid + e, rs);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = v[j] + rs[j];
+    }
+  } else {
+    site_slot_load(s, e, v);  // src + resid
   }
   float ss = 0.f;
 #pragma unroll
@@ -142,18 +155,18 @@ Launch site_row_norm_launch(const SiteDesc& d, int early_rows) {
   a.xds = d.xds;
   a.ld = d.ld;
   a.K = d.K;
-  // one instance per cluster width (__cluster_dims__ is compile-time) and digit count
-  static const void* const kernels[2][kSiteMaxCluster] = {
-      {reinterpret_cast<const void*>(&site_row_norm_kernel<1, 1>), reinterpret_cast<const void*>(&site_row_norm_kernel<2, 1>),
-       reinterpret_cast<const void*>(&site_row_norm_kernel<3, 1>), reinterpret_cast<const void*>(&site_row_norm_kernel<4, 1>),
-       reinterpret_cast<const void*>(&site_row_norm_kernel<5, 1>), reinterpret_cast<const void*>(&site_row_norm_kernel<6, 1>),
-       reinterpret_cast<const void*>(&site_row_norm_kernel<7, 1>), reinterpret_cast<const void*>(&site_row_norm_kernel<8, 1>)},
-      {reinterpret_cast<const void*>(&site_row_norm_kernel<1, 2>), reinterpret_cast<const void*>(&site_row_norm_kernel<2, 2>),
-       reinterpret_cast<const void*>(&site_row_norm_kernel<3, 2>), reinterpret_cast<const void*>(&site_row_norm_kernel<4, 2>),
-       reinterpret_cast<const void*>(&site_row_norm_kernel<5, 2>), reinterpret_cast<const void*>(&site_row_norm_kernel<6, 2>),
-       reinterpret_cast<const void*>(&site_row_norm_kernel<7, 2>), reinterpret_cast<const void*>(&site_row_norm_kernel<8, 2>)}};
+  // one instance per cluster width (__cluster_dims__ is compile-time), digit count and source form (plain / partials)
+#define BONSAI_ROW_NORM_ROW(LV, P)                                                                          \
+  {reinterpret_cast<const void*>(&site_row_norm_kernel<1, LV, P>), reinterpret_cast<const void*>(&site_row_norm_kernel<2, LV, P>), \
+   reinterpret_cast<const void*>(&site_row_norm_kernel<3, LV, P>), reinterpret_cast<const void*>(&site_row_norm_kernel<4, LV, P>), \
+   reinterpret_cast<const void*>(&site_row_norm_kernel<5, LV, P>), reinterpret_cast<const void*>(&site_row_norm_kernel<6, LV, P>), \
+   reinterpret_cast<const void*>(&site_row_norm_kernel<7, LV, P>), reinterpret_cast<const void*>(&site_row_norm_kernel<8, LV, P>)}
+  static const void* const kernels[2][2][kSiteMaxCluster] = {{BONSAI_ROW_NORM_ROW(1, false), BONSAI_ROW_NORM_ROW(2, false)},
+                                                             {BONSAI_ROW_NORM_ROW(1, true), BONSAI_ROW_NORM_ROW(2, true)}};
+#undef BONSAI_ROW_NORM_ROW
   const int64_t C = d.K / 1024;
-  Launch l = make_launch(kernels[d.levels == 2 ? 1 : 0][C - 1], dim3(unsigned(C), unsigned(d.rows)), dim3(kRowThreads), 0, a);
+  Launch l = make_launch(kernels[d.nparts > 1 ? 1 : 0][d.levels == 2 ? 1 : 0][C - 1], dim3(unsigned(C), unsigned(d.rows)),
+                         dim3(kRowThreads), 0, a);
   // Round 27: at several rows the clusters start only once the kernel before them has completed. Launched early (a
   // programmatic edge) at 5-32 decode rows, bench --batch failed with an unspecified launch failure that PDL off and
   // memcheck (which serialises) did not show, and with this it passes; one row (a sequence's token) keeps its early
