@@ -104,6 +104,17 @@ TEST(CudaPolicy, FfnFusedSupportedShapes) {
   EXPECT_TRUE(cuda::ffn_fused_supported(d, 132));
   d.rows_a = 48;
   EXPECT_FALSE(cuda::ffn_fused_supported(d, 132));
+  // The launch: one block per SM, 20 consumer warps + the producer; the ring as deep as fits in 227 KB: 4 slots of
+  // 43,520 B (32-row gate / up stages, 160-row ffn_down ones) or 8 of 21,760 (16 / 80), with the partials
+  // [slots + 1][20][rows], the chunk's digits and xds (2,176 B) and the site's scratch (4 KB).
+  for (const int rows : {32, 16}) {
+    d.rows_a = rows;
+    const cuda::Launch l = cuda::ffn_fused_launch(d, 132);
+    const uint32_t slots = rows == 32 ? 4 : 8, stage = rows == 32 ? 43520 : 21760;
+    EXPECT_EQ(l.grid.x, 132u);
+    EXPECT_EQ(l.block.x, 21u * 32u);
+    EXPECT_EQ(l.smem, slots * stage + 16 * slots + (slots + 1) * 20 * rows * 4 + 2 * 1024 + 16 * 8 + 128 * 8 * 4) << rows;
+  }
 }
 
 // The AddNorm row site sums ffn_fused's chunk partials itself (SiteDesc::nparts) for one row whose parts are whole,
