@@ -117,39 +117,5 @@ TEST(CudaPolicy, FfnFusedSupportedShapes) {
   }
 }
 
-// The AddNorm row site sums ffn_fused's chunk partials itself (SiteDesc::nparts) for one row whose parts are whole,
-// 16-byte-aligned rows; not for several rows (the parts hold one), a stride shorter than the row or misaligned; the v7
-// site prologue, which reads one source, never takes them. Host only (CI).
-TEST(CudaPolicy, RowNormSiteTakesChunkPartialsOfOneRow) {
-  alignas(16) static float src[16], resid[16], gain[16];
-  alignas(16) static int8_t xq[16];
-  alignas(16) static float2 xds[16];
-  cuda::SiteDesc d;
-  d.pre = cuda::kPreAddNorm;
-  d.src = src;
-  d.resid = resid;
-  d.gain = gain;
-  d.xq = xq;
-  d.xds = xds;
-  d.K = d.ld = 5120;
-  d.n = 1024;
-  d.rows = 1;
-  d.nparts = 17;
-  d.part_stride = 5120;
-  EXPECT_TRUE(cuda::site_row_norm_supported(d));
-  EXPECT_FALSE(cuda::matvec7_site_supported(d));
-  d.part_stride = 5122;
-  EXPECT_FALSE(cuda::site_row_norm_supported(d));
-  d.part_stride = 4096;
-  EXPECT_FALSE(cuda::site_row_norm_supported(d));
-  d.part_stride = 5120;
-  d.rows = 2;
-  EXPECT_FALSE(cuda::site_row_norm_supported(d));
-  d.rows = 1;
-  d.nparts = 1;
-  EXPECT_TRUE(cuda::matvec7_site_supported(d));
-  EXPECT_FALSE(CudaBackend::Options{}.ffn_fused);  // off until it has run on a device
-}
-
 }  // namespace
 }  // namespace bonsai

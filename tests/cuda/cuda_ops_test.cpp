@@ -1597,14 +1597,8 @@ TEST(CudaPolicy, DeltaConvSupported) {
   EXPECT_FALSE(CudaBackend::Options{}.delta_conv);
 }
 
-// Round 26: where the delta step takes the gated-norm site into its launch (host only: runs in CI). The 27b's decode
-// token (48 V heads of 128, the site over the 6,144 outputs) fuses; a prefill chunk, batched rows, delta_kernel (step
-// warps 0), another pre-op, a site of another buffer, a row count other than one, outputs not a multiple of 1024
-// (the chunk's 32 blocks) or a misaligned output do not.
-// Round 27: the 128-thread add + rmsnorm site keeps its programmatic (early) launch at one row only; at 5-32 decode rows
-// an early launch failed on the H200 (docs/cuda-kernels.md, round 27), so several rows start after their predecessor.
-// Host only (runs in CI): the launch record's grid, block and edge flag.
-TEST(CudaPolicy, RowNormSiteLaunchesEarlyAtOneRowOnly) {
+// The 27b's AddNorm decode site (K 5,120, Hadamard block 1,024) over 16-byte-aligned host stand-ins, for the host rules.
+cuda::SiteDesc add_norm_row_site() {
   alignas(16) static float src[16], resid[16], gain[16];
   alignas(16) static int8_t xq[16];
   alignas(16) static float2 xds[16];
@@ -1617,6 +1611,14 @@ TEST(CudaPolicy, RowNormSiteLaunchesEarlyAtOneRowOnly) {
   d.xds = xds;
   d.K = d.ld = 5120;
   d.n = 1024;
+  return d;
+}
+
+// Round 27: the 128-thread add + rmsnorm site keeps its programmatic (early) launch at one row only; at 5-32 decode rows
+// an early launch failed on the H200 (docs/cuda-kernels.md, round 27), so several rows start after their predecessor.
+// Host only (runs in CI): the launch record's grid, block and edge flag.
+TEST(CudaPolicy, RowNormSiteLaunchesEarlyAtOneRowOnly) {
+  cuda::SiteDesc d = add_norm_row_site();
   for (const int64_t rows : {int64_t(1), int64_t(2), int64_t(5), int64_t(32)}) {
     d.rows = rows;
     ASSERT_TRUE(cuda::site_row_norm_supported(d)) << rows;
@@ -1636,6 +1638,33 @@ TEST(CudaPolicy, RowNormSiteLaunchesEarlyAtOneRowOnly) {
   EXPECT_FALSE(cuda::site_row_norm_supported(d));
 }
 
+// The AddNorm row site sums ffn_fused's chunk partials itself (SiteDesc::nparts) for one row whose parts are whole,
+// 16-byte-aligned rows; not for several rows (the parts hold one), a stride shorter than the row or misaligned; the v7
+// site prologue, which reads one source, never takes them. Host only (CI).
+TEST(CudaPolicy, RowNormSiteTakesChunkPartialsOfOneRow) {
+  cuda::SiteDesc d = add_norm_row_site();
+  d.rows = 1;
+  d.nparts = 17;
+  d.part_stride = 5120;
+  EXPECT_TRUE(cuda::site_row_norm_supported(d));
+  EXPECT_FALSE(cuda::matvec7_site_supported(d));
+  d.part_stride = 5122;
+  EXPECT_FALSE(cuda::site_row_norm_supported(d));
+  d.part_stride = 4096;
+  EXPECT_FALSE(cuda::site_row_norm_supported(d));
+  d.part_stride = 5120;
+  d.rows = 2;
+  EXPECT_FALSE(cuda::site_row_norm_supported(d));
+  d.rows = 1;
+  d.nparts = 1;
+  EXPECT_TRUE(cuda::matvec7_site_supported(d));
+  EXPECT_FALSE(CudaBackend::Options{}.ffn_fused);  // off until it has run on a device
+}
+
+// Round 26: where the delta step takes the gated-norm site into its launch (host only: runs in CI). The 27b's decode
+// token (48 V heads of 128, the site over the 6,144 outputs) fuses; a prefill chunk, batched rows, delta_kernel (step
+// warps 0), another pre-op, a site of another buffer, a row count other than one, outputs not a multiple of 1024
+// (the chunk's 32 blocks) or a misaligned output do not.
 TEST(CudaPolicy, DeltaSiteSupported) {
   alignas(16) static float out[16], z[16], gain[16];
   alignas(16) static int8_t xq[16];

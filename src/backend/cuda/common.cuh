@@ -29,9 +29,6 @@ __device__ __forceinline__ void pdl_wait() {
 // producer, also for data other kernels write (L2 is where the SMs' writes meet).
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
-// Host side: may a kernel read / write p with 16-byte vector accesses?
-inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -1063,6 +1063,13 @@ struct CudaBackend::Impl {
     }
     emit(site_kernel_launch(d));
   }
+  // x's int8 digits in xq / xds for a product reading x [rows, K]: quantised here (x unchanged) unless the site that
+  // wrote x left them (the shadow) with no op since; a deferred site stays deferred (the product fuses or flushes it).
+  void quantise_input(const float* x, int64_t rows, int64_t K) {
+    const bool fresh = shadow.x == x && shadow.rows == rows && shadow.K == K && shadow.seq == seq;
+    ++seq;
+    if (!fresh) site(const_cast<float*>(x), rows, K, nullptr, 1, false, true, true);
+  }
   // The site kernel for d: the decode-row sites (Options::site_row, site_row_norm) where they apply, else
   // site_launch's choice.
   cuda::Launch site_kernel_launch(const cuda::SiteDesc& d) const {
@@ -1325,11 +1332,9 @@ void CudaBackend::permute_cols(const float* x, int64_t rows, int64_t K, const in
 void CudaBackend::linear(const LinearOut* outs, int n_outs, int64_t K, const float* x, int64_t M) {
   Impl& I = *p_;
   if (n_outs < 1) fail("linear: {} outputs", n_outs);
-  const bool fresh = I.shadow.x == x && I.shadow.rows == M && I.shadow.K == K && I.shadow.seq == I.seq;
-  ++I.seq;
   for (int i = 0; i < n_outs; ++i)
     if (outs[i].w->cols != K) fail("linear: {} has K = {}, the input has {}", outs[i].w->name, outs[i].w->cols, K);
-  if (!fresh) I.site(const_cast<float*>(x), M, K, nullptr, 1, false, true, true);  // quantise (x unchanged)
+  I.quantise_input(x, M, K);
   // The site producing x held back (one row): the matvec computes it as its prologue.
   cuda::SiteDesc site;
   // (Ops deferred after the site would run before the product that computes it: then the site runs first.)
@@ -1537,26 +1542,16 @@ void CudaBackend::swiglu_ffn(const TernaryMatrix& gate, const TernaryMatrix& up,
   d.n = block;
   d.levels = I.levels();
   d.rows_a = I.opt.ffn_rows;
-  const bool shapes = M == 1 && I.opt.ffn_fused && I.opt.fuse && !I.opt.exact && up.cols == E && up.rows == F &&
-                      down.cols == F && down.rows == E && block <= F && F % block == 0;
-  if (shapes) {  // the real pointers are only needed for the launch: the rule's shape half first
-    d.gate.words = d.up.words = d.down.words = reinterpret_cast<const uint32_t*>(16);
-    d.xq = reinterpret_cast<const int8_t*>(16);
-    d.xds = reinterpret_cast<const float2*>(16);
-    d.g = fg;
-    d.u = fu;
-    d.parts = reinterpret_cast<float*>(16);
-    d.count = reinterpret_cast<int32_t*>(16);
-  }
-  if (!shapes || !cuda::ffn_fused_supported(d, sms)) {
+  d.g = fg;
+  d.u = fu;
+  // The rule's shape half before anything is launched (the rest are pointers this op sets below).
+  if (M != 1 || !I.opt.ffn_fused || !I.opt.fuse || I.opt.exact || up.cols != E || up.rows != F || down.cols != F ||
+      down.rows != E || !cuda::ffn_fused_shape_ok(d, sms) || !cuda::aligned16(fg) || !cuda::aligned16(fu)) {
     Backend::swiglu_ffn(gate, up, down, x, M, fg, fu, delta, signs, block);
     return;
   }
-  // x's digits as linear() gets them (its site, if deferred, launched as a kernel by the flush).
-  const bool fresh = I.shadow.x == x && I.shadow.rows == M && I.shadow.K == E && I.shadow.seq == I.seq;
-  ++I.seq;
-  if (!fresh) I.site(const_cast<float*>(x), M, E, nullptr, 1, false, true, true);
-  I.flush_pending();
+  I.quantise_input(x, M, E);
+  I.flush_pending();  // a deferred site of x launched as a kernel: the fused FFN reads its digits
   const Impl::DevMatrix &g = I.matrix(&gate), &u = I.matrix(&up), &dn = I.matrix(&down);
   d.gate = {g.words, g.scales, nullptr, g.N};
   d.up = {u.words, u.scales, nullptr, u.N};
@@ -2179,8 +2174,10 @@ CudaBackend::FfnKernelRun CudaBackend::run_ffn_kernel(const TernaryMatrix* const
   float* cnt = allocate(size_t(std::max<int64_t>(2 * C, 1)));  // int32 [2C] the fused kernel's group counters
   float* sg = signs ? allocate(size_t((F + 3) / 4)) : nullptr;  // int8 [F]
   zero(cnt, size_t(std::max<int64_t>(2 * C, 1)));
-  for (float* q : {gu, y, parts})  // poisoned (NaN): a row no kernel writes shows
-    CUDA_CHECK(cudaMemsetAsync(q, 0xff, (q == gu ? 2 * F : q == y ? D : std::max<int64_t>(C, 1) * D) * 4, I.stream));
+  auto poison = [&](float* q, int64_t n) { CUDA_CHECK(cudaMemsetAsync(q, 0xff, size_t(n) * 4, I.stream)); };  // NaN
+  poison(gu, 2 * F);  // a row no kernel writes shows
+  poison(y, D);
+  poison(parts, std::max<int64_t>(C, 1) * D);
   copy_from_host(x, size_t(D), xd);
   if (sg) CUDA_CHECK(cudaMemcpyAsync(sg, signs, size_t(F), cudaMemcpyHostToDevice, I.stream));
   I.site(xd, 1, D, nullptr, 1, false, true);  // x's digits into I.xq / I.xds

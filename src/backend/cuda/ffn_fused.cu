@@ -375,14 +375,17 @@ void init_ffn_fused_attributes() {
       (void)cudaGetLastError();  // no device here (host-only tests): the launch itself would report it
 }
 
-bool ffn_fused_supported(const FfnFusedDesc& d, int sms) {
+bool ffn_fused_shape_ok(const FfnFusedDesc& d, int sms) {
   const int64_t C = d.F / kFfnChunk;
   return d.D >= 1024 && d.D % 1024 == 0 && d.D / 256 <= kFfnWarps && d.F >= kFfnChunk && d.F % kFfnChunk == 0 &&
          C <= sms && sms / C <= kFfnChunk / 8 && d.n >= 1 && d.n <= kFfnChunk && (d.n & (d.n - 1)) == 0 &&
          (d.levels == 1 || d.levels == 2) && (d.rows_a == 16 || d.rows_a == 32) &&
-         ffn_shape(d.D, d.levels, d.rows_a).stages >= 2 && d.gate.words && d.up.words &&
-         d.down.words && d.xq && d.xds && d.g && d.u && d.parts && d.count && aligned16(d.g) && aligned16(d.u) &&
-         aligned16(d.parts);
+         ffn_shape(d.D, d.levels, d.rows_a).stages >= 2;
+}
+
+bool ffn_fused_supported(const FfnFusedDesc& d, int sms) {
+  return ffn_fused_shape_ok(d, sms) && d.gate.words && d.up.words && d.down.words && d.xq && d.xds && d.g && d.u &&
+         d.parts && d.count && aligned16(d.g) && aligned16(d.u) && aligned16(d.parts);
 }
 
 Launch ffn_fused_launch(const FfnFusedDesc& d, int sms) {

@@ -15,6 +15,9 @@
 
 namespace bonsai::cuda {
 
+// Host side (the launch rules here and the backend's): may a kernel read / write p with 16-byte vector accesses?
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 // ---- activation site: pre-op -> gather -> sign/FWHT -> dst (+ int8 quantisation) -------------------
 // value[r][i]   = pre(src[r*ld + i], src2[r*ld + i])      pre: None (src), SiluMul silu(src)*src2,
 //                                                          SigmoidMul src*sigmoid(src2),
@@ -530,6 +533,7 @@ struct FfnFusedDesc {
   int32_t rows_a = 32;              // rows of a gate / up stage: 16 or 32 (v7's gate+up shape)
 };
 bool ffn_fused_supported(const FfnFusedDesc& d, int sms);
+bool ffn_fused_shape_ok(const FfnFusedDesc& d, int sms);  // its shape half (D, F, n, levels, rows_a; no pointers)
 Launch ffn_fused_launch(const FfnFusedDesc& d, int sms);
 void init_ffn_fused_attributes();  // called by init_kernel_attributes
 

@@ -62,7 +62,7 @@ __global__ __launch_bounds__(kRowThreads) void site_row_kernel(const SiteRowArgs
 // order from every block (the same rr everywhere), then h (resid) stored for the slot and the site as
 // site_row_kernel's with the norm as the pre-op. h is stored after the cluster barrier: a release arrive is a GPU-scope
 // fence that would wait for it (site_kernel_cluster's `cluster` 2).
-// PARTS (round 30): src is nparts partial sums (ffn_fused's chunks), its own instance so the plain one keeps its ~36
+// PARTS (round 30): src is nparts partial sums (ffn_fused's chunks), its own instance so the plain one keeps its 40
 // registers (a v7 or ffn_fused block holds 53,760 of an SM's 65,536: this block fits beside it below ~92).
 template <int C, int LV, bool PARTS = false>
 __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kRowThreads) site_row_norm_kernel(const SiteRowArgs a) {
