@@ -125,7 +125,7 @@ TEST(CudaModel, TinyPackMatchesReference) {
     const char* name;
     CudaBackend::Options o;
   };
-  std::vector<Config> configs(23);
+  std::vector<Config> configs(27);
   configs[0].name = "default";  // q16
   configs[1].name = "no-graphs";
   configs[1].o.graphs = false;
@@ -179,6 +179,17 @@ TEST(CudaModel, TinyPackMatchesReference) {
   configs[22].name = "ffn-fused rows16";  // its 16-row gate / up stages (the default 32): the same sums
   configs[22].o.ffn_fused = true;
   configs[22].o.ffn_rows = 16;
+  configs[23].name = "delta-out";  // round 31: a decode token's gdn_out in the delta step's launch (partials to AddNorm)
+  configs[23].o.delta_out = true;
+  configs[24].name = "delta-out q8";
+  configs[24].o.delta_out = true;
+  configs[24].o.act_levels = 1;
+  configs[25].name = "delta-conv";  // round 29: the decode step's conv and a / b pair in its own launch
+  configs[25].o.delta_conv = true;
+  configs[26].name = "delta-conv-out";  // both, with the fused FFN: the decode chain of rounds 29-31 together
+  configs[26].o.delta_conv = true;
+  configs[26].o.delta_out = true;
+  configs[26].o.ffn_fused = true;
   std::vector<ModelRun> runs;
   std::vector<uint64_t> nodes;
   for (const Config& cfg : configs) {
@@ -209,6 +220,12 @@ TEST(CudaModel, TinyPackMatchesReference) {
   EXPECT_EQ(nodes[19] + 8, nodes[0]);
   EXPECT_EQ(runs[19].logits, runs[21].logits);
   EXPECT_EQ(runs[19].logits, runs[22].logits);
+  // the fused out projection ran: 3 GDN layers x (the step, gdn_out -> one launch) fewer; the conv: one fewer each;
+  // all three: 3 + 3 + 8
+  EXPECT_EQ(nodes[23] + 3, nodes[0]);
+  EXPECT_EQ(nodes[25] + 3, nodes[0]);
+  EXPECT_EQ(nodes[26] + 14, nodes[0]);
+  EXPECT_EQ(runs[25].logits, runs[0].logits) << "the fused conv computes the same values";
 }
 
 // Token walk vs chunked prefill on CUDA (matvec + recurrent delta rule vs GEMM + the same kernel over a

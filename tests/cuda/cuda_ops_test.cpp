@@ -1552,6 +1552,108 @@ TEST(CudaOps, DeltaStepWithConvEqualsApart) {
     }
 }
 
+// Round 31: a decode token's GDN out projection in the delta step's launch (Options::delta_out) against the step (+
+// site) and v7's product apart, through the forward's op sequence from the delta rule's inputs to the next layer's
+// first product (the add + rmsnorm of the projection into the residual, then a product reading the normed row):
+// the delta output, the recurrent state, the conv state, the gates and the site's fp32 output are EQUAL (the fused
+// step computes them unchanged), the residual after the add, the normed row and the next product within 2e-5 of
+// apart (the projection's sums run per 1,024-chunk, then over the chunks), and the projection (read back from the
+// residual's change) within 1e-4 of the quantised reference of the site's digits. Three tokens in a row check the
+// chunk flags are left zero; the fused path launches one kernel fewer a token (the AddNorm site sums the partials).
+// Shapes: the 27b's (16 K / 48 V heads of 128, D 5,120, with the fused conv, bf16 a / b), the tiny pack's (8 / 24,
+// D 1,024) and one chunk (2 / 8, D 1,024, E 256), without the conv too, q16 and q8.
+TEST(CudaOps, DeltaStepWithOutProjectionEqualsApart) {
+  BONSAI_REQUIRE_GPU();
+  struct Case {
+    int64_t Nk, Nv, D, E;
+    bool conv;
+  } cases[] = {{16, 48, 5120, 5120, true}, {8, 24, 1024, 1024, true}, {2, 8, 1024, 256, false}, {16, 48, 5120, 5120, false}};
+  constexpr int64_t Dk = 128, Dv = 128, Kc = 4;
+  for (const int levels : {2, 1})
+    for (const Case& c : cases) {
+      const int64_t KD = c.Nk * Dk, VD = c.Nv * Dv, C = 2 * KD + VD;
+      static std::deque<std::vector<float>> keep;  // host weights outlive the backends' constants keyed by address
+      keep.push_back(bf16_exact(randn(size_t(c.Nv * c.E), uint32_t(600 + c.E), 0.05f)));
+      const std::vector<float>& wa = keep.back();
+      keep.push_back(bf16_exact(randn(size_t(c.Nv * c.E), uint32_t(601 + c.E), 0.05f)));
+      const std::vector<float>& wb = keep.back();
+      TernaryMatrix& w = random_matrix(c.D, VD, uint32_t(610 + VD / 64), 0.02);      // gdn_out [D, Nv Dv]
+      TernaryMatrix& w2 = random_matrix(256, c.D, uint32_t(611 + c.D / 64), 0.02);   // the next layer's product
+      const auto signs = random_signs(size_t(VD), 612);
+      const auto taps = randn(size_t(C * Kc), 613, 0.5f), cs0 = randn(size_t((Kc - 1) * C), 614),
+                 gain = uniform(size_t(Dv), 615, 0.5f, 1.5f), A = uniform(size_t(c.Nv), 616, -2.f, -0.1f),
+                 dtb = randn(size_t(c.Nv), 617), s0 = randn(size_t(c.Nv * Dk * Dv), 618, 0.1f),
+                 h0 = randn(size_t(c.D), 619), gain2 = uniform(size_t(c.D), 620, 0.5f, 1.5f);
+      constexpr int kTokens = 3;
+      std::vector<std::vector<float>> same[2], close[2];
+      std::vector<float> h_before;
+      uint64_t kernels[2] = {0, 0};
+      const std::string what = "Nv " + std::to_string(c.Nv) + " D " + std::to_string(c.D) + (c.conv ? " conv" : "") +
+                               (levels == 2 ? " q16" : " q8");
+      for (const bool on : {true, false}) {
+        CudaBackend::Options o;
+        o.delta_out = on;
+        o.delta_conv = c.conv;
+        o.act_levels = levels;
+        CudaBackend be(o);
+        be.prepare_matrix(w);
+        be.prepare_matrix(w2);
+        be.upload_constant(wa.data(), wa.size() * 4, true);
+        be.upload_constant(wb.data(), wb.size() * 4, true);
+        Buffer sd = up_bytes(be, signs), gd = up(be, gain), dA = up(be, A), dd = up(be, dtb), ds = up(be, s0),
+               dt = up(be, taps), dcs = up(be, cs0), dh = up(be, h0), dg2 = up(be, gain2);
+        const auto* sp = reinterpret_cast<const int8_t*>(sd.data());
+        for (uint32_t tok = 0; tok < kTokens; ++tok) {
+          const uint32_t seed = 630 + 10 * tok;
+          Buffer dx = up(be, randn(size_t(C), seed)), dnx = up(be, randn(size_t(c.E), seed + 1)),
+                 dz = up(be, randn(size_t(VD), seed + 2));
+          Buffer da = poisoned(be, size_t(c.Nv)), db = poisoned(be, size_t(c.Nv)), conv = poisoned(be, size_t(C)),
+                 dg = poisoned(be, size_t(c.Nv)), dbeta = poisoned(be, size_t(c.Nv)), out = poisoned(be, size_t(VD)),
+                 normed = poisoned(be, size_t(VD)), st = poisoned(be, size_t(VD)), yd = poisoned(be, size_t(c.D)),
+                 xn = poisoned(be, size_t(c.D)), y2 = poisoned(be, size_t(w2.rows));
+          if (on) h_before = down(be, dh);
+          const uint64_t k0 = be.stats().kernels;
+          be.dense_linear(wa.data(), c.Nv, c.E, dnx.data(), 1, da.data());
+          be.dense_linear(wb.data(), c.Nv, c.E, dnx.data(), 1, db.data());
+          be.gdn_conv(dx.data(), dcs.data(), dt.data(), 1, C, Kc, conv.data());
+          float *q = conv.data(), *k = conv.data() + KD, *v = conv.data() + 2 * KD;
+          be.l2norm_heads(q, c.Nk, Dk, 1e-6f);
+          be.l2norm_heads(k, c.Nk, Dk, 1e-6f);
+          be.scale(q, size_t(KD), float(1.0 / std::sqrt(double(Dk))));
+          be.gdn_gates(da.data(), db.data(), dA.data(), dd.data(), 1, c.Nv, dg.data(), dbeta.data());
+          be.gdn_delta_rule(ds.data(), q, k, v, dg.data(), dbeta.data(), 1, c.Nk, c.Nv, Dk, Dv, out.data());
+          be.gated_rmsnorm(out.data(), dz.data(), gd.data(), c.Nv, Dv, 1e-6f, normed.data());
+          be.copy_rows(st.data(), VD, normed.data(), VD, 1, VD);
+          be.hadamard_forward(st.data(), 1, VD, sp, 1024);
+          const LinearOut lo{&w, yd.data()};
+          be.linear(&lo, 1, VD, st.data(), 1);
+          be.add_rmsnorm(dh.data(), yd.data(), 1, c.D, dg2.data(), 1e-6f, xn.data());
+          const LinearOut lo2{&w2, y2.data()};
+          be.linear(&lo2, 1, c.D, xn.data(), 1);
+          const std::vector<float> h = down(be, dh);
+          kernels[!on] += be.stats().kernels - k0;
+          const std::vector<float> site = down(be, st);
+          for (auto vec : {down(be, out), down(be, ds), down(be, dcs), down(be, dg), down(be, dbeta), site})
+            same[!on].push_back(vec);
+          for (auto vec : {h, down(be, y2)}) close[!on].push_back(vec);
+          if (on) {  // the projection, as the residual's change, against the quantised reference of the site
+            std::vector<float> y(h.size());
+            for (size_t i = 0; i < h.size(); ++i) y[i] = h[i] - h_before[i];
+            EXPECT_LE(rel_err(y, quantised_reference(w, site, 1, levels)), 1e-4) << what << " token " << tok;
+          }
+        }
+      }
+      ASSERT_EQ(same[0].size(), same[1].size()) << what;
+      const char* names[] = {"delta out", "state", "conv state", "g", "beta", "site"};
+      for (size_t i = 0; i < same[0].size(); ++i)
+        EXPECT_EQ(same[0][i], same[1][i]) << what << " token " << i / 6 << " " << names[i % 6];
+      const char* near[] = {"residual", "next product"};
+      for (size_t i = 0; i < close[0].size(); ++i)
+        EXPECT_LE(rel_err(close[0][i], close[1][i]), 2e-5) << what << " token " << i / 2 << " " << near[i % 2];
+      EXPECT_EQ(kernels[0] + kTokens, kernels[1]) << what << " (one launch fewer a token)";
+    }
+}
+
 // Round 29 (host only: runs in CI): where the delta step takes the conv and a / b pair into its launch.
 TEST(CudaPolicy, DeltaConvSupported) {
   alignas(16) static float conv_out[10240], x[10240], state[3 * 10240], taps[4 * 10240], dx[5120], wa[48 * 5120],
@@ -1712,6 +1814,72 @@ TEST(CudaPolicy, DeltaSiteSupported) {
     dd.out = out + 1;
     ss.src = out + 1;
   }));
+}
+
+// Round 31 (runs in CI, host only there): where the delta step takes the out projection into its launch. The rule's
+// residency half (delta_out_resident) asks the device: without one it says no.
+TEST(CudaPolicy, DeltaOutSupported) {
+  alignas(16) static float out[16], z[16], gain[16], parts[16];
+  alignas(16) static int8_t xq[16];
+  alignas(16) static float2 xds[16];
+  alignas(16) static uint32_t words[16];
+  alignas(16) static uint16_t scales[16];
+  static int32_t flags[16];
+  cuda::DeltaDesc d{};
+  d.T = 1;
+  d.Nk = 16;
+  d.Nv = 48;
+  d.Dk = d.Dv = 128;
+  d.out = out;
+  d.step_warps = 8;
+  cuda::SiteDesc s;
+  s.pre = cuda::kPreGatedNorm;
+  s.src = out;
+  s.src2 = z;
+  s.gain = gain;
+  s.seg = 128;
+  s.xq = xq;
+  s.xds = xds;
+  s.rows = 1;
+  s.K = s.ld = 48 * 128;
+  s.n = 1024;
+  s.levels = 2;
+  cuda::DeltaOutDesc o;
+  o.words = words;
+  o.scales = scales;
+  o.parts = parts;
+  o.flags = flags;
+  o.D = 5120;
+  d.site = &s;
+  d.out_proj = &o;
+  EXPECT_TRUE(cuda::delta_out_supported(d)) << "the 27b's gdn_out";
+  auto with = [&](auto change) {
+    cuda::DeltaDesc d2 = d;
+    cuda::SiteDesc s2 = s;
+    cuda::DeltaOutDesc o2 = o;
+    d2.site = &s2;
+    d2.out_proj = &o2;
+    change(d2, s2, o2);
+    return cuda::delta_out_supported(d2);
+  };
+  using D = cuda::DeltaDesc;
+  using S = cuda::SiteDesc;
+  using O = cuda::DeltaOutDesc;
+  EXPECT_TRUE(with([](D&, S& ss, O&) { ss.levels = 1; }));
+  EXPECT_TRUE(with([](D&, S&, O& oo) { oo.D = 1024; })) << "the tiny pack's";
+  EXPECT_TRUE(with([](D&, S&, O& oo) { oo.D = 8192; })) << "256 rows a block, the most";
+  EXPECT_FALSE(with([](D&, S&, O& oo) { oo.D = 8704; })) << "272 rows a block";
+  EXPECT_FALSE(with([](D&, S&, O& oo) { oo.D = 5120 + 256; })) << "D % 512";
+  EXPECT_FALSE(with([](D& dd, S&, O&) { dd.out_proj = nullptr; }));
+  EXPECT_FALSE(with([](D& dd, S&, O&) { dd.site = nullptr; })) << "the projection reads the fused site's digits";
+  EXPECT_FALSE(with([](D& dd, S&, O&) { dd.step_warps = 4; })) << "8 warps: 4 steps x 2 row blocks";
+  EXPECT_FALSE(with([](D&, S& ss, O&) { ss.rows = 2; })) << "the site unfusable";
+  EXPECT_FALSE(with([](D&, S&, O& oo) { oo.flags = nullptr; }));
+  EXPECT_FALSE(with([](D&, S&, O& oo) { oo.parts = parts + 1; })) << "16-byte aligned partials";
+  EXPECT_FALSE(with([](D&, S&, O& oo) { oo.words = words + 1; })) << "16-byte aligned words (cp.async)";
+  // 192 blocks of 256 threads at <= 128 registers: two an SM on an H100 / H200's 132; none without a device.
+  EXPECT_EQ(cuda::delta_out_resident(d, 132), cuda_device_count() > 0);
+  EXPECT_FALSE(cuda::delta_out_resident(d, 95)) << "190 blocks resident at most";
 }
 
 // Round 8b: the chunked (WY) delta rule (delta_chunk.cu, Options::delta = 2) against ref::gdn_recurrent, fused and

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <array>
 #include <map>
 #include <random>
 #include <string>
@@ -130,6 +131,7 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   o.delta_site = flag("BONSAI_CUDA_DELTA_SITE", o.delta_site);
   o.delta_conv = flag("BONSAI_CUDA_DELTA_CONV", o.delta_conv);
   o.ffn_fused = flag("BONSAI_CUDA_FFN_FUSED", o.ffn_fused);
+  o.delta_out = flag("BONSAI_CUDA_DELTA_OUT", o.delta_out);
   if (const char* e = std::getenv("BONSAI_CUDA_FFN_ROWS"); e && *e) o.ffn_rows = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_ROW_NORM"); e && *e) o.site_row_norm = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_ROW_EARLY"); e && *e) o.site_row_norm_early = std::atoi(e);
@@ -194,8 +196,8 @@ struct CudaBackend::Impl {
   // A deferred op (see the header: fused into its consumer, else launched in order at the next flush).
   // ConvDense (round 29): a decode token's conv and its dense a / b pair, held for the delta step that reads them
   // (Options::delta_conv; else launched as gdn_conv_dense_launch).
-  // Parts (round 30): ffn_fused's chunk partials [rows = parts][cols] at src, summed into dst by the AddNorm site that
-  // reads dst (else by parts_sum_launch).
+  // Parts (round 30): ffn_fused's (round 31: or the delta step's out projection's) chunk partials [rows = parts][cols]
+  // at src, summed into dst by the AddNorm site that reads dst (else by parts_sum_launch).
   enum class PK { Copy, Permute, SiluMul, SigMul, GNorm, L2, Scale, Gates, Dense, Norm, ConvDense, Parts };
   struct Pending {
     PK kind;
@@ -310,6 +312,13 @@ struct CudaBackend::Impl {
   cuda::DeltaConvIn delta_conv_in{};  // delta_desc.conv points here when the step computes its conv (Options::delta_conv)
   Scratch delta_site_cnt;  // the fused site's arrivals: int32 [Nv Dv / 1024] (zeroed, left zero by each launch)
   Scratch delta_conv_cnt;  // the fused conv's q / k readers per K head: int32 [Nk] (zeroed, left zero by each launch)
+  // Round 31 (Options::delta_out): the held step's fused site, held once more for the out projection that reads its
+  // digits (linear(): delta_out_launch); any other launch emits the step with its site first (emit_held_delta).
+  bool held_delta_site = false;
+  cuda::SiteDesc held_site_desc;
+  Scratch delta_out_parts;  // its chunk partials float [Nv Dv / 1024, D] (summed by the next AddNorm site)
+  Scratch delta_out_flags;  // its per-chunk flags int32 [2 Nv Dv / 1024] (zeroed, left zero by each launch)
+  std::map<std::array<int64_t, 4>, bool> delta_out_fit;  // (levels, conv, bf16, D) -> delta_out_resident
   Scratch ffn_parts;       // round 30: ffn_fused's chunk partials float [F / 1024, E] (summed by the next AddNorm site)
   Scratch ffn_cnt;         // its group counters: int32 [2 F / 1024] (zeroed, left zero by each launch)
   bool recording = false;
@@ -621,7 +630,52 @@ struct CudaBackend::Impl {
   void emit_held_delta() {
     if (!held_delta) return;
     held_delta = false;
+    if (held_delta_site) {  // the step with its site, no out projection
+      held_delta_site = false;
+      delta_desc.site = &held_site_desc;
+      const cuda::Launch l = cuda::delta_launch(delta_desc);
+      delta_desc.site = nullptr;
+      return emit(l);
+    }
     emit(cuda::delta_launch(delta_desc));
+  }
+  // Round 31: the held step + site + the out projection `out` of its digits as one launch (delta_out_supported and
+  // resident), its partials pending for the AddNorm site; false: nothing launched (the caller's path emits the step).
+  bool delta_out_launch(const LinearOut& out, int64_t K) {
+    const DevMatrix& m = matrix(out.w);
+    const int64_t C = K / 1024;
+    cuda::DeltaOutDesc od;
+    od.words = m.words;
+    od.scales = m.scales;
+    od.D = m.N;
+    od.parts = static_cast<float*>(ensure(delta_out_parts, size_t(C * m.N) * 4, "fused GDN out partials"));
+    od.flags = static_cast<int32_t*>(ensure(delta_out_flags, size_t(2 * C) * 4, "fused GDN out flags", true));
+    delta_desc.site = &held_site_desc;
+    delta_desc.out_proj = &od;
+    bool ok = K == held_site_desc.K && cuda::delta_out_supported(delta_desc);
+    if (ok) {
+      const std::array<int64_t, 4> key{held_site_desc.levels, delta_desc.conv != nullptr,
+                                       delta_desc.conv && delta_desc.conv->bf16, m.N};
+      auto it = delta_out_fit.find(key);
+      if (it == delta_out_fit.end())
+        it = delta_out_fit.emplace(key, cuda::delta_out_resident(delta_desc, prop.multiProcessorCount)).first;
+      ok = it->second;
+    }
+    cuda::Launch l{};
+    if (ok) l = cuda::delta_launch(delta_desc);
+    delta_desc.site = nullptr;
+    delta_desc.out_proj = nullptr;
+    if (!ok) return false;
+    held_delta = held_delta_site = false;
+    emit(l);
+    last_matvec = -1;  // no v7 launch to patch with the next product's L2 prefetch
+    Pending q{PK::Parts};  // out.y = the sum of the partials, by the AddNorm site that reads it
+    q.dst = out.y;
+    q.src = od.parts;
+    q.rows = C;
+    q.cols = m.N;
+    defer(q);
+    return true;
   }
   void emit(const cuda::Launch& l) {
     emit_held_delta();
@@ -1048,6 +1102,12 @@ struct CudaBackend::Impl {
       if (cuda::delta_site_supported(delta_desc, d)) {
         delta_desc.site_count = static_cast<int32_t*>(
             ensure(delta_site_cnt, size_t(K / 1024) * 4, "fused delta-site counters", true));
+        if (opt.delta_out) {  // round 31: held once more, for the out projection that reads the digits (linear)
+          held_site_desc = d;
+          delta_desc.site = nullptr;
+          held_delta = held_delta_site = true;
+          return;
+        }
         emit(cuda::delta_launch(delta_desc));
         delta_desc.site = nullptr;
         return;
@@ -1132,7 +1192,8 @@ CudaBackend::~CudaBackend() {
   for (Impl::Scratch* s : {&p_->xq, &p_->xds, &p_->attn_o, &p_->attn_ml, &p_->attn_cnt, &p_->ids,
                            &p_->amr_out, &p_->amr_v, &p_->amr_i, &p_->amr_cnt, &p_->topk_out, &p_->gemm_part, &p_->mv6_part, &p_->mv6_cnt, &p_->site_cnt,
                            &p_->mvw_part, &p_->mvw_cnt, &p_->xh, &p_->delta_scratch, &p_->delta_site_cnt,
-                           &p_->delta_conv_cnt, &p_->attn_planes, &p_->ffn_parts, &p_->ffn_cnt})
+                           &p_->delta_conv_cnt, &p_->attn_planes, &p_->ffn_parts, &p_->ffn_cnt,
+                           &p_->delta_out_parts, &p_->delta_out_flags})
     if (s->p) cudaFree(s->p);
   if (p_->pinned) cudaFreeHost(p_->pinned);
   for (cudaEvent_t e : p_->ev_pool) cudaEventDestroy(e);
@@ -1335,6 +1396,10 @@ void CudaBackend::linear(const LinearOut* outs, int n_outs, int64_t K, const flo
   for (int i = 0; i < n_outs; ++i)
     if (outs[i].w->cols != K) fail("linear: {} has K = {}, the input has {}", outs[i].w->name, outs[i].w->cols, K);
   I.quantise_input(x, M, K);
+  // Round 31: the held delta step's site wrote x's digits (nothing since): the step computes this product too.
+  if (I.held_delta_site && n_outs == 1 && M == 1 && !I.opt.exact && I.pend.empty() && !I.deferred_site &&
+      I.shadow.x == x && I.delta_out_launch(outs[0], K))
+    return;
   // The site producing x held back (one row): the matvec computes it as its prologue.
   cuda::SiteDesc site;
   // (Ops deferred after the site would run before the product that computes it: then the site runs first.)

@@ -91,6 +91,10 @@ class CudaBackend final : public Backend {
                                // (cuda::ffn_fused_launch: groups of blocks per 1,024 chunk of ffn_down's input meeting at
                                // a software barrier), its chunk partials summed by the AddNorm site after it. Off until
                                // it has run on a device; BONSAI_CUDA_FFN_FUSED=1
+    bool delta_out = false;    // round 31: a decode token's GDN out projection (gdn_out) in the delta step's launch too,
+                               // after its gated-norm site (needs delta_site; cuda::delta_out_supported / _resident),
+                               // its chunk partials summed by the AddNorm site after it. Off until it has run on a
+                               // device; BONSAI_CUDA_DELTA_OUT=1
     int ffn_rows = 32;         // round 30: its stage rows, gate / up (16 or 32; ffn_down's stages hold 5 x that);
                                // bit-identical either way. BONSAI_CUDA_FFN_ROWS
     bool delta_site = true;    // round 26: a decode token's gated-norm site (the gdn_out input) computed by the delta

@@ -72,43 +72,6 @@ __device__ __forceinline__ void ffn_group(int b, int B, int C, int& c, int& r, i
   gsize = b1 - b0;
 }
 
-// One step of RB 16-row blocks: block b's rows g / g + 8 at wrow + b bstride (row stride rs bytes), its scales at
-// srow + b sstride (row stride GR fp16); the lane's step cc (matvec v7's fragment roles), partial rows into yg / yg8.
-template <int LV, int RB>
-__device__ __forceinline__ void ffn_step(const unsigned char* wrow, int bstride, int rs, const uint16_t* srow, int sstride,
-                                         int GR, int cc, int t, const uint4 (&XP)[4], const float4& xv0,
-                                         const float4& xv1, float (&yg)[RB], float (&yg8)[RB]) {
-  Mv6Stage<RB> sv;
-  const int lim_s = LV == 2 ? (GR - (t & 1) + 1) >> 1 : (GR + 1) >> 1;
-#pragma unroll
-  for (int b = 0; b < RB; ++b) {
-    const unsigned char* wb = wrow + b * bstride;
-    sv.wa[b] = *reinterpret_cast<const uint4*>(wb + 64 * cc);
-    sv.wb[b] = *reinterpret_cast<const uint4*>(wb + 8 * rs + 64 * cc);
-    const uint16_t* q = srow + b * sstride + 2 * cc;
-    sv.sc[b] = cc < lim_s ? uint32_t(q[0]) | uint32_t(q[8 * GR]) << 16 : 0u;
-    if constexpr (LV == 1) sv.sc2[b] = cc < (GR >> 1) ? uint32_t(q[1]) | uint32_t(q[8 * GR + 1]) << 16 : 0u;
-  }
-  mv7_step32<LV, RB>(sv, XP, xv0, xv1, yg, yg8);
-}
-
-// The warp's partial rows of a stage into its red row p (+ g: lane (g, t) holds rows g, g + 8 of each block b at
-// 16 b), by the holder lanes; under q16 lanes t, t ^ 1 hold the two groups of the token first.
-template <int LV, int RB>
-__device__ __forceinline__ void ffn_put(float* p, bool holder, float (&yg)[RB], float (&yg8)[RB]) {
-#pragma unroll
-  for (int b = 0; b < RB; ++b) {
-    if constexpr (LV == 2) {
-      yg[b] += __shfl_xor_sync(0xffffffffu, yg[b], 1);
-      yg8[b] += __shfl_xor_sync(0xffffffffu, yg8[b], 1);
-    }
-    if (holder) {
-      p[16 * b] = yg[b];
-      p[16 * b + 8] = yg8[b];
-    }
-  }
-}
-
 // RBA: 16-row blocks a warp takes per stage, 1 or 2: phase A's stages of 16 RBA rows (2: as v7's gate+up), phase B's of
 // 80 RBA rows (warp w: row blocks w / 4 + 5 b, b < RBA), so both phases' stages fill the same ring slots.
 template <int LV, int RBA>
@@ -237,30 +200,10 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
 
   // ---- consumers ----
   pdl_wait();  // the input's digits depend on earlier kernels
-  const int g = lane >> 2, t = lane & 3;
-  const int bm = LV == 2 ? g >> 2 : g >> 1, bl = LV == 2 ? g & 1 : 0, bg = LV == 2 ? (g >> 1) & 1 : g & 1;
-  const bool b_on = bg == (t >> 1) && bm == 0;  // one token: the B columns of token 0 only
-  const int cm = LV == 2 ? t >> 1 : t;
-  const bool c_on = cm == 0;
-  const bool holder = c_on && (LV == 1 || (t & 1) == 0);
-  uint4 X[4], XP[4];
+  const Mv7OneToken<LV> ln(lane);
+  const int g = ln.g, t = ln.t;
+  uint4 XP[4];
   float4 xv0, xv1;
-  // The lane's B fragment and group units of step cc of a K-long activation (v7's load_b with M = 1).
-  auto load_b = [&](int cc, int K, const int8_t* xq, const float2* xds) {
-    const int GK = K >> 7;
-    const uint4* xp = reinterpret_cast<const uint4*>(xq + (b_on ? bl * K + bg * 128 + 64 * (t & 1) : 0)) + 16 * cc;
-    const int cs_b = b_on ? (GK - bg + 1) >> 1 : 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) X[i] = cc < cs_b ? xp[i] : make_uint4(0, 0, 0, 0);
-    mv7_pair_order(X, XP);
-    const float4* xd = reinterpret_cast<const float4*>(xds);
-    const int cs_c = c_on ? (LV == 2 ? (GK - (t & 1) + 1) >> 1 : (GK + 1) >> 1) : 0;
-    xv0 = xv1 = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (cc < cs_c) {
-      xv0 = xd[LV == 2 ? 2 * cc + (t & 1) : 2 * cc];
-      if (LV == 1 && 2 * cc + 1 < GK) xv1 = xd[2 * cc + 1];
-    }
-  };
   int s = 0, slot = 0;
   unsigned ph = 0;
   auto next = [&] {
@@ -272,15 +215,15 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
   // Phase A: K = D, S = G / 2 <= NW steps a row (ffn_fused_supported); warp w takes step w (none past S), its B read
   // once.
   const int SA = (G + 1) >> 1;
-  load_b(w, D, a.xq, a.xds);
+  ln.load_b(w, D, a.xq, a.xds, XP, xv0, xv1);
   for (int j = 0; j < nA; ++j) {
     mbar_wait(&full[s], ph);
     const unsigned char* st = ring + size_t(s) * a.stage_bytes;
     const unsigned char* wrow = st + g * (D >> 2) + 16 * t;
     const uint16_t* srow = reinterpret_cast<const uint16_t*>(st + TRA * (D >> 2)) + g * G + (LV == 2 ? (t & 1) : 0);
     float yg[RBA] = {}, yg8[RBA] = {};
-    if (w < SA) ffn_step<LV, RBA>(wrow, 16 * (D >> 2), D >> 2, srow, 16 * G, G, w, t, XP, xv0, xv1, yg, yg8);
-    ffn_put<LV, RBA>(red + (size_t(slot) * NW + w) * TRA + g, holder, yg, yg8);
+    if (w < SA) mv7_window_step<LV, RBA>(wrow, 16 * (D >> 2), D >> 2, srow, 16 * G, G, G, w, t, XP, xv0, xv1, yg, yg8);
+    mv7_put_rows<LV, RBA>(red + (size_t(slot) * NW + w) * TRA + g, ln.holder, yg, yg8);
     next();
   }
   // The group's barrier, then the chunk's site (warps 0-3: 128 slots of 8 elements) into xs / xs_d.
@@ -326,7 +269,7 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
   asm volatile("bar.sync 1, %0;" ::"r"(NW * 32) : "memory");  // the chunk's digits are in xs / xs_d
   // Phase B: a stage is RBA x 5 row blocks x the chunk's 4 steps; warp w takes row blocks w / 4 + 5 b, step w % 4.
   const int rb = w >> 2, cc = w & 3;
-  load_b(cc, kFfnChunk, xs, xs_d);
+  ln.load_b(cc, kFfnChunk, xs, xs_d, XP, xv0, xv1);
   for (int j = 0; j < nB; ++j) {
     mbar_wait(&full[s], ph);
     const unsigned char* st = ring + size_t(s) * a.stage_bytes;
@@ -334,8 +277,9 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
     const uint16_t* srow =
         reinterpret_cast<const uint16_t*>(st + RBA * kFfnRowsB * 256) + (16 * rb + g) * 8 + (LV == 2 ? (t & 1) : 0);
     float yg[RBA] = {}, yg8[RBA] = {};
-    ffn_step<LV, RBA>(wrow, kFfnRowsB * 256, 256, srow, kFfnRowsB * 8, kFfnChunk >> 7, cc, t, XP, xv0, xv1, yg, yg8);
-    ffn_put<LV, RBA>(red + (size_t(slot) * NW + w) * TRA + g, holder, yg, yg8);
+    mv7_window_step<LV, RBA>(wrow, kFfnRowsB * 256, 256, srow, kFfnRowsB * 8, 8, kFfnChunk >> 7, cc, t, XP, xv0, xv1, yg,
+                            yg8);
+    mv7_put_rows<LV, RBA>(red + (size_t(slot) * NW + w) * TRA + g, ln.holder, yg, yg8);
     next();
   }
 }

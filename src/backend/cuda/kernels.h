@@ -409,6 +409,19 @@ struct DeltaDesc {
   // delta_conv_supported. q / k / v above then point into conv->out, which the fused step does not write (the forward
   // reads those values only here), and the gates' a / b are computed, not read.
   const struct DeltaConvIn* conv = nullptr;
+  // Round 31 (Options::delta_out): the out projection of the site's digits in the same launch too (needs site), where
+  // delta_out_supported and delta_out_resident.
+  const struct DeltaOutDesc* out_proj = nullptr;
+};
+// The out projection of a fused decode step (DeltaDesc::out_proj): chunk c = [1,024 c, 1,024 c + 1,024) of out's
+// columns gives parts[c] = words[:, chunk c] . digits[chunk c], for the kernel after to sum (the AddNorm row site's
+// PARTS instance, or parts_sum_launch).
+struct DeltaOutDesc {
+  const uint32_t* words = nullptr;   // u32 [D, Nv Dv / 16]
+  const uint16_t* scales = nullptr;  // fp16 [D, Nv Dv / 128]
+  float* parts = nullptr;            // [Nv Dv / 1024, D]
+  int32_t* flags = nullptr;          // int32 [2 Nv Dv / 1024]: zero before the first launch, left zero by every launch
+  int64_t D = 0;                     // rows of the projection
 };
 // The conv + a / b inputs of a fused decode step (DeltaDesc::conv).
 struct DeltaConvIn {
@@ -432,6 +445,14 @@ bool delta_conv_supported(const DeltaDesc& d, const DeltaConvIn& c);
 // s the gated-norm site of d.out as site_row_kernel runs it (site_row_supported, one row, K = Nv Dv), 16-byte
 // aligned out. The outputs are site_row_kernel's bit for bit (same values, same operations in the same order).
 bool delta_site_supported(const DeltaDesc& d, const SiteDesc& s);
+// Whether delta_launch(d) with d.site and d.out_proj set fuses the projection (its shape and pointers): the site fused
+// (delta_site_supported) on 8 warps, the conv (if any) fused, q8 / q16 digits, D % 512 == 0 and D <= 8,192 (D / 32
+// rows a block, whole 16-row blocks), 16-byte aligned words, scales and parts.
+bool delta_out_supported(const DeltaDesc& d);
+// Whether that launch's whole grid (Nv x Dv / 32 blocks) is resident at once on sms SMs (an occupancy query: false
+// without a device). Required: a chunk's blocks wait for the chunk's last one.
+bool delta_out_resident(const DeltaDesc& d, int sms);
+void init_delta_out_attributes();  // called by init_kernel_attributes
 
 // The attention prologue (attn_prep.cu; Backend::attention_prep): q = rope(rmsnorm(q half of q_gate) * q_gain),
 // gate = the gate half, and rope(rmsnorm(k) * k_gain) and v appended to the KV cache(s), one launch.

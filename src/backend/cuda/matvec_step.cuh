@@ -139,5 +139,82 @@ __device__ __forceinline__ void mv7_step32(const Mv6Stage<RB>& st, const uint4 (
   mv6_combine<LV, RB>(st, cc, xv0, xv1, yg, yg8);
 }
 
+// ---- round 31: one token's B fragment and a step over a window of a row's columns (ffn_fused.cu; the decode delta
+// step's out projection, mixers.cu) ----------------------------------------------------------------------------------
+// A lane's fragment roles for ONE token (v7's with M = 1): it loads B columns of token 0 (b_on: level bl, group bg of
+// the step's pair), the token's group units (c_on), and holds the summed rows of its accumulators (holder).
+template <int LV>
+struct Mv7OneToken {
+  int g, t, bl, bg;
+  bool b_on, c_on, holder;
+  __device__ __forceinline__ explicit Mv7OneToken(int lane) {
+    g = lane >> 2;
+    t = lane & 3;
+    const int bm = LV == 2 ? g >> 2 : g >> 1;
+    bl = LV == 2 ? g & 1 : 0;
+    bg = LV == 2 ? (g >> 1) & 1 : g & 1;
+    b_on = bg == (t >> 1) && bm == 0;
+    c_on = (LV == 2 ? t >> 1 : t) == 0;
+    holder = c_on && (LV == 1 || (t & 1) == 0);
+  }
+  // The lane's B fragment XP (pair order) and group units xv0 / xv1 of step cc of a K-long activation: digits xq
+  // [LV][K] (level stride K), units xds [K / 64] (v7's load_b with M = 1).
+  __device__ __forceinline__ void load_b(int cc, int K, const int8_t* xq, const float2* xds, uint4 (&XP)[4],
+                                         float4& xv0, float4& xv1) const {
+    const int GK = K >> 7;
+    const uint4* xp = reinterpret_cast<const uint4*>(xq + (b_on ? bl * K + bg * 128 + 64 * (t & 1) : 0)) + 16 * cc;
+    const int cs_b = b_on ? (GK - bg + 1) >> 1 : 0;
+    uint4 X[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) X[i] = cc < cs_b ? xp[i] : make_uint4(0, 0, 0, 0);
+    mv7_pair_order(X, XP);
+    const float4* xd = reinterpret_cast<const float4*>(xds);
+    const int cs_c = c_on ? (LV == 2 ? (GK - (t & 1) + 1) >> 1 : (GK + 1) >> 1) : 0;
+    xv0 = xv1 = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (cc < cs_c) {
+      xv0 = xd[LV == 2 ? 2 * cc + (t & 1) : 2 * cc];
+      if (LV == 1 && 2 * cc + 1 < GK) xv1 = xd[2 * cc + 1];
+    }
+  }
+};
+
+// One step of RB 16-row blocks over a window of GR 128-groups: block b's rows g / g + 8 at wrow + b bstride (row
+// stride rs bytes, wrow already at the lane's 16 t), its scales at srow + b sstride (row stride srs fp16); the lane's
+// step cc (matvec v7's fragment roles), partial rows into yg / yg8.
+template <int LV, int RB>
+__device__ __forceinline__ void mv7_window_step(const unsigned char* wrow, int bstride, int rs, const uint16_t* srow,
+                                                int sstride, int srs, int GR, int cc, int t, const uint4 (&XP)[4],
+                                                const float4& xv0, const float4& xv1, float (&yg)[RB], float (&yg8)[RB]) {
+  Mv6Stage<RB> sv;
+  const int lim_s = LV == 2 ? (GR - (t & 1) + 1) >> 1 : (GR + 1) >> 1;
+#pragma unroll
+  for (int b = 0; b < RB; ++b) {
+    const unsigned char* wb = wrow + b * bstride;
+    sv.wa[b] = *reinterpret_cast<const uint4*>(wb + 64 * cc);
+    sv.wb[b] = *reinterpret_cast<const uint4*>(wb + 8 * rs + 64 * cc);
+    const uint16_t* q = srow + b * sstride + 2 * cc;
+    sv.sc[b] = cc < lim_s ? uint32_t(q[0]) | uint32_t(q[8 * srs]) << 16 : 0u;
+    if constexpr (LV == 1) sv.sc2[b] = cc < (GR >> 1) ? uint32_t(q[1]) | uint32_t(q[8 * srs + 1]) << 16 : 0u;
+  }
+  mv7_step32<LV, RB>(sv, XP, xv0, xv1, yg, yg8);
+}
+
+// A warp's partial rows of a step into p (+ g: lane (g, t) holds rows g, g + 8 of each block b at 16 b), by the holder
+// lanes; under q16 lanes t, t ^ 1 hold the two groups of the token first.
+template <int LV, int RB>
+__device__ __forceinline__ void mv7_put_rows(float* p, bool holder, float (&yg)[RB], float (&yg8)[RB]) {
+#pragma unroll
+  for (int b = 0; b < RB; ++b) {
+    if constexpr (LV == 2) {
+      yg[b] += __shfl_xor_sync(0xffffffffu, yg[b], 1);
+      yg8[b] += __shfl_xor_sync(0xffffffffu, yg8[b], 1);
+    }
+    if (holder) {
+      p[16 * b] = yg[b];
+      p[16 * b + 8] = yg8[b];
+    }
+  }
+}
+
 }  // namespace
 }  // namespace bonsai::cuda

@@ -8,6 +8,7 @@
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gdn_inputs.cuh"
+#include "backend/cuda/matvec_step.cuh"
 #include "backend/cuda/warp_site.cuh"
 
 namespace bonsai::cuda {
@@ -691,6 +692,125 @@ __device__ __forceinline__ void delta_site_finish(const DeltaSiteArgs& x, int64_
   if (tid == 0) x.count[chunk] = 0;
 }
 
+// Round 31 (DeltaDesc::out): the out projection of the fused site's digits in the same launch. Chunk c's 32 blocks
+// (the 8 V heads x 4 slices that write out's columns [1,024 c, 1,024 c + 1,024)) each take D / 32 of the projection's
+// rows over those columns only, and write chunk c's share of every row into parts[c]: the site is blockwise (Hadamard
+// block <= 1,024, one unit per 128-group), so the chunk's digits are all a block needs, and the kernel after sums the
+// Nv Dv / 1,024 partials (the AddNorm row site's PARTS instance). A block copies its rows' 256 B of words and 16 B of
+// scales into shared memory at its start (cp.async, before pdl_wait: the weights depend on nothing), so they land
+// while the step computes; after its state pass it waits for its chunk's site (the chunk's last block publishes a
+// flag once the digits are stored), reads the digits and runs v7's step (matvec_step.cuh) over the resident rows.
+constexpr int kDeltaOutMaxRows = 256;  // rows of the projection a block takes at most (D <= 8,192)
+constexpr int kDeltaOutRowBytes = 320;  // a row's 256 B of words padded to 320: lanes g, g + 1 of an ldmatrix-free
+                                        // uint4 load then fall in different banks (256 would put all 8 rows on one)
+
+struct DeltaOutArgs {
+  const uint32_t* ow;  // u32 [D, K / 16] the projection's words (K = Nv Dv)
+  const uint16_t* os;  // fp16 [D, K / 128] its scales
+  float* parts;        // [K / 1024, D] chunk c's share of the projection
+  int32_t* flags;      // int32 [2 K / 1024] per chunk: the site is ready, blocks departed (zero between launches)
+  int64_t D;           // rows of the projection
+};
+template <int LV, bool CONV>
+struct DeltaOutStepArgs {
+  DeltaKernelArgs<LV, CONV> k;
+  DeltaOutArgs o;
+};
+static_assert(sizeof(DeltaOutStepArgs<2, true>) == sizeof(DeltaConvStepArgs<2>) + sizeof(DeltaOutArgs) &&
+                  sizeof(DeltaOutStepArgs<1, false>) == sizeof(DeltaSiteArgs) + sizeof(DeltaOutArgs),
+              "no padding holes: equal arguments must be equal bytes (launch.h)");
+template <int LV, bool CONV>
+__device__ __forceinline__ const DeltaArgs& step_args(const DeltaOutStepArgs<LV, CONV>& x) {
+  return step_args(x.k);
+}
+template <int LV, bool CONV>
+__device__ __forceinline__ const DeltaStepArgs<LV>& site_part(const DeltaOutStepArgs<LV, CONV>& x) {
+  return site_part<LV>(x.k);
+}
+// The conv inputs of a CONV instance.
+template <int LV>
+__device__ __forceinline__ const DeltaConvArgs& conv_args(const DeltaConvStepArgs<LV>& x) { return x.c; }
+template <int LV>
+__device__ __forceinline__ const DeltaConvArgs& conv_args(const DeltaOutStepArgs<LV, true>& x) { return x.k.c; }
+// The kernel's argument with OUT: the step's (DeltaKernelArgs) and the projection's.
+template <int LV, bool CONV, bool OUT>
+using DeltaStepKernelArgs = std::conditional_t<OUT, DeltaOutStepArgs<LV, CONV>, DeltaKernelArgs<LV, CONV>>;
+
+// The block's rows of the projection (D / 32 of them, starting at row0 = r D / 32 for the block's index r in its chunk)
+// over chunk c's columns -> wsm [rows][320 B] words | [rows][16 B] scales, in flight (one commit group).
+__device__ __forceinline__ void delta_out_prefetch(const DeltaOutArgs& o, int64_t K, int64_t e0, unsigned char* wsm) {
+  const int chunk = int(e0 >> 10), r = int((e0 & 1023) >> 5);
+  const int rows = int(o.D >> 5);
+  const int64_t row0 = int64_t(r) * rows, wrs = K >> 2, srs = K >> 6;  // bytes per row of words / scales
+  const char* wsrc = reinterpret_cast<const char*>(o.ow) + row0 * wrs + 256 * chunk;
+  const char* ssrc = reinterpret_cast<const char*>(o.os) + row0 * srs + 16 * chunk;
+  for (int i = threadIdx.x; i < 17 * rows; i += blockDim.x) {
+    if (i < 16 * rows) cp_async16(wsm + (i >> 4) * kDeltaOutRowBytes + 16 * (i & 15), wsrc + (i >> 4) * wrs + 16 * (i & 15), 16);
+    else cp_async16(wsm + rows * kDeltaOutRowBytes + 16 * (i - 16 * rows), ssrc + (i - 16 * rows) * srs, 16);
+  }
+  cp_async_commit();
+}
+
+// After delta_site_finish, by the whole block (W = 8 warps): chunk c's digits once its site is stored, then the
+// block's rows of the projection: warp w takes the chunk's step w % 4 (256 columns) of the 16-row blocks w / 4, w / 4
+// + 2, ...; each row's 4 steps are added in step order into parts[c]. Flags: the chunk's last block (last, the one
+// that ran the site) publishes ready; every block departs once it has read the digits, and the last to depart zeroes
+// both for the next launch (which touches them only after its pdl_wait, i.e. after this launch has completed).
+template <int LV>
+__device__ __forceinline__ void delta_out(const DeltaOutArgs& o, const DeltaSiteArgs& x, int64_t e0, const int& last,
+                                          const unsigned char* wsm) {
+  __shared__ __align__(16) int8_t xs[LV * 1024];  // [LV][1,024] the chunk's digits
+  __shared__ __align__(16) float2 xs_d[16];       // [16] their units
+  __shared__ float red[4][kDeltaOutMaxRows];      // [step][row] the warps' partial rows
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  const int chunk = int(e0 >> 10), r = int((e0 & 1023) >> 5);
+  const int rows = int(o.D >> 5);
+  int32_t* flag = o.flags + 2 * chunk;
+  __threadfence();  // the last block's site stores (its threads < 128) before its release below
+  __syncthreads();
+  if (tid == 0) {
+    if (last) {
+      asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(flag), "r"(1) : "memory");
+    } else {
+      int ready;
+      do {
+        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(ready) : "l"(flag) : "memory");
+      } while (ready == 0);
+    }
+  }
+  __syncthreads();
+  // The digits: other blocks wrote them in this launch (ld.global.cg: not this SM's L1).
+  for (int i = tid; i < LV * 64 + 8; i += blockDim.x) {
+    if (i < LV * 64)
+      reinterpret_cast<uint4*>(xs)[i] =
+          __ldcg(reinterpret_cast<const uint4*>(x.xq + (i >> 6) * x.K + 1024 * chunk) + (i & 63));
+    else
+      reinterpret_cast<uint4*>(xs_d)[i - LV * 64] = __ldcg(reinterpret_cast<const uint4*>(x.xds + 16 * chunk) + (i - LV * 64));
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the digits and the block's weight rows are in shared memory
+  if (tid == 0 && atomicAdd(flag + 1, 1) == 31) {  // the chunk's last block to depart: every poll is done
+    atomicExch(flag, 0);
+    atomicExch(flag + 1, 0);
+  }
+  const Mv7OneToken<LV> ln(lane);
+  const int cc = w & 3;
+  uint4 XP[4];
+  float4 xv0, xv1;
+  ln.load_b(cc, 1024, xs, xs_d, XP, xv0, xv1);
+  const uint16_t* sc = reinterpret_cast<const uint16_t*>(wsm + rows * kDeltaOutRowBytes);
+  for (int b = w >> 2; b < (rows >> 4); b += 2) {
+    const int row = 16 * b + ln.g;
+    float yg[1] = {}, yg8[1] = {};
+    mv7_window_step<LV, 1>(wsm + row * kDeltaOutRowBytes + 16 * ln.t, 0, kDeltaOutRowBytes,
+                           sc + row * 8 + (LV == 2 ? (ln.t & 1) : 0), 0, 8, 8, cc, ln.t, XP, xv0, xv1, yg, yg8);
+    mv7_put_rows<LV, 1>(&red[cc][row], ln.holder, yg, yg8);
+  }
+  __syncthreads();
+  for (int rr = tid; rr < rows; rr += blockDim.x)
+    o.parts[int64_t(chunk) * o.D + int64_t(r) * rows + rr] = ((red[0][rr] + red[1][rr]) + red[2][rr]) + red[3][rr];
+}
+
 // One decode token of one sequence (T = 1), with ONE block barrier (round 14). The delta rule
 // rearranged so the pass over the old state needs neither the norms nor the gates: with raw k, q, nk = 1 / |k|,
 // nq = q_scale / |q|, P_j = sum_i S_ij k_i, Q_j = sum_i S_ij q_i, kq = k . q (all from the OLD state),
@@ -709,9 +829,12 @@ __device__ __forceinline__ void delta_site_finish(const DeltaSiteArgs& x, int64_
 // channels' conv state is the block's own: warp 0 shifts it in place. The q / k channels' state is read by the
 // (Nv / Nk) x (Dv / 32) blocks of the K head: each counts itself in after its reads (count[kh]), and the last one
 // shifts that state once all have read it (no block waits for another: the pattern of delta_site_arrive).
-template <int W, int LV = 0, bool CONV = false, bool BF16 = false>
-__global__ __launch_bounds__(W * 32) void delta_step_kernel(const DeltaKernelArgs<LV, CONV> args) {
+// OUT (round 31, W = 8, LV != 0): the out projection of the site's digits follows (delta_out), two blocks an SM at
+// least: chunk c's blocks wait for its site, so all of the grid must be resident at once (delta_out_resident).
+template <int W, int LV = 0, bool CONV = false, bool BF16 = false, bool OUT = false>
+__global__ __launch_bounds__(W * 32, OUT ? 2 : 0) void delta_step_kernel(const DeltaStepKernelArgs<LV, CONV, OUT> args) {
   static_assert(!CONV || W == 8, "the fused conv's a / b sums follow dense_block's 256 threads");
+  static_assert(!OUT || (W == 8 && LV != 0), "the out projection: 8 warps (4 steps x 2 row blocks), after the site");
   const DeltaArgs& a = step_args(args);
   constexpr int kR = int(kDeltaMaxDk) / W;  // state rows per thread at most
   __shared__ float part[W][2][32];  // [warp][P, Q][lane]
@@ -724,12 +847,14 @@ __global__ __launch_bounds__(W * 32) void delta_step_kernel(const DeltaKernelArg
   const int64_t t = 0;
   float* Sg = a.state + h * a.Dk * a.Dv;
   if (lane < R) prefetch_l2(Sg + (warp + W * lane) * a.Dv + (j - lane));  // as delta_kernel: L2 while the wait runs
+  extern __shared__ __align__(16) unsigned char out_w[];  // OUT: the block's rows of the projection (delta_out_prefetch)
+  if constexpr (OUT) delta_out_prefetch(args.o, a.Nv * a.Dv, h * a.Dv + int64_t(blockIdx.y) * 32, out_w);
   // CONV: this thread's q / k channel (-1: none) and warp 0's v channel, their taps (model constants: read before the
   // wait), the a / b rows into L2 (as dense_block does).
   [[maybe_unused]] int64_t qk_ch = -1, v_ch = -1;
   [[maybe_unused]] float qk_tap[kMaxConvKernel], v_tap[kMaxConvKernel];
   if constexpr (CONV) {
-    const DeltaConvArgs& c = args.c;
+    const DeltaConvArgs& c = conv_args(args);
     if (tid < 2 * a.Dk) qk_ch = tid < a.Dk ? c.q0 + kh * a.Dk + tid : c.k0 + kh * a.Dk + (tid - a.Dk);
     if (warp == 0) v_ch = c.v0 + j + h * a.Dv;
 #pragma unroll
@@ -750,7 +875,7 @@ __global__ __launch_bounds__(W * 32) void delta_step_kernel(const DeltaKernelArg
   __shared__ int qk_last;                                // CONV: this block shifts the K head's q / k conv state
   [[maybe_unused]] float qk_win[kMaxConvKernel];  // CONV: this thread's q / k channel's window, then its new state
   if constexpr (CONV) {
-    const DeltaConvArgs& c = args.c;
+    const DeltaConvArgs& c = conv_args(args);
     const int Pc = int(c.Kc - 1);
     if (qk_ch >= 0) {
 #pragma unroll
@@ -856,7 +981,7 @@ __global__ __launch_bounds__(W * 32) void delta_step_kernel(const DeltaKernelArg
     if (ii < R) Sg[(warp + W * ii) * a.Dv + j] = decay * s[ii] + kr[ii] * kd;
   if constexpr (CONV) {
     if (qk_last) {  // every block of the K head has read its q / k conv state (qk_last: set before the barrier above)
-      const DeltaConvArgs& c = args.c;
+      const DeltaConvArgs& c = conv_args(args);
       __threadfence();
       if (qk_ch >= 0)
 #pragma unroll
@@ -866,6 +991,7 @@ __global__ __launch_bounds__(W * 32) void delta_step_kernel(const DeltaKernelArg
     }
   }
   if constexpr (LV != 0) delta_site_finish<LV>(site_part<LV>(args), e0, site_last);
+  if constexpr (OUT) delta_out<LV>(args.o, site_part<LV>(args), e0, site_last, out_w);
 }
 
 // Batched decode (round 18): one token of each of B sequences, one block per (V head, sequence) with W warps, the
@@ -1017,6 +1143,49 @@ bool delta_conv_supported(const DeltaDesc& d, const DeltaConvIn& c) {
          aligned16(c.dx) && aligned16(c.wa) && aligned16(c.wb);
 }
 
+bool delta_out_supported(const DeltaDesc& d) {
+  if (!d.out_proj || !d.site || !delta_site_supported(d, *d.site) || delta_step_warps(d) != 8) return false;
+  if (d.conv && !delta_conv_supported(d, *d.conv)) return false;
+  const DeltaOutDesc& o = *d.out_proj;
+  return (d.site->levels == 1 || d.site->levels == 2) && o.D >= 512 && o.D % 512 == 0 && o.D / 32 <= kDeltaOutMaxRows &&
+         (d.Nv * d.Dv) % 1024 == 0 && o.words && o.scales && o.parts && o.flags && aligned16(o.words) &&
+         aligned16(o.scales) && aligned16(o.parts);
+}
+
+namespace {
+// The out-projection instance for (site levels, fused conv, bf16 a / b weights) and its dynamic shared memory.
+const void* delta_out_kernel(int levels, bool conv, bool bf16) {
+  if (levels == 2)
+    return conv ? (bf16 ? reinterpret_cast<const void*>(&delta_step_kernel<8, 2, true, true, true>)
+                        : reinterpret_cast<const void*>(&delta_step_kernel<8, 2, true, false, true>))
+                : reinterpret_cast<const void*>(&delta_step_kernel<8, 2, false, false, true>);
+  return conv ? (bf16 ? reinterpret_cast<const void*>(&delta_step_kernel<8, 1, true, true, true>)
+                      : reinterpret_cast<const void*>(&delta_step_kernel<8, 1, true, false, true>))
+              : reinterpret_cast<const void*>(&delta_step_kernel<8, 1, false, false, true>);
+}
+uint32_t delta_out_smem(int64_t D) { return uint32_t(D / 32 * (kDeltaOutRowBytes + 16)); }
+}  // namespace
+
+void init_delta_out_attributes() {
+  for (int lv : {1, 2})
+    for (int conv : {0, 1})
+      for (int bf16 : {0, conv})
+        if (cudaFuncSetAttribute(delta_out_kernel(lv, conv, bf16), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(delta_out_smem(int64_t(32) * kDeltaOutMaxRows))) != cudaSuccess)
+          (void)cudaGetLastError();  // no device here (host-only tests): the launch itself would report it
+}
+
+bool delta_out_resident(const DeltaDesc& d, int sms) {
+  if (!delta_out_supported(d)) return false;
+  int per_sm = 0;
+  const void* f = delta_out_kernel(d.site->levels, d.conv != nullptr, d.conv && d.conv->bf16);
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, 256, delta_out_smem(d.out_proj->D)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return int64_t(per_sm) * sms >= d.Nv * (d.Dv / 32);
+}
+
 namespace {
 // The fused instance for (site levels LV, bf16 a / b weights).
 template <int LV>
@@ -1079,6 +1248,26 @@ Launch delta_launch(const DeltaDesc& d) {
   // H200 tg128 +2.3 % at depth 0, +1.6 % at 8k over delta_kernel, round 14).
   const int sw = delta_step_warps(d);
   const dim3 grid(unsigned(d.Nv), unsigned(d.Dv / 32));
+  if (d.out_proj) {  // round 31: the step, its site and the out projection
+    if (!delta_out_supported(d))
+      throw std::invalid_argument("delta_launch: the fused out projection needs delta_out_supported (the site fused on "
+                                  "8 warps, D % 512 == 0 and <= 8,192, aligned words / scales / parts)");
+    const SiteDesc& sd = *d.site;
+    const DeltaSiteArgs x{a, site_prologue_of(sd), sd.dst, sd.xq, sd.xds, d.site_count, sd.K};
+    const DeltaOutDesc& od = *d.out_proj;
+    const DeltaOutArgs o{od.words, od.scales, od.parts, od.flags, od.D};
+    const void* f = delta_out_kernel(sd.levels, d.conv != nullptr, d.conv && d.conv->bf16);
+    const uint32_t smem = delta_out_smem(od.D);
+    if (d.conv) {
+      const DeltaConvIn& c = *d.conv;
+      const DeltaConvArgs ca{c.x,  c.state, c.taps, c.wa,         c.wb,         c.dx,        c.count,
+                             c.C,  c.Kc,    c.E,    d.q - c.out,  d.k - c.out,  d.v - c.out};
+      if (sd.levels == 2) return make_launch(f, grid, dim3(256), smem, DeltaOutStepArgs<2, true>{{x, ca}, o});
+      return make_launch(f, grid, dim3(256), smem, DeltaOutStepArgs<1, true>{{x, ca}, o});
+    }
+    if (sd.levels == 2) return make_launch(f, grid, dim3(256), smem, DeltaOutStepArgs<2, false>{x, o});
+    return make_launch(f, grid, dim3(256), smem, DeltaOutStepArgs<1, false>{x, o});
+  }
   if (d.conv) {  // round 29: with its conv and a / b pair
     const DeltaConvIn& c = *d.conv;
     if (!delta_conv_supported(d, c))

@@ -1508,6 +1508,7 @@ void init_kernel_attributes() {
   init_gemm3_attributes();
   init_gemmh_attributes();
   init_ffn_fused_attributes();
+  init_delta_out_attributes();
 }
 
 }  // namespace bonsai::cuda
