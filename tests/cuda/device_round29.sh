@@ -6,7 +6,8 @@
 # FINAL=1 (device_round21.sh's final benches). Staged by stage_devbin.sh; `bash .devbin-me/device_round29.sh` with carry
 # [".devbin-me"]. CLUSTER_PROBE=1: tests/cuda/cluster_ffn_probe.cu (compiled there with nvcc) after the tests.
 # Round 30: KBENCH=<gtest filter> runs those CudaBench cases (BONSAI_CUDA_BENCH=1) after the probe; at the end every file
-# of $OUT is packed into $OUT/out.tgz (a call brings back at most 8 files).
+# of $OUT is packed into $OUT/out.tgz (a call brings back at most 8 files). Round 31: DELTA_OUT entries of AB run only
+# once CudaOps.DeltaStepWithOutProjectionEqualsApart passed (DO_OK), as FFN_FUSED ones need CudaFfnFused (FFN_OK).
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
 device_header "$OUT/gpu.csv"
 start_27b_pack
@@ -22,7 +23,11 @@ fi
 FFN_OK=0
 grep -q "^\[       OK \] CudaFfnFused.MatchesTheThreeLaunches" "$OUT/test_cuda.log" 2>/dev/null &&
   ! grep -q "^\[  FAILED  \] CudaModel" "$OUT/test_cuda.log" && FFN_OK=1
-echo "FFN_OK=$FFN_OK"
+# Round 31: the same for the delta step's out projection (DELTA_OUT entries).
+DO_OK=0
+grep -q "^\[       OK \] CudaOps.DeltaStepWithOutProjectionEqualsApart" "$OUT/test_cuda.log" 2>/dev/null &&
+  ! grep -q "^\[  FAILED  \] CudaModel" "$OUT/test_cuda.log" && DO_OK=1
+echo "FFN_OK=$FFN_OK DO_OK=$DO_OK"
 [ "${CLUSTER_PROBE:-0}" = 1 ] && device_probe cluster_ffn_probe 120  # needs no pack
 if [ -n "${KBENCH:-}" ] && [ $FFN_OK = 1 ]; then
   BONSAI_CUDA_BENCH=1 timeout ${KBENCH_TIMEOUT:-150} $B/test_cuda --gtest_filter="$KBENCH" > "$OUT/kbench.log" 2>&1
@@ -35,6 +40,7 @@ pick() { case $1 in prev*) echo $B/bonsai_prev ;; *) echo $B/bonsai ;; esac; }
 for cfg in ${AB:-}; do
   name=${cfg%%:*}; env=${cfg#*:}; bin=$(pick $name)
   case $env in *FFN_FUSED*) [ $FFN_OK = 1 ] || { echo "== $name skipped (FFN_OK=0)"; continue; } ;; esac
+  case $env in *DELTA_OUT*) [ $DO_OK = 1 ] || { echo "== $name skipped (DO_OK=0)"; continue; } ;; esac
   echo "== $name ($env, $(basename $bin))" | tee -a "$OUT/ab.txt"
   env ${env//,/ } timeout 90 $bin bench --backend cuda -m "$P27" -p 0 -n 128 -r 2 2>&1 | grep -E "^tg|rror" \
     | tee -a "$OUT/ab.txt"
