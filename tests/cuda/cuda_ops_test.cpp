@@ -1767,28 +1767,44 @@ TEST(CudaPolicy, RowNormSiteTakesChunkPartialsOfOneRow) {
 // token (48 V heads of 128, the site over the 6,144 outputs) fuses; a prefill chunk, batched rows, delta_kernel (step
 // warps 0), another pre-op, a site of another buffer, a row count other than one, outputs not a multiple of 1024
 // (the chunk's 32 blocks) or a misaligned output do not.
-TEST(CudaPolicy, DeltaSiteSupported) {
+// The 27b's decode delta step (8 warps) and the gated-norm site of its output, as delta_site_supported takes them
+// (host-only rule tests; out is the static float [16] the site reads, for the tests that move it).
+struct DeltaSiteCase {
+  cuda::DeltaDesc d{};
+  cuda::SiteDesc s;
+  float* out;
+};
+DeltaSiteCase delta_site_case() {
   alignas(16) static float out[16], z[16], gain[16];
   alignas(16) static int8_t xq[16];
   alignas(16) static float2 xds[16];
-  cuda::DeltaDesc d{};
-  d.T = 1;
-  d.Nk = 16;
-  d.Nv = 48;
-  d.Dk = d.Dv = 128;
-  d.out = out;
-  d.step_warps = 8;
-  cuda::SiteDesc s;
-  s.pre = cuda::kPreGatedNorm;
-  s.src = out;
-  s.src2 = z;
-  s.gain = gain;
-  s.seg = 128;
-  s.xq = xq;
-  s.xds = xds;
-  s.rows = 1;
-  s.K = s.ld = 48 * 128;
-  s.n = 1024;
+  DeltaSiteCase c;
+  c.out = out;
+  c.d.T = 1;
+  c.d.Nk = 16;
+  c.d.Nv = 48;
+  c.d.Dk = c.d.Dv = 128;
+  c.d.out = out;
+  c.d.step_warps = 8;
+  c.s.pre = cuda::kPreGatedNorm;
+  c.s.src = out;
+  c.s.src2 = z;
+  c.s.gain = gain;
+  c.s.seg = 128;
+  c.s.xq = xq;
+  c.s.xds = xds;
+  c.s.rows = 1;
+  c.s.K = c.s.ld = 48 * 128;
+  c.s.n = 1024;
+  return c;
+}
+
+TEST(CudaPolicy, DeltaSiteSupported) {
+  DeltaSiteCase c = delta_site_case();
+  cuda::DeltaDesc& d = c.d;
+  cuda::SiteDesc& s = c.s;
+  float* out = c.out;
+  float* z = const_cast<float*>(s.src2);
   EXPECT_TRUE(cuda::delta_site_supported(d, s));
   d.step_warps = 4;
   EXPECT_TRUE(cuda::delta_site_supported(d, s));
@@ -1803,14 +1819,14 @@ TEST(CudaPolicy, DeltaSiteSupported) {
   static const cuda::RowTable rows{};
   EXPECT_FALSE(without([](cuda::DeltaDesc& dd, cuda::SiteDesc&) { dd.rows = &rows; }));
   EXPECT_FALSE(without([](cuda::DeltaDesc&, cuda::SiteDesc& ss) { ss.pre = cuda::kPreSiluMul; }));
-  EXPECT_FALSE(without([](cuda::DeltaDesc&, cuda::SiteDesc& ss) { ss.src = z; }));
+  EXPECT_FALSE(without([z](cuda::DeltaDesc&, cuda::SiteDesc& ss) { ss.src = z; }));
   EXPECT_FALSE(without([](cuda::DeltaDesc&, cuda::SiteDesc& ss) { ss.rows = 2; }));
   EXPECT_FALSE(without([](cuda::DeltaDesc& dd, cuda::SiteDesc& ss) {  // 768 outputs
     dd.Nv = 6;
     ss.K = ss.ld = 6 * 128;
     ss.n = 256;
   }));
-  EXPECT_FALSE(without([](cuda::DeltaDesc& dd, cuda::SiteDesc& ss) {
+  EXPECT_FALSE(without([out](cuda::DeltaDesc& dd, cuda::SiteDesc& ss) {
     dd.out = out + 1;
     ss.src = out + 1;
   }));
@@ -1819,30 +1835,13 @@ TEST(CudaPolicy, DeltaSiteSupported) {
 // Round 31 (runs in CI, host only there): where the delta step takes the out projection into its launch. The rule's
 // residency half (delta_out_resident) asks the device: without one it says no.
 TEST(CudaPolicy, DeltaOutSupported) {
-  alignas(16) static float out[16], z[16], gain[16], parts[16];
-  alignas(16) static int8_t xq[16];
-  alignas(16) static float2 xds[16];
+  alignas(16) static float parts[16];
   alignas(16) static uint32_t words[16];
   alignas(16) static uint16_t scales[16];
   static int32_t flags[16];
-  cuda::DeltaDesc d{};
-  d.T = 1;
-  d.Nk = 16;
-  d.Nv = 48;
-  d.Dk = d.Dv = 128;
-  d.out = out;
-  d.step_warps = 8;
-  cuda::SiteDesc s;
-  s.pre = cuda::kPreGatedNorm;
-  s.src = out;
-  s.src2 = z;
-  s.gain = gain;
-  s.seg = 128;
-  s.xq = xq;
-  s.xds = xds;
-  s.rows = 1;
-  s.K = s.ld = 48 * 128;
-  s.n = 1024;
+  DeltaSiteCase c = delta_site_case();
+  cuda::DeltaDesc& d = c.d;
+  cuda::SiteDesc& s = c.s;
   s.levels = 2;
   cuda::DeltaOutDesc o;
   o.words = words;
