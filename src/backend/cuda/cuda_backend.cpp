@@ -318,7 +318,7 @@ struct CudaBackend::Impl {
   cuda::SiteDesc held_site_desc;
   Scratch delta_out_parts;  // its chunk partials float [Nv Dv / 1024, D] (summed by the next AddNorm site)
   Scratch delta_out_flags;  // its per-chunk flags int32 [2 Nv Dv / 1024] (zeroed, left zero by each launch)
-  std::map<std::array<int64_t, 4>, bool> delta_out_fit;  // (levels, conv, bf16, D) -> delta_out_resident
+  std::map<std::array<int64_t, 5>, bool> delta_out_fit;  // (levels, conv, bf16, D, Nv Dv) -> delta_out_resident
   Scratch ffn_parts;       // round 30: ffn_fused's chunk partials float [F / 1024, E] (summed by the next AddNorm site)
   Scratch ffn_cnt;         // its group counters: int32 [2 F / 1024] (zeroed, left zero by each launch)
   bool recording = false;
@@ -628,10 +628,11 @@ struct CudaBackend::Impl {
 
   // The held delta step goes out before anything launched after it.
   void emit_held_delta() {
+    const bool with_site = held_delta_site;
+    held_delta_site = false;
     if (!held_delta) return;
     held_delta = false;
-    if (held_delta_site) {  // the step with its site, no out projection
-      held_delta_site = false;
+    if (with_site) {  // the step with its site, no out projection
       delta_desc.site = &held_site_desc;
       const cuda::Launch l = cuda::delta_launch(delta_desc);
       delta_desc.site = nullptr;
@@ -654,8 +655,8 @@ struct CudaBackend::Impl {
     delta_desc.out_proj = &od;
     bool ok = K == held_site_desc.K && cuda::delta_out_supported(delta_desc);
     if (ok) {
-      const std::array<int64_t, 4> key{held_site_desc.levels, delta_desc.conv != nullptr,
-                                       delta_desc.conv && delta_desc.conv->bf16, m.N};
+      const std::array<int64_t, 5> key{held_site_desc.levels, delta_desc.conv != nullptr,
+                                       delta_desc.conv && delta_desc.conv->bf16, m.N, K};
       auto it = delta_out_fit.find(key);
       if (it == delta_out_fit.end())
         it = delta_out_fit.emplace(key, cuda::delta_out_resident(delta_desc, prop.multiProcessorCount)).first;
@@ -1075,8 +1076,8 @@ struct CudaBackend::Impl {
       }
     }
     // Round 26: the gated norm of the held delta step's output, nothing pending between them: one launch.
-    const bool with_delta = held_delta && pend.empty() && quantise && opt.site_row && d.pre == cuda::kPreGatedNorm &&
-                            d.src == delta_desc.out && rows == 1;
+    const bool with_delta = held_delta && !held_delta_site && pend.empty() && quantise && opt.site_row &&
+                            d.pre == cuda::kPreGatedNorm && d.src == delta_desc.out && rows == 1;
     if (with_delta) held_delta = false;
     flush_pending();
     if (d.pre_out == d.dst) d.pre_out = nullptr;  // the site writes it anyway (n = 1, quantise only)
@@ -1397,8 +1398,8 @@ void CudaBackend::linear(const LinearOut* outs, int n_outs, int64_t K, const flo
     if (outs[i].w->cols != K) fail("linear: {} has K = {}, the input has {}", outs[i].w->name, outs[i].w->cols, K);
   I.quantise_input(x, M, K);
   // Round 31: the held delta step's site wrote x's digits (nothing since): the step computes this product too.
-  if (I.held_delta_site && n_outs == 1 && M == 1 && !I.opt.exact && I.pend.empty() && !I.deferred_site &&
-      I.shadow.x == x && I.delta_out_launch(outs[0], K))
+  if (I.held_delta && I.held_delta_site && n_outs == 1 && M == 1 && !I.opt.exact && I.pend.empty() &&
+      !I.deferred_site && I.shadow.x == x && I.delta_out_launch(outs[0], K))
     return;
   // The site producing x held back (one row): the matvec computes it as its prologue.
   cuda::SiteDesc site;

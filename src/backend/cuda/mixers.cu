@@ -1166,17 +1166,27 @@ const void* delta_out_kernel(int levels, bool conv, bool bf16) {
 uint32_t delta_out_smem(int64_t D) { return uint32_t(D / 32 * (kDeltaOutRowBytes + 16)); }
 }  // namespace
 
+// The OUT instances' dynamic shared memory limit, and the whole carveout as shared memory (the residency rule's
+// occupancy query and the launches then see the same split). Once per process.
 void init_delta_out_attributes() {
-  for (int lv : {1, 2})
-    for (int conv : {0, 1})
-      for (int bf16 : {0, conv})
-        if (cudaFuncSetAttribute(delta_out_kernel(lv, conv, bf16), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 int(delta_out_smem(int64_t(32) * kDeltaOutMaxRows))) != cudaSuccess)
-          (void)cudaGetLastError();  // no device here (host-only tests): the launch itself would report it
+  static const bool done = [] {
+    for (int lv : {1, 2})
+      for (int conv : {0, 1})
+        for (int bf16 : {0, conv}) {
+          const void* f = delta_out_kernel(lv, conv, bf16);
+          if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   int(delta_out_smem(int64_t(32) * kDeltaOutMaxRows))) != cudaSuccess ||
+              cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, 100) != cudaSuccess)
+            (void)cudaGetLastError();  // no device here (host-only tests): the launch itself would report it
+        }
+    return true;
+  }();
+  (void)done;
 }
 
 bool delta_out_resident(const DeltaDesc& d, int sms) {
   if (!delta_out_supported(d)) return false;
+  init_delta_out_attributes();  // the query needs the raised shared memory limit (also without a backend, in tests)
   int per_sm = 0;
   const void* f = delta_out_kernel(d.site->levels, d.conv != nullptr, d.conv && d.conv->bf16);
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f, 256, delta_out_smem(d.out_proj->D)) != cudaSuccess) {
