@@ -1,5 +1,5 @@
 // CudaBackend host logic: device memory, weight upload, the deferred-op peephole fusion, decode-step
-// graphs. The kernels are in ternary.cu, elementwise.cu and mixers.cu (see kernels.h).
+// graphs. The kernels are in the .cu files beside it (see kernels.h).
 #include "backend/cuda/cuda_backend.h"
 
 #include <cuda_runtime_api.h>

@@ -1,6 +1,6 @@
 // Chunked (WY / UT-transform) Gated DeltaNet delta rule for a prefill chunk (round 8b).
 //
-// The same function as delta_kernel (mixers.cu) and ref::gdn_chunked (FACTS.md section 6): per chunk of
+// The same function as delta_kernel (delta_rule.cu) and ref::gdn_chunked (FACTS.md section 6): per chunk of
 // C = kDeltaChunk tokens of V head h, with Gamma the inclusive running sum of the log decays g inside the chunk,
 //   A_rj = beta_r e^{Gamma_r - Gamma_j} k_r.k_j (j < r),  T = (I + A)^-1 (unit lower triangular),
 //   W = T diag(beta e^Gamma) K,  U = T diag(beta) V,  V' = U - W S0,

@@ -1,5 +1,5 @@
 // The GDN mixer's per-token input pieces, shared by the kernels that compute them (elementwise.cu: conv_block,
-// dense_block) and the decode delta step that computes them in its own launch (mixers.cu, round 29): one definition
+// dense_block) and the decode delta step that computes them in its own launch (delta_rule.cu, round 29): one definition
 // of each sum, so the fused step's values are the separate kernels' bit for bit.
 #pragma once
 

@@ -140,7 +140,7 @@ __device__ __forceinline__ void mv7_step32(const Mv6Stage<RB>& st, const uint4 (
 }
 
 // ---- round 31: one token's B fragment and a step over a window of a row's columns (ffn_fused.cu; the decode delta
-// step's out projection, mixers.cu) ----------------------------------------------------------------------------------
+// step's out projection, delta_rule.cu) ------------------------------------------------------------------------
 // A lane's fragment roles for ONE token (v7's with M = 1): it loads B columns of token 0 (b_on: level bl, group bg of
 // the step's pair), the token's group units (c_on), and holds the summed rows of its accumulators (holder).
 template <int LV>
@@ -184,7 +184,8 @@ struct Mv7OneToken {
 template <int LV, int RB>
 __device__ __forceinline__ void mv7_window_step(const unsigned char* wrow, int bstride, int rs, const uint16_t* srow,
                                                 int sstride, int srs, int GR, int cc, int t, const uint4 (&XP)[4],
-                                                const float4& xv0, const float4& xv1, float (&yg)[RB], float (&yg8)[RB]) {
+                                                const float4& xv0, const float4& xv1, float (&yg)[RB],
+                                                float (&yg8)[RB]) {
   Mv6Stage<RB> sv;
   const int lim_s = LV == 2 ? (GR - (t & 1) + 1) >> 1 : (GR + 1) >> 1;
 #pragma unroll
