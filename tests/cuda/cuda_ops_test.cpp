@@ -1882,6 +1882,7 @@ TEST(CudaPolicy, DeltaOutSupported) {
   EXPECT_FALSE(with([](D&, S&, O& oo) { oo.parts = parts + 1; })) << "16-byte aligned partials";
   EXPECT_FALSE(with([](D&, S&, O& oo) { oo.words = words + 1; })) << "16-byte aligned words (cp.async)";
   // 192 blocks of 256 threads at <= 128 registers: two an SM on an H100 / H200's 132; none without a device.
+  EXPECT_FALSE(CudaBackend::Options{}.delta_out);  // off until it has run on a device
   EXPECT_EQ(cuda::delta_out_resident(d, 132), cuda_device_count() > 0);
   EXPECT_FALSE(cuda::delta_out_resident(d, 95)) << "190 blocks resident at most";
 }
