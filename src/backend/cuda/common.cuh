@@ -25,6 +25,21 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// Spins until the int32 at p (written by other blocks of this launch) is at least want, with acquire semantics: what
+// they released before it is visible after. A software barrier's poll assumes the blocks it waits for are resident
+// (its callers check that); if one never comes (a GPU shared with another process, a debugger or a tool that holds
+// blocks back), the poll traps after ~10 s instead of hanging: the launch fails with an error the host reports.
+constexpr long long kPollTrapCycles = 20'000'000'000LL;  // ~10 s at the H200's 1.98 GHz SM clock
+__device__ __forceinline__ void poll_until_at_least(const int32_t* p, int want) {
+  const long long t0 = clock64();
+  for (;;) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    if (v >= want) return;
+    if (clock64() - t0 > kPollTrapCycles) __trap();
+  }
+}
+
 // A cache line into L2 (no register, no wait): before pdl_wait it overlaps a DRAM round trip with the wait for the
 // producer, also for data other kernels write (L2 is where the SMs' writes meet).
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }

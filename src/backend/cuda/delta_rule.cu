@@ -334,10 +334,7 @@ __device__ __forceinline__ void delta_out(const DeltaOutArgs& o, const DeltaSite
     if (last) {
       asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(flag), "r"(1) : "memory");
     } else {
-      int ready;
-      do {
-        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(ready) : "l"(flag) : "memory");
-      } while (ready == 0);
+      poll_until_at_least(flag, 1);
     }
   }
   __syncthreads();

@@ -230,10 +230,7 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
   if (w < 4) {
     const int tt = threadIdx.x;  // slot 0..127
     if (tt == 0) {
-      int seen;
-      do {
-        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(arrivals) : "memory");
-      } while (seen < gsize);
+      poll_until_at_least(arrivals, gsize);
       if (atomicAdd(arrivals + 1, 1) == gsize - 1) {  // the last to depart: every block is past its poll
         atomicExch(arrivals, 0);
         atomicExch(arrivals + 1, 0);

@@ -427,12 +427,7 @@ __device__ __forceinline__ void site_prologue(const SitePrologue& s, int K, int 
 // block's consumers have read h (count[0] == blocks), write this block's slice h += delta (the prologue's sum,
 // bit-identical: a + b is commutative), count the departure; the last zeroes both counters for the next launch.
 __device__ __forceinline__ void site_prologue_resid(const SitePrologue& s, int K, int lane) {
-  if (lane == 0) {
-    int seen;
-    do {
-      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(s.count) : "memory");
-    } while (seen < int(gridDim.x));
-  }
+  if (lane == 0) poll_until_at_least(s.count, int(gridDim.x));
   __syncwarp();
   const int e0 = int(int64_t(K) * blockIdx.x / gridDim.x), e1 = int(int64_t(K) * (blockIdx.x + 1) / gridDim.x);
   for (int e = e0 + lane; e < e1; e += 32) s.resid[e] = s.src[e] + s.resid[e];
