@@ -125,7 +125,7 @@ TEST(CudaModel, TinyPackMatchesReference) {
     const char* name;
     CudaBackend::Options o;
   };
-  std::vector<Config> configs(27);
+  std::vector<Config> configs(28);
   configs[0].name = "default";  // q16
   configs[1].name = "no-graphs";
   configs[1].o.graphs = false;
@@ -190,6 +190,9 @@ TEST(CudaModel, TinyPackMatchesReference) {
   configs[26].o.delta_conv = true;
   configs[26].o.delta_out = true;
   configs[26].o.ffn_fused = true;
+  configs[27].name = "delta-conv chunked";  // the chunked delta rule even at one token: the conv must stay its own launch
+  configs[27].o.delta_conv = true;
+  configs[27].o.delta = 2;
   std::vector<ModelRun> runs;
   std::vector<uint64_t> nodes;
   for (const Config& cfg : configs) {

@@ -1735,6 +1735,8 @@ void CudaBackend::Impl::emit_delta(float* state, const cuda::RowTable* rows, con
   d.step_warps = opt.delta_step;
   d.ldq = d.ldk = Nk * Dk;  // packed rows unless the q / k / v copies fold below
   d.ldv = Nv * Dv;
+  // Chunked WY form for a prefill chunk (one sequence, T > 1); round 8b: BONSAI_CUDA_DELTA=1 keeps the token loop.
+  const bool chunked = !rows && Dk <= 128 && Dv <= 128 && (opt.delta == 2 || (opt.delta == 0 && T >= 16));
   if (opt.fuse) {
     const Pending* t = tail();
     if (t && t->kind == PK::Gates && t->dst == g && t->dst2 == beta && t->rows == T && t->cols == Nv) {
@@ -1785,8 +1787,9 @@ void CudaBackend::Impl::emit_delta(float* state, const cuda::RowTable* rows, con
       t = tail();
     }
     // Round 29: a decode token's conv + a / b pair (held by gdn_conv) computed by the step itself. Its dense outputs
-    // must be the gates' a / b folded above and its conv output the buffer q / k / v point into.
-    if (t && t->kind == PK::ConvDense && opt.delta_conv && !rows && T == 1 && t->n_dense == 2 && d.a &&
+    // must be the gates' a / b folded above and its conv output the buffer q / k / v point into; the step must be
+    // delta_step_kernel's (the chunked form, BONSAI_CUDA_DELTA=2 even at one token, has no conv of its own).
+    if (t && t->kind == PK::ConvDense && opt.delta_conv && !chunked && !rows && T == 1 && t->n_dense == 2 && d.a &&
         t->dense[0].y == d.a && t->dense[1].y == d.b && t->dense[0].N == Nv && t->dense[1].N == Nv) {
       emit_held_delta();  // an earlier held step would read delta_conv_in, rewritten here (it goes first anyway)
       delta_conv_in = {};
@@ -1809,8 +1812,6 @@ void CudaBackend::Impl::emit_delta(float* state, const cuda::RowTable* rows, con
     }
   }
   flush_pending();
-  // Chunked WY form for a prefill chunk (one sequence, T > 1); round 8b: BONSAI_CUDA_DELTA=1 keeps the token loop.
-  const bool chunked = !rows && Dk <= 128 && Dv <= 128 && (opt.delta == 2 || (opt.delta == 0 && T >= 16));
   if (chunked) {
     auto* scratch = static_cast<float*>(
         ensure(delta_scratch, cuda::delta_chunk_scratch_floats(T, Nv, Dk, Dv) * 4, "delta rule chunk scratch"));
