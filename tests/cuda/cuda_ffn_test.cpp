@@ -22,14 +22,15 @@ bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // Shapes: the 27b FFN (D 5,120, F 17,408: 17 groups of 7-8 blocks, 16-row stages and ragged 8-row ones, 1,024-point
-// site with both shared-memory strides); 3 chunks over a small D (groups of ~44 blocks: most hold 2-3 gate / up units,
-// some phase-B ranges a single 8-row unit); n 256 (no shared-memory stride) and 128; D 3,072 (12 steps: warps 12-19
-// idle in phase A) and 2,048 without signs. q16 and q8.
-// - gate / up rows: v7's own sums in its order (one step a warp at D = 5,120; several at D 1,024-3,072 where v7 stages
-//   the activations: the same steps and warp order), so bit-identical to the unfused product;
+// site with both shared-memory strides); 3 chunks over a small D (groups of ~44 blocks holding 2-3 gate / up units and
+// 2-4 phase-B units); n 256 (no shared-memory stride) and 128; D 3,072 (12 steps: warps 12-19 idle in phase A) and
+// 2,048 without signs. q16 and q8.
+// - gate / up rows: v7's own sums in its order (one step a warp: v7 runs <= 20 steps a row that way), so bit-identical
+//   to the unfused product;
 // - y: the same digits (the site's operations in site_row_kernel's order), ffn_down's float sums regrouped by chunk:
 //   within 2e-5 of the unfused y's max;
-// - two runs bit-identical (the group counters come back to zero: a stale count would let a block read g / u early);
+// - two runs bit-identical, and two FFNs in one graph sharing the group counters: the second's y is the first's and the
+//   counters are zero after it (a count left dirty would let the next launch's blocks pass the barrier early);
 // - 16-row and 32-row stages (Options::ffn_rows; phase B 80 / 160 rows) bit-identical: the same sums in the same order.
 TEST(CudaFfnFused, MatchesTheThreeLaunches) {
   BONSAI_REQUIRE_GPU();
@@ -58,12 +59,18 @@ TEST(CudaFfnFused, MatchesTheThreeLaunches) {
       const CudaBackend::FfnKernelRun ref = be.run_ffn_kernel(mats, 1, x.data(), sg, c.n, false, 0);
       const CudaBackend::FfnKernelRun f1 = be.run_ffn_kernel(mats, 1, x.data(), sg, c.n, true, 0);
       const CudaBackend::FfnKernelRun f2 = be.run_ffn_kernel(mats, 1, x.data(), sg, c.n, true, 0);
+      const TernaryMatrix* twice[6] = {&gate, &up, &down, &gate, &up, &down};
+      const CudaBackend::FfnKernelRun f12 = be.run_ffn_kernel(twice, 2, x.data(), sg, c.n, true, 0);
       CudaBackend::Options o16 = o;
       o16.ffn_rows = 16;
       CudaBackend be16(o16);
       for (TernaryMatrix* m : {&gate, &up, &down}) be16.prepare_matrix(*m);
       const CudaBackend::FfnKernelRun f16 = be16.run_ffn_kernel(mats, 1, x.data(), sg, c.n, true, 0);
-      ASSERT_TRUE(ref.ran && f1.ran && f2.ran && f16.ran) << what;
+      ASSERT_TRUE(ref.ran && f1.ran && f2.ran && f12.ran && f16.ran) << what;
+      EXPECT_TRUE(bit_equal(f1.y, f12.y)) << what << ": the second FFN of a graph differs";
+      for (size_t i = 0; i < f12.counters.size(); ++i)
+        EXPECT_EQ(f12.counters[i], 0) << what << ": group counter " << i << " left dirty after two launches";
+      EXPECT_EQ(f12.counters.size(), size_t(2 * (c.F / 1024))) << what;
       EXPECT_TRUE(bit_equal(f1.y, f16.y) && bit_equal(f1.gu, f16.gu)) << what << ": 16- and 32-row stages differ";
       EXPECT_TRUE(bit_equal(f1.gu, ref.gu)) << what << ": gate / up rows differ from the unfused product, rel "
                                             << rel_err(f1.gu, ref.gu);

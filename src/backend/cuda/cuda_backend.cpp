@@ -1136,6 +1136,9 @@ struct CudaBackend::Impl {
   cuda::Launch site_kernel_launch(const cuda::SiteDesc& d) const {
     if ((opt.site_row_norm == 2 || (opt.site_row_norm == 1 && d.rows == 1)) && cuda::site_row_norm_supported(d))
       return cuda::site_row_norm_launch(d, opt.site_row_norm_early);
+    // Only the row-norm site sums chunk partials (site() folds them in only where it runs): any other would read
+    // partial 0 as the whole delta.
+    if (d.nparts > 1) fail("CUDA backend: a site over {} chunk partials needs the add + rmsnorm row site", d.nparts);
     return opt.site_row && cuda::site_row_supported(d) ? cuda::site_row_launch(d) : cuda::site_launch(d);
   }
 };
@@ -2306,6 +2309,8 @@ CudaBackend::FfnKernelRun CudaBackend::run_ffn_kernel(const TernaryMatrix* const
     copy_to_host(gu, out.gu.size(), out.gu.data());
     out.y = std::vector<float>(size_t(D), 0.f);
     if (fused) {
+      out.counters = std::vector<int32_t>(size_t(2 * C));
+      CUDA_CHECK(cudaMemcpy(out.counters.data(), cnt, out.counters.size() * 4, cudaMemcpyDeviceToHost));
       std::vector<float> p(size_t(C * D));
       copy_to_host(parts, p.size(), p.data());
       for (int64_t c = 0; c < C; ++c)

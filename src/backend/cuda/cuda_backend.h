@@ -404,6 +404,7 @@ class CudaBackend final : public Backend {
   // programmatic edges between them. ran = false (nothing run) where the fused kernel does not support the shapes.
   struct FfnKernelRun {
     std::vector<float> gu, y;
+    std::vector<int32_t> counters;  // fused: the group counters after the run (zero unless a launch left them dirty)
     double us = 0;
     bool ran = false;
   };
