@@ -40,6 +40,15 @@ __device__ __forceinline__ void poll_until_at_least(const int32_t* p, int want) 
   }
 }
 
+// A software barrier's exit, after the poll of pair[0] above: counts this block out in pair[1]; the last of the n blocks
+// to leave (every one past its poll) zeroes both, so the next launch finds them zero.
+__device__ __forceinline__ void depart_and_reset(int32_t* pair, int n) {
+  if (atomicAdd(pair + 1, 1) == n - 1) {
+    atomicExch(pair, 0);
+    atomicExch(pair + 1, 0);
+  }
+}
+
 // A cache line into L2 (no register, no wait): before pdl_wait it overlaps a DRAM round trip with the wait for the
 // producer, also for data other kernels write (L2 is where the SMs' writes meet).
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }

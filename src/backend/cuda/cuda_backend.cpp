@@ -668,15 +668,20 @@ struct CudaBackend::Impl {
     delta_desc.out_proj = nullptr;
     if (!ok) return false;
     held_delta = held_delta_site = false;
+    emit_with_parts(l, out.y, od.parts, C, m.N);
+    return true;
+  }
+  // A launch that leaves its output as n chunk partials [n][stride] (ffn_fused, the delta step's out projection):
+  // dst = their sum is pending, for the AddNorm site that reads dst to take (else parts_sum_launch).
+  void emit_with_parts(const cuda::Launch& l, float* dst, float* parts, int64_t n, int64_t stride) {
     emit(l);
     last_matvec = -1;  // no v7 launch to patch with the next product's L2 prefetch
-    Pending q{PK::Parts};  // out.y = the sum of the partials, by the AddNorm site that reads it
-    q.dst = out.y;
-    q.src = od.parts;
-    q.rows = C;
-    q.cols = m.N;
+    Pending q{PK::Parts};
+    q.dst = dst;
+    q.src = parts;
+    q.rows = n;
+    q.cols = stride;
     defer(q);
-    return true;
   }
   void emit(const cuda::Launch& l) {
     emit_held_delta();
@@ -1630,14 +1635,7 @@ void CudaBackend::swiglu_ffn(const TernaryMatrix& gate, const TernaryMatrix& up,
   d.signs = I.dev(signs);
   d.parts = static_cast<float*>(I.ensure(I.ffn_parts, size_t(C * E) * 4, "fused FFN partials"));
   d.count = static_cast<int32_t*>(I.ensure(I.ffn_cnt, size_t(2 * C) * 4, "fused FFN counters", true));
-  I.emit(cuda::ffn_fused_launch(d, sms));
-  I.last_matvec = -1;  // no v7 launch to patch with the next product's L2 prefetch
-  Impl::Pending q{Impl::PK::Parts};  // delta = the sum of the partials, by the AddNorm site that reads it
-  q.dst = delta;
-  q.src = d.parts;
-  q.rows = C;
-  q.cols = E;
-  I.defer(q);
+  I.emit_with_parts(cuda::ffn_fused_launch(d, sms), delta, d.parts, C, E);
 }
 
 void CudaBackend::sigmoid_gate_mul(float* x, const float* gate, int64_t n) {

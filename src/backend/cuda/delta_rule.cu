@@ -349,10 +349,7 @@ __device__ __forceinline__ void delta_out(const DeltaOutArgs& o, const DeltaSite
   }
   cp_async_wait<0>();
   __syncthreads();  // the digits and the block's weight rows are in shared memory
-  if (tid == 0 && atomicAdd(flag + 1, 1) == 31) {  // the chunk's last block to depart: every poll is done
-    atomicExch(flag, 0);
-    atomicExch(flag + 1, 0);
-  }
+  if (tid == 0) depart_and_reset(flag, 32);  // the chunk's 32 blocks
   const Mv7OneToken<LV> ln(lane);
   const int cc = w & 3;
   uint4 XP[4];

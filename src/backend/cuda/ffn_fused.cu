@@ -231,10 +231,7 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
     const int tt = threadIdx.x;  // slot 0..127
     if (tt == 0) {
       poll_until_at_least(arrivals, gsize);
-      if (atomicAdd(arrivals + 1, 1) == gsize - 1) {  // the last to depart: every block is past its poll
-        atomicExch(arrivals, 0);
-        atomicExch(arrivals + 1, 0);
-      }
+      depart_and_reset(arrivals, gsize);
     }
     asm volatile("bar.sync 2, 128;" ::: "memory");
     const int e = 8 * tt;  // chunk-local element of the slot

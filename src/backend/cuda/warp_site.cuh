@@ -434,10 +434,7 @@ __device__ __forceinline__ void site_prologue_resid(const SitePrologue& s, int K
   __syncwarp();
   if (lane == 0) {
     __threadfence();
-    if (atomicAdd(s.count + 1, 1) == int(gridDim.x) - 1) {
-      atomicExch(s.count, 0);
-      atomicExch(s.count + 1, 0);
-    }
+    depart_and_reset(s.count, int(gridDim.x));
   }
 }
 
