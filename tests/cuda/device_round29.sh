@@ -8,6 +8,7 @@
 # Round 30: KBENCH=<gtest filter> runs those CudaBench cases (BONSAI_CUDA_BENCH=1) after the probe; at the end every file
 # of $OUT is packed into $OUT/out.tgz (a call brings back at most 8 files). Round 31: DELTA_OUT entries of AB run only
 # once CudaOps.DeltaStepWithOutProjectionEqualsApart passed (DO_OK), as FFN_FUSED ones need CudaFfnFused (FFN_OK).
+# Round 32: KBENCH2 (an ungated kernel bench) and ABB (batched A/B entries, `--batch ${ABB_BATCH:-32}`).
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
 device_header "$OUT/gpu.csv"
 start_27b_pack
@@ -34,6 +35,13 @@ if [ -n "${KBENCH:-}" ] && [ $FFN_OK = 1 ]; then
   echo "kbench rc=$?"; grep -E "^ffn|^probe|FAILED|Failure" "$OUT/kbench.log" | head -20
   stamp "kbench"
 fi
+# Round 32: a kernel bench not gated on the fused FFN (KBENCH2=<gtest filter>; pick shapes / variants with
+# BONSAI_BENCH_SHAPE / BONSAI_BENCH_TAGS set on the command line), its lines matching KBENCH2_GREP.
+if [ -n "${KBENCH2:-}" ]; then
+  BONSAI_CUDA_BENCH=1 timeout ${KBENCH_TIMEOUT:-150} $B/test_cuda --gtest_filter="$KBENCH2" > "$OUT/kbench2.log" 2>&1
+  echo "kbench2 rc=$?"; grep -E "${KBENCH2_GREP:- M[0-9]+ }|FAILED|Failure" "$OUT/kbench2.log" | head -${KBENCH2_LINES:-30}
+  stamp "kbench2"
+fi
 wait $MP
 stamp "27b pack"
 pick() { case $1 in prev*) echo $B/bonsai_prev ;; *) echo $B/bonsai ;; esac; }
@@ -46,6 +54,14 @@ for cfg in ${AB:-}; do
     | tee -a "$OUT/ab.txt"
 done
 stamp "A/B"
+# Round 32: batched A/B entries (ABB, the same "name:ENV=V,..." form; `bench -p 0 -n 32 -r 2 --batch ${ABB_BATCH:-32}`).
+for cfg in ${ABB:-}; do
+  name=${cfg%%:*}; env=${cfg#*:}; bin=$(pick $name)
+  echo "== batch $name ($env, $(basename $bin))" | tee -a "$OUT/ab.txt"
+  env ${env//,/ } timeout 90 $bin bench --backend cuda -m "$P27" -p 0 -n 32 -r 2 --batch ${ABB_BATCH:-32} 2>&1 \
+    | grep -E "^tg|batch|rror" | tail -3 | tee -a "$OUT/ab.txt"
+done
+[ -n "${ABB:-}" ] && stamp "batch A/B"
 [ -n "${RACE_FILTER:-}" ] && SAN_TOOLS=racecheck run_sanitizer "$RACE_FILTER" ${SAN_TIMEOUT:-100}
 [ -n "${MEM_FILTER:-}" ] && SAN_TOOLS=memcheck run_sanitizer "$MEM_FILTER" ${SAN_TIMEOUT:-100}
 stamp "sanitizer"
