@@ -298,25 +298,37 @@ TEST(CudaBench, FfnFusedVsThreeLaunches) {
   const auto x = cudatest::randn(size_t(D), 77);
   const auto signs = cudatest::random_signs(size_t(F), 78);
   const double bytes = 3.0 * double(F * D / 4 + F * D / 128 * 2), probe = probe_gbs();
-  for (int rows : {32, 16}) {  // Options::ffn_rows: the fused kernel's stage shape
-    CudaBackend::Options o;
-    o.ffn_rows = rows;
-    CudaBackend be(o);
-    for (const TernaryMatrix* m : list) be.prepare_matrix(*m);
-    for (int rep = 0; rep < 2; ++rep)
-      for (bool fused : {false, true}) {
-        if (!fused && rows != 32) continue;
-        const CudaBackend::FfnKernelRun r = be.run_ffn_kernel(list.data(), kFfns, x.data(), signs.data(), 1024, fused, 50);
-        ASSERT_TRUE(r.ran);
-        char line[256];
-        std::snprintf(line, sizeof line, "ffn 27b, %s: %.2f us an FFN (%.1f MB: %.1f %% of the %.0f GB/s probe)",
-                      fused ? (rows == 32 ? "one fused launch, 32-row stages" : "one fused launch, 16-row stages")
-                            : "three launches",
-                      r.us, bytes / 1e6, 100.0 * bytes / (r.us * 1e-6) / 1e9 / probe, probe);
-        report("bench_ffn.txt", line);
-        EXPECT_GT(r.us, 0.0);
-      }
-  }
+  // Options::ffn_rows (the fused kernel's stage shape) x Options::ffn_b_copy (round 33: how ffn_down's stages are
+  // copied); phases 1 / 2 time gate+up / ffn_down alone (their bytes: 2/3, 1/3 of the FFN's).
+  static const char* const kCopy[3] = {"bulk rows", "cp.async lanes", "tensor maps"};
+  for (int rows : {32, 16})
+    for (int copy : {0, 1, 2}) {
+      if (rows == 16 && copy != 0) continue;
+      CudaBackend::Options o;
+      o.ffn_rows = rows;
+      o.ffn_b_copy = copy;
+      CudaBackend be(o);
+      for (const TernaryMatrix* m : list) be.prepare_matrix(*m);
+      for (int rep = 0; rep < 2; ++rep)
+        for (int phases : {0, 3, 1, 2}) {  // 0: the three launches
+          if (phases == 0 && (rows != 32 || copy != 0)) continue;
+          if ((phases == 1 && copy != 0) || (phases != 3 && rep == 1)) continue;
+          const CudaBackend::FfnKernelRun r =
+              be.run_ffn_kernel(list.data(), kFfns, x.data(), signs.data(), 1024, phases != 0, 50, phases ? phases : 3);
+          ASSERT_TRUE(r.ran);
+          const double b = phases == 1 ? bytes * 2 / 3 : phases == 2 ? bytes / 3 : bytes;
+          char line[256];
+          if (phases == 0)
+            std::snprintf(line, sizeof line, "ffn 27b, three launches: %.2f us an FFN (%.1f MB: %.1f %% of the %.0f GB/s probe)",
+                          r.us, b / 1e6, 100.0 * b / (r.us * 1e-6) / 1e9 / probe, probe);
+          else
+            std::snprintf(line, sizeof line, "ffn 27b, one fused launch, %d-row stages, %s%s: %.2f us (%.1f MB: %.1f %% of the %.0f GB/s probe)",
+                          rows, kCopy[copy], phases == 1 ? ", gate+up only" : phases == 2 ? ", ffn_down only" : "",
+                          r.us, b / 1e6, 100.0 * b / (r.us * 1e-6) / 1e9 / probe, probe);
+          report("bench_ffn.txt", line);
+          EXPECT_GT(r.us, 0.0);
+        }
+    }
 }
 
 TEST(CudaBench, SyncCosts) {

@@ -31,7 +31,9 @@ bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
 //   within 2e-5 of the unfused y's max;
 // - two runs bit-identical, and two FFNs in one graph sharing the group counters: the second's y is the first's and the
 //   counters are zero after it (a count left dirty would let the next launch's blocks pass the barrier early);
-// - 16-row and 32-row stages (Options::ffn_rows; phase B 80 / 160 rows) bit-identical: the same sums in the same order.
+// - 16-row and 32-row stages (Options::ffn_rows; phase B 80 / 160 rows) bit-identical: the same sums in the same order;
+// - round 33: ffn_down's stages copied by cp.async lanes or by 2-D tensor-map boxes (Options::ffn_b_copy 1 / 2, both
+//   stage shapes: whole boxes and a block's partial last stage in 8-row boxes) bit-identical to the per-row bulk copies.
 TEST(CudaFfnFused, MatchesTheThreeLaunches) {
   BONSAI_REQUIRE_GPU();
   struct Case {
@@ -67,6 +69,19 @@ TEST(CudaFfnFused, MatchesTheThreeLaunches) {
       for (TernaryMatrix* m : {&gate, &up, &down}) be16.prepare_matrix(*m);
       const CudaBackend::FfnKernelRun f16 = be16.run_ffn_kernel(mats, 1, x.data(), sg, c.n, true, 0);
       ASSERT_TRUE(ref.ran && f1.ran && f2.ran && f12.ran && f16.ran) << what;
+      for (const int copy : {1, 2})
+        for (const int rows : {32, 16}) {
+          CudaBackend::Options oc = o;
+          oc.ffn_b_copy = copy;
+          oc.ffn_rows = rows;
+          CudaBackend bc(oc);
+          for (TernaryMatrix* m : {&gate, &up, &down}) bc.prepare_matrix(*m);
+          const CudaBackend::FfnKernelRun fc = bc.run_ffn_kernel(twice, 2, x.data(), sg, c.n, true, 0);
+          ASSERT_TRUE(fc.ran) << what << " b_copy " << copy;
+          EXPECT_TRUE(bit_equal(f1.y, fc.y) && bit_equal(f1.gu, fc.gu))
+              << what << ": ffn_down copied with b_copy " << copy << ", " << rows << "-row stages differs";
+          for (size_t i = 0; i < fc.counters.size(); ++i) EXPECT_EQ(fc.counters[i], 0) << what << " b_copy " << copy;
+        }
       EXPECT_TRUE(bit_equal(f1.y, f12.y)) << what << ": the second FFN of a graph differs";
       for (size_t i = 0; i < f12.counters.size(); ++i)
         EXPECT_EQ(f12.counters[i], 0) << what << ": group counter " << i << " left dirty after two launches";
@@ -111,6 +126,17 @@ TEST(CudaPolicy, FfnFusedSupportedShapes) {
   EXPECT_TRUE(cuda::ffn_fused_supported(d, 132));
   d.rows_a = 48;
   EXPECT_FALSE(cuda::ffn_fused_supported(d, 132));
+  d.rows_a = 32;
+  d.b_copy = 1;
+  EXPECT_TRUE(cuda::ffn_fused_supported(d, 132));
+  d.b_copy = 3;
+  EXPECT_FALSE(cuda::ffn_fused_supported(d, 132));  // no such copy form
+  d.b_copy = 2;  // tensor maps: only where the driver's encoder is reachable (not on a machine without a GPU driver)
+  EXPECT_EQ(cuda::ffn_fused_supported(d, 132), cuda::ffn_fused_tensor_maps_available());
+  d.b_copy = 0;
+  d.phases = 0;
+  EXPECT_FALSE(cuda::ffn_fused_supported(d, 132));  // the bench's phase mask: 1, 2 or 3
+  d.phases = 3;
   // The launch: one block per SM, 20 consumer warps + the producer; the ring as deep as fits in 227 KB: 4 slots of
   // 43,520 B (32-row gate / up stages, 160-row ffn_down ones) or 8 of 21,760 (16 / 80), with the partials
   // [slots + 1][20][rows], the chunk's digits and xds (2,176 B) and the site's scratch (4 KB).

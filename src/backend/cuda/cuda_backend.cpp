@@ -134,6 +134,7 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   o.ffn_fused = flag("BONSAI_CUDA_FFN_FUSED", o.ffn_fused);
   o.delta_out = flag("BONSAI_CUDA_DELTA_OUT", o.delta_out);
   if (const char* e = std::getenv("BONSAI_CUDA_FFN_ROWS"); e && *e) o.ffn_rows = std::atoi(e);
+  if (const char* e = std::getenv("BONSAI_CUDA_FFN_BCOPY"); e && *e) o.ffn_b_copy = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_ROW_NORM"); e && *e) o.site_row_norm = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_ROW_EARLY"); e && *e) o.site_row_norm_early = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA_ROWS"); e && *e) o.delta_rows = std::atoi(e);
@@ -1618,6 +1619,7 @@ void CudaBackend::swiglu_ffn(const TernaryMatrix& gate, const TernaryMatrix& up,
   d.n = block;
   d.levels = I.levels();
   d.rows_a = I.opt.ffn_rows;
+  d.b_copy = I.opt.ffn_b_copy;
   d.g = fg;
   d.u = fu;
   // The rule's shape half before anything is launched (the rest are pointers this op sets below).
@@ -2229,7 +2231,7 @@ std::vector<uint64_t> CudaBackend::trace_linear_kernel(const TernaryMatrix* cons
 }
 
 CudaBackend::FfnKernelRun CudaBackend::run_ffn_kernel(const TernaryMatrix* const* mats, int n_ffn, const float* x,
-                                                      const int8_t* signs, int64_t n, bool fused, int reps) {
+                                                      const int8_t* signs, int64_t n, bool fused, int reps, int phases) {
   Impl& I = *p_;
   I.sync();
   FfnKernelRun out;
@@ -2274,6 +2276,8 @@ CudaBackend::FfnKernelRun CudaBackend::run_ffn_kernel(const TernaryMatrix* const
       d.n = n;
       d.levels = lv;
       d.rows_a = I.opt.ffn_rows;
+      d.b_copy = I.opt.ffn_b_copy;
+      d.phases = phases;
       if (!cuda::ffn_fused_supported(d, sms)) break;
       ls.push_back(cuda::ffn_fused_launch(d, sms));
     } else {

@@ -97,6 +97,9 @@ class CudaBackend final : public Backend {
                                // device; BONSAI_CUDA_DELTA_OUT=1
     int ffn_rows = 32;         // round 30: its stage rows, gate / up (16 or 32; ffn_down's stages hold 5 x that);
                                // bit-identical either way. BONSAI_CUDA_FFN_ROWS
+    int ffn_b_copy = 0;        // round 33: how its ffn_down stages are copied (cuda::FfnFusedDesc::b_copy): 0 a bulk copy
+                               // per row's 256 B and 16 B, 1 cp.async by the producer's lanes, 2 2-D tensor-map boxes;
+                               // bit-identical. BONSAI_CUDA_FFN_BCOPY
     bool delta_site = true;    // round 26: a decode token's gated-norm site (the gdn_out input) computed by the delta
                                // step's launch, by the last block of each 1024-chunk (delta_site_supported), instead
                                // of a site_row_kernel after it; bit-identical; BONSAI_CUDA_DELTA_SITE=0|1
@@ -411,8 +414,9 @@ class CudaBackend final : public Backend {
     double us = 0;
     bool ran = false;
   };
+  // phases (fused, timing only): 3 the whole FFN; 1 / 2 gate+up / ffn_down alone (cuda::FfnFusedDesc::phases).
   FfnKernelRun run_ffn_kernel(const TernaryMatrix* const* mats, int n_ffn, const float* x, const int8_t* signs,
-                              int64_t n, bool fused, int reps);
+                              int64_t n, bool fused, int reps, int phases = 3);
 
  private:
   // The measurement helpers' round of ternary product launches over mats (x, y: its scratch, the caller releases them).

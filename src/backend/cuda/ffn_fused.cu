@@ -17,14 +17,23 @@
 //            * 1 / sqrt(n), the int8 digits: warp_site.cuh's slot functions in site_row_kernel's order, so the digits
 //            are that kernel's bit for bit.
 //   phase B  the block's share of ffn_down's rows (8-row units of D), columns of chunk c only: 80-row stages of 256 B a
-//            row (a bulk copy per row's words and one per its 8 scales, rows F / 4 bytes apart), warp w taking row
-//            block w / 4 and step w % 4 of each stage; the producer sums a row block's 4 warps in warp order -> parts.
+//            row (rows F / 4 bytes apart), warp w taking row block w / 4 and step w % 4 of each stage; the producer
+//            sums a row block's 4 warps in warp order -> parts. The stage's copies (FfnArgs::b_copy, round 33): 0 a
+//            bulk copy per row's words and one per its 8 scales (2 x 160 a stage: the first device run, H100, put the
+//            kernel at 67 us an FFN against 42 for the three launches); 1 cp.async by the producer's lanes (16 B each,
+//            the mbarrier counting them); 2 one 2-D tensor-map box for the words and one for the scales.
 // The weights depend on nothing, so the producer streams phase B's stages right behind phase A's: they land while the
 // group meets and the site is computed. Counters: arrivals and departures per group, zero before the first launch; the
 // group's last block to depart zeroes both (the next launch touches them only after its pdl_wait, i.e. after this
 // launch has completed).
-#include <algorithm>
+#include <cuda.h>  // CUtensorMap and its encoder's signature (the encoder itself comes through the runtime)
 
+#include <algorithm>
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+
+#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.h"
@@ -43,6 +52,8 @@ constexpr int kFfnMaxStages = 8;
 constexpr int kFfnSmem = 227 * 1024;               // an sm_90 block's most dynamic shared memory
 
 struct FfnArgs {
+  CUtensorMap tm[4];      // b_copy 2: ffn_down's words u32 [D, F/16] and scales fp16 [D, F/128] as 2-D tensors, boxes of
+                          // a whole phase-B stage's rows (0, 1) and of 8 rows (2, 3: a block's last, partial stage)
   const uint32_t* gw;     // gate words u32 [F, D/16]
   const uint16_t* gs;     // gate scales fp16 [F, D/128]
   const uint32_t* uw;     // up
@@ -62,7 +73,11 @@ struct FfnArgs {
                           // [80, 256 B] then scales [80, 16 B]
   int32_t log2n;          // the down site's Hadamard block n = 1 << log2n (<= 1,024)
   float norm;             // 1 / sqrt(n)
+  int32_t b_copy;         // phase B's copies: 0 bulk per row, 1 cp.async by lanes, 2 tensor-map boxes
+  int32_t phases;         // 3; the kernel bench's 1 (gate / up only) or 2 (ffn_down only) time one phase (wrong output)
+  int32_t pad[28];        // explicit: sizeof is a multiple of the tensor maps' 128-byte alignment, no hidden padding
 };
+static_assert(offsetof(FfnArgs, pad) + sizeof(FfnArgs::pad) == sizeof(FfnArgs), "FfnArgs: no tail padding");
 
 // Group geometry: block b is in group b C / B; group c holds blocks [ceil(c B / C), ceil((c + 1) B / C)).
 __device__ __forceinline__ void ffn_group(int b, int B, int C, int& c, int& r, int& gsize) {
@@ -75,7 +90,7 @@ __device__ __forceinline__ void ffn_group(int b, int B, int C, int& c, int& r, i
 // RBA: 16-row blocks a warp takes per stage, 1 or 2: phase A's stages of 16 RBA rows (2: as v7's gate+up), phase B's of
 // 80 RBA rows (warp w: row blocks w / 4 + 5 b, b < RBA), so both phases' stages fill the same ring slots.
 template <int LV, int RBA>
-__global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(const FfnArgs a) {
+__global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(const __grid_constant__ FfnArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int NW = kFfnWarps, TRA = 16 * RBA;  // TRA: rows of a phase-A stage, and of a warp's red row
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -87,7 +102,7 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
   const int ub0 = int(int64_t(D / 8) * r / gsize), ub1 = int(int64_t(D / 8) * (r + 1) / gsize);
   const int na_out = (ua1 - ua0 + 2 * RBA - 1) / (2 * RBA);        // stages per output (TRA rows; the last may be fewer)
   constexpr int UB = 2 * kFfnBlocksB * RBA;  // 8-row units of a phase-B stage
-  const int nA = 2 * na_out, nB = (ub1 - ub0 + UB - 1) / UB, n = nA + nB;
+  const int nA = (a.phases & 1) ? 2 * na_out : 0, nB = (a.phases & 2) ? (ub1 - ub0 + UB - 1) / UB : 0, n = nA + nB;
   // Stage i: output o (0 gate, 1 up, 2 down), its first row, its rows.
   auto stage_at = [&](int i, int& o, int& r0, int& nrow) {
     if (i < nA) {
@@ -154,12 +169,31 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
             bulk_load(st + TRA * (D >> 2), (o ? a.us : a.gs) + int64_t(r0) * G, sbytes, &full[s]);
           }
         } else {  // nrow rows x the chunk's 1,024 columns: 256 B of words and 16 B of scales a row
-          if (lane == 0) mbar_expect_tx(&full[s], unsigned(nrow) * 272u);
-          __syncwarp();
           const int64_t wrow = a.F >> 4, srow = a.F >> 7;  // u32 / fp16 per row of ffn_down
-          for (int rr = lane; rr < nrow; rr += 32) {
-            bulk_load(st + rr * 256, a.dw + (r0 + rr) * wrow + 64 * c, 256u, &full[s]);
-            bulk_load(st + RBA * kFfnRowsB * 256 + rr * 16, a.ds + (r0 + rr) * srow + 8 * c, 16u, &full[s]);
+          unsigned char* ss = st + RBA * kFfnRowsB * 256;  // the stage's scales [rows][16 B]
+          if (a.b_copy == 1) {  // 16 B a lane and copy; each lane's copies raise the phase's count until they land
+            for (int k = lane; k < nrow * 16; k += 32)
+              cp_async16_s(smem_u32(st) + 16 * k, a.dw + (r0 + (k >> 4)) * wrow + 64 * c + 4 * (k & 15), 16);
+            for (int rr = lane; rr < nrow; rr += 32) cp_async16_s(smem_u32(ss) + 16 * rr, a.ds + (r0 + rr) * srow + 8 * c, 16);
+            cp_async_arrive_inc(smem_u32(&full[s]));
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&full[s]);  // the phase's one counted arrival, after every lane's increment
+          } else if (a.b_copy == 2) {  // whole-stage boxes, or 8-row ones for a partial stage (nrow % 8 == 0)
+            if (lane == 0) {
+              mbar_expect_tx(&full[s], unsigned(nrow) * 272u);
+              const bool whole = nrow == 8 * UB;
+              for (int rr = 0; rr < nrow; rr += whole ? nrow : 8) {
+                tensor_load_2d(smem_u32(st + rr * 256), &a.tm[whole ? 0 : 2], 64 * c, r0 + rr, smem_u32(&full[s]));
+                tensor_load_2d(smem_u32(ss + rr * 16), &a.tm[whole ? 1 : 3], 8 * c, r0 + rr, smem_u32(&full[s]));
+              }
+            }
+          } else {
+            if (lane == 0) mbar_expect_tx(&full[s], unsigned(nrow) * 272u);
+            __syncwarp();
+            for (int rr = lane; rr < nrow; rr += 32) {
+              bulk_load(st + rr * 256, a.dw + (r0 + rr) * wrow + 64 * c, 256u, &full[s]);
+              bulk_load(ss + rr * 16, a.ds + (r0 + rr) * srow + 8 * c, 16u, &full[s]);
+            }
           }
         }
         __syncwarp();
@@ -304,7 +338,42 @@ FfnShape ffn_shape(int64_t D, int levels, int rows_a) {
   return f;
 }
 
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda: CI and the host tests load
+// without a driver); null where there is none.
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiled tensor_map_encoder() {
+  static const EncodeTiled fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return EncodeTiled(nullptr);
+    }
+    return reinterpret_cast<EncodeTiled>(p);
+  }();
+  return fn;
+}
+
+// One 2-D map of a row-major matrix [rows][cols] of `elem`-byte elements, boxes of box_cols x box_rows.
+void encode_rows(CUtensorMap& m, CUtensorMapDataType type, int elem, const void* base, int64_t rows, int64_t cols,
+                 uint32_t box_cols, uint32_t box_rows, const char* what) {
+  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(cols * elem)};
+  const cuuint32_t box[2] = {box_cols, box_rows}, estr[2] = {1, 1};
+  const CUresult r = tensor_map_encoder()(&m, type, 2, const_cast<void*>(base), dims, strides, box, estr,
+                                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw std::runtime_error(std::string("ffn_fused: cuTensorMapEncodeTiled failed for ffn_down's ") + what +
+                             " (error " + std::to_string(int(r)) + ")");
+}
+
 }  // namespace
+
+bool ffn_fused_tensor_maps_available() { return tensor_map_encoder() != nullptr; }
 
 void init_ffn_fused_attributes() {
   for (const void* f : {ffn_fused_kernel_for(1, 16), ffn_fused_kernel_for(1, 32), ffn_fused_kernel_for(2, 16),
@@ -318,7 +387,8 @@ bool ffn_fused_shape_ok(const FfnFusedDesc& d, int sms) {
   return d.D >= 1024 && d.D % 1024 == 0 && d.D / 256 <= kFfnWarps && d.F >= kFfnChunk && d.F % kFfnChunk == 0 &&
          C <= sms && sms / C <= kFfnChunk / 8 && d.n >= 1 && d.n <= kFfnChunk && (d.n & (d.n - 1)) == 0 &&
          (d.levels == 1 || d.levels == 2) && (d.rows_a == 16 || d.rows_a == 32) &&
-         ffn_shape(d.D, d.levels, d.rows_a).stages >= 2;
+         ffn_shape(d.D, d.levels, d.rows_a).stages >= 2 && d.b_copy >= 0 && d.b_copy <= 2 && d.phases >= 1 &&
+         d.phases <= 3 && (d.b_copy != 2 || ffn_fused_tensor_maps_available());
 }
 
 bool ffn_fused_supported(const FfnFusedDesc& d, int sms) {
@@ -348,6 +418,16 @@ Launch ffn_fused_launch(const FfnFusedDesc& d, int sms) {
   a.stage_bytes = int32_t(sh.stage_bytes);
   while ((int64_t(1) << a.log2n) < d.n) ++a.log2n;
   a.norm = float(1.0 / __builtin_sqrt(double(d.n)));
+  a.b_copy = d.b_copy;
+  a.phases = d.phases;
+  if (d.b_copy == 2) {  // boxes of a whole phase-B stage (80 rows_a / 16 rows) and of 8 rows
+    const uint32_t whole = uint32_t(d.rows_a / 16 * kFfnRowsB);
+    for (int b = 0; b < 2; ++b) {
+      const uint32_t rows = b == 0 ? whole : 8u;
+      encode_rows(a.tm[2 * b], CU_TENSOR_MAP_DATA_TYPE_UINT32, 4, d.down.words, d.D, d.F / 16, 64, rows, "words");
+      encode_rows(a.tm[2 * b + 1], CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, d.down.scales, d.D, d.F / 128, 8, rows, "scales");
+    }
+  }
   const void* f = ffn_fused_kernel_for(d.levels, d.rows_a);
   return make_launch(f, dim3(unsigned(sms)), dim3(unsigned(32 * (kFfnWarps + 1))), uint32_t(sh.smem), a);
 }

@@ -555,7 +555,11 @@ struct FfnFusedDesc {
   int64_t D = 0, F = 0, n = 1024;
   int32_t levels = 2;
   int32_t rows_a = 32;              // rows of a gate / up stage: 16 or 32 (v7's gate+up shape)
+  int32_t b_copy = 0;               // round 33: ffn_down's stage copies: 0 a bulk copy a row, 1 cp.async by the producer's
+                                    // lanes, 2 2-D tensor-map boxes (needs ffn_fused_tensor_maps_available); same bytes
+  int32_t phases = 3;               // timing only (the kernel bench): 1 gate / up alone, 2 ffn_down alone (wrong output)
 };
+bool ffn_fused_tensor_maps_available();  // the driver's tensor-map encoder is reachable (b_copy 2)
 bool ffn_fused_supported(const FfnFusedDesc& d, int sms);
 bool ffn_fused_shape_ok(const FfnFusedDesc& d, int sms);  // its shape half (D, F, n, levels, rows_a; no pointers)
 Launch ffn_fused_launch(const FfnFusedDesc& d, int sms);

@@ -34,6 +34,21 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 __device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
 }
+// The same without .noinc: the barrier's pending count goes up by one now and down by one once this thread's earlier
+// cp.async copies have landed, so a phase counted for ONE arrival (ffn_fused's ring) also waits for every lane's copies
+// when lane 0 arrives after the warp's calls (round 33).
+__device__ __forceinline__ void cp_async_arrive_inc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+// A 2-D tensor-map copy (a box of rows of a strided matrix, round 33: ffn_fused's ffn_down chunk), completion counted in
+// bytes on bar (the whole box, out-of-range rows included). tmap: a CUtensorMap in param (__grid_constant__), const or
+// global memory; c0 the inner (element) coordinate, c1 the row; dst 128-byte aligned.
+__device__ __forceinline__ void tensor_load_2d(uint32_t dst, const void* tmap, int c0, int c1, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
+      "l"(tmap), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
 // global -> shared bulk copy, completion counted in bytes on bar; dst, src 16-byte aligned, bytes % 16 == 0.
 __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, unsigned bytes, uint32_t bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
