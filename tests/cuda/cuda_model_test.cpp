@@ -125,7 +125,7 @@ TEST(CudaModel, TinyPackMatchesReference) {
     const char* name;
     CudaBackend::Options o;
   };
-  std::vector<Config> configs(28);
+  std::vector<Config> configs(30);
   configs[0].name = "default";  // q16
   configs[1].name = "no-graphs";
   configs[1].o.graphs = false;
@@ -193,6 +193,12 @@ TEST(CudaModel, TinyPackMatchesReference) {
   configs[27].name = "delta-conv chunked";  // the chunked delta rule even at one token: the conv must stay its own launch
   configs[27].o.delta_conv = true;
   configs[27].o.delta = 2;
+  configs[28].name = "ffn-fused tmap";  // round 33: ffn_down's stages as 2-D tensor-map boxes (the same bytes)
+  configs[28].o.ffn_fused = true;
+  configs[28].o.ffn_b_copy = 2;
+  configs[29].name = "ffn-fused cp.async";  // round 33: ffn_down's stages copied by the producer's lanes
+  configs[29].o.ffn_fused = true;
+  configs[29].o.ffn_b_copy = 1;
   std::vector<ModelRun> runs;
   std::vector<uint64_t> nodes;
   for (const Config& cfg : configs) {
@@ -223,6 +229,9 @@ TEST(CudaModel, TinyPackMatchesReference) {
   EXPECT_EQ(nodes[19] + 8, nodes[0]);
   EXPECT_EQ(runs[19].logits, runs[21].logits);
   EXPECT_EQ(runs[19].logits, runs[22].logits);
+  EXPECT_EQ(runs[19].logits, runs[28].logits) << "ffn_down's stages copied by tensor-map boxes";
+  EXPECT_EQ(runs[19].logits, runs[29].logits) << "ffn_down's stages copied by cp.async lanes";
+  EXPECT_EQ(nodes[28], nodes[19]);
   // the fused out projection ran: 3 GDN layers x (the step, gdn_out -> one launch) fewer; the conv: one fewer each;
   // all three: 3 + 3 + 8
   EXPECT_EQ(nodes[23] + 3, nodes[0]);
