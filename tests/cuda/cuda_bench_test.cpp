@@ -168,7 +168,6 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
     int occ = 1;         // Options::gemm3_occ: v3's blocks per SM at M <= 32 (round 17)
     bool ru = true;      // Options::row_units (the default; M >= 64): the site's one unit per row, v3 scaling per token
                          // (round 19); false: one unit per 128-group
-    bool u8 = false;     // Options::gemm3_u8 (round 32): v3 at M <= 32 on the raw codes
   };
   const Variant variants[] = {{"q16 pdl", 3, true, 2, 1, 2, true},          {"q16 fixed pdl", 3, true, 2, 1, 2, true, true},
                               {"q16 v2 pdl", 3, true, 2, 2, 2, true},       {"q16 v3 pdl", 3, true, 2, 3, 2, true},
@@ -219,10 +218,7 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
                               {"q16 v3db pdl", 3, true, 2, 3, 2, true, false, 1, 0, 1, 0, 1, 0, true, 1, 0, 0, 3},
                               {"q16 v3dbn pdl", 3, true, 2, 3, 2, true, false, 1, 0, 1, 0, 1, 0, true, 1, 0, 0, 4},
                               // round 19: GEMM v3 on per-group units (the plain tags run row units, the default)
-                              {"q16 v3g pdl", 3, true, 2, 3, 2, true, false, 1, 0, 1, 0, 1, 0, true, 1, 0, 0, 1, false},
-                              // round 32: v3 at M <= 32 on the raw codes (the occ 5 rule's two instances)
-                              {"q16 v3occ2 u8 pdl", 3, true, 2, 3, 2, true, false, 1, 0, 1, 0, 1, 0, true, 1, 0, 0, 2, true, true},
-                              {"q16 v3dbn u8 pdl", 3, true, 2, 3, 2, true, false, 1, 0, 1, 0, 1, 0, true, 1, 0, 0, 4, true, true}};
+                              {"q16 v3g pdl", 3, true, 2, 3, 2, true, false, 1, 0, 1, 0, 1, 0, true, 1, 0, 0, 1, false}};
   const CudaBackend::Options base = be.options();
   for (const Shape& sh : shapes)
   for (const Variant& v : variants) {
@@ -247,7 +243,6 @@ TEST(CudaBench, ProbeAndTernaryKernels) {
     bo.gemm3_cvt = v.cvt;
     bo.gemm3_occ = v.occ;
     bo.row_units = v.ru;
-    bo.gemm3_u8 = v.u8;
     bo.matvec_balance = !v.fixed;
     bo.matvec6_cfg = v.mv6;
     bo.matvec7 = false;  // cfg 0 ("v6" tags) = the round-8 default; v7 by its cfg (8-10)

@@ -97,7 +97,6 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   o.gemm2_swizzle = flag("BONSAI_CUDA_GEMM2_SWIZZLE", o.gemm2_swizzle);
   if (const char* e = std::getenv("BONSAI_CUDA_GEMM2_WGS"); e && *e) o.gemm2_wgs = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_GEMM3_CVT"); e && *e) o.gemm3_cvt = std::atoi(e);
-  o.gemm3_u8 = flag("BONSAI_CUDA_GEMM3_U8", o.gemm3_u8);
   if (const char* e = std::getenv("BONSAI_CUDA_GEMM3_OCC"); e && *e) {
     const int v = std::atoi(e);
     o.gemm3_occ = v >= 2 && v <= 5 ? v : 1;
@@ -455,7 +454,7 @@ struct CudaBackend::Impl {
                    : v2 ? cuda::gemm2_ksplit(t, n, K, M, lv, sms, wgs)
                         : cuda::gemm_ksplit(t, n, K, M, sms, opt.gemm_wave_split);
     auto gemm = [&](const cuda::TernaryDev* o, int kslices, int64_t stride) {
-      return v3   ? cuda::gemm3_launch(o, n, K, xq, xds, M, lv, kslices, stride, opt.gemm3_cvt, occ, ru, opt.gemm3_u8)
+      return v3   ? cuda::gemm3_launch(o, n, K, xq, xds, M, lv, kslices, stride, opt.gemm3_cvt, occ, ru)
              : v2 ? cuda::gemm2_launch(o, n, K, xq, xds, M, lv, wgs, kslices, stride, opt.gemm2_swizzle)
                   : cuda::gemm_launch(o, n, K, xq, xds, M, lv, sms, kslices, stride);
     };
@@ -464,8 +463,7 @@ struct CudaBackend::Impl {
       if (f.kt > 1 && f.tiles - f.nfull <= kFoldHead) {
         float* buf = fold_buffer(f);
         return out.push_back(cuda::gemm3_fold_launch(t, n, K, xq, xds, M, lv, f, buf + kFoldHead,
-                                                     reinterpret_cast<int32_t*>(buf), opt.gemm3_cvt, occ, ru,
-                                                     opt.gemm3_u8));
+                                                     reinterpret_cast<int32_t*>(buf), opt.gemm3_cvt, occ, ru));
       }
     }  // else (no split, or more split tiles than counters) as before
     split_k_launches(t, n, M, ks, out, gemm);

@@ -232,9 +232,6 @@ class CudaBackend final : public Backend {
     int gemm3_cvt = 1;         // v3's per-group int -> float: 1 = I2FP.F32.S32 (one instruction), 0 = the 1.5 x 2^23
                                // mantissa add (two); bit-identical results; 1 measured faster (H200 round 7: gate+up
                                // M256 234.6 vs 251.0 us, pp2048 2,592 vs 2,532 tok/s); BONSAI_CUDA_GEMM3_CVT
-    bool gemm3_u8 = false;     // round 32 (built, not yet run on a device): v3 at 9..32 tokens on the raw codes (.u8
-                               // wgmma + a second one of -1s: half the decode instructions per A register, twice the
-                               // tensor work; bit-identical outputs); BONSAI_CUDA_GEMM3_U8=1
     bool gemm2_swizzle = true; // v2 operand tiles 128-byte swizzled (BONSAI_CUDA_GEMM2_SWIZZLE=0: no swizzle, slower)
     bool matvec_balance = true;  // M <= 2 matvec: row groups split evenly over one block per resident slot
                                  // (BONSAI_CUDA_MATVEC_BALANCE=0: fixed groups per warp, rounds 2-5)

@@ -30,7 +30,7 @@ int gemm3_occ_rule(int opt, const TernaryDev* outs, int n_outs, int64_t K, int64
 // part: float [(tiles - nfull) kt tile_floats]; cnt: int32 [tiles - nfull], zero.
 Launch gemm3_fold_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                          int levels, const Gemm3Fold& f, float* part, int32_t* cnt, int cvt, int occ = 1,
-                         bool row_units = false, bool u8 = false);
+                         bool row_units = false);
 
 // GEMM v4's block shape (cfg: 0 = 256 rows x 32 tokens, 1 = 256 x 64, 2 = 256 x 128, 3 = 128 x 128) and its folded
 // split (fold.kt == 1: none): cfg 0 at M <= 32, else the shape with the fewest rounds of blocks over the SMs (weighted by

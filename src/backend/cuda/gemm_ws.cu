@@ -59,25 +59,12 @@ struct WsLayout {
 // 2 TOK - 1 of one B operand; and the D fragment's register 4 j + i holds column 8 j + 2 q + (i & 1), so ac[l][x] (flat
 // index l R + x, R = TOK / 2) is exactly the per-plane wgmma's register x of plane l: the same integer sums in the same
 // registers, half the wgmma instructions and descriptors.
-// U8 (round 32, Options::gemm3_u8): fr holds the unsigned codes (v3_fragments<true>), so the 4 .u8 wgmmas add
-// sum code . x = sum (w + 1) . x, and 4 more with A = -1 everywhere (neg) add - sum x: the same int32 sums as the signed
-// form (exact), with half the decode instructions per A register and twice the tensor work (at 32 tokens the tensor
-// pipe is ~1/8 busy: round 13's ncu).
-template <bool U8, int L, int TOK, int R>
-__device__ __forceinline__ void group_wgmmas(int (&ac)[L][R], const uint32_t (&fr)[4][4], const uint32_t (&neg)[4],
-                                             uint64_t db) {
+template <int L, int TOK, int R>
+__device__ __forceinline__ void group_wgmmas(int (&ac)[L][R], const uint32_t (&fr)[4][4], uint64_t db) {
   static_assert(R == TOK / 2, "R: one plane's accumulators");
   int (&flat)[L * R] = *reinterpret_cast<int (*)[L * R]>(&ac);
-  if constexpr (U8) {
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) wgmma_rs_u8(flat, fr[ks], db + uint64_t((32 * ks) >> 4), ks);
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) wgmma_rs(flat, neg, db + uint64_t((32 * ks) >> 4), 1);
-  } else {
-    (void)neg;
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) wgmma_rs(flat, fr[ks], db + uint64_t((32 * ks) >> 4), ks);
-  }
+  for (int ks = 0; ks < 4; ++ks) wgmma_rs(flat, fr[ks], db + uint64_t((32 * ks) >> 4), ks);
 }
 #endif
 
@@ -107,13 +94,10 @@ struct Gemm3Args {
 // accumulator sets: it issues group kg + 1's wgmmas before it waits for group kg's and scales them, so its own tensor
 // work covers its scaling and waits (the two-block instance's 96 registers cannot hold the second set: 2 x 2 x 16 int32
 // + 16 fp32 + 2 x 16 A fragments). 1: with the turn-taking, 2: without. The same sums in the same order as DB 0.
-// U8 (round 32, Options::gemm3_u8; 32-token instances): the A fragments as unsigned codes and a second set of wgmmas
-// for the - 1 (group_wgmmas): the same integer sums, so the outputs are bit-identical to U8 = false.
-template <int TOK, int L, int S, int CVT, int MINB = 1, bool RU = false, int DB = 0, bool U8 = false>
+template <int TOK, int L, int S, int CVT, int MINB = 1, bool RU = false, int DB = 0>
 __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args fa) {
   static_assert(MINB == 1 || (MINB == 2 && TOK == 32), "two blocks per SM only fit TOK = 32's accumulators");
   static_assert(DB == 0 || (TOK == 32 && MINB == 1 && !RU), "double-buffered accumulators: the one-block 32-token tile");
-  static_assert(!U8 || TOK == 32, "the .u8 wgmma wrappers: n = 32 / 64 (32 tokens)");
   const Gemm2Args& a = fa.g;
   static_assert(TOK == 32 || TOK == 64 || TOK == 128);
   using Lay = WsLayout<TOK, L, S>;
@@ -252,7 +236,6 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
       for (int l = 0; l < L; ++l) acc[l][i] = 0;
     }
 #ifdef BONSAI_WGMMA
-    uint32_t neg[4] = {~0u, ~0u, ~0u, ~0u};  // U8: the A fragment of -1s (every k byte of every row)
     const uint64_t desc0 = smem_desc(x_s, 0, 1);
     const int my_turn = c == 0 ? 1 : 2, next_turn = c == 0 ? 2 : 1;  // named barrier ids (0 = __syncthreads)
     int s = 0;  // kg % S and the parity of kg / S, as the producer's
@@ -262,14 +245,13 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
       auto issue = [&](int64_t kg, int (&ac)[L][R], uint32_t (&fr)[4][4]) {
         mbar_wait(full(s), ph);
         fence_async_smem();
-        v3_fragments<U8>(&raw[(s * kWsRows + wrow) * kWsRawStride], kWsRawStride, q, fr);
+        v3_fragments(&raw[(s * kWsRows + wrow) * kWsRawStride], kWsRawStride, q, fr);
         if (DB == 1 && (c == 1 || kg > 0)) named_sync(my_turn, 256);
 #pragma unroll
         for (int l = 0; l < L; ++l) pin(ac[l]);
         pin(fr);  // every A fragment defined before the fence (else ptxas injects a warpgroup.arrive per k-step)
-        if constexpr (U8) pin(neg);
         wg_fence();
-        group_wgmmas<U8, L, TOK>(ac, fr, neg, desc0 + uint64_t(uint32_t(s * Lay::x_bytes) >> 4));
+        group_wgmmas<L, TOK>(ac, fr, desc0 + uint64_t(uint32_t(s * Lay::x_bytes) >> 4));
         wg_commit();
         if (DB == 1 && (c == 0 || kg + 1 < NG)) named_arrive(next_turn, 256);
         const int st = s;
@@ -318,15 +300,14 @@ __global__ __launch_bounds__(kWsThreads, MINB) void gemm3_kernel(const Gemm3Args
       // latency was exposed at 32 tokens, where a group's wgmmas are short (H200: gate+up M32 48.0 -> 46.1 us).
       const float2 dw = dw_of(kg, s);
       uint32_t af[4][4];  // the group's A fragments (ternary_dot.cuh)
-      v3_fragments<U8>(&raw[(s * kWsRows + wrow) * kWsRawStride], kWsRawStride, q, af);
+      v3_fragments(&raw[(s * kWsRows + wrow) * kWsRawStride], kWsRawStride, q, af);
       if (c == 1 || kg > 0) named_sync(my_turn, 256);  // the other consumer has issued its previous group
 #pragma unroll
       for (int l = 0; l < L; ++l) pin(acc[l]);
       pin(af);  // every A fragment defined before the fence (else ptxas injects a warpgroup.arrive per k-step)
-      if constexpr (U8) pin(neg);
       wg_fence();
       // B descriptor: the stage's plane-0 tile at k-step 0 (group_wgmmas adds each k-step's offset; the planes are one operand).
-      group_wgmmas<U8, L, TOK>(acc, af, neg, desc0 + uint64_t(uint32_t(s * Lay::x_bytes) >> 4));
+      group_wgmmas<L, TOK>(acc, af, desc0 + uint64_t(uint32_t(s * Lay::x_bytes) >> 4));
       wg_commit();
       if (c == 0 || kg + 1 < NG) named_arrive(next_turn, 256);  // its turn (consumer 1 skips its last)
       wg_wait<0>();
@@ -367,32 +348,30 @@ struct Gemm3Pick {
   int tok;
 };
 // Stages: as deep as ~200 KB of shared memory allows (the weight stream of small M needs bytes in flight).
-template <int TOK, int L, int S, int CVT, int MINB = 1, bool RU = false, int DB = 0, bool U8 = false>
+template <int TOK, int L, int S, int CVT, int MINB = 1, bool RU = false, int DB = 0>
 Gemm3Pick gemm3_cfg() {
-  return {reinterpret_cast<const void*>(&gemm3_kernel<TOK, L, S, CVT, MINB, RU, DB, U8>),
+  return {reinterpret_cast<const void*>(&gemm3_kernel<TOK, L, S, CVT, MINB, RU, DB>),
           uint32_t(1024 + WsLayout<TOK, L, S>::bytes), TOK};
 }
 
 // occ 2 (M <= 32 only): two blocks per SM of 7 stages each (2 x 102 KB); occ 3 / 4 (round 25): one block of 12 stages
-// with double-buffered accumulators, with / without the turn-taking. U8: the 32-token instances on unsigned codes.
-template <int L, int CVT, bool RU = false, bool U8 = false>
+// with double-buffered accumulators, with / without the turn-taking.
+template <int L, int CVT, bool RU = false>
 Gemm3Pick gemm3_pick_l(int64_t M, int occ) {
   if constexpr (!RU)
     if (M <= 32)
-      return occ == 2   ? gemm3_cfg<32, L, 7, CVT, 2, false, 0, U8>()
-             : occ == 3 ? gemm3_cfg<32, L, 12, CVT, 1, false, 1, U8>()
-             : occ == 4 ? gemm3_cfg<32, L, 12, CVT, 1, false, 2, U8>()
-                        : gemm3_cfg<32, L, 12, CVT, 1, false, 0, U8>();
+      return occ == 2   ? gemm3_cfg<32, L, 7, CVT, 2>()
+             : occ == 3 ? gemm3_cfg<32, L, 12, CVT, 1, false, 1>()
+             : occ == 4 ? gemm3_cfg<32, L, 12, CVT, 1, false, 2>()
+                        : gemm3_cfg<32, L, 12, CVT>();
   return M <= 64 ? gemm3_cfg<64, L, 8, CVT, 1, RU>() : gemm3_cfg<128, L, 5, CVT, 1, RU>();
 }
 // Row units (ru) have I2FP instances of 64 and 128 tokens only: the row-unit site needs >= 64 rows
 // (site_row_units). Dropping ru is always exact: xds then holds the row's unit in every chunk, which the
-// per-group scaling reads. u8 (Options::gemm3_u8) has I2FP instances of 32 tokens only; elsewhere it is dropped
-// (bit-identical either way).
-Gemm3Pick gemm3_pick(int levels, int64_t M, int cvt, int occ, bool ru = false, bool u8 = false) {
+// per-group scaling reads.
+Gemm3Pick gemm3_pick(int levels, int64_t M, int cvt, int occ, bool ru = false) {
   ru = ru && M > 32;
   if (ru) return levels == 2 ? gemm3_pick_l<2, 1, true>(M, occ) : gemm3_pick_l<1, 1, true>(M, occ);
-  if (u8 && cvt && M <= 32) return levels == 2 ? gemm3_pick_l<2, 1, false, true>(M, occ) : gemm3_pick_l<1, 1, false, true>(M, occ);
   if (cvt) return levels == 2 ? gemm3_pick_l<2, 1>(M, occ) : gemm3_pick_l<1, 1>(M, occ);
   return levels == 2 ? gemm3_pick_l<2, 0>(M, occ) : gemm3_pick_l<1, 0>(M, occ);
 }
@@ -406,9 +385,8 @@ void init_gemm3_attributes() {
     for (int cvt : {0, 1})
     for (int occ : {1, 2, 3, 4})
     for (bool ru : {false, true})
-    for (bool u8 : {false, true})
     for (int64_t m : {32, 64, 128}) {
-      const Gemm3Pick p = gemm3_pick(lv, m, cvt, occ, ru, u8);
+      const Gemm3Pick p = gemm3_pick(lv, m, cvt, occ, ru);
       cudaFuncSetAttribute(p.func, cudaFuncAttributeMaxDynamicSharedMemorySize, int(p.smem));
     }
 }
@@ -419,8 +397,8 @@ int gemm3_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int l
 }
 
 Launch gemm3_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                    int levels, int ks, int64_t part_stride, int cvt, int occ, bool row_units, bool u8) {
-  const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, cvt, occ, row_units, u8);
+                    int levels, int ks, int64_t part_stride, int cvt, int occ, bool row_units) {
+  const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, cvt, occ, row_units);
   Gemm3Args a{};
   a.g = gemm_args(outs, n_outs, K, xq, xds, M, ks, part_stride, /*swizzle=*/true, kWsRows);
   const dim3 grid{unsigned(gemm_row_blocks(outs, n_outs, kWsRows)), unsigned((M + p.tok - 1) / p.tok), unsigned(ks)};
@@ -462,8 +440,8 @@ Gemm3Fold fold_plan(int64_t B, int sms, int64_t G, int64_t tile_floats) {
 
 Launch gemm3_fold_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                          int levels, const Gemm3Fold& f, float* part, int32_t* cnt, int cvt, int occ,
-                         bool row_units, bool u8) {
-  const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, cvt, occ, row_units, u8);
+                         bool row_units) {
+  const Gemm3Pick p = gemm3_pick(levels == 2 ? 2 : 1, M, cvt, occ, row_units);
   Gemm3Args a{};
   a.g = gemm_args(outs, n_outs, K, xq, xds, M, f.kt, 0, /*swizzle=*/true, kWsRows);
   a.part = part;

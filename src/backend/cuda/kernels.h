@@ -235,13 +235,10 @@ Launch gemm2_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t*
 // contract as gemm2_launch.
 // sm_90 only (gemm2_supported). cvt: the per-group int -> float as I2FP (1) or the mantissa add (0): bit-identical.
 // row_units (round 19): xds holds one unit per token (site_row_units): d_w per group, the unit once per output.
-// u8 (round 32, Options::gemm3_u8): at <= 32 tokens with cvt 1, the weights enter a .u8 wgmma as their raw codes and a
-// second wgmma of -1s adds the - 1: half the decode instructions, bit-identical outputs; ignored elsewhere.
 void init_gemm3_attributes();  // called by init_kernel_attributes
 int gemm3_ksplit(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, int levels, int sms, int occ = 1);
 Launch gemm3_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                    int levels, int ks = 1, int64_t part_stride = 0, int cvt = 1, int occ = 1, bool row_units = false,
-                    bool u8 = false);
+                    int levels, int ks = 1, int64_t part_stride = 0, int cvt = 1, int occ = 1, bool row_units = false);
 // GEMM v4 (gemm_f16.cu, Options::gemm_f16, round 13): the product on the fp16 tensor cores with each group's scale
 // folded into the weights (A = (code - 1) d_w, exact in fp16) and the activation in fp16 (xh, written from the site's
 // digits by xh_pack_launch): fp32 accumulation over all of K, no per-group scaling. Same outputs, pairing and split-K

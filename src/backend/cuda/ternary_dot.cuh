@@ -15,9 +15,6 @@ __device__ __forceinline__ uint32_t decode4(uint32_t w) { return ((w & 0x0303030
 // wgmma_probe.cu). rw = row g's 8 words, row g + 8's at rw + 8 stride (stride: words per
 // raw row). Word j of a row holds element 16 j + 4 b + i at bits 8 b + 2 i and the transposed activation holds it at
 // position 16 j + 4 i + b, so decode4(w >> 2 q) of words 2 ks and 2 ks + 1 are k bytes 4q.. and 16+4q.. of k-step ks.
-// CODES (round 32, Options::gemm3_u8): the unsigned codes 0 / 1 / 2 themselves, (w >> 2 q) & 0x03030303 (SHF + LOP3
-// a register instead of SHF + LOP3 + IADD + LOP3), for a .u8 wgmma whose - 1 is added by a second wgmma (gemm_ws.cu).
-template <bool CODES = false>
 __device__ __forceinline__ void v3_fragments(const uint32_t* rw, int stride, int q, uint32_t (&af)[4][4]) {
   const uint4 lo0 = *reinterpret_cast<const uint4*>(rw), lo1 = *reinterpret_cast<const uint4*>(rw + 4);
   const uint4 hi0 = *reinterpret_cast<const uint4*>(rw + 8 * stride),
@@ -26,9 +23,10 @@ __device__ __forceinline__ void v3_fragments(const uint32_t* rw, int stride, int
   const uint32_t wh[8] = {hi0.x, hi0.y, hi0.z, hi0.w, hi1.x, hi1.y, hi1.z, hi1.w};
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
-    const uint32_t w4[4] = {wl[2 * ks] >> (2 * q), wh[2 * ks] >> (2 * q), wl[2 * ks + 1] >> (2 * q), wh[2 * ks + 1] >> (2 * q)};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) af[ks][i] = CODES ? (w4[i] & 0x03030303u) : decode4(w4[i]);
+    af[ks][0] = decode4(wl[2 * ks] >> (2 * q));
+    af[ks][1] = decode4(wh[2 * ks] >> (2 * q));
+    af[ks][2] = decode4(wl[2 * ks + 1] >> (2 * q));
+    af[ks][3] = decode4(wh[2 * ks + 1] >> (2 * q));
   }
 }
 
