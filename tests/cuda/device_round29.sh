@@ -8,7 +8,7 @@
 # Round 30: KBENCH=<gtest filter> runs those CudaBench cases (BONSAI_CUDA_BENCH=1) after the probe; at the end every file
 # of $OUT is packed into $OUT/out.tgz (a call brings back at most 8 files). Round 31: DELTA_OUT entries of AB run only
 # once CudaOps.DeltaStepWithOutProjectionEqualsApart passed (DO_OK), as FFN_FUSED ones need CudaFfnFused (FFN_OK).
-# Round 32: KBENCH2 (an ungated kernel bench) and ABB (batched A/B entries, `--batch ${ABB_BATCH:-32}`).
+# Round 32: KBENCH2 (an ungated kernel bench) and ABB (batched A/B entries, `--batch ${ABB_BATCH:-32}`). Round 33: TG8K.
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
 device_header "$OUT/gpu.csv"
 start_27b_pack
@@ -62,6 +62,16 @@ for cfg in ${ABB:-}; do
     | grep -E "^tg|batch|rror" | tail -3 | tee -a "$OUT/ab.txt"
 done
 [ -n "${ABB:-}" ] && stamp "batch A/B"
+# Round 33: TG8K entries (the same "name:ENV=V,..." form): `bench -p 0 -n 128 -r 2 -d 0,8192`, batch 1 at short and 8k
+# context, for a switch about to become the default (FFN_FUSED entries only once FFN_OK).
+for cfg in ${TG8K:-}; do
+  name=${cfg%%:*}; env=${cfg#*:}; bin=$(pick $name)
+  case $env in *FFN_FUSED*) [ $FFN_OK = 1 ] || { echo "== $name skipped (FFN_OK=0)"; continue; } ;; esac
+  echo "== tg8k $name ($env, $(basename $bin))" | tee -a "$OUT/ab.txt"
+  env ${env//,/ } timeout 120 $bin bench --backend cuda -m "$P27" -p 0 -n 128 -r 2 -d 0,8192 2>&1 | grep -E "^tg|rror" \
+    | tee -a "$OUT/ab.txt"
+done
+[ -n "${TG8K:-}" ] && stamp "tg8k"
 [ -n "${RACE_FILTER:-}" ] && SAN_TOOLS=racecheck run_sanitizer "$RACE_FILTER" ${SAN_TIMEOUT:-100}
 [ -n "${MEM_FILTER:-}" ] && SAN_TOOLS=memcheck run_sanitizer "$MEM_FILTER" ${SAN_TIMEOUT:-100}
 stamp "sanitizer"
