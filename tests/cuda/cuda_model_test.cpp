@@ -168,8 +168,8 @@ TEST(CudaModel, TinyPackMatchesReference) {
   configs[18].name = "v3 segments 5";  // the v3 matvec's L2 prefetch hook patches launches across segment ends
   configs[18].o.matvec = 3;
   configs[18].o.graph_segment = 5;
-  configs[19].name = "ffn-fused";  // round 30: a decode token's FFN as one launch, its partials summed by the AddNorm site
-  configs[19].o.ffn_fused = true;
+  configs[19].name = "ffn-three-launches";  // round 30's fused FFN is the default since round 33: the launches it replaces
+  configs[19].o.ffn_fused = false;
   configs[20].name = "ffn-fused q8";
   configs[20].o.ffn_fused = true;
   configs[20].o.act_levels = 1;
@@ -193,9 +193,9 @@ TEST(CudaModel, TinyPackMatchesReference) {
   configs[27].name = "delta-conv chunked";  // the chunked delta rule even at one token: the conv must stay its own launch
   configs[27].o.delta_conv = true;
   configs[27].o.delta = 2;
-  configs[28].name = "ffn-fused tmap";  // round 33: ffn_down's stages as 2-D tensor-map boxes (the same bytes)
+  configs[28].name = "ffn-fused bulk-rows";  // round 30's ffn_down copies, a bulk copy a row (the default: tensor maps)
   configs[28].o.ffn_fused = true;
-  configs[28].o.ffn_b_copy = 2;
+  configs[28].o.ffn_b_copy = 0;
   configs[29].name = "ffn-fused cp.async";  // round 33: ffn_down's stages copied by the producer's lanes
   configs[29].o.ffn_fused = true;
   configs[29].o.ffn_b_copy = 1;
@@ -225,18 +225,20 @@ TEST(CudaModel, TinyPackMatchesReference) {
   // a prefetch is a hint, and a v3 matvec row's sum does not depend on which warp computes it
   EXPECT_EQ(runs[13].logits, runs[10].logits);
   EXPECT_EQ(runs[13].logits, runs[11].logits);
-  // the fused FFN ran: 4 layers x (gate+up, the SwiGLU site, ffn_down -> one launch) fewer graph nodes a decode step
-  EXPECT_EQ(nodes[19] + 8, nodes[0]);
-  EXPECT_EQ(runs[19].logits, runs[21].logits);
-  EXPECT_EQ(runs[19].logits, runs[22].logits);
-  EXPECT_EQ(runs[19].logits, runs[28].logits) << "ffn_down's stages copied by tensor-map boxes";
-  EXPECT_EQ(runs[19].logits, runs[29].logits) << "ffn_down's stages copied by cp.async lanes";
-  EXPECT_EQ(nodes[28], nodes[19]);
+  // the fused FFN ran (the default): 4 layers x (gate+up, the SwiGLU site, ffn_down -> one launch) fewer graph nodes a
+  // decode step than the three launches
+  EXPECT_EQ(nodes[0] + 8, nodes[19]);
+  EXPECT_EQ(nodes[20], nodes[0]);
+  EXPECT_EQ(runs[0].logits, runs[21].logits);
+  EXPECT_EQ(runs[0].logits, runs[22].logits);
+  EXPECT_EQ(runs[0].logits, runs[28].logits) << "ffn_down's stages copied by a bulk copy a row";
+  EXPECT_EQ(runs[0].logits, runs[29].logits) << "ffn_down's stages copied by cp.async lanes";
+  EXPECT_EQ(nodes[28], nodes[0]);
   // the fused out projection ran: 3 GDN layers x (the step, gdn_out -> one launch) fewer; the conv: one fewer each;
-  // all three: 3 + 3 + 8
+  // both (with the fused FFN, the default): 3 + 3
   EXPECT_EQ(nodes[23] + 3, nodes[0]);
   EXPECT_EQ(nodes[25] + 3, nodes[0]);
-  EXPECT_EQ(nodes[26] + 14, nodes[0]);
+  EXPECT_EQ(nodes[26] + 6, nodes[0]);
   EXPECT_EQ(runs[25].logits, runs[0].logits) << "the fused conv computes the same values";
 }
 

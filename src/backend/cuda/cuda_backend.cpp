@@ -334,6 +334,9 @@ struct CudaBackend::Impl {
   // The int8 ternary product as launches (the split-K GEMM adds its ordered sum of the slices).
   // int8 digits per activation element in xq (Options::act_levels).
   int levels() const { return opt.act_levels == 1 ? 1 : 2; }
+  // Options::ffn_b_copy, with the tensor-map form (2) falling back to cp.async lanes (1) where the driver's encoder is
+  // unreachable.
+  int ffn_b_copy() const { return opt.ffn_b_copy == 2 && !cuda::ffn_fused_tensor_maps_available() ? 1 : opt.ffn_b_copy; }
   // Options::row_units where it pays: GEMM v3's scaling. Under --act f16 GEMM v4 has no per-group scaling to save and
   // its stated bound was measured on per-group units (with row units the fixture gate gave 724/726).
   bool row_units_on() const { return opt.row_units && opt.gemm_f16 == 0; }
@@ -1617,11 +1620,13 @@ void CudaBackend::swiglu_ffn(const TernaryMatrix& gate, const TernaryMatrix& up,
   d.n = block;
   d.levels = I.levels();
   d.rows_a = I.opt.ffn_rows;
-  d.b_copy = I.opt.ffn_b_copy;
+  d.b_copy = I.ffn_b_copy();
   d.g = fg;
   d.u = fu;
   // The rule's shape half before anything is launched (the rest are pointers this op sets below).
-  if (M != 1 || !I.opt.ffn_fused || !I.opt.fuse || I.opt.exact || up.cols != E || up.rows != F || down.cols != F ||
+  // The fused kernel is v7's product (its step and sum order): other batch-1 products keep the three launches.
+  const bool v7 = I.opt.matvec == 6 && I.opt.matvec6_cfg == 0 && I.opt.matvec7;
+  if (M != 1 || !I.opt.ffn_fused || !v7 || !I.opt.fuse || I.opt.exact || up.cols != E || up.rows != F || down.cols != F ||
       down.rows != E || !cuda::ffn_fused_shape_ok(d, sms) || !cuda::aligned16(fg) || !cuda::aligned16(fu)) {
     Backend::swiglu_ffn(gate, up, down, x, M, fg, fu, delta, signs, block);
     return;
@@ -2274,7 +2279,7 @@ CudaBackend::FfnKernelRun CudaBackend::run_ffn_kernel(const TernaryMatrix* const
       d.n = n;
       d.levels = lv;
       d.rows_a = I.opt.ffn_rows;
-      d.b_copy = I.opt.ffn_b_copy;
+      d.b_copy = I.ffn_b_copy();
       d.phases = phases;
       if (!cuda::ffn_fused_supported(d, sms)) break;
       ls.push_back(cuda::ffn_fused_launch(d, sms));

@@ -85,20 +85,22 @@ class CudaBackend final : public Backend {
                                   // past it a full dependency (round 27's fault at 5-32 rows); BONSAI_CUDA_SITE_ROW_EARLY
     bool delta_conv = false;   // round 29: a decode token's GDN conv and dense a / b pair computed by the delta step's own
                                // launch (cuda::delta_conv_supported; needs conv_dense and fuse) instead of one launch
-                               // before it; meant bit-identical. Off until it has run on a device (round 29 got no
-                               // machine for it): CudaOps.DeltaStepWithConvEqualsApart first; BONSAI_CUDA_DELTA_CONV=1
-    bool ffn_fused = false;    // round 30: a decode token's SwiGLU FFN (gate+up, the SwiGLU site, ffn_down) as ONE launch
+                               // before it; bit-identical, but slower (round 33, H100: tg128 196.8 vs 200.3 tok/s);
+                               // BONSAI_CUDA_DELTA_CONV=1
+    bool ffn_fused = true;     // round 30: a decode token's SwiGLU FFN (gate+up, the SwiGLU site, ffn_down) as ONE launch
                                // (cuda::ffn_fused_launch: groups of blocks per 1,024 chunk of ffn_down's input meeting at
-                               // a software barrier), its chunk partials summed by the AddNorm site after it. Off until
-                               // it has run on a device; BONSAI_CUDA_FFN_FUSED=1
+                               // a software barrier), its chunk partials summed by the AddNorm site after it; where v7
+                               // is the batch-1 product (matvec 6, cfg 0, matvec7). On since round 33 (with ffn_b_copy
+                               // 2; H100: tg128 212.7 vs 199.7 / 200.7 tok/s); BONSAI_CUDA_FFN_FUSED=0: three launches
     bool delta_out = false;    // round 31: a decode token's GDN out projection (gdn_out) in the delta step's launch too,
                                // after its gated-norm site (needs delta_site; cuda::delta_out_supported / _resident),
-                               // its chunk partials summed by the AddNorm site after it. Off until it has run on a
-                               // device; BONSAI_CUDA_DELTA_OUT=1
+                               // its chunk partials summed by the AddNorm site after it. Correct but slower (round 33,
+                               // H100: tg128 198.1 vs 200.3 tok/s); BONSAI_CUDA_DELTA_OUT=1
     int ffn_rows = 32;         // round 30: its stage rows, gate / up (16 or 32; ffn_down's stages hold 5 x that);
                                // bit-identical either way. BONSAI_CUDA_FFN_ROWS
-    int ffn_b_copy = 0;        // round 33: how its ffn_down stages are copied (cuda::FfnFusedDesc::b_copy): 0 a bulk copy
-                               // per row's 256 B and 16 B, 1 cp.async by the producer's lanes, 2 2-D tensor-map boxes;
+    int ffn_b_copy = 2;        // round 33: how its ffn_down stages are copied (cuda::FfnFusedDesc::b_copy): 0 a bulk copy
+                               // per row's 256 B and 16 B (H100: 67.6 us an FFN), 1 cp.async by the producer's lanes
+                               // (34.7), 2 2-D tensor-map boxes (33.7; 1 where the driver's encoder is unreachable);
                                // bit-identical. BONSAI_CUDA_FFN_BCOPY
     bool delta_site = true;    // round 26: a decode token's gated-norm site (the gdn_out input) computed by the delta
                                // step's launch, by the last block of each 1024-chunk (delta_site_supported), instead
