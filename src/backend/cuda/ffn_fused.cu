@@ -30,8 +30,12 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstring>
+#include <functional>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/common.cuh"
@@ -371,6 +375,47 @@ void encode_rows(CUtensorMap& m, CUtensorMapDataType type, int elem, const void*
                              " (error " + std::to_string(int(r)) + ")");
 }
 
+// ffn_down's four maps (words, scales; boxes of a whole phase-B stage, 80 rows_a / 16 rows, and of 8 rows), encoded
+// once per matrix and stage shape: the backend rebuilds every launch record each decode token (the graph's nodes are
+// patched by comparing bytes), and 64 FFNs x 4 encodes a token would be host work on the step's path. The key holds
+// every input of the encoding, so a hit is always the map that encoding would give.
+void down_maps(const FfnFusedDesc& d, CUtensorMap (&tm)[4]) {
+  struct Key {
+    const void* words;
+    const void* scales;
+    int64_t D, F;
+    int32_t rows_a;
+    bool operator==(const Key& o) const {
+      return words == o.words && scales == o.scales && D == o.D && F == o.F && rows_a == o.rows_a;
+    }
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const {
+      return std::hash<const void*>()(k.words) ^ (std::hash<const void*>()(k.scales) * 31) ^
+             std::hash<int64_t>()(k.D * 1000003 + k.F * 131 + k.rows_a);
+    }
+  };
+  struct Maps {
+    CUtensorMap tm[4];
+  };
+  static std::mutex mu;
+  static std::unordered_map<Key, Maps, KeyHash> cache;
+  const Key key{d.down.words, d.down.scales, d.D, d.F, d.rows_a};
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    Maps m{};
+    const uint32_t whole = uint32_t(d.rows_a / 16 * kFfnRowsB);
+    for (int b = 0; b < 2; ++b) {
+      const uint32_t rows = b == 0 ? whole : 8u;
+      encode_rows(m.tm[2 * b], CU_TENSOR_MAP_DATA_TYPE_UINT32, 4, d.down.words, d.D, d.F / 16, 64, rows, "words");
+      encode_rows(m.tm[2 * b + 1], CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, d.down.scales, d.D, d.F / 128, 8, rows, "scales");
+    }
+    it = cache.emplace(key, m).first;
+  }
+  std::memcpy(tm, it->second.tm, sizeof tm);
+}
+
 }  // namespace
 
 bool ffn_fused_tensor_maps_available() { return tensor_map_encoder() != nullptr; }
@@ -420,14 +465,7 @@ Launch ffn_fused_launch(const FfnFusedDesc& d, int sms) {
   a.norm = float(1.0 / __builtin_sqrt(double(d.n)));
   a.b_copy = d.b_copy;
   a.phases = d.phases;
-  if (d.b_copy == 2) {  // boxes of a whole phase-B stage (80 rows_a / 16 rows) and of 8 rows
-    const uint32_t whole = uint32_t(d.rows_a / 16 * kFfnRowsB);
-    for (int b = 0; b < 2; ++b) {
-      const uint32_t rows = b == 0 ? whole : 8u;
-      encode_rows(a.tm[2 * b], CU_TENSOR_MAP_DATA_TYPE_UINT32, 4, d.down.words, d.D, d.F / 16, 64, rows, "words");
-      encode_rows(a.tm[2 * b + 1], CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, d.down.scales, d.D, d.F / 128, 8, rows, "scales");
-    }
-  }
+  if (d.b_copy == 2) down_maps(d, a.tm);
   const void* f = ffn_fused_kernel_for(d.levels, d.rows_a);
   return make_launch(f, dim3(unsigned(sms)), dim3(unsigned(32 * (kFfnWarps + 1))), uint32_t(sh.smem), a);
 }
