@@ -47,7 +47,7 @@ stamp "27b pack"
 pick() { case $1 in prev*) echo $B/bonsai_prev ;; *) echo $B/bonsai ;; esac; }
 for cfg in ${AB:-}; do
   name=${cfg%%:*}; env=${cfg#*:}; bin=$(pick $name)
-  case $env in *FFN_FUSED*) [ $FFN_OK = 1 ] || { echo "== $name skipped (FFN_OK=0)"; continue; } ;; esac
+  case $env in *FFN_FUSED=1*) [ $FFN_OK = 1 ] || { echo "== $name skipped (FFN_OK=0)"; continue; } ;; esac
   case $env in *DELTA_OUT*) [ $DO_OK = 1 ] || { echo "== $name skipped (DO_OK=0)"; continue; } ;; esac
   echo "== $name ($env, $(basename $bin))" | tee -a "$OUT/ab.txt"
   env ${env//,/ } timeout 90 $bin bench --backend cuda -m "$P27" -p 0 -n 128 -r 2 2>&1 | grep -E "^tg|rror" \
@@ -66,7 +66,7 @@ done
 # context, for a switch about to become the default (FFN_FUSED entries only once FFN_OK).
 for cfg in ${TG8K:-}; do
   name=${cfg%%:*}; env=${cfg#*:}; bin=$(pick $name)
-  case $env in *FFN_FUSED*) [ $FFN_OK = 1 ] || { echo "== $name skipped (FFN_OK=0)"; continue; } ;; esac
+  case $env in *FFN_FUSED=1*) [ $FFN_OK = 1 ] || { echo "== $name skipped (FFN_OK=0)"; continue; } ;; esac
   echo "== tg8k $name ($env, $(basename $bin))" | tee -a "$OUT/ab.txt"
   env ${env//,/ } timeout 120 $bin bench --backend cuda -m "$P27" -p 0 -n 128 -r 2 -d 0,8192 2>&1 | grep -E "^tg|rror" \
     | tee -a "$OUT/ab.txt"

@@ -1625,7 +1625,7 @@ void CudaBackend::swiglu_ffn(const TernaryMatrix& gate, const TernaryMatrix& up,
   d.u = fu;
   // The rule's shape half before anything is launched (the rest are pointers this op sets below).
   // The fused kernel is v7's product (its step and sum order): other batch-1 products keep the three launches.
-  const bool v7 = I.opt.matvec == 6 && I.opt.matvec6_cfg == 0 && I.opt.matvec7;
+  const bool v7 = I.opt.matvec == 6 && I.opt.matvec6_cfg == 0 && I.opt.matvec7 && I.opt.matvec6_split == 0;
   if (M != 1 || !I.opt.ffn_fused || !v7 || !I.opt.fuse || I.opt.exact || up.cols != E || up.rows != F || down.cols != F ||
       down.rows != E || !cuda::ffn_fused_shape_ok(d, sms) || !cuda::aligned16(fg) || !cuda::aligned16(fu)) {
     Backend::swiglu_ffn(gate, up, down, x, M, fg, fu, delta, signs, block);

@@ -82,6 +82,9 @@ struct FfnArgs {
   int32_t pad[28];        // explicit: sizeof is a multiple of the tensor maps' 128-byte alignment, no hidden padding
 };
 static_assert(offsetof(FfnArgs, pad) + sizeof(FfnArgs::pad) == sizeof(FfnArgs), "FfnArgs: no tail padding");
+static_assert(offsetof(FfnArgs, gw) == sizeof(FfnArgs::tm) && offsetof(FfnArgs, D) == sizeof(FfnArgs::tm) + 13 * 8 &&
+                  offsetof(FfnArgs, pad) == offsetof(FfnArgs, D) + 16 + 6 * 4,
+              "FfnArgs: no holes between the fields (equal arguments must be equal bytes)");
 
 // Group geometry: block b is in group b C / B; group c holds blocks [ceil(c B / C), ceil((c + 1) B / C)).
 __device__ __forceinline__ void ffn_group(int b, int B, int C, int& c, int& r, int& gsize) {
