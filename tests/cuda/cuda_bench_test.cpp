@@ -294,7 +294,8 @@ TEST(CudaBench, FfnFusedVsThreeLaunches) {
   const auto signs = cudatest::random_signs(size_t(F), 78);
   const double bytes = 3.0 * double(F * D / 4 + F * D / 128 * 2), probe = probe_gbs();
   // Options::ffn_rows (the fused kernel's stage shape) x Options::ffn_b_copy (round 33: how ffn_down's stages are
-  // copied); phases 1 / 2 time gate+up / ffn_down alone (their bytes: 2/3, 1/3 of the FFN's).
+  // copied); phases 1 / 2 time gate+up / ffn_down alone (their bytes: 2/3, 1/3 of the FFN's), 0 neither (the launch, the
+  // group barrier and the SwiGLU site: the fused kernel's fixed cost, round 33's open question).
   static const char* const kCopy[3] = {"bulk rows", "cp.async lanes", "tensor maps"};
   for (int rows : {32, 16})
     for (int copy : {0, 1, 2}) {
@@ -305,15 +306,18 @@ TEST(CudaBench, FfnFusedVsThreeLaunches) {
       CudaBackend be(o);
       for (const TernaryMatrix* m : list) be.prepare_matrix(*m);
       for (int rep = 0; rep < 2; ++rep)
-        for (int phases : {0, 3, 1, 2}) {  // 0: the three launches
-          if (phases == 0 && (rows != 32 || copy != 0)) continue;
-          if ((phases == 1 && copy != 0) || (phases != 3 && rep == 1)) continue;
+        for (int phases : {-1, 3, 1, 2, 0}) {  // -1: the three launches
+          if (phases == -1 && (rows != 32 || copy != 0)) continue;
+          if (((phases == 1 || phases == 0) && copy != 0) || (phases != 3 && rep == 1)) continue;
           const CudaBackend::FfnKernelRun r =
-              be.run_ffn_kernel(list.data(), kFfns, x.data(), signs.data(), 1024, phases != 0, 50, phases ? phases : 3);
+              be.run_ffn_kernel(list.data(), kFfns, x.data(), signs.data(), 1024, phases != -1, 50, phases < 0 ? 3 : phases);
           ASSERT_TRUE(r.ran);
-          const double b = phases == 1 ? bytes * 2 / 3 : phases == 2 ? bytes / 3 : bytes;
+          const double b = phases == 1 ? bytes * 2 / 3 : phases == 2 ? bytes / 3 : phases == 0 ? 0.0 : bytes;
           char line[256];
           if (phases == 0)
+            std::snprintf(line, sizeof line, "ffn 27b, one fused launch, %d-row stages, no weights (launch, group barrier, "
+                          "site): %.2f us", rows, r.us);
+          else if (phases == -1)
             std::snprintf(line, sizeof line, "ffn 27b, three launches: %.2f us an FFN (%.1f MB: %.1f %% of the %.0f GB/s probe)",
                           r.us, b / 1e6, 100.0 * b / (r.us * 1e-6) / 1e9 / probe, probe);
           else

@@ -78,7 +78,8 @@ struct FfnArgs {
   int32_t log2n;          // the down site's Hadamard block n = 1 << log2n (<= 1,024)
   float norm;             // 1 / sqrt(n)
   int32_t b_copy;         // phase B's copies: 0 bulk per row, 1 cp.async by lanes, 2 tensor-map boxes
-  int32_t phases;         // 3; the kernel bench's 1 (gate / up only) or 2 (ffn_down only) time one phase (wrong output)
+  int32_t phases;         // 3; the kernel bench's 1 (gate / up only), 2 (ffn_down only) or 0 (neither: the launch, the
+                          // group barrier and the site alone) time a part (wrong output)
   int32_t pad[28];        // explicit: sizeof is a multiple of the tensor maps' 128-byte alignment, no hidden padding
 };
 static_assert(offsetof(FfnArgs, pad) + sizeof(FfnArgs::pad) == sizeof(FfnArgs), "FfnArgs: no tail padding");
@@ -435,7 +436,7 @@ bool ffn_fused_shape_ok(const FfnFusedDesc& d, int sms) {
   return d.D >= 1024 && d.D % 1024 == 0 && d.D / 256 <= kFfnWarps && d.F >= kFfnChunk && d.F % kFfnChunk == 0 &&
          C <= sms && sms / C <= kFfnChunk / 8 && d.n >= 1 && d.n <= kFfnChunk && (d.n & (d.n - 1)) == 0 &&
          (d.levels == 1 || d.levels == 2) && (d.rows_a == 16 || d.rows_a == 32) &&
-         ffn_shape(d.D, d.levels, d.rows_a).stages >= 2 && d.b_copy >= 0 && d.b_copy <= 2 && d.phases >= 1 &&
+         ffn_shape(d.D, d.levels, d.rows_a).stages >= 2 && d.b_copy >= 0 && d.b_copy <= 2 && d.phases >= 0 &&
          d.phases <= 3 && (d.b_copy != 2 || ffn_fused_tensor_maps_available());
 }
 

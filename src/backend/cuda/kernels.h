@@ -554,7 +554,8 @@ struct FfnFusedDesc {
   int32_t rows_a = 32;              // rows of a gate / up stage: 16 or 32 (v7's gate+up shape)
   int32_t b_copy = 0;               // round 33: ffn_down's stage copies: 0 a bulk copy a row, 1 cp.async by the producer's
                                     // lanes, 2 2-D tensor-map boxes (needs ffn_fused_tensor_maps_available); same bytes
-  int32_t phases = 3;               // timing only (the kernel bench): 1 gate / up alone, 2 ffn_down alone (wrong output)
+  int32_t phases = 3;               // timing only (the kernel bench): 1 gate / up alone, 2 ffn_down alone, 0 neither (the
+                                    // launch, group barrier and site: the fixed cost); the output is wrong unless 3
 };
 bool ffn_fused_tensor_maps_available();  // the driver's tensor-map encoder is reachable (b_copy 2)
 bool ffn_fused_supported(const FfnFusedDesc& d, int sms);
