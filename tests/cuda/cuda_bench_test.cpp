@@ -296,38 +296,45 @@ TEST(CudaBench, FfnFusedVsThreeLaunches) {
   // Options::ffn_rows (the fused kernel's stage shape) x Options::ffn_b_copy (round 33: how ffn_down's stages are
   // copied); phases 1 / 2 time gate+up / ffn_down alone (their bytes: 2/3, 1/3 of the FFN's), 0 neither (the launch, the
   // group barrier and the SwiGLU site: the fused kernel's fixed cost, round 33's open question).
+  // Round 34: "balanced" splits the gate / up rows evenly over all blocks (Options::ffn_balance).
   static const char* const kCopy[3] = {"bulk rows", "cp.async lanes", "tensor maps"};
-  for (int rows : {32, 16})
-    for (int copy : {0, 1, 2}) {
-      if (rows == 16 && copy != 0) continue;
-      CudaBackend::Options o;
-      o.ffn_rows = rows;
-      o.ffn_b_copy = copy;
-      CudaBackend be(o);
-      for (const TernaryMatrix* m : list) be.prepare_matrix(*m);
-      for (int rep = 0; rep < 2; ++rep)
-        for (int phases : {-1, 3, 1, 2, 0}) {  // -1: the three launches
-          if (phases == -1 && (rows != 32 || copy != 0)) continue;
-          if (((phases == 1 || phases == 0) && copy != 0) || (phases != 3 && rep == 1)) continue;
-          const CudaBackend::FfnKernelRun r =
-              be.run_ffn_kernel(list.data(), kFfns, x.data(), signs.data(), 1024, phases != -1, 50, phases < 0 ? 3 : phases);
-          ASSERT_TRUE(r.ran);
-          const double b = phases == 1 ? bytes * 2 / 3 : phases == 2 ? bytes / 3 : phases == 0 ? 0.0 : bytes;
-          char line[256];
-          if (phases == 0)
-            std::snprintf(line, sizeof line, "ffn 27b, one fused launch, %d-row stages, no weights (launch, group barrier, "
-                          "site): %.2f us", rows, r.us);
-          else if (phases == -1)
-            std::snprintf(line, sizeof line, "ffn 27b, three launches: %.2f us an FFN (%.1f MB: %.1f %% of the %.0f GB/s probe)",
-                          r.us, b / 1e6, 100.0 * b / (r.us * 1e-6) / 1e9 / probe, probe);
-          else
-            std::snprintf(line, sizeof line, "ffn 27b, one fused launch, %d-row stages, %s%s: %.2f us (%.1f MB: %.1f %% of the %.0f GB/s probe)",
-                          rows, kCopy[copy], phases == 1 ? ", gate+up only" : phases == 2 ? ", ffn_down only" : "",
-                          r.us, b / 1e6, 100.0 * b / (r.us * 1e-6) / 1e9 / probe, probe);
-          report("bench_ffn.txt", line);
-          EXPECT_GT(r.us, 0.0);
-        }
-    }
+  struct Form {
+    int rows, copy;
+    bool balance;
+  };
+  for (const Form& fm : {Form{32, 0, false}, Form{32, 1, false}, Form{32, 2, false}, Form{32, 2, true},
+                         Form{16, 0, false}}) {
+    CudaBackend::Options o;
+    o.ffn_rows = fm.rows;
+    o.ffn_b_copy = fm.copy;
+    o.ffn_balance = fm.balance;
+    CudaBackend be(o);
+    for (const TernaryMatrix* m : list) be.prepare_matrix(*m);
+    for (int rep = 0; rep < 2; ++rep)
+      for (int phases : {-1, 3, 1, 2, 0}) {  // -1: the three launches
+        if (phases == -1 && (fm.rows != 32 || fm.copy != 0)) continue;
+        // phases 1 / 0 copy no ffn_down stage: once per balance form
+        if (((phases == 1 || phases == 0) && fm.copy != 0 && !fm.balance) || (phases != 3 && rep == 1)) continue;
+        const CudaBackend::FfnKernelRun r =
+            be.run_ffn_kernel(list.data(), kFfns, x.data(), signs.data(), 1024, phases != -1, 50, phases < 0 ? 3 : phases);
+        ASSERT_TRUE(r.ran);
+        const double b = phases == 1 ? bytes * 2 / 3 : phases == 2 ? bytes / 3 : phases == 0 ? 0.0 : bytes;
+        const char* bal = fm.balance ? ", balanced gate / up" : "";
+        char line[256];
+        if (phases == 0)
+          std::snprintf(line, sizeof line, "ffn 27b, one fused launch, %d-row stages%s, no weights (launch, group barrier, "
+                        "site): %.2f us", fm.rows, bal, r.us);
+        else if (phases == -1)
+          std::snprintf(line, sizeof line, "ffn 27b, three launches: %.2f us an FFN (%.1f MB: %.1f %% of the %.0f GB/s probe)",
+                        r.us, b / 1e6, 100.0 * b / (r.us * 1e-6) / 1e9 / probe, probe);
+        else
+          std::snprintf(line, sizeof line, "ffn 27b, one fused launch, %d-row stages, %s%s%s: %.2f us (%.1f MB: %.1f %% of the %.0f GB/s probe)",
+                        fm.rows, kCopy[fm.copy], bal, phases == 1 ? ", gate+up only" : phases == 2 ? ", ffn_down only" : "",
+                        r.us, b / 1e6, 100.0 * b / (r.us * 1e-6) / 1e9 / probe, probe);
+        report("bench_ffn.txt", line);
+        EXPECT_GT(r.us, 0.0);
+      }
+  }
 }
 
 TEST(CudaBench, SyncCosts) {

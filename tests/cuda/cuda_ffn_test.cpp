@@ -33,7 +33,9 @@ bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
 //   counters are zero after it (a count left dirty would let the next launch's blocks pass the barrier early);
 // - 16-row and 32-row stages (Options::ffn_rows; phase B 80 / 160 rows) bit-identical: the same sums in the same order;
 // - round 33: ffn_down's stages copied by cp.async lanes or by 2-D tensor-map boxes (Options::ffn_b_copy 1 / 2, both
-//   stage shapes: whole boxes and a block's partial last stage in 8-row boxes) bit-identical to the per-row bulk copies.
+//   stage shapes: whole boxes and a block's partial last stage in 8-row boxes) bit-identical to the per-row bulk copies;
+// - round 34: gate / up rows split evenly over all blocks (Options::ffn_balance: a block's rows run across chunk and
+//   output boundaries, each chunk's barrier counts units from several groups' blocks) bit-identical, counters zero.
 TEST(CudaFfnFused, MatchesTheThreeLaunches) {
   BONSAI_REQUIRE_GPU();
   struct Case {
@@ -70,19 +72,25 @@ TEST(CudaFfnFused, MatchesTheThreeLaunches) {
       for (TernaryMatrix* m : {&gate, &up, &down}) be16.prepare_matrix(*m);
       const CudaBackend::FfnKernelRun f16 = be16.run_ffn_kernel(mats, 1, x.data(), sg, c.n, true, 0);
       ASSERT_TRUE(ref.ran && f1.ran && f2.ran && f12.ran && f16.ran) << what;
-      for (const int copy : {1, 2})
-        for (const int rows : {32, 16}) {
-          CudaBackend::Options oc = o;
-          oc.ffn_b_copy = copy;
-          oc.ffn_rows = rows;
-          CudaBackend bc(oc);
-          for (TernaryMatrix* m : {&gate, &up, &down}) bc.prepare_matrix(*m);
-          const CudaBackend::FfnKernelRun fc = bc.run_ffn_kernel(twice, 2, x.data(), sg, c.n, true, 0);
-          ASSERT_TRUE(fc.ran) << what << " b_copy " << copy;
-          EXPECT_TRUE(bit_equal(f1.y, fc.y) && bit_equal(f1.gu, fc.gu))
-              << what << ": ffn_down copied with b_copy " << copy << ", " << rows << "-row stages differs";
-          for (size_t i = 0; i < fc.counters.size(); ++i) EXPECT_EQ(fc.counters[i], 0) << what << " b_copy " << copy;
-        }
+      struct Form {
+        int copy, rows;
+        bool balance;
+      };
+      for (const Form& fm : {Form{1, 32, false}, Form{1, 16, false}, Form{2, 32, false}, Form{2, 16, false},
+                             Form{2, 32, true}, Form{0, 16, true}, Form{1, 32, true}}) {
+        CudaBackend::Options oc = o;
+        oc.ffn_b_copy = fm.copy;
+        oc.ffn_rows = fm.rows;
+        oc.ffn_balance = fm.balance;
+        CudaBackend bc(oc);
+        for (TernaryMatrix* m : {&gate, &up, &down}) bc.prepare_matrix(*m);
+        const CudaBackend::FfnKernelRun fc = bc.run_ffn_kernel(twice, 2, x.data(), sg, c.n, true, 0);
+        const std::string form = what + " b_copy " + std::to_string(fm.copy) + ", " + std::to_string(fm.rows) +
+                                 "-row stages" + (fm.balance ? ", balanced gate / up" : "");
+        ASSERT_TRUE(fc.ran) << form;
+        EXPECT_TRUE(bit_equal(f1.y, fc.y) && bit_equal(f1.gu, fc.gu)) << form << ": differs from b_copy 0";
+        for (size_t i = 0; i < fc.counters.size(); ++i) EXPECT_EQ(fc.counters[i], 0) << form << ": counter " << i;
+      }
       EXPECT_TRUE(bit_equal(f1.y, f12.y)) << what << ": the second FFN of a graph differs";
       for (size_t i = 0; i < f12.counters.size(); ++i)
         EXPECT_EQ(f12.counters[i], 0) << what << ": group counter " << i << " left dirty after two launches";

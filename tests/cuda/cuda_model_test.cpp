@@ -125,7 +125,7 @@ TEST(CudaModel, TinyPackMatchesReference) {
     const char* name;
     CudaBackend::Options o;
   };
-  std::vector<Config> configs(30);
+  std::vector<Config> configs(31);
   configs[0].name = "default";  // q16
   configs[1].name = "no-graphs";
   configs[1].o.graphs = false;
@@ -199,6 +199,8 @@ TEST(CudaModel, TinyPackMatchesReference) {
   configs[29].name = "ffn-fused cp.async";  // round 33: ffn_down's stages copied by the producer's lanes
   configs[29].o.ffn_fused = true;
   configs[29].o.ffn_b_copy = 1;
+  configs[30].name = "ffn-fused balanced";  // round 34: gate / up rows split evenly over all blocks
+  configs[30].o.ffn_balance = true;
   std::vector<ModelRun> runs;
   std::vector<uint64_t> nodes;
   for (const Config& cfg : configs) {
@@ -234,6 +236,8 @@ TEST(CudaModel, TinyPackMatchesReference) {
   EXPECT_EQ(runs[0].logits, runs[28].logits) << "ffn_down's stages copied by a bulk copy a row";
   EXPECT_EQ(runs[0].logits, runs[29].logits) << "ffn_down's stages copied by cp.async lanes";
   EXPECT_EQ(nodes[28], nodes[0]);
+  EXPECT_EQ(runs[0].logits, runs[30].logits) << "gate / up rows split evenly over all blocks";
+  EXPECT_EQ(nodes[30], nodes[0]);
   // the fused out projection ran: 3 GDN layers x (the step, gdn_out -> one launch) fewer; the conv: one fewer each;
   // both (with the fused FFN, the default): 3 + 3
   EXPECT_EQ(nodes[23] + 3, nodes[0]);

@@ -134,6 +134,7 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   o.delta_out = flag("BONSAI_CUDA_DELTA_OUT", o.delta_out);
   if (const char* e = std::getenv("BONSAI_CUDA_FFN_ROWS"); e && *e) o.ffn_rows = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_FFN_BCOPY"); e && *e) o.ffn_b_copy = std::atoi(e);
+  o.ffn_balance = flag("BONSAI_CUDA_FFN_BALANCE", o.ffn_balance);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_ROW_NORM"); e && *e) o.site_row_norm = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_ROW_EARLY"); e && *e) o.site_row_norm_early = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA_ROWS"); e && *e) o.delta_rows = std::atoi(e);
@@ -1621,6 +1622,7 @@ void CudaBackend::swiglu_ffn(const TernaryMatrix& gate, const TernaryMatrix& up,
   d.levels = I.levels();
   d.rows_a = I.opt.ffn_rows;
   d.b_copy = I.ffn_b_copy();
+  d.balance = I.opt.ffn_balance;
   d.g = fg;
   d.u = fu;
   // The rule's shape half before anything is launched (the rest are pointers this op sets below).
@@ -2280,6 +2282,7 @@ CudaBackend::FfnKernelRun CudaBackend::run_ffn_kernel(const TernaryMatrix* const
       d.levels = lv;
       d.rows_a = I.opt.ffn_rows;
       d.b_copy = I.ffn_b_copy();
+      d.balance = I.opt.ffn_balance;
       d.phases = phases;
       if (!cuda::ffn_fused_supported(d, sms)) break;
       ls.push_back(cuda::ffn_fused_launch(d, sms));

@@ -80,11 +80,12 @@ struct FfnArgs {
   int32_t b_copy;         // phase B's copies: 0 bulk per row, 1 cp.async by lanes, 2 tensor-map boxes
   int32_t phases;         // 3; the kernel bench's 1 (gate / up only), 2 (ffn_down only) or 0 (neither: the launch, the
                           // group barrier and the site alone) time a part (wrong output)
-  int32_t pad[28];        // explicit: sizeof is a multiple of the tensor maps' 128-byte alignment, no hidden padding
+  int32_t balance;        // phase A's rows: 0 the group's chunk split over its blocks, 1 all chunks' split evenly
+  int32_t pad[27];        // explicit: sizeof is a multiple of the tensor maps' 128-byte alignment, no hidden padding
 };
 static_assert(offsetof(FfnArgs, pad) + sizeof(FfnArgs::pad) == sizeof(FfnArgs), "FfnArgs: no tail padding");
 static_assert(offsetof(FfnArgs, gw) == sizeof(FfnArgs::tm) && offsetof(FfnArgs, D) == sizeof(FfnArgs::tm) + 13 * 8 &&
-                  offsetof(FfnArgs, pad) == offsetof(FfnArgs, D) + 16 + 6 * 4,
+                  offsetof(FfnArgs, pad) == offsetof(FfnArgs, D) + 16 + 7 * 4,
               "FfnArgs: no holes between the fields (equal arguments must be equal bytes)");
 
 // Group geometry: block b is in group b C / B; group c holds blocks [ceil(c B / C), ceil((c + 1) B / C)).
@@ -105,15 +106,44 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
   const int D = int(a.D), C = int(a.F / kFfnChunk), ST = a.stages;
   int c, r, gsize;
   ffn_group(int(blockIdx.x), int(gridDim.x), C, c, r, gsize);
-  // Phase A: units [ua0, ua1) of the chunk's 128 8-row units, for gate then up; phase B: units [ub0, ub1) of D / 8.
-  const int ua0 = kFfnChunk / 8 * r / gsize, ua1 = kFfnChunk / 8 * (r + 1) / gsize;
+  // Phase A, balance 0: units [ua0, ua1) of the chunk's 128 8-row units, for gate then up. balance 1: the block's even
+  // share [UA0, UA1) of all C x 256 units in (chunk, output, unit) order, in runs that break at each 128-unit (chunk,
+  // output) segment: a group of 7 SMs then carries no more gate / up rows than one of 8. Phase B: units [ub0, ub1) of
+  // D / 8 (the group's chunk).
+  constexpr int kSeg = kFfnChunk / 8;  // 8-row units of one output of one chunk
+  const bool bal = a.balance != 0;
+  const int ua0 = kSeg * r / gsize, ua1 = kSeg * (r + 1) / gsize;
+  const int UA0 = int(int64_t(2 * kSeg) * C * blockIdx.x / gridDim.x), UA1 = int(int64_t(2 * kSeg) * C * (blockIdx.x + 1) / gridDim.x);
   const int ub0 = int(int64_t(D / 8) * r / gsize), ub1 = int(int64_t(D / 8) * (r + 1) / gsize);
   const int na_out = (ua1 - ua0 + 2 * RBA - 1) / (2 * RBA);        // stages per output (TRA rows; the last may be fewer)
+  // balance 1: stage k of the runs from UA0 (its first unit u and the end of its run), or the run count when k is past.
+  auto run_stage = [&](int k, int& u, int& end) {
+    int s0 = UA0, ns = 0;
+    while (s0 < UA1) {
+      const int s1 = min(UA1, (s0 / kSeg + 1) * kSeg), m = (s1 - s0 + 2 * RBA - 1) / (2 * RBA);
+      if (k < ns + m) {
+        u = s0 + 2 * RBA * (k - ns);
+        end = s1;
+        return ns;
+      }
+      ns += m;
+      s0 = s1;
+    }
+    return ns;
+  };
+  int u_unused, e_unused;
+  const int na_all = bal ? run_stage(1 << 30, u_unused, e_unused) : 2 * na_out;
   constexpr int UB = 2 * kFfnBlocksB * RBA;  // 8-row units of a phase-B stage
-  const int nA = (a.phases & 1) ? 2 * na_out : 0, nB = (a.phases & 2) ? (ub1 - ub0 + UB - 1) / UB : 0, n = nA + nB;
+  const int nA = (a.phases & 1) ? na_all : 0, nB = (a.phases & 2) ? (ub1 - ub0 + UB - 1) / UB : 0, n = nA + nB;
   // Stage i: output o (0 gate, 1 up, 2 down), its first row, its rows.
   auto stage_at = [&](int i, int& o, int& r0, int& nrow) {
-    if (i < nA) {
+    if (i < nA && bal) {
+      int u, end;
+      run_stage(i, u, end);
+      o = (u / kSeg) & 1;
+      r0 = (u / (2 * kSeg)) * kFfnChunk + 8 * (u % kSeg);
+      nrow = 8 * min(2 * RBA, end - u);
+    } else if (i < nA) {
       o = i / na_out;
       const int u = ua0 + 2 * RBA * (i % na_out);
       r0 = c * kFfnChunk + 8 * u;
@@ -157,7 +187,13 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
       wait_once();
       __threadfence();
       __syncwarp();
-      if (lane == 0) atomicAdd(arrivals, 1);
+      if (lane != 0) return;
+      if (!bal) {
+        atomicAdd(arrivals, 1);
+        return;
+      }
+      for (int cc = UA0 / (2 * kSeg); cc * 2 * kSeg < UA1; ++cc)  // balance 1: its units of each chunk it touched
+        atomicAdd(a.count + 2 * cc, min(UA1, (cc + 1) * 2 * kSeg) - max(UA0, cc * 2 * kSeg));
     };
     if (nA == 0) arrive();
     int s = 0, es = 0, slot = 0;
@@ -272,7 +308,7 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
   if (w < 4) {
     const int tt = threadIdx.x;  // slot 0..127
     if (tt == 0) {
-      poll_until_at_least(arrivals, gsize);
+      poll_until_at_least(arrivals, bal ? 2 * kSeg : gsize);  // balance 1 counts the chunk's units, 0 its blocks
       depart_and_reset(arrivals, gsize);
     }
     asm volatile("bar.sync 2, 128;" ::: "memory");
@@ -469,6 +505,7 @@ Launch ffn_fused_launch(const FfnFusedDesc& d, int sms) {
   a.norm = float(1.0 / __builtin_sqrt(double(d.n)));
   a.b_copy = d.b_copy;
   a.phases = d.phases;
+  a.balance = d.balance ? 1 : 0;
   if (d.b_copy == 2) down_maps(d, a.tm);
   const void* f = ffn_fused_kernel_for(d.levels, d.rows_a);
   return make_launch(f, dim3(unsigned(sms)), dim3(unsigned(32 * (kFfnWarps + 1))), uint32_t(sh.smem), a);

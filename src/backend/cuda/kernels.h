@@ -556,6 +556,7 @@ struct FfnFusedDesc {
                                     // lanes, 2 2-D tensor-map boxes (needs ffn_fused_tensor_maps_available); same bytes
   int32_t phases = 3;               // timing only (the kernel bench): 1 gate / up alone, 2 ffn_down alone, 0 neither (the
                                     // launch, group barrier and site: the fixed cost); the output is wrong unless 3
+  bool balance = false;             // round 34: gate / up rows split evenly over all blocks (not per group; same bytes)
 };
 bool ffn_fused_tensor_maps_available();  // the driver's tensor-map encoder is reachable (b_copy 2)
 bool ffn_fused_supported(const FfnFusedDesc& d, int sms);
