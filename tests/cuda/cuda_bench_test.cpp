@@ -296,14 +296,13 @@ TEST(CudaBench, FfnFusedVsThreeLaunches) {
   // Options::ffn_rows (the fused kernel's stage shape) x Options::ffn_b_copy (round 33: how ffn_down's stages are
   // copied); phases 1 / 2 time gate+up / ffn_down alone (their bytes: 2/3, 1/3 of the FFN's), 0 neither (the launch, the
   // group barrier and the SwiGLU site: the fused kernel's fixed cost, round 33's open question).
-  // Round 34: "balanced" splits the gate / up rows evenly over all blocks (Options::ffn_balance).
+  // Round 34: Options::ffn_balance 1 / 2 (gate / up rows over all blocks: evenly, or so that both phases' bytes are).
   static const char* const kCopy[3] = {"bulk rows", "cp.async lanes", "tensor maps"};
   struct Form {
-    int rows, copy;
-    bool balance;
+    int rows, copy, balance;
   };
-  for (const Form& fm : {Form{32, 0, false}, Form{32, 1, false}, Form{32, 2, false}, Form{32, 2, true},
-                         Form{16, 0, false}}) {
+  for (const Form& fm : {Form{32, 0, 0}, Form{32, 1, 0}, Form{32, 2, 0}, Form{32, 2, 1}, Form{32, 2, 2},
+                         Form{16, 0, 0}}) {
     CudaBackend::Options o;
     o.ffn_rows = fm.rows;
     o.ffn_b_copy = fm.copy;
@@ -319,7 +318,7 @@ TEST(CudaBench, FfnFusedVsThreeLaunches) {
             be.run_ffn_kernel(list.data(), kFfns, x.data(), signs.data(), 1024, phases != -1, 50, phases < 0 ? 3 : phases);
         ASSERT_TRUE(r.ran);
         const double b = phases == 1 ? bytes * 2 / 3 : phases == 2 ? bytes / 3 : phases == 0 ? 0.0 : bytes;
-        const char* bal = fm.balance ? ", balanced gate / up" : "";
+        const char* bal = fm.balance == 1 ? ", balance 1 (gate / up even)" : fm.balance == 2 ? ", balance 2 (bytes even)" : "";
         char line[256];
         if (phases == 0)
           std::snprintf(line, sizeof line, "ffn 27b, one fused launch, %d-row stages%s, no weights (launch, group barrier, "

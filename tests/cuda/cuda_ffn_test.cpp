@@ -2,6 +2,8 @@
 // SwiGLU row site, the ffn_down product), through CudaBackend::run_ffn_kernel.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -34,8 +36,9 @@ bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
 // - 16-row and 32-row stages (Options::ffn_rows; phase B 80 / 160 rows) bit-identical: the same sums in the same order;
 // - round 33: ffn_down's stages copied by cp.async lanes or by 2-D tensor-map boxes (Options::ffn_b_copy 1 / 2, both
 //   stage shapes: whole boxes and a block's partial last stage in 8-row boxes) bit-identical to the per-row bulk copies;
-// - round 34: gate / up rows split evenly over all blocks (Options::ffn_balance: a block's rows run across chunk and
-//   output boundaries, each chunk's barrier counts units from several groups' blocks) bit-identical, counters zero.
+// - round 34: gate / up rows split evenly over all blocks, or so that every block's bytes of both phases are even
+//   (Options::ffn_balance 1 / 2: a block's rows run across chunk and output boundaries, each chunk's barrier counts
+//   units from several groups' blocks) bit-identical, counters zero.
 TEST(CudaFfnFused, MatchesTheThreeLaunches) {
   BONSAI_REQUIRE_GPU();
   struct Case {
@@ -73,11 +76,10 @@ TEST(CudaFfnFused, MatchesTheThreeLaunches) {
       const CudaBackend::FfnKernelRun f16 = be16.run_ffn_kernel(mats, 1, x.data(), sg, c.n, true, 0);
       ASSERT_TRUE(ref.ran && f1.ran && f2.ran && f12.ran && f16.ran) << what;
       struct Form {
-        int copy, rows;
-        bool balance;
+        int copy, rows, balance;
       };
-      for (const Form& fm : {Form{1, 32, false}, Form{1, 16, false}, Form{2, 32, false}, Form{2, 16, false},
-                             Form{2, 32, true}, Form{0, 16, true}, Form{1, 32, true}}) {
+      for (const Form& fm : {Form{1, 32, 0}, Form{1, 16, 0}, Form{2, 32, 0}, Form{2, 16, 0}, Form{2, 32, 1},
+                             Form{0, 16, 1}, Form{2, 32, 2}, Form{1, 16, 2}}) {
         CudaBackend::Options oc = o;
         oc.ffn_b_copy = fm.copy;
         oc.ffn_rows = fm.rows;
@@ -86,7 +88,7 @@ TEST(CudaFfnFused, MatchesTheThreeLaunches) {
         for (TernaryMatrix* m : {&gate, &up, &down}) bc.prepare_matrix(*m);
         const CudaBackend::FfnKernelRun fc = bc.run_ffn_kernel(twice, 2, x.data(), sg, c.n, true, 0);
         const std::string form = what + " b_copy " + std::to_string(fm.copy) + ", " + std::to_string(fm.rows) +
-                                 "-row stages" + (fm.balance ? ", balanced gate / up" : "");
+                                 "-row stages, balance " + std::to_string(fm.balance);
         ASSERT_TRUE(fc.ran) << form;
         EXPECT_TRUE(bit_equal(f1.y, fc.y) && bit_equal(f1.gu, fc.gu)) << form << ": differs from b_copy 0";
         for (size_t i = 0; i < fc.counters.size(); ++i) EXPECT_EQ(fc.counters[i], 0) << form << ": counter " << i;
@@ -103,6 +105,59 @@ TEST(CudaFfnFused, MatchesTheThreeLaunches) {
       EXPECT_TRUE(bit_equal(f1.y, f2.y) && bit_equal(f1.gu, f2.gu)) << what << ": two runs differ";
       std::printf("%s: y within %.3g of the unfused y's max\n", what.c_str(), err);
     }
+}
+
+// Round 34: balance 1 / 2's phase-A table partitions the unit sequence (every gate / up row computed once, so each chunk's
+// barrier sees exactly 256 units), blocks in their groups' segment order, and hits its shares: 1 even (within a unit),
+// 2 even in both phases' bytes (a block of a 7-block group takes ~2.3 fewer gate / up units than one of 8 at the 27b
+// shape), with each group's range off its own segment by less than one block's share (so no block is all foreign).
+TEST(CudaPolicy, FfnBalanceTable) {
+  cuda::FfnFusedDesc d;
+  d.D = 5120;
+  d.F = 17408;
+  for (const int sms : {132, 114, 17, 64})
+    for (const int mode : {1, 2}) {
+      d.balance = mode;
+      const cuda::FfnBalanceTable t = cuda::ffn_balance_table(d, sms);
+      const int C = 17, units = 256 * C;
+      ASSERT_EQ(t.lo.size(), size_t(sms));
+      ASSERT_EQ(t.perm.size(), size_t(C));
+      std::vector<int> pos(C, -1);
+      for (int k = 0; k < C; ++k) {
+        ASSERT_TRUE(t.perm[k] >= 0 && t.perm[k] < C && pos[t.perm[k]] < 0) << "perm is a permutation";
+        pos[t.perm[k]] = k;
+      }
+      if (mode == 1)
+        for (int k = 0; k < C; ++k) EXPECT_EQ(t.perm[k], k);
+      // walk the groups in sequence order: their blocks' ranges tile [0, units) with no gap or overlap
+      int next = 0;
+      double max_off = 0.0;
+      for (int k = 0; k < C; ++k) {
+        const int c = t.perm[k], b0 = (c * sms + C - 1) / C, b1 = ((c + 1) * sms + C - 1) / C;
+        max_off = std::max(max_off, std::abs(double(t.lo[b0]) - 256.0 * k));
+        for (int b = b0; b < b1; ++b) {
+          EXPECT_EQ(t.lo[b], next) << "sms " << sms << " mode " << mode << " block " << b;
+          EXPECT_GE(t.hi[b], t.lo[b]);
+          next = t.hi[b];
+          const double even = double(units) / sms;
+          if (mode == 1) EXPECT_LE(std::abs(double(t.hi[b] - t.lo[b]) - even), 1.0) << "block " << b;
+        }
+      }
+      EXPECT_EQ(next, units) << "sms " << sms << " mode " << mode;
+      const double share = double(units) / sms;
+      EXPECT_LT(max_off, share) << "sms " << sms << " mode " << mode << ": a group's range strays a block or more";
+    }
+  // mode 2 at the 27b shape on 132 SMs: 8-block groups' blocks 33.5 units, 7-block ones' 31.2 (+-1 from rounding)
+  d.balance = 2;
+  const cuda::FfnBalanceTable t = cuda::ffn_balance_table(d, 132);
+  for (int b = 0; b < 132; ++b) {
+    const int c = b * 17 / 132, gsize = ((c + 1) * 132 + 16) / 17 - (c * 132 + 16) / 17;
+    EXPECT_NEAR(t.hi[b] - t.lo[b], gsize == 8 ? 33.46 : 31.18, 1.0) << "block " << b;
+  }
+  d.balance = 0;
+  EXPECT_TRUE(cuda::ffn_balance_table(d, 132).lo.empty());
+  d.balance = 3;
+  EXPECT_FALSE(cuda::ffn_fused_shape_ok(d, 132));
 }
 
 // The host rule: shapes the kernel does not take are refused (the backend keeps the three launches there).

@@ -199,8 +199,8 @@ TEST(CudaModel, TinyPackMatchesReference) {
   configs[29].name = "ffn-fused cp.async";  // round 33: ffn_down's stages copied by the producer's lanes
   configs[29].o.ffn_fused = true;
   configs[29].o.ffn_b_copy = 1;
-  configs[30].name = "ffn-fused balanced";  // round 34: gate / up rows split evenly over all blocks
-  configs[30].o.ffn_balance = true;
+  configs[30].name = "ffn-fused balance2";  // round 34: gate / up rows over all blocks, both phases' bytes even
+  configs[30].o.ffn_balance = 2;
   std::vector<ModelRun> runs;
   std::vector<uint64_t> nodes;
   for (const Config& cfg : configs) {
@@ -236,7 +236,7 @@ TEST(CudaModel, TinyPackMatchesReference) {
   EXPECT_EQ(runs[0].logits, runs[28].logits) << "ffn_down's stages copied by a bulk copy a row";
   EXPECT_EQ(runs[0].logits, runs[29].logits) << "ffn_down's stages copied by cp.async lanes";
   EXPECT_EQ(nodes[28], nodes[0]);
-  EXPECT_EQ(runs[0].logits, runs[30].logits) << "gate / up rows split evenly over all blocks";
+  EXPECT_EQ(runs[0].logits, runs[30].logits) << "gate / up rows over all blocks (balance 2)";
   EXPECT_EQ(nodes[30], nodes[0]);
   // the fused out projection ran: 3 GDN layers x (the step, gdn_out -> one launch) fewer; the conv: one fewer each;
   // both (with the fused FFN, the default): 3 + 3

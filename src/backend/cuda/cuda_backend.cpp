@@ -134,7 +134,7 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   o.delta_out = flag("BONSAI_CUDA_DELTA_OUT", o.delta_out);
   if (const char* e = std::getenv("BONSAI_CUDA_FFN_ROWS"); e && *e) o.ffn_rows = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_FFN_BCOPY"); e && *e) o.ffn_b_copy = std::atoi(e);
-  o.ffn_balance = flag("BONSAI_CUDA_FFN_BALANCE", o.ffn_balance);
+  if (const char* e = std::getenv("BONSAI_CUDA_FFN_BALANCE"); e && *e) o.ffn_balance = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_ROW_NORM"); e && *e) o.site_row_norm = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_ROW_EARLY"); e && *e) o.site_row_norm_early = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA_ROWS"); e && *e) o.delta_rows = std::atoi(e);

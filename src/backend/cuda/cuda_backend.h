@@ -102,9 +102,9 @@ class CudaBackend final : public Backend {
                                // per row's 256 B and 16 B (H100: 67.6 us an FFN), 1 cp.async by the producer's lanes
                                // (34.7), 2 2-D tensor-map boxes (33.7; 1 where the driver's encoder is unreachable);
                                // bit-identical. BONSAI_CUDA_FFN_BCOPY
-    bool ffn_balance = false;  // round 34: its gate / up rows split evenly over all blocks, counted in by units at the
-                               // chunk barriers (cuda::FfnFusedDesc::balance), instead of the group's chunk over the
-                               // group's 7 or 8 blocks; bit-identical. BONSAI_CUDA_FFN_BALANCE
+    int ffn_balance = 0;       // round 34: its gate / up rows over the blocks (cuda::FfnFusedDesc::balance): 0 the
+                               // group's chunk over the group's 7 or 8 blocks, 1 evenly over all blocks, 2 so that each
+                               // block's gate / up + ffn_down bytes are even; bit-identical. BONSAI_CUDA_FFN_BALANCE
     bool delta_site = true;    // round 26: a decode token's gated-norm site (the gdn_out input) computed by the delta
                                // step's launch, by the last block of each 1024-chunk (delta_site_supported), instead
                                // of a site_row_kernel after it; bit-identical; BONSAI_CUDA_DELTA_SITE=0|1

@@ -29,6 +29,7 @@
 #include <cuda.h>  // CUtensorMap and its encoder's signature (the encoder itself comes through the runtime)
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <functional>
@@ -36,6 +37,7 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/common.cuh"
@@ -54,6 +56,8 @@ constexpr int kFfnRowsB = 16 * kFfnBlocksB;        // 80 rows: a phase-B stage h
 constexpr int kFfnChunk = 1024;
 constexpr int kFfnMaxStages = 8;
 constexpr int kFfnSmem = 227 * 1024;               // an sm_90 block's most dynamic shared memory
+constexpr int kFfnMaxGrid = 192;                   // balance != 0: the most blocks (SMs) its table holds
+constexpr int kFfnMaxChunks = 64;                  // F / 1,024 at most with balance != 0
 
 struct FfnArgs {
   CUtensorMap tm[4];      // b_copy 2: ffn_down's words u32 [D, F/16] and scales fp16 [D, F/128] as 2-D tensors, boxes of
@@ -80,16 +84,21 @@ struct FfnArgs {
   int32_t b_copy;         // phase B's copies: 0 bulk per row, 1 cp.async by lanes, 2 tensor-map boxes
   int32_t phases;         // 3; the kernel bench's 1 (gate / up only), 2 (ffn_down only) or 0 (neither: the launch, the
                           // group barrier and the site alone) time a part (wrong output)
-  int32_t balance;        // phase A's rows: 0 the group's chunk split over its blocks, 1 all chunks' split evenly
-  int32_t pad[27];        // explicit: sizeof is a multiple of the tensor maps' 128-byte alignment, no hidden padding
+  int32_t balance;        // phase A's rows (FfnFusedDesc::balance): 0 the group's chunk over its blocks, else seq / perm
+  uint16_t seq[2 * kFfnMaxGrid];  // balance != 0: block b's phase-A units are [seq[2 b], seq[2 b + 1]) of the sequence
+  uint8_t perm[kFfnMaxChunks];    // balance != 0: the sequence's segment k holds chunk perm[k]
+  uint8_t pos[kFfnMaxChunks];     // its inverse: chunk c is segment pos[c]
+  uint8_t pad[108];       // explicit: sizeof is a multiple of the tensor maps' 128-byte alignment, no hidden padding
 };
 static_assert(offsetof(FfnArgs, pad) + sizeof(FfnArgs::pad) == sizeof(FfnArgs), "FfnArgs: no tail padding");
 static_assert(offsetof(FfnArgs, gw) == sizeof(FfnArgs::tm) && offsetof(FfnArgs, D) == sizeof(FfnArgs::tm) + 13 * 8 &&
-                  offsetof(FfnArgs, pad) == offsetof(FfnArgs, D) + 16 + 7 * 4,
+                  offsetof(FfnArgs, seq) == offsetof(FfnArgs, D) + 16 + 7 * 4 &&
+                  offsetof(FfnArgs, perm) == offsetof(FfnArgs, seq) + sizeof(FfnArgs::seq) &&
+                  offsetof(FfnArgs, pad) == offsetof(FfnArgs, pos) + kFfnMaxChunks,
               "FfnArgs: no holes between the fields (equal arguments must be equal bytes)");
 
 // Group geometry: block b is in group b C / B; group c holds blocks [ceil(c B / C), ceil((c + 1) B / C)).
-__device__ __forceinline__ void ffn_group(int b, int B, int C, int& c, int& r, int& gsize) {
+__host__ __device__ __forceinline__ void ffn_group(int b, int B, int C, int& c, int& r, int& gsize) {
   c = int(int64_t(b) * C / B);
   const int b0 = int((int64_t(c) * B + C - 1) / C), b1 = int((int64_t(c + 1) * B + C - 1) / C);
   r = b - b0;
@@ -106,48 +115,68 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
   const int D = int(a.D), C = int(a.F / kFfnChunk), ST = a.stages;
   int c, r, gsize;
   ffn_group(int(blockIdx.x), int(gridDim.x), C, c, r, gsize);
-  // Phase A, balance 0: units [ua0, ua1) of the chunk's 128 8-row units, for gate then up. balance 1: the block's even
-  // share [UA0, UA1) of all C x 256 units in (chunk, output, unit) order, in runs that break at each 128-unit (chunk,
-  // output) segment: a group of 7 SMs then carries no more gate / up rows than one of 8. Phase B: units [ub0, ub1) of
-  // D / 8 (the group's chunk).
+  // Phase A works in 8-row units of the unit SEQUENCE: C segments of 256 units (a chunk's 128 gate units, then its 128 up
+  // units), segment k holding chunk perm[k] (balance 0: chunk k). A block's units are up to three PIECES of it, each
+  // cut into sub-runs at the 128-unit (chunk, output) boundaries and those into stages of 2 RBA units. Every sub-run's
+  // units are counted in on its chunk's arrival counter once stored; a chunk's site waits for all 256.
+  //   balance 0: the group's chunk split over its blocks: units [ua0, ua1) of the gate half, then of the up half;
+  //   balance 1 / 2 (the host's table, balance_table): the block's range [seq[2 b], seq[2 b + 1]) of the sequence, the
+  //   part before its own chunk's segment first, then the part after it, its own units last: a group's helpers finish
+  //   its units early, so each chunk's barrier waits only for its own group's blocks.
+  // Phase B: units [ub0, ub1) of D / 8 (the group's chunk).
   constexpr int kSeg = kFfnChunk / 8;  // 8-row units of one output of one chunk
   const bool bal = a.balance != 0;
   const int ua0 = kSeg * r / gsize, ua1 = kSeg * (r + 1) / gsize;
-  const int UA0 = int(int64_t(2 * kSeg) * C * blockIdx.x / gridDim.x), UA1 = int(int64_t(2 * kSeg) * C * (blockIdx.x + 1) / gridDim.x);
   const int ub0 = int(int64_t(D / 8) * r / gsize), ub1 = int(int64_t(D / 8) * (r + 1) / gsize);
-  const int na_out = (ua1 - ua0 + 2 * RBA - 1) / (2 * RBA);        // stages per output (TRA rows; the last may be fewer)
-  // balance 1: stage k of the runs from UA0 (its first unit u and the end of its run), or the run count when k is past.
-  auto run_stage = [&](int k, int& u, int& end) {
-    int s0 = UA0, ns = 0;
-    while (s0 < UA1) {
-      const int s1 = min(UA1, (s0 / kSeg + 1) * kSeg), m = (s1 - s0 + 2 * RBA - 1) / (2 * RBA);
-      if (k < ns + m) {
-        u = s0 + 2 * RBA * (k - ns);
-        end = s1;
-        return ns;
+  const int own0 = 2 * kSeg * (bal ? int(a.pos[c]) : c), own1 = own0 + 2 * kSeg;  // the own chunk's segment
+  const int S = bal ? int(a.seq[2 * blockIdx.x]) : 0, E = bal ? int(a.seq[2 * blockIdx.x + 1]) : 0;
+  auto piece = [&](int k, int& p0, int& p1) {
+    if (!bal) {
+      p0 = own0 + (k == 1 ? kSeg : 0) + ua0;
+      p1 = k < 2 ? p0 - ua0 + ua1 : p0;
+    } else if (k == 0) {
+      p0 = S, p1 = min(E, own0);
+    } else if (k == 1) {
+      p0 = max(S, own1), p1 = E;
+    } else {
+      p0 = max(S, own0), p1 = min(E, own1);
+    }
+    if (p1 < p0) p1 = p0;
+  };
+  // Stage k of the block's phase A: its first sequence unit u and its sub-run [s0, s1); returns the stage count when k
+  // is past the last.
+  auto a_stage = [&](int k, int& u, int& s0, int& s1) {
+    int ns = 0;
+    for (int pc = 0; pc < 3; ++pc) {
+      int p0, p1;
+      piece(pc, p0, p1);
+      for (int q0 = p0; q0 < p1;) {
+        const int q1 = min(p1, (q0 / kSeg + 1) * kSeg), m = (q1 - q0 + 2 * RBA - 1) / (2 * RBA);
+        if (k < ns + m) {
+          u = q0 + 2 * RBA * (k - ns);
+          s0 = q0;
+          s1 = q1;
+          return ns;
+        }
+        ns += m;
+        q0 = q1;
       }
-      ns += m;
-      s0 = s1;
     }
     return ns;
   };
-  int u_unused, e_unused;
-  const int na_all = bal ? run_stage(1 << 30, u_unused, e_unused) : 2 * na_out;
+  auto seq_chunk = [&](int u) { return bal ? int(a.perm[u / (2 * kSeg)]) : u / (2 * kSeg); };
+  int u_, s0_, s1_;
+  const int na_all = a_stage(1 << 30, u_, s0_, s1_);
   constexpr int UB = 2 * kFfnBlocksB * RBA;  // 8-row units of a phase-B stage
   const int nA = (a.phases & 1) ? na_all : 0, nB = (a.phases & 2) ? (ub1 - ub0 + UB - 1) / UB : 0, n = nA + nB;
   // Stage i: output o (0 gate, 1 up, 2 down), its first row, its rows.
   auto stage_at = [&](int i, int& o, int& r0, int& nrow) {
-    if (i < nA && bal) {
-      int u, end;
-      run_stage(i, u, end);
+    if (i < nA) {
+      int u, s0, s1;
+      a_stage(i, u, s0, s1);
       o = (u / kSeg) & 1;
-      r0 = (u / (2 * kSeg)) * kFfnChunk + 8 * (u % kSeg);
-      nrow = 8 * min(2 * RBA, end - u);
-    } else if (i < nA) {
-      o = i / na_out;
-      const int u = ua0 + 2 * RBA * (i % na_out);
-      r0 = c * kFfnChunk + 8 * u;
-      nrow = 8 * min(2 * RBA, ua1 - u);
+      r0 = seq_chunk(u) * kFfnChunk + 8 * (u % kSeg);
+      nrow = 8 * min(2 * RBA, s1 - u);
     } else {
       o = 2;
       const int u = ub0 + UB * (i - nA);
@@ -183,19 +212,19 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
       if (!waited) pdl_wait();  // g / u / parts / the counters may still be used by earlier kernels
       waited = true;
     };
-    auto arrive = [&] {  // this block's gate / up rows are stored: count it in (every lane's stores fenced first)
+    // Sub-run [s0, s1)'s rows are stored: count its units in on its chunk (every lane's stores fenced first).
+    auto arrive = [&](int s0, int s1) {
       wait_once();
       __threadfence();
       __syncwarp();
-      if (lane != 0) return;
-      if (!bal) {
-        atomicAdd(arrivals, 1);
-        return;
-      }
-      for (int cc = UA0 / (2 * kSeg); cc * 2 * kSeg < UA1; ++cc)  // balance 1: its units of each chunk it touched
-        atomicAdd(a.count + 2 * cc, min(UA1, (cc + 1) * 2 * kSeg) - max(UA0, cc * 2 * kSeg));
+      if (lane == 0) atomicAdd(a.count + 2 * seq_chunk(s0), s1 - s0);
     };
-    if (nA == 0) arrive();
+    if (nA == 0)  // (the bench's phases without gate / up: every sub-run counted in at once)
+      for (int k = 0; k < na_all; ++k) {
+        int u, s0, s1;
+        a_stage(k, u, s0, s1);
+        if (u + 2 * RBA >= s1) arrive(s0, s1);
+      }
     int s = 0, es = 0, slot = 0;
     unsigned eph = 0;
     for (int i = 0; i < n + ST; ++i) {
@@ -267,7 +296,11 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
           }
         }
         __syncwarp();  // every lane's reads of this red slot before the next arrive that lets it be rewritten
-        if (j == nA - 1) arrive();
+        if (j < nA) {
+          int u, s0, s1;
+          a_stage(j, u, s0, s1);
+          if (u + 2 * RBA >= s1) arrive(s0, s1);  // the sub-run's last stage
+        }
         if (++es == ST) es = 0, eph ^= 1u;
         if (++slot == ST + 1) slot = 0;
       }
@@ -308,7 +341,7 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
   if (w < 4) {
     const int tt = threadIdx.x;  // slot 0..127
     if (tt == 0) {
-      poll_until_at_least(arrivals, bal ? 2 * kSeg : gsize);  // balance 1 counts the chunk's units, 0 its blocks
+      poll_until_at_least(arrivals, 2 * kSeg);  // all the chunk's gate and up units
       depart_and_reset(arrivals, gsize);
     }
     asm volatile("bar.sync 2, 128;" ::: "memory");
@@ -380,6 +413,62 @@ FfnShape ffn_shape(int64_t D, int levels, int rows_a) {
     }
   }
   return f;
+}
+
+// The phase-A table of balance 1 / 2 (FfnArgs::seq / perm / pos): block b's units of the sequence.
+//   1: every block the same share (256 C / B units), the segments in chunk order.
+//   2: every block the same share of BOTH phases' bytes: a phase-B unit (8 rows x 1,024 of ffn_down) weighs 1,024 / D
+//      of a phase-A one (8 rows x D), so a block of a 7-block group (~14 % more ffn_down rows than one of 8) takes that
+//      much fewer gate / up units; a group's blocks then carry != 256 units, and the segments are ordered greedily to
+//      keep the running difference near zero, so a group's range overlaps only its neighbours' segments by part of a
+//      block (whose foreign units come first: the kernel's piece order).
+void balance_table(FfnArgs& a, int mode, int B, int C, int64_t D) {
+  const int units = 2 * 128 * C;
+  std::vector<double> share(size_t(B), double(units) / B);
+  std::vector<int> first(size_t(C) + 1);
+  for (int c = 0; c <= C; ++c) first[size_t(c)] = int((int64_t(c) * B + C - 1) / C);
+  if (mode == 2) {
+    const double w = 1024.0 / double(D), total = units + w * double(C) * double(D / 8);
+    for (int b = 0; b < B; ++b) {
+      int c, r, gs;
+      ffn_group(b, B, C, c, r, gs);
+      const int64_t ub = (D / 8) * (r + 1) / gs - (D / 8) * r / gs;
+      share[size_t(b)] = total / B - w * double(ub);
+    }
+  }
+  std::vector<int> order(static_cast<size_t>(C));  // segment k holds chunk order[k]
+  std::vector<bool> used(size_t(C), false);
+  double cum = 0.0;
+  for (int k = 0; k < C; ++k) {
+    int best = -1;
+    double best_d = 0.0;
+    for (int c = 0; c < C; ++c) {
+      if (used[size_t(c)]) continue;
+      double t = -256.0;
+      for (int b = first[size_t(c)]; b < first[size_t(c) + 1]; ++b) t += share[size_t(b)];
+      if (mode == 1) {  // chunk order
+        best = c, best_d = t;
+        break;
+      }
+      if (best < 0 || std::abs(cum + t) < std::abs(cum + best_d)) best = c, best_d = t;
+    }
+    used[size_t(best)] = true;
+    order[size_t(k)] = best;
+    cum += best_d;
+  }
+  double x = 0.0;
+  for (int k = 0; k < C; ++k) {
+    const int c = order[size_t(k)];
+    a.perm[k] = uint8_t(c);
+    a.pos[c] = uint8_t(k);
+    for (int b = first[size_t(c)]; b < first[size_t(c) + 1]; ++b) {
+      const int lo = int(std::lround(x));
+      x += share[size_t(b)];
+      const int hi = (k == C - 1 && b == first[size_t(c) + 1] - 1) ? units : int(std::lround(x));
+      a.seq[2 * b] = uint16_t(lo);
+      a.seq[2 * b + 1] = uint16_t(std::max(lo, hi));
+    }
+  }
 }
 
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda: CI and the host tests load
@@ -460,6 +549,20 @@ void down_maps(const FfnFusedDesc& d, CUtensorMap (&tm)[4]) {
 
 bool ffn_fused_tensor_maps_available() { return tensor_map_encoder() != nullptr; }
 
+FfnBalanceTable ffn_balance_table(const FfnFusedDesc& d, int sms) {
+  FfnBalanceTable t;
+  if (d.balance == 0 || !ffn_fused_shape_ok(d, sms)) return t;
+  FfnArgs a{};
+  const int C = int(d.F / kFfnChunk);
+  balance_table(a, d.balance, sms, C, d.D);
+  for (int b = 0; b < sms; ++b) {
+    t.lo.push_back(a.seq[2 * b]);
+    t.hi.push_back(a.seq[2 * b + 1]);
+  }
+  for (int k = 0; k < C; ++k) t.perm.push_back(a.perm[k]);
+  return t;
+}
+
 void init_ffn_fused_attributes() {
   for (const void* f : {ffn_fused_kernel_for(1, 16), ffn_fused_kernel_for(1, 32), ffn_fused_kernel_for(2, 16),
                         ffn_fused_kernel_for(2, 32)})
@@ -473,7 +576,8 @@ bool ffn_fused_shape_ok(const FfnFusedDesc& d, int sms) {
          C <= sms && sms / C <= kFfnChunk / 8 && d.n >= 1 && d.n <= kFfnChunk && (d.n & (d.n - 1)) == 0 &&
          (d.levels == 1 || d.levels == 2) && (d.rows_a == 16 || d.rows_a == 32) &&
          ffn_shape(d.D, d.levels, d.rows_a).stages >= 2 && d.b_copy >= 0 && d.b_copy <= 2 && d.phases >= 0 &&
-         d.phases <= 3 && (d.b_copy != 2 || ffn_fused_tensor_maps_available());
+         d.phases <= 3 && (d.b_copy != 2 || ffn_fused_tensor_maps_available()) && d.balance >= 0 && d.balance <= 2 &&
+         (d.balance == 0 || (sms <= kFfnMaxGrid && C <= kFfnMaxChunks));
 }
 
 bool ffn_fused_supported(const FfnFusedDesc& d, int sms) {
@@ -505,7 +609,8 @@ Launch ffn_fused_launch(const FfnFusedDesc& d, int sms) {
   a.norm = float(1.0 / __builtin_sqrt(double(d.n)));
   a.b_copy = d.b_copy;
   a.phases = d.phases;
-  a.balance = d.balance ? 1 : 0;
+  a.balance = d.balance;
+  if (d.balance != 0) balance_table(a, d.balance, sms, int(d.F / kFfnChunk), d.D);
   if (d.b_copy == 2) down_maps(d, a.tm);
   const void* f = ffn_fused_kernel_for(d.levels, d.rows_a);
   return make_launch(f, dim3(unsigned(sms)), dim3(unsigned(32 * (kFfnWarps + 1))), uint32_t(sh.smem), a);

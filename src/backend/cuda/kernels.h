@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "backend/cuda/launch.h"
 
@@ -556,9 +557,17 @@ struct FfnFusedDesc {
                                     // lanes, 2 2-D tensor-map boxes (needs ffn_fused_tensor_maps_available); same bytes
   int32_t phases = 3;               // timing only (the kernel bench): 1 gate / up alone, 2 ffn_down alone, 0 neither (the
                                     // launch, group barrier and site: the fixed cost); the output is wrong unless 3
-  bool balance = false;             // round 34: gate / up rows split evenly over all blocks (not per group; same bytes)
+  int32_t balance = 0;              // round 34: gate / up rows over the blocks: 0 the group's chunk over its blocks; 1 all
+                                    // chunks' evenly over all blocks; 2 so that every block's gate / up + ffn_down bytes
+                                    // are even (a 7-block group's blocks take fewer gate / up rows). Bit-identical.
 };
 bool ffn_fused_tensor_maps_available();  // the driver's tensor-map encoder is reachable (b_copy 2)
+// balance 1 / 2's phase-A table, for the host tests: block b's units [lo[b], hi[b]) of the unit sequence whose segment k
+// (256 units: chunk perm[k]'s gate then up rows) holds chunk perm[k]; empty for balance 0 or an unsupported shape.
+struct FfnBalanceTable {
+  std::vector<int> lo, hi, perm;
+};
+FfnBalanceTable ffn_balance_table(const FfnFusedDesc& d, int sms);
 bool ffn_fused_supported(const FfnFusedDesc& d, int sms);
 bool ffn_fused_shape_ok(const FfnFusedDesc& d, int sms);  // its shape half (D, F, n, levels, rows_a; no pointers)
 Launch ffn_fused_launch(const FfnFusedDesc& d, int sms);
