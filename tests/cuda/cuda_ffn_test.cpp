@@ -160,6 +160,80 @@ TEST(CudaPolicy, FfnBalanceTable) {
   EXPECT_FALSE(cuda::ffn_fused_shape_ok(d, 132));
 }
 
+// Round 34: the kernel's phase-A plan (the same FfnPlanA code the kernel runs), walked on the host for every block:
+// - every gate and up row is computed by exactly one stage, stages never cross a chunk or output boundary and hold at
+//   most rows_a rows;
+// - each chunk's barrier is counted in with exactly 256 units (its 128 gate + 128 up 8-row units), each unit counted
+//   after the stage that stores it;
+// - balance 0 is the pre-round-34 schedule exactly: a group's chunk split over its blocks, gate units [ua0, ua1) then
+//   up units, stages of rows_a rows from ua0;
+// - balance 1 / 2: a block's foreign units (other chunks) come before its own chunk's.
+TEST(CudaPolicy, FfnPhaseAPlan) {
+  struct Shape {
+    int64_t D, F;
+    int sms;
+  };
+  for (const Shape sh : {Shape{5120, 17408, 132}, Shape{5120, 17408, 114}, Shape{1024, 3072, 132},
+                         Shape{2048, 2048, 132}, Shape{3072, 5120, 78}})
+    for (const int rows_a : {32, 16})
+      for (const int mode : {0, 1, 2}) {
+        cuda::FfnFusedDesc d;
+        d.D = sh.D;
+        d.F = sh.F;
+        d.rows_a = rows_a;
+        d.balance = mode;
+        const int C = int(sh.F / 1024), B = sh.sms;
+        const std::string what = "D " + std::to_string(sh.D) + " F " + std::to_string(sh.F) + " sms " +
+                                 std::to_string(B) + " rows " + std::to_string(rows_a) + " balance " +
+                                 std::to_string(mode);
+        std::vector<int> seen(size_t(2 * sh.F), 0), counted(size_t(C), 0);
+        for (int b = 0; b < B; ++b) {
+          const std::vector<cuda::FfnStageA> plan = cuda::ffn_phase_a_plan(d, B, b);
+          const int c = int(int64_t(b) * C / B), g0 = (c * B + C - 1) / C, g1 = ((c + 1) * B + C - 1) / C;
+          const int r = b - g0, gsize = g1 - g0, ua0 = 128 * r / gsize, ua1 = 128 * (r + 1) / gsize;
+          std::vector<int> pending(size_t(C), 0);  // units stored but not yet counted in, per chunk
+          bool own_seen = false;
+          for (size_t k = 0; k < plan.size(); ++k) {
+            const cuda::FfnStageA& st = plan[k];
+            ASSERT_TRUE(st.output == 0 || st.output == 1) << what;
+            ASSERT_TRUE(st.rows > 0 && st.rows <= rows_a && st.rows % 8 == 0 && st.row % 8 == 0) << what;
+            const int chunk = st.row / 1024;
+            ASSERT_EQ((st.row + st.rows - 1) / 1024, chunk) << what << ": a stage crosses a chunk";
+            for (int i = 0; i < st.rows; ++i) ++seen[size_t(st.output * sh.F + st.row + i)];
+            pending[size_t(chunk)] += st.rows / 8;
+            if (st.arrive_chunk >= 0) {
+              ASSERT_LT(st.arrive_chunk, C) << what;
+              EXPECT_LE(st.arrive_units, pending[size_t(st.arrive_chunk)]) << what << ": counted before stored";
+              pending[size_t(st.arrive_chunk)] -= st.arrive_units;
+              counted[size_t(st.arrive_chunk)] += st.arrive_units;
+            }
+            if (mode != 0) {
+              if (chunk == c) own_seen = true;
+              else EXPECT_FALSE(own_seen) << what << " block " << b << ": a foreign unit after its own chunk's";
+            }
+          }
+          for (int cc = 0; cc < C; ++cc) EXPECT_EQ(pending[size_t(cc)], 0) << what << " block " << b << ": uncounted";
+          if (mode == 0) {  // the schedule before round 34
+            std::vector<cuda::FfnStageA> old;
+            for (int o = 0; o < 2; ++o)
+              for (int u = ua0; u < ua1; u += rows_a / 8) {
+                cuda::FfnStageA st;
+                st.output = o;
+                st.row = c * 1024 + 8 * u;
+                st.rows = 8 * std::min(rows_a / 8, ua1 - u);
+                old.push_back(st);
+              }
+            ASSERT_EQ(plan.size(), old.size()) << what << " block " << b;
+            for (size_t k = 0; k < old.size(); ++k)
+              EXPECT_TRUE(plan[k].output == old[k].output && plan[k].row == old[k].row && plan[k].rows == old[k].rows)
+                  << what << " block " << b << " stage " << k;
+          }
+        }
+        for (size_t i = 0; i < seen.size(); ++i) ASSERT_EQ(seen[i], 1) << what << ": row " << i;
+        for (int cc = 0; cc < C; ++cc) EXPECT_EQ(counted[size_t(cc)], 256) << what << " chunk " << cc;
+      }
+}
+
 // The host rule: shapes the kernel does not take are refused (the backend keeps the three launches there).
 TEST(CudaPolicy, FfnFusedSupportedShapes) {
   cuda::FfnFusedDesc d;

@@ -105,6 +105,89 @@ __host__ __device__ __forceinline__ void ffn_group(int b, int B, int C, int& c, 
   gsize = b1 - b0;
 }
 
+constexpr int kFfnSeg = kFfnChunk / 8;  // 8-row units of one output (gate or up) of one chunk
+
+// Phase A's plan for one block. It works in 8-row units of the unit SEQUENCE: C segments of 256 units (a chunk's 128
+// gate units, then its 128 up units), segment k holding chunk perm[k] (balance 0: chunk k). The block's units are up to
+// three PIECES of it, each cut into sub-runs at the 128-unit (chunk, output) boundaries and those into stages of `su`
+// units (2 RBA: 16 RBA rows). Every sub-run's units are counted in on its chunk's arrival counter once stored; a chunk's
+// site waits for all 256.
+//   balance 0: the group's chunk split over its blocks: units [ua0, ua1) of the gate half, then of the up half;
+//   balance 1 / 2 (the host's table, balance_table): the block's range [seq[2 b], seq[2 b + 1]) of the sequence, the
+//   part before its own chunk's segment first, then the part after it, its own units last: a group's helpers finish
+//   its units early, so each chunk's barrier waits only for its own group's blocks.
+// Host and device: the host test walks every block's plan (ffn_phase_a_plan).
+struct FfnPlanA {
+  const uint8_t* perm;  // FfnArgs::perm (balance != 0)
+  int su, ua0, ua1, own0, S, E;
+  bool bal;
+  __host__ __device__ FfnPlanA(const FfnArgs& a, int b, int grid, int stage_units) {
+    int c, r, gsize;
+    ffn_group(b, grid, int(a.F / kFfnChunk), c, r, gsize);
+    perm = a.perm;
+    su = stage_units;
+    bal = a.balance != 0;
+    ua0 = kFfnSeg * r / gsize;
+    ua1 = kFfnSeg * (r + 1) / gsize;
+    own0 = 2 * kFfnSeg * (bal ? int(a.pos[c]) : c);  // the own chunk's segment [own0, own0 + 256)
+    S = bal ? int(a.seq[2 * b]) : 0;
+    E = bal ? int(a.seq[2 * b + 1]) : 0;
+  }
+  __host__ __device__ void piece(int k, int& p0, int& p1) const {
+    const int own1 = own0 + 2 * kFfnSeg;
+    if (!bal) {
+      p0 = own0 + (k == 1 ? kFfnSeg : 0) + ua0;
+      p1 = k < 2 ? p0 - ua0 + ua1 : p0;
+    } else if (k == 0) {
+      p0 = S, p1 = E < own0 ? E : own0;
+    } else if (k == 1) {
+      p0 = S > own1 ? S : own1, p1 = E;
+    } else {
+      p0 = S > own0 ? S : own0, p1 = E < own1 ? E : own1;
+    }
+    if (p1 < p0) p1 = p0;
+  }
+  // Stage k: its first sequence unit u and its sub-run [s0, s1); returns the stage count when k is past the last.
+  __host__ __device__ int stage(int k, int& u, int& s0, int& s1) const {
+    int ns = 0;
+    for (int pc = 0; pc < 3; ++pc) {
+      int p0, p1;
+      piece(pc, p0, p1);
+      for (int q0 = p0; q0 < p1;) {
+        const int lim = (q0 / kFfnSeg + 1) * kFfnSeg, q1 = p1 < lim ? p1 : lim, m = (q1 - q0 + su - 1) / su;
+        if (k < ns + m) {
+          u = q0 + su * (k - ns);
+          s0 = q0;
+          s1 = q1;
+          return ns;
+        }
+        ns += m;
+        q0 = q1;
+      }
+    }
+    return ns;
+  }
+  __host__ __device__ int stages() const {
+    int u, s0, s1;
+    return stage(1 << 30, u, s0, s1);
+  }
+  __host__ __device__ int chunk_of(int u) const { return bal ? int(perm[u / (2 * kFfnSeg)]) : u / (2 * kFfnSeg); }
+  // Stage k's output (0 gate, 1 up), first row of that output's [F] rows, and rows.
+  __host__ __device__ void rows(int k, int& o, int& r0, int& nrow) const {
+    int u, s0, s1;
+    stage(k, u, s0, s1);
+    o = (u / kFfnSeg) & 1;
+    r0 = chunk_of(u) * kFfnChunk + 8 * (u % kFfnSeg);
+    nrow = 8 * (s1 - u < su ? s1 - u : su);
+  }
+  // Whether stage k is its sub-run's last (the sub-run's units are then counted in), and the sub-run.
+  __host__ __device__ bool ends_run(int k, int& s0, int& s1) const {
+    int u;
+    stage(k, u, s0, s1);
+    return u + su >= s1;
+  }
+};
+
 // RBA: 16-row blocks a warp takes per stage, 1 or 2: phase A's stages of 16 RBA rows (2: as v7's gate+up), phase B's of
 // 80 RBA rows (warp w: row blocks w / 4 + 5 b, b < RBA), so both phases' stages fill the same ring slots.
 template <int LV, int RBA>
@@ -115,68 +198,16 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
   const int D = int(a.D), C = int(a.F / kFfnChunk), ST = a.stages;
   int c, r, gsize;
   ffn_group(int(blockIdx.x), int(gridDim.x), C, c, r, gsize);
-  // Phase A works in 8-row units of the unit SEQUENCE: C segments of 256 units (a chunk's 128 gate units, then its 128 up
-  // units), segment k holding chunk perm[k] (balance 0: chunk k). A block's units are up to three PIECES of it, each
-  // cut into sub-runs at the 128-unit (chunk, output) boundaries and those into stages of 2 RBA units. Every sub-run's
-  // units are counted in on its chunk's arrival counter once stored; a chunk's site waits for all 256.
-  //   balance 0: the group's chunk split over its blocks: units [ua0, ua1) of the gate half, then of the up half;
-  //   balance 1 / 2 (the host's table, balance_table): the block's range [seq[2 b], seq[2 b + 1]) of the sequence, the
-  //   part before its own chunk's segment first, then the part after it, its own units last: a group's helpers finish
-  //   its units early, so each chunk's barrier waits only for its own group's blocks.
-  // Phase B: units [ub0, ub1) of D / 8 (the group's chunk).
-  constexpr int kSeg = kFfnChunk / 8;  // 8-row units of one output of one chunk
-  const bool bal = a.balance != 0;
-  const int ua0 = kSeg * r / gsize, ua1 = kSeg * (r + 1) / gsize;
+  // Phase A: FfnPlanA (above); phase B: units [ub0, ub1) of D / 8 (the group's chunk).
+  const FfnPlanA plan(a, int(blockIdx.x), int(gridDim.x), 2 * RBA);
   const int ub0 = int(int64_t(D / 8) * r / gsize), ub1 = int(int64_t(D / 8) * (r + 1) / gsize);
-  const int own0 = 2 * kSeg * (bal ? int(a.pos[c]) : c), own1 = own0 + 2 * kSeg;  // the own chunk's segment
-  const int S = bal ? int(a.seq[2 * blockIdx.x]) : 0, E = bal ? int(a.seq[2 * blockIdx.x + 1]) : 0;
-  auto piece = [&](int k, int& p0, int& p1) {
-    if (!bal) {
-      p0 = own0 + (k == 1 ? kSeg : 0) + ua0;
-      p1 = k < 2 ? p0 - ua0 + ua1 : p0;
-    } else if (k == 0) {
-      p0 = S, p1 = min(E, own0);
-    } else if (k == 1) {
-      p0 = max(S, own1), p1 = E;
-    } else {
-      p0 = max(S, own0), p1 = min(E, own1);
-    }
-    if (p1 < p0) p1 = p0;
-  };
-  // Stage k of the block's phase A: its first sequence unit u and its sub-run [s0, s1); returns the stage count when k
-  // is past the last.
-  auto a_stage = [&](int k, int& u, int& s0, int& s1) {
-    int ns = 0;
-    for (int pc = 0; pc < 3; ++pc) {
-      int p0, p1;
-      piece(pc, p0, p1);
-      for (int q0 = p0; q0 < p1;) {
-        const int q1 = min(p1, (q0 / kSeg + 1) * kSeg), m = (q1 - q0 + 2 * RBA - 1) / (2 * RBA);
-        if (k < ns + m) {
-          u = q0 + 2 * RBA * (k - ns);
-          s0 = q0;
-          s1 = q1;
-          return ns;
-        }
-        ns += m;
-        q0 = q1;
-      }
-    }
-    return ns;
-  };
-  auto seq_chunk = [&](int u) { return bal ? int(a.perm[u / (2 * kSeg)]) : u / (2 * kSeg); };
-  int u_, s0_, s1_;
-  const int na_all = a_stage(1 << 30, u_, s0_, s1_);
+  const int na_all = plan.stages();
   constexpr int UB = 2 * kFfnBlocksB * RBA;  // 8-row units of a phase-B stage
   const int nA = (a.phases & 1) ? na_all : 0, nB = (a.phases & 2) ? (ub1 - ub0 + UB - 1) / UB : 0, n = nA + nB;
   // Stage i: output o (0 gate, 1 up, 2 down), its first row, its rows.
   auto stage_at = [&](int i, int& o, int& r0, int& nrow) {
     if (i < nA) {
-      int u, s0, s1;
-      a_stage(i, u, s0, s1);
-      o = (u / kSeg) & 1;
-      r0 = seq_chunk(u) * kFfnChunk + 8 * (u % kSeg);
-      nrow = 8 * min(2 * RBA, s1 - u);
+      plan.rows(i, o, r0, nrow);
     } else {
       o = 2;
       const int u = ub0 + UB * (i - nA);
@@ -217,13 +248,12 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
       wait_once();
       __threadfence();
       __syncwarp();
-      if (lane == 0) atomicAdd(a.count + 2 * seq_chunk(s0), s1 - s0);
+      if (lane == 0) atomicAdd(a.count + 2 * plan.chunk_of(s0), s1 - s0);
     };
     if (nA == 0)  // (the bench's phases without gate / up: every sub-run counted in at once)
       for (int k = 0; k < na_all; ++k) {
-        int u, s0, s1;
-        a_stage(k, u, s0, s1);
-        if (u + 2 * RBA >= s1) arrive(s0, s1);
+        int s0, s1;
+        if (plan.ends_run(k, s0, s1)) arrive(s0, s1);
       }
     int s = 0, es = 0, slot = 0;
     unsigned eph = 0;
@@ -296,11 +326,8 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
           }
         }
         __syncwarp();  // every lane's reads of this red slot before the next arrive that lets it be rewritten
-        if (j < nA) {
-          int u, s0, s1;
-          a_stage(j, u, s0, s1);
-          if (u + 2 * RBA >= s1) arrive(s0, s1);  // the sub-run's last stage
-        }
+        int s0, s1;
+        if (j < nA && plan.ends_run(j, s0, s1)) arrive(s0, s1);  // the sub-run's last stage
         if (++es == ST) es = 0, eph ^= 1u;
         if (++slot == ST + 1) slot = 0;
       }
@@ -341,7 +368,7 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
   if (w < 4) {
     const int tt = threadIdx.x;  // slot 0..127
     if (tt == 0) {
-      poll_until_at_least(arrivals, 2 * kSeg);  // all the chunk's gate and up units
+      poll_until_at_least(arrivals, 2 * kFfnSeg);  // all the chunk's gate and up units
       depart_and_reset(arrivals, gsize);
     }
     asm volatile("bar.sync 2, 128;" ::: "memory");
@@ -548,6 +575,24 @@ void down_maps(const FfnFusedDesc& d, CUtensorMap (&tm)[4]) {
 }  // namespace
 
 bool ffn_fused_tensor_maps_available() { return tensor_map_encoder() != nullptr; }
+
+std::vector<FfnStageA> ffn_phase_a_plan(const FfnFusedDesc& d, int sms, int block) {
+  std::vector<FfnStageA> out;
+  if (!ffn_fused_shape_ok(d, sms) || block < 0 || block >= sms) return out;
+  FfnArgs a{};
+  a.F = d.F;
+  a.balance = d.balance;
+  if (d.balance != 0) balance_table(a, d.balance, sms, int(d.F / kFfnChunk), d.D);
+  const FfnPlanA plan(a, block, sms, d.rows_a / 8);
+  for (int k = 0, n = plan.stages(); k < n; ++k) {
+    FfnStageA st;
+    plan.rows(k, st.output, st.row, st.rows);
+    int s0, s1;
+    if (plan.ends_run(k, s0, s1)) st.arrive_chunk = plan.chunk_of(s0), st.arrive_units = s1 - s0;
+    out.push_back(st);
+  }
+  return out;
+}
 
 FfnBalanceTable ffn_balance_table(const FfnFusedDesc& d, int sms) {
   FfnBalanceTable t;

@@ -568,6 +568,13 @@ struct FfnBalanceTable {
   std::vector<int> lo, hi, perm;
 };
 FfnBalanceTable ffn_balance_table(const FfnFusedDesc& d, int sms);
+// Block `block`'s phase-A stages in order (the kernel's own plan, for the host tests): gate (0) or up (1) rows
+// [row, row + rows) of that output's F rows, and after the stage (arrive_chunk >= 0) arrive_units 8-row units counted in
+// on that chunk's barrier. Empty for an unsupported shape.
+struct FfnStageA {
+  int output = 0, row = 0, rows = 0, arrive_chunk = -1, arrive_units = 0;
+};
+std::vector<FfnStageA> ffn_phase_a_plan(const FfnFusedDesc& d, int sms, int block);
 bool ffn_fused_supported(const FfnFusedDesc& d, int sms);
 bool ffn_fused_shape_ok(const FfnFusedDesc& d, int sms);  // its shape half (D, F, n, levels, rows_a; no pointers)
 Launch ffn_fused_launch(const FfnFusedDesc& d, int sms);
