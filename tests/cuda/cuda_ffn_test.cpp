@@ -154,6 +154,13 @@ TEST(CudaPolicy, FfnBalanceTable) {
     const int c = b * 17 / 132, gsize = ((c + 1) * 132 + 16) / 17 - (c * 132 + 16) / 17;
     EXPECT_NEAR(t.hi[b] - t.lo[b], gsize == 8 ? 33.46 : 31.18, 1.0) << "block " << b;
   }
+  // weight 0: balance 1's even shares (in balance 2's greedy segment order)
+  d.balance_weight = 0.f;
+  const cuda::FfnBalanceTable t0 = cuda::ffn_balance_table(d, 132);
+  for (int b = 0; b < 132; ++b) EXPECT_NEAR(t0.hi[b] - t0.lo[b], 4352.0 / 132, 1.0) << "block " << b;
+  d.balance_weight = 5.f;
+  EXPECT_FALSE(cuda::ffn_fused_shape_ok(d, 132));  // 0-4
+  d.balance_weight = 1.f;
   d.balance = 0;
   EXPECT_TRUE(cuda::ffn_balance_table(d, 132).lo.empty());
   d.balance = 3;

@@ -135,6 +135,7 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   if (const char* e = std::getenv("BONSAI_CUDA_FFN_ROWS"); e && *e) o.ffn_rows = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_FFN_BCOPY"); e && *e) o.ffn_b_copy = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_FFN_BALANCE"); e && *e) o.ffn_balance = std::atoi(e);
+  if (const char* e = std::getenv("BONSAI_CUDA_FFN_BALANCE_W"); e && *e) o.ffn_balance_weight = float(std::atof(e));
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_ROW_NORM"); e && *e) o.site_row_norm = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_ROW_EARLY"); e && *e) o.site_row_norm_early = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA_ROWS"); e && *e) o.delta_rows = std::atoi(e);
@@ -1623,6 +1624,7 @@ void CudaBackend::swiglu_ffn(const TernaryMatrix& gate, const TernaryMatrix& up,
   d.rows_a = I.opt.ffn_rows;
   d.b_copy = I.ffn_b_copy();
   d.balance = I.opt.ffn_balance;
+  d.balance_weight = I.opt.ffn_balance_weight;
   d.g = fg;
   d.u = fu;
   // The rule's shape half before anything is launched (the rest are pointers this op sets below).
@@ -2283,6 +2285,7 @@ CudaBackend::FfnKernelRun CudaBackend::run_ffn_kernel(const TernaryMatrix* const
       d.rows_a = I.opt.ffn_rows;
       d.b_copy = I.ffn_b_copy();
       d.balance = I.opt.ffn_balance;
+      d.balance_weight = I.opt.ffn_balance_weight;
       d.phases = phases;
       if (!cuda::ffn_fused_supported(d, sms)) break;
       ls.push_back(cuda::ffn_fused_launch(d, sms));

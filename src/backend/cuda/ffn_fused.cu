@@ -445,17 +445,20 @@ FfnShape ffn_shape(int64_t D, int levels, int rows_a) {
 // The phase-A table of balance 1 / 2 (FfnArgs::seq / perm / pos): block b's units of the sequence.
 //   1: every block the same share (256 C / B units), the segments in chunk order.
 //   2: every block the same share of BOTH phases' bytes: a phase-B unit (8 rows x 1,024 of ffn_down) weighs 1,024 / D
-//      of a phase-A one (8 rows x D), so a block of a 7-block group (~14 % more ffn_down rows than one of 8) takes that
+//      of a phase-A one (8 rows x D; times FfnFusedDesc::balance_weight, 1 = by bytes), so a block of a 7-block group
+//      (~14 % more ffn_down rows than one of 8) takes that
 //      much fewer gate / up units; a group's blocks then carry != 256 units, and the segments are ordered greedily to
 //      keep the running difference near zero, so a group's range overlaps only its neighbours' segments by part of a
 //      block (whose foreign units come first: the kernel's piece order).
-void balance_table(FfnArgs& a, int mode, int B, int C, int64_t D) {
+void balance_table(FfnArgs& a, const FfnFusedDesc& d, int B) {
+  const int mode = d.balance, C = int(d.F / kFfnChunk);
+  const int64_t D = d.D;
   const int units = 2 * 128 * C;
   std::vector<double> share(size_t(B), double(units) / B);
   std::vector<int> first(size_t(C) + 1);
   for (int c = 0; c <= C; ++c) first[size_t(c)] = int((int64_t(c) * B + C - 1) / C);
   if (mode == 2) {
-    const double w = 1024.0 / double(D), total = units + w * double(C) * double(D / 8);
+    const double w = d.balance_weight * 1024.0 / double(D), total = units + w * double(C) * double(D / 8);
     for (int b = 0; b < B; ++b) {
       int c, r, gs;
       ffn_group(b, B, C, c, r, gs);
@@ -582,7 +585,7 @@ std::vector<FfnStageA> ffn_phase_a_plan(const FfnFusedDesc& d, int sms, int bloc
   FfnArgs a{};
   a.F = d.F;
   a.balance = d.balance;
-  if (d.balance != 0) balance_table(a, d.balance, sms, int(d.F / kFfnChunk), d.D);
+  if (d.balance != 0) balance_table(a, d, sms);
   const FfnPlanA plan(a, block, sms, d.rows_a / 8);
   for (int k = 0, n = plan.stages(); k < n; ++k) {
     FfnStageA st;
@@ -599,7 +602,7 @@ FfnBalanceTable ffn_balance_table(const FfnFusedDesc& d, int sms) {
   if (d.balance == 0 || !ffn_fused_shape_ok(d, sms)) return t;
   FfnArgs a{};
   const int C = int(d.F / kFfnChunk);
-  balance_table(a, d.balance, sms, C, d.D);
+  balance_table(a, d, sms);
   for (int b = 0; b < sms; ++b) {
     t.lo.push_back(a.seq[2 * b]);
     t.hi.push_back(a.seq[2 * b + 1]);
@@ -622,7 +625,8 @@ bool ffn_fused_shape_ok(const FfnFusedDesc& d, int sms) {
          (d.levels == 1 || d.levels == 2) && (d.rows_a == 16 || d.rows_a == 32) &&
          ffn_shape(d.D, d.levels, d.rows_a).stages >= 2 && d.b_copy >= 0 && d.b_copy <= 2 && d.phases >= 0 &&
          d.phases <= 3 && (d.b_copy != 2 || ffn_fused_tensor_maps_available()) && d.balance >= 0 && d.balance <= 2 &&
-         (d.balance == 0 || (sms <= kFfnMaxGrid && C <= kFfnMaxChunks));
+         (d.balance == 0 || (sms <= kFfnMaxGrid && C <= kFfnMaxChunks && d.balance_weight >= 0.f &&
+                             d.balance_weight <= 4.f));
 }
 
 bool ffn_fused_supported(const FfnFusedDesc& d, int sms) {
@@ -655,7 +659,7 @@ Launch ffn_fused_launch(const FfnFusedDesc& d, int sms) {
   a.b_copy = d.b_copy;
   a.phases = d.phases;
   a.balance = d.balance;
-  if (d.balance != 0) balance_table(a, d.balance, sms, int(d.F / kFfnChunk), d.D);
+  if (d.balance != 0) balance_table(a, d, sms);
   if (d.b_copy == 2) down_maps(d, a.tm);
   const void* f = ffn_fused_kernel_for(d.levels, d.rows_a);
   return make_launch(f, dim3(unsigned(sms)), dim3(unsigned(32 * (kFfnWarps + 1))), uint32_t(sh.smem), a);

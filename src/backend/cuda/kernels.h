@@ -560,6 +560,8 @@ struct FfnFusedDesc {
   int32_t balance = 0;              // round 34: gate / up rows over the blocks: 0 the group's chunk over its blocks; 1 all
                                     // chunks' evenly over all blocks; 2 so that every block's gate / up + ffn_down bytes
                                     // are even (a 7-block group's blocks take fewer gate / up rows). Bit-identical.
+  float balance_weight = 1.0f;      // balance 2: an ffn_down row's weight against its bytes (0 = balance 1's even
+                                    // gate / up shares; 0-4)
 };
 bool ffn_fused_tensor_maps_available();  // the driver's tensor-map encoder is reachable (b_copy 2)
 // balance 1 / 2's phase-A table, for the host tests: block b's units [lo[b], hi[b]) of the unit sequence whose segment k
