@@ -1625,6 +1625,9 @@ void CudaBackend::swiglu_ffn(const TernaryMatrix& gate, const TernaryMatrix& up,
   d.b_copy = I.ffn_b_copy();
   d.balance = I.opt.ffn_balance;
   d.balance_weight = I.opt.ffn_balance_weight;
+  // The balance table holds 192 blocks and 64 chunks: past that (or a weight out of range) the group split, not the
+  // three launches.
+  if (d.balance != 0 && !cuda::ffn_fused_shape_ok(d, sms)) d.balance = 0;
   d.g = fg;
   d.u = fu;
   // The rule's shape half before anything is launched (the rest are pointers this op sets below).
