@@ -6,13 +6,15 @@
 // Why it splits: ffn_down's input site is blockwise (the Hadamard block is <= 1,024 and every int8 unit covers one
 // 128-group), so the digits of columns [1,024 c, 1,024 c + 1,024) depend only on rows [1,024 c, 1,024 c + 1,024) of
 // gate and up. Grid = one block per SM in C = F / 1,024 GROUPS of ~SMs / C blocks (block b in group b C / grid); group c:
-//   phase A  gate and up rows of chunk c, split over the group's blocks in 8-row units: v7's step (matvec_mma.cu) on
-//            16-row stages of one output through the bulk-copy ring, warp w taking step w (D <= 5,120: one step a warp
-//            at most), the producer warp summing the warps' partials in warp order into g / u: the same integer sums
-//            and float order as v7's gate+up (bit-identical where v7 runs one step a warp).
-//   barrier  the producer, once its last gate / up rows are stored, fences and counts its block in on the group's
-//            arrival counter; one consumer thread polls it (a software barrier: a cluster of 7-8 one-block SMs packs only
-//            2 to a GPC, so hardware clusters would leave SMs idle; tests/cuda/cluster_ffn_probe.cu measures both).
+//   phase A  gate and up rows of chunk c, split over the group's blocks in 8-row units (round 34, FfnPlanA: or over
+//            ALL blocks, FfnArgs::balance): v7's step (matvec_mma.cu) on 16-row stages of one output through the
+//            bulk-copy ring, warp w taking step w (D <= 5,120: one step a warp at most), the producer warp summing the
+//            warps' partials in warp order into g / u: the same integer sums and float order as v7's gate+up
+//            (bit-identical where v7 runs one step a warp).
+//   barrier  the producer, once a run of gate / up rows is stored, fences and counts its 8-row units in on that chunk's
+//            arrival counter; one consumer thread polls it until all 256 are in (a software barrier: a cluster of 7-8
+//            one-block SMs packs only 2 to a GPC, so hardware clusters would leave SMs idle; tests/cuda/
+//            cluster_ffn_probe.cu measures both).
 //   site     consumer warps 0-3 compute the chunk's site from g / u into shared memory: silu(g) u, signs, the FWHT strides,
 //            * 1 / sqrt(n), the int8 digits: warp_site.cuh's slot functions in site_row_kernel's order, so the digits
 //            are that kernel's bit for bit.
@@ -23,9 +25,9 @@
 //            kernel at 67 us an FFN against 42 for the three launches); 1 cp.async by the producer's lanes (16 B each,
 //            the mbarrier counting them); 2 one 2-D tensor-map box for the words and one for the scales.
 // The weights depend on nothing, so the producer streams phase B's stages right behind phase A's: they land while the
-// group meets and the site is computed. Counters: arrivals and departures per group, zero before the first launch; the
-// group's last block to depart zeroes both (the next launch touches them only after its pdl_wait, i.e. after this
-// launch has completed).
+// group meets and the site is computed. Counters: arrivals (units) and departures (blocks) per group, zero before the
+// first launch; the group's last block to depart zeroes both (the next launch touches them only after its pdl_wait,
+// i.e. after this launch has completed).
 #include <cuda.h>  // CUtensorMap and its encoder's signature (the encoder itself comes through the runtime)
 
 #include <algorithm>
