@@ -35,9 +35,11 @@
 #include <cstddef>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -115,7 +117,7 @@ constexpr int kFfnSeg = kFfnChunk / 8;  // 8-row units of one output (gate or up
 // units (2 RBA: 16 RBA rows). Every sub-run's units are counted in on its chunk's arrival counter once stored; a chunk's
 // site waits for all 256.
 //   balance 0: the group's chunk split over its blocks: units [ua0, ua1) of the gate half, then of the up half;
-//   balance 1 / 2 (the host's table, balance_table): the block's range [seq[2 b], seq[2 b + 1]) of the sequence, the
+//   balance 1 / 2 (the host's table, make_balance_table): the block's range [seq[2 b], seq[2 b + 1]) of the sequence, the
 //   part before its own chunk's segment first, then the part after it, its own units last: a group's helpers finish
 //   its units early, so each chunk's barrier waits only for its own group's blocks.
 // Host and device: the host test walks every block's plan (ffn_phase_a_plan).
@@ -448,19 +450,22 @@ FfnShape ffn_shape(int64_t D, int levels, int rows_a) {
 //   1: every block the same share (256 C / B units), the segments in chunk order.
 //   2: every block the same share of BOTH phases' bytes: a phase-B unit (8 rows x 1,024 of ffn_down) weighs 1,024 / D
 //      of a phase-A one (8 rows x D; times FfnFusedDesc::balance_weight, 1 = by bytes), so a block of a 7-block group
-//      (~14 % more ffn_down rows than one of 8) takes that
-//      much fewer gate / up units; a group's blocks then carry != 256 units, and the segments are ordered greedily to
-//      keep the running difference near zero, so a group's range overlaps only its neighbours' segments by part of a
-//      block (whose foreign units come first: the kernel's piece order).
-void balance_table(FfnArgs& a, const FfnFusedDesc& d, int B) {
-  const int mode = d.balance, C = int(d.F / kFfnChunk);
-  const int64_t D = d.D;
+//      (~14 % more ffn_down rows than one of 8) takes that much fewer gate / up units; a group's blocks then carry
+//      != 256 units, and the segments are ordered greedily to keep the running difference near zero, so a group's
+//      range overlaps only its neighbours' segments by part of a block (whose foreign units come first: the kernel's
+//      piece order).
+struct BalanceTable {
+  uint16_t seq[2 * kFfnMaxGrid];
+  uint8_t perm[kFfnMaxChunks], pos[kFfnMaxChunks];
+};
+BalanceTable make_balance_table(int mode, float weight, int B, int C, int64_t D) {
+  BalanceTable t{};
   const int units = 2 * 128 * C;
   std::vector<double> share(size_t(B), double(units) / B);
   std::vector<int> first(size_t(C) + 1);
   for (int c = 0; c <= C; ++c) first[size_t(c)] = int((int64_t(c) * B + C - 1) / C);
   if (mode == 2) {
-    const double w = d.balance_weight * 1024.0 / double(D), total = units + w * double(C) * double(D / 8);
+    const double w = weight * 1024.0 / double(D), total = units + w * double(C) * double(D / 8);
     for (int b = 0; b < B; ++b) {
       int c, r, gs;
       ffn_group(b, B, C, c, r, gs);
@@ -491,16 +496,35 @@ void balance_table(FfnArgs& a, const FfnFusedDesc& d, int B) {
   double x = 0.0;
   for (int k = 0; k < C; ++k) {
     const int c = order[size_t(k)];
-    a.perm[k] = uint8_t(c);
-    a.pos[c] = uint8_t(k);
+    t.perm[k] = uint8_t(c);
+    t.pos[c] = uint8_t(k);
     for (int b = first[size_t(c)]; b < first[size_t(c) + 1]; ++b) {
       const int lo = int(std::lround(x));
       x += share[size_t(b)];
       const int hi = (k == C - 1 && b == first[size_t(c) + 1] - 1) ? units : int(std::lround(x));
-      a.seq[2 * b] = uint16_t(lo);
-      a.seq[2 * b + 1] = uint16_t(std::max(lo, hi));
+      t.seq[2 * b] = uint16_t(lo);
+      t.seq[2 * b + 1] = uint16_t(std::max(lo, hi));
     }
   }
+  return t;
+}
+
+// a.balance and, for balance 1 / 2, its table: built once per (mode, weight, SMs, shape), since the backend rebuilds
+// every launch record each decode token (as down_maps, below).
+void put_balance(FfnArgs& a, const FfnFusedDesc& d, int sms) {
+  a.balance = d.balance;
+  if (d.balance == 0) return;
+  using Key = std::tuple<int, float, int, int64_t, int64_t>;
+  static std::mutex mu;
+  static std::map<Key, BalanceTable> cache;
+  const Key key{d.balance, d.balance_weight, sms, d.F, d.D};
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it == cache.end())
+    it = cache.emplace(key, make_balance_table(d.balance, d.balance_weight, sms, int(d.F / kFfnChunk), d.D)).first;
+  std::memcpy(a.seq, it->second.seq, sizeof a.seq);
+  std::memcpy(a.perm, it->second.perm, sizeof a.perm);
+  std::memcpy(a.pos, it->second.pos, sizeof a.pos);
 }
 
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda: CI and the host tests load
@@ -586,8 +610,7 @@ std::vector<FfnStageA> ffn_phase_a_plan(const FfnFusedDesc& d, int sms, int bloc
   if (!ffn_fused_shape_ok(d, sms) || block < 0 || block >= sms) return out;
   FfnArgs a{};
   a.F = d.F;
-  a.balance = d.balance;
-  if (d.balance != 0) balance_table(a, d, sms);
+  put_balance(a, d, sms);
   const FfnPlanA plan(a, block, sms, d.rows_a / 8);
   for (int k = 0, n = plan.stages(); k < n; ++k) {
     FfnStageA st;
@@ -604,7 +627,7 @@ FfnBalanceTable ffn_balance_table(const FfnFusedDesc& d, int sms) {
   if (d.balance == 0 || !ffn_fused_shape_ok(d, sms)) return t;
   FfnArgs a{};
   const int C = int(d.F / kFfnChunk);
-  balance_table(a, d, sms);
+  put_balance(a, d, sms);
   for (int b = 0; b < sms; ++b) {
     t.lo.push_back(a.seq[2 * b]);
     t.hi.push_back(a.seq[2 * b + 1]);
@@ -660,8 +683,7 @@ Launch ffn_fused_launch(const FfnFusedDesc& d, int sms) {
   a.norm = float(1.0 / __builtin_sqrt(double(d.n)));
   a.b_copy = d.b_copy;
   a.phases = d.phases;
-  a.balance = d.balance;
-  if (d.balance != 0) balance_table(a, d, sms);
+  put_balance(a, d, sms);
   if (d.b_copy == 2) down_maps(d, a.tm);
   const void* f = ffn_fused_kernel_for(d.levels, d.rows_a);
   return make_launch(f, dim3(unsigned(sms)), dim3(unsigned(32 * (kFfnWarps + 1))), uint32_t(sh.smem), a);
