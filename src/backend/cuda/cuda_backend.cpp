@@ -336,9 +336,16 @@ struct CudaBackend::Impl {
   // The int8 ternary product as launches (the split-K GEMM adds its ordered sum of the slices).
   // int8 digits per activation element in xq (Options::act_levels).
   int levels() const { return opt.act_levels == 1 ? 1 : 2; }
-  // Options::ffn_b_copy, with the tensor-map form (2) falling back to cp.async lanes (1) where the driver's encoder is
-  // unreachable.
-  int ffn_b_copy() const { return opt.ffn_b_copy == 2 && !cuda::ffn_fused_tensor_maps_available() ? 1 : opt.ffn_b_copy; }
+  // The fused FFN's forms from the options: Options::ffn_b_copy, with the tensor-map form (2) falling back to cp.async
+  // lanes (1) where the driver's encoder is unreachable; Options::ffn_balance, falling back to the group split (0), not
+  // to the three launches, where its table cannot hold the shape (192 blocks, 64 chunks) or the weight is out of range.
+  void set_ffn_forms(cuda::FfnFusedDesc& d, int sms) const {
+    d.rows_a = opt.ffn_rows;
+    d.b_copy = opt.ffn_b_copy == 2 && !cuda::ffn_fused_tensor_maps_available() ? 1 : opt.ffn_b_copy;
+    d.balance = opt.ffn_balance;
+    d.balance_weight = opt.ffn_balance_weight;
+    if (d.balance != 0 && !cuda::ffn_fused_shape_ok(d, sms)) d.balance = 0;
+  }
   // Options::row_units where it pays: GEMM v3's scaling. Under --act f16 GEMM v4 has no per-group scaling to save and
   // its stated bound was measured on per-group units (with row units the fixture gate gave 724/726).
   bool row_units_on() const { return opt.row_units && opt.gemm_f16 == 0; }
@@ -1621,13 +1628,7 @@ void CudaBackend::swiglu_ffn(const TernaryMatrix& gate, const TernaryMatrix& up,
   d.F = F;
   d.n = block;
   d.levels = I.levels();
-  d.rows_a = I.opt.ffn_rows;
-  d.b_copy = I.ffn_b_copy();
-  d.balance = I.opt.ffn_balance;
-  d.balance_weight = I.opt.ffn_balance_weight;
-  // The balance table holds 192 blocks and 64 chunks: past that (or a weight out of range) the group split, not the
-  // three launches.
-  if (d.balance != 0 && !cuda::ffn_fused_shape_ok(d, sms)) d.balance = 0;
+  I.set_ffn_forms(d, sms);
   d.g = fg;
   d.u = fu;
   // The rule's shape half before anything is launched (the rest are pointers this op sets below).
@@ -2285,10 +2286,7 @@ CudaBackend::FfnKernelRun CudaBackend::run_ffn_kernel(const TernaryMatrix* const
       d.F = F;
       d.n = n;
       d.levels = lv;
-      d.rows_a = I.opt.ffn_rows;
-      d.b_copy = I.ffn_b_copy();
-      d.balance = I.opt.ffn_balance;
-      d.balance_weight = I.opt.ffn_balance_weight;
+      I.set_ffn_forms(d, sms);
       d.phases = phases;
       if (!cuda::ffn_fused_supported(d, sms)) break;
       ls.push_back(cuda::ffn_fused_launch(d, sms));
