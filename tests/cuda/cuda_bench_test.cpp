@@ -310,19 +310,21 @@ TEST(CudaBench, FfnFusedVsThreeLaunches) {
     CudaBackend be(o);
     for (const TernaryMatrix* m : list) be.prepare_matrix(*m);
     for (int rep = 0; rep < 2; ++rep)
-      for (int phases : {-1, 3, 1, 2, 0}) {  // -1: the three launches
+      for (int phases : {-1, 3, 1, 2, 0, 4, 12}) {  // -1: the three launches; 4 / 12: phase 0 less the site / the barrier
         if (phases == -1 && (fm.rows != 32 || fm.copy != 0)) continue;
+        if (phases >= 4 && (fm.rows != 32 || fm.copy != 2 || fm.balance != 0)) continue;
         // phases 1 / 0 copy no ffn_down stage: once per balance form
         if (((phases == 1 || phases == 0) && fm.copy != 0 && !fm.balance) || (phases != 3 && rep == 1)) continue;
         const CudaBackend::FfnKernelRun r =
             be.run_ffn_kernel(list.data(), kFfns, x.data(), signs.data(), 1024, phases != -1, 50, phases < 0 ? 3 : phases);
         ASSERT_TRUE(r.ran);
-        const double b = phases == 1 ? bytes * 2 / 3 : phases == 2 ? bytes / 3 : phases == 0 ? 0.0 : bytes;
+        const double b = phases == 1 ? bytes * 2 / 3 : phases == 2 ? bytes / 3 : phases == 3 ? bytes : 0.0;
         const char* bal = fm.balance == 1 ? ", balance 1 (gate / up even)" : fm.balance == 2 ? ", balance 2 (bytes even)" : "";
         char line[256];
-        if (phases == 0)
-          std::snprintf(line, sizeof line, "ffn 27b, one fused launch, %d-row stages%s, no weights (launch, group barrier, "
-                        "site): %.2f us", fm.rows, bal, r.us);
+        if (phases == 0 || phases >= 4)
+          std::snprintf(line, sizeof line, "ffn 27b, one fused launch, %d-row stages%s, no weights (%s): %.2f us", fm.rows,
+                        bal, phases == 0 ? "launch, group barrier, site" : phases == 4 ? "launch, group barrier" : "launch",
+                        r.us);
         else if (phases == -1)
           std::snprintf(line, sizeof line, "ffn 27b, three launches: %.2f us an FFN (%.1f MB: %.1f %% of the %.0f GB/s probe)",
                         r.us, b / 1e6, 100.0 * b / (r.us * 1e-6) / 1e9 / probe, probe);

@@ -279,8 +279,14 @@ TEST(CudaPolicy, FfnFusedSupportedShapes) {
   d.b_copy = 2;  // tensor maps: only where the driver's encoder is reachable (not on a machine without a GPU driver)
   EXPECT_EQ(cuda::ffn_fused_supported(d, 132), cuda::ffn_fused_tensor_maps_available());
   d.b_copy = 0;
-  d.phases = 4;
-  EXPECT_FALSE(cuda::ffn_fused_supported(d, 132));  // the bench's phase mask: 0-3
+  for (const int ph : {0, 1, 2, 4, 12}) {  // the bench's phase mask 0-3, and phase 0's probes less the site / barrier
+    d.phases = ph;
+    EXPECT_TRUE(cuda::ffn_fused_supported(d, 132)) << ph;
+  }
+  for (const int ph : {-1, 5, 7, 8, 13, 16}) {  // a probe flag only with phase 0; the barrier only with the site gone
+    d.phases = ph;
+    EXPECT_FALSE(cuda::ffn_fused_supported(d, 132)) << ph;
+  }
   d.phases = 3;
   // The launch: one block per SM, 20 consumer warps + the producer; the ring as deep as fits in 227 KB: 4 slots of
   // 43,520 B (32-row gate / up stages, 160-row ffn_down ones) or 8 of 21,760 (16 / 80), with the partials

@@ -418,7 +418,7 @@ class CudaBackend final : public Backend {
     double us = 0;
     bool ran = false;
   };
-  // phases (fused, timing only): 3 the whole FFN; 1 / 2 gate+up / ffn_down alone, 0 neither (cuda::FfnFusedDesc::phases).
+  // phases (fused, timing only): 3 the whole FFN; 1 / 2 gate+up / ffn_down alone, 0 neither, 4 / 12 probes (cuda::FfnFusedDesc::phases).
   FfnKernelRun run_ffn_kernel(const TernaryMatrix* const* mats, int n_ffn, const float* x, const int8_t* signs,
                               int64_t n, bool fused, int reps, int phases = 3);
 

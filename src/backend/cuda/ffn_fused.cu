@@ -26,8 +26,9 @@
 //            the mbarrier counting them); 2 one 2-D tensor-map box for the words and one for the scales.
 // The weights depend on nothing, so the producer streams phase B's stages right behind phase A's: they land while the
 // group meets and the site is computed. Counters: arrivals (units) and departures (blocks) per group, zero before the
-// first launch; the group's last block to depart zeroes both (the next launch touches them only after its pdl_wait,
-// i.e. after this launch has completed).
+// first launch. A block departs once its consumers are past the barrier (its producer counts it out when they have
+// consumed phase B's first stage, off the site's path); the group's last block to depart zeroes both (the next launch
+// touches them only after its pdl_wait, i.e. after this launch has completed).
 #include <cuda.h>  // CUtensorMap and its encoder's signature (the encoder itself comes through the runtime)
 
 #include <algorithm>
@@ -62,6 +63,7 @@ constexpr int kFfnMaxStages = 8;
 constexpr int kFfnSmem = 227 * 1024;               // an sm_90 block's most dynamic shared memory
 constexpr int kFfnMaxGrid = 192;                   // balance != 0: the most blocks (SMs) its table holds
 constexpr int kFfnMaxChunks = 64;                  // F / 1,024 at most with balance != 0
+constexpr int kFfnNoSite = 4, kFfnNoBarrier = 8;   // FfnArgs::phases' bench-only flags (with phases 0): the fixed part's parts
 
 struct FfnArgs {
   CUtensorMap tm[4];      // b_copy 2: ffn_down's words u32 [D, F/16] and scales fp16 [D, F/128] as 2-D tensors, boxes of
@@ -87,7 +89,8 @@ struct FfnArgs {
   float norm;             // 1 / sqrt(n)
   int32_t b_copy;         // phase B's copies: 0 bulk per row, 1 cp.async by lanes, 2 tensor-map boxes
   int32_t phases;         // 3; the kernel bench's 1 (gate / up only), 2 (ffn_down only) or 0 (neither: the launch, the
-                          // group barrier and the site alone) time a part (wrong output)
+                          // group barrier and the site alone) time a part (wrong output); 4 / 12 take the site / the
+                          // site and the barrier off phase 0 too (kFfnNoSite, kFfnNoBarrier)
   int32_t balance;        // phase A's rows (FfnFusedDesc::balance): 0 the group's chunk over its blocks, else seq / perm
   uint16_t seq[2 * kFfnMaxGrid];  // balance != 0: block b's phase-A units are [seq[2 b], seq[2 b + 1]) of the sequence
   uint8_t perm[kFfnMaxChunks];    // balance != 0: the sequence's segment k holds chunk perm[k]
@@ -208,6 +211,7 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
   const int na_all = plan.stages();
   constexpr int UB = 2 * kFfnBlocksB * RBA;  // 8-row units of a phase-B stage
   const int nA = (a.phases & 1) ? na_all : 0, nB = (a.phases & 2) ? (ub1 - ub0 + UB - 1) / UB : 0, n = nA + nB;
+  const bool barrier = !(a.phases & kFfnNoBarrier), site = !(a.phases & kFfnNoSite);  // both, but in the bench's probes
   // Stage i: output o (0 gate, 1 up, 2 down), its first row, its rows.
   auto stage_at = [&](int i, int& o, int& r0, int& nrow) {
     if (i < nA) {
@@ -254,7 +258,7 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
       __syncwarp();
       if (lane == 0) atomicAdd(a.count + 2 * plan.chunk_of(s0), s1 - s0);
     };
-    if (nA == 0)  // (the bench's phases without gate / up: every sub-run counted in at once)
+    if (nA == 0 && barrier)  // (the bench's phases without gate / up: every sub-run counted in at once)
       for (int k = 0; k < na_all; ++k) {
         int s0, s1;
         if (plan.ends_run(k, s0, s1)) arrive(s0, s1);
@@ -332,6 +336,9 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
         __syncwarp();  // every lane's reads of this red slot before the next arrive that lets it be rewritten
         int s0, s1;
         if (j < nA && plan.ends_run(j, s0, s1)) arrive(s0, s1);  // the sub-run's last stage
+        // Phase B's first stage consumed: the consumers are past the barrier, so the block departs here, off their path
+        // (the departure's atomic waits an L2 round trip for its count; blocks without phase B depart in the site).
+        if (j == nA && nB > 0 && barrier && lane == 0) depart_and_reset(arrivals, gsize);
         if (++es == ST) es = 0, eph ^= 1u;
         if (++slot == ST + 1) slot = 0;
       }
@@ -371,36 +378,40 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
   // The group's barrier, then the chunk's site (warps 0-3: 128 slots of 8 elements) into xs / xs_d.
   if (w < 4) {
     const int tt = threadIdx.x;  // slot 0..127
-    if (tt == 0) {
+    if (tt == 0 && barrier) {
       poll_until_at_least(arrivals, 2 * kFfnSeg);  // all the chunk's gate and up units
-      depart_and_reset(arrivals, gsize);
+      if (nB == 0) depart_and_reset(arrivals, gsize);  // (else the producer departs, after phase B's first stage)
     }
     asm volatile("bar.sync 2, 128;" ::: "memory");
-    const int e = 8 * tt;  // chunk-local element of the slot
-    const float* gp = a.g + int64_t(c) * kFfnChunk + e;
-    const float* up = a.u + int64_t(c) * kFfnChunk + e;
-    float v[8], u[8];
-    {  // L2 reads (other blocks wrote them in this launch)
-      const float4 g0 = __ldcg(reinterpret_cast<const float4*>(gp)), g1 = __ldcg(reinterpret_cast<const float4*>(gp) + 1);
-      const float4 u0 = __ldcg(reinterpret_cast<const float4*>(up)), u1 = __ldcg(reinterpret_cast<const float4*>(up) + 1);
-      v[0] = g0.x, v[1] = g0.y, v[2] = g0.z, v[3] = g0.w, v[4] = g1.x, v[5] = g1.y, v[6] = g1.z, v[7] = g1.w;
-      u[0] = u0.x, u[1] = u0.y, u[2] = u0.z, u[3] = u0.w, u[4] = u1.x, u[5] = u1.y, u[6] = u1.z, u[7] = u1.w;
-    }
-#pragma unroll
-    for (int k = 0; k < 8; ++k) v[k] = siluf_(v[k]) * u[k];  // site_slot_front's SiluMul, the same expression
-    SitePrologue sp{};
-    sp.pre = kPreNone;
-    sp.signs = a.signs ? a.signs + int64_t(c) * kFfnChunk : nullptr;
-    sp.log2n = a.log2n;
-    sp.norm = a.norm;
-    site_slot_front(sp, e, lane, 0.f, true, nullptr, v);  // signs, strides 1 .. min(n, 256) / 2
-    const int nn = 1 << a.log2n;
-    if (nn > 256) {
-      store8(scratch + tt * 8, v);
-      asm volatile("bar.sync 2, 128;" ::: "memory");
-      site_slot_exchange(nn, w, lane, scratch, v);
-    }
-    site_slot_quantise<LV>(sp, kFfnChunk, e, lane, nullptr, xs, xs_d, v);
+    if (site) {
+      const int e = 8 * tt;  // chunk-local element of the slot
+      const float* gp = a.g + int64_t(c) * kFfnChunk + e;
+      const float* up = a.u + int64_t(c) * kFfnChunk + e;
+      float v[8], u[8];
+      {  // L2 reads (other blocks wrote them in this launch)
+        const float4 g0 = __ldcg(reinterpret_cast<const float4*>(gp)),
+                     g1 = __ldcg(reinterpret_cast<const float4*>(gp) + 1);
+        const float4 u0 = __ldcg(reinterpret_cast<const float4*>(up)),
+                     u1 = __ldcg(reinterpret_cast<const float4*>(up) + 1);
+        v[0] = g0.x, v[1] = g0.y, v[2] = g0.z, v[3] = g0.w, v[4] = g1.x, v[5] = g1.y, v[6] = g1.z, v[7] = g1.w;
+        u[0] = u0.x, u[1] = u0.y, u[2] = u0.z, u[3] = u0.w, u[4] = u1.x, u[5] = u1.y, u[6] = u1.z, u[7] = u1.w;
+      }
+  #pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = siluf_(v[k]) * u[k];  // site_slot_front's SiluMul, the same expression
+      SitePrologue sp{};
+      sp.pre = kPreNone;
+      sp.signs = a.signs ? a.signs + int64_t(c) * kFfnChunk : nullptr;
+      sp.log2n = a.log2n;
+      sp.norm = a.norm;
+      site_slot_front(sp, e, lane, 0.f, true, nullptr, v);  // signs, strides 1 .. min(n, 256) / 2
+      const int nn = 1 << a.log2n;
+      if (nn > 256) {
+        store8(scratch + tt * 8, v);
+        asm volatile("bar.sync 2, 128;" ::: "memory");
+        site_slot_exchange(nn, w, lane, scratch, v);
+      }
+      site_slot_quantise<LV>(sp, kFfnChunk, e, lane, nullptr, xs, xs_d, v);
+    }  // site
   }
   asm volatile("bar.sync 1, %0;" ::"r"(NW * 32) : "memory");  // the chunk's digits are in xs / xs_d
   // Phase B: a stage is RBA x 5 row blocks x the chunk's 4 steps; warp w takes row blocks w / 4 + 5 b, step w % 4.
@@ -648,8 +659,8 @@ bool ffn_fused_shape_ok(const FfnFusedDesc& d, int sms) {
   return d.D >= 1024 && d.D % 1024 == 0 && d.D / 256 <= kFfnWarps && d.F >= kFfnChunk && d.F % kFfnChunk == 0 &&
          C <= sms && sms / C <= kFfnChunk / 8 && d.n >= 1 && d.n <= kFfnChunk && (d.n & (d.n - 1)) == 0 &&
          (d.levels == 1 || d.levels == 2) && (d.rows_a == 16 || d.rows_a == 32) &&
-         ffn_shape(d.D, d.levels, d.rows_a).stages >= 2 && d.b_copy >= 0 && d.b_copy <= 2 && d.phases >= 0 &&
-         d.phases <= 3 && (d.b_copy != 2 || ffn_fused_tensor_maps_available()) && d.balance >= 0 && d.balance <= 2 &&
+         ffn_shape(d.D, d.levels, d.rows_a).stages >= 2 && d.b_copy >= 0 && d.b_copy <= 2 && ((d.phases >= 0 &&
+         d.phases <= 3) || d.phases == kFfnNoSite || d.phases == (kFfnNoSite | kFfnNoBarrier)) && (d.b_copy != 2 || ffn_fused_tensor_maps_available()) && d.balance >= 0 && d.balance <= 2 &&
          (d.balance == 0 || (sms <= kFfnMaxGrid && C <= kFfnMaxChunks && d.balance_weight >= 0.f &&
                              d.balance_weight <= 4.f));
 }

@@ -556,7 +556,8 @@ struct FfnFusedDesc {
   int32_t b_copy = 0;               // round 33: ffn_down's stage copies: 0 a bulk copy a row, 1 cp.async by the producer's
                                     // lanes, 2 2-D tensor-map boxes (needs ffn_fused_tensor_maps_available); same bytes
   int32_t phases = 3;               // timing only (the kernel bench): 1 gate / up alone, 2 ffn_down alone, 0 neither (the
-                                    // launch, group barrier and site: the fixed cost); the output is wrong unless 3
+                                    // launch, group barrier and site: the fixed cost), 4 / 12 phase 0 less the site /
+                                    // the site and the barrier; the output is wrong unless 3
   int32_t balance = 0;              // round 34: gate / up rows over the blocks: 0 the group's chunk over its blocks; 1 all
                                     // chunks' evenly over all blocks; 2 so that every block's gate / up + ffn_down bytes
                                     // are even (a 7-block group's blocks take fewer gate / up rows). Bit-identical.
