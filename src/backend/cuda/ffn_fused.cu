@@ -378,6 +378,9 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
   // The group's barrier, then the chunk's site (warps 0-3: 128 slots of 8 elements) into xs / xs_d.
   if (w < 4) {
     const int tt = threadIdx.x;  // slot 0..127
+    // The slot's 8 signs (constant weights' data, often out of L2 by now) are read before the wait, off its path.
+    uint2 sgn = make_uint2(0u, 0u);
+    if (a.signs) sgn = __ldg(reinterpret_cast<const uint2*>(a.signs + int64_t(c) * kFfnChunk + 8 * tt));
     if (tt == 0 && barrier) {
       poll_until_at_least(arrivals, 2 * kFfnSeg);  // all the chunk's gate and up units
       if (nB == 0) depart_and_reset(arrivals, gsize);  // (else the producer departs, after phase B's first stage)
@@ -398,12 +401,12 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
       }
   #pragma unroll
       for (int k = 0; k < 8; ++k) v[k] = siluf_(v[k]) * u[k];  // site_slot_front's SiluMul, the same expression
+      if (a.signs) site_slot_signs(sgn.x, sgn.y, v);  // site_slot_front's sign step, with the words read above
       SitePrologue sp{};
       sp.pre = kPreNone;
-      sp.signs = a.signs ? a.signs + int64_t(c) * kFfnChunk : nullptr;
       sp.log2n = a.log2n;
       sp.norm = a.norm;
-      site_slot_front(sp, e, lane, 0.f, true, nullptr, v);  // signs, strides 1 .. min(n, 256) / 2
+      site_slot_front(sp, e, lane, 0.f, true, nullptr, v);  // (no signs here:) strides 1 .. min(n, 256) / 2
       const int nn = 1 << a.log2n;
       if (nn > 256) {
         store8(scratch + tt * 8, v);
