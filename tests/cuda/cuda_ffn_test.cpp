@@ -76,19 +76,22 @@ TEST(CudaFfnFused, MatchesTheThreeLaunches) {
       const CudaBackend::FfnKernelRun f16 = be16.run_ffn_kernel(mats, 1, x.data(), sg, c.n, true, 0);
       ASSERT_TRUE(ref.ran && f1.ran && f2.ran && f12.ran && f16.ran) << what;
       struct Form {
-        int copy, rows, balance;
+        int copy, rows, balance, red = 0;
       };
       for (const Form& fm : {Form{1, 32, 0}, Form{1, 16, 0}, Form{2, 32, 0}, Form{2, 16, 0}, Form{2, 32, 1},
-                             Form{0, 16, 1}, Form{2, 32, 2}, Form{1, 16, 2}}) {
+                             Form{0, 16, 1}, Form{2, 32, 2}, Form{1, 16, 2}, Form{2, 32, 0, 3}, Form{2, 16, 2, 2},
+                             Form{0, 32, 1, 4}}) {
         CudaBackend::Options oc = o;
         oc.ffn_b_copy = fm.copy;
         oc.ffn_rows = fm.rows;
         oc.ffn_balance = fm.balance;
+        oc.ffn_red_slots = fm.red;
         CudaBackend bc(oc);
         for (TernaryMatrix* m : {&gate, &up, &down}) bc.prepare_matrix(*m);
         const CudaBackend::FfnKernelRun fc = bc.run_ffn_kernel(twice, 2, x.data(), sg, c.n, true, 0);
         const std::string form = what + " b_copy " + std::to_string(fm.copy) + ", " + std::to_string(fm.rows) +
-                                 "-row stages, balance " + std::to_string(fm.balance);
+                                 "-row stages, balance " + std::to_string(fm.balance) + ", red slots " +
+                                 std::to_string(fm.red);
         ASSERT_TRUE(fc.ran) << form;
         EXPECT_TRUE(bit_equal(f1.y, fc.y) && bit_equal(f1.gu, fc.gu)) << form << ": differs from b_copy 0";
         for (size_t i = 0; i < fc.counters.size(); ++i) EXPECT_EQ(fc.counters[i], 0) << form << ": counter " << i;
@@ -290,14 +293,27 @@ TEST(CudaPolicy, FfnFusedSupportedShapes) {
   d.phases = 3;
   // The launch: one block per SM, 20 consumer warps + the producer; the ring as deep as fits in 227 KB: 4 slots of
   // 43,520 B (32-row gate / up stages, 160-row ffn_down ones) or 8 of 21,760 (16 / 80), with the partials
-  // [slots + 1][20][rows], the chunk's digits and xds (2,176 B) and the site's scratch (4 KB).
-  for (const int rows : {32, 16}) {
-    d.rows_a = rows;
-    const cuda::Launch l = cuda::ffn_fused_launch(d, 132);
-    const uint32_t slots = rows == 32 ? 4 : 8, stage = rows == 32 ? 43520 : 21760;
-    EXPECT_EQ(l.grid.x, 132u);
-    EXPECT_EQ(l.block.x, 21u * 32u);
-    EXPECT_EQ(l.smem, slots * stage + 16 * slots + (slots + 1) * 20 * rows * 4 + 2 * 1024 + 16 * 8 + 128 * 8 * 4) << rows;
+  // [slots + 1][20][rows] and their mbarriers, the chunk's digits and xds (2,176 B) and the site's scratch (4 KB).
+  // Round 35: with 3 partials slots the same bytes hold 5 / 10 ring slots.
+  for (const int red : {0, 3})
+    for (const int rows : {32, 16}) {
+      d.rows_a = rows;
+      d.red_slots = red;
+      ASSERT_TRUE(cuda::ffn_fused_supported(d, 132)) << rows << " " << red;
+      const cuda::Launch l = cuda::ffn_fused_launch(d, 132);
+      const uint32_t slots = rows == 32 ? (red ? 5 : 4) : (red ? 10 : 8), stage = rows == 32 ? 43520 : 21760;
+      const uint32_t r = red ? uint32_t(red) : slots + 1;
+      EXPECT_EQ(l.grid.x, 132u);
+      EXPECT_EQ(l.block.x, 21u * 32u);
+      EXPECT_EQ(l.smem, slots * stage + 16 * slots + 8 * r + r * 20 * rows * 4 + 2 * 1024 + 16 * 8 + 128 * 8 * 4)
+          << rows << " " << red;
+      EXPECT_LE(l.smem, 227u * 1024u);
+    }
+  d.red_slots = 3;
+  d.rows_a = 32;
+  for (const int red : {1, 5, -1}) {  // a partials slot count outside 2-4 (and 0)
+    d.red_slots = red;
+    EXPECT_FALSE(cuda::ffn_fused_supported(d, 132)) << red;
   }
 }
 

@@ -59,7 +59,7 @@ constexpr int kFfnWarps = 20;                      // consumer warps; warp kFfnW
 constexpr int kFfnBlocksB = kFfnWarps / 4;         // 16-row blocks of a warp set in phase B (4 steps of a 1,024 chunk)
 constexpr int kFfnRowsB = 16 * kFfnBlocksB;        // 80 rows: a phase-B stage holds RBA such sets
 constexpr int kFfnChunk = 1024;
-constexpr int kFfnMaxStages = 8;
+constexpr int kFfnMaxStages = 10;                  // (8 with red_slots 0: the pre-round-35 shapes)
 constexpr int kFfnSmem = 227 * 1024;               // an sm_90 block's most dynamic shared memory
 constexpr int kFfnMaxGrid = 192;                   // balance != 0: the most blocks (SMs) its table holds
 constexpr int kFfnMaxChunks = 64;                  // F / 1,024 at most with balance != 0
@@ -92,14 +92,15 @@ struct FfnArgs {
                           // group barrier and the site alone) time a part (wrong output); 4 / 12 take the site / the
                           // site and the barrier off phase 0 too (kFfnNoSite, kFfnNoBarrier)
   int32_t balance;        // phase A's rows (FfnFusedDesc::balance): 0 the group's chunk over its blocks, else seq / perm
+  int32_t red_slots;      // R: slots of the partials (>= 2; stages + 1 needs no wait, fewer leave room for a deeper ring)
   uint16_t seq[2 * kFfnMaxGrid];  // balance != 0: block b's phase-A units are [seq[2 b], seq[2 b + 1]) of the sequence
   uint8_t perm[kFfnMaxChunks];    // balance != 0: the sequence's segment k holds chunk perm[k]
   uint8_t pos[kFfnMaxChunks];     // its inverse: chunk c is segment pos[c]
-  uint8_t pad[108];       // explicit: sizeof is a multiple of the tensor maps' 128-byte alignment, no hidden padding
+  uint8_t pad[104];       // explicit: sizeof is a multiple of the tensor maps' 128-byte alignment, no hidden padding
 };
 static_assert(offsetof(FfnArgs, pad) + sizeof(FfnArgs::pad) == sizeof(FfnArgs), "FfnArgs: no tail padding");
 static_assert(offsetof(FfnArgs, gw) == sizeof(FfnArgs::tm) && offsetof(FfnArgs, D) == sizeof(FfnArgs::tm) + 13 * 8 &&
-                  offsetof(FfnArgs, seq) == offsetof(FfnArgs, D) + 16 + 7 * 4 &&
+                  offsetof(FfnArgs, seq) == offsetof(FfnArgs, D) + 16 + 8 * 4 &&
                   offsetof(FfnArgs, perm) == offsetof(FfnArgs, seq) + sizeof(FfnArgs::seq) &&
                   offsetof(FfnArgs, pad) == offsetof(FfnArgs, pos) + kFfnMaxChunks,
               "FfnArgs: no holes between the fields (equal arguments must be equal bytes)");
@@ -202,7 +203,7 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int NW = kFfnWarps, TRA = 16 * RBA;  // TRA: rows of a phase-A stage, and of a warp's red row
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  const int D = int(a.D), C = int(a.F / kFfnChunk), ST = a.stages;
+  const int D = int(a.D), C = int(a.F / kFfnChunk), ST = a.stages, R = a.red_slots;
   int c, r, gsize;
   ffn_group(int(blockIdx.x), int(gridDim.x), C, c, r, gsize);
   // Phase A: FfnPlanA (above); phase B: units [ub0, ub1) of D / 8 (the group's chunk).
@@ -223,14 +224,19 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
       nrow = 8 * min(UB, ub1 - u);
     }
   };
-  // Shared memory: ring [ST][stage_bytes] | full [ST], empty [ST] | red float [ST + 1][NW][TRA] (stage j's partials in
-  // slot j % (ST + 1), as v7) | xs int8 [LV][1,024] then xds float2 [16] (the chunk's digits) | scratch float [128][8]
-  // (the site's strides 256 / 512).
+  // Shared memory: ring [ST][stage_bytes] | full [ST], empty [ST], rfree [R] | red float [R][NW][TRA] (stage j's partials
+  // in slot j % R) | xs int8 [LV][1,024] then xds float2 [16] (the chunk's digits) | scratch float [128][8] (the site's
+  // strides 256 / 512).
+  // Why rfree: the consumers may run ST stages ahead of the producer's sums, so with R = ST + 1 slots (v7's form) a slot
+  // is always free; with fewer, a consumer waits for the sum of stage j - R (rfree[j % R]) before it writes stage j's,
+  // and the bytes saved buy a deeper ring (the 27b at 32-row stages: 5 slots instead of 4, so a 7-block group's whole
+  // ffn_down share, 731 rows, is in flight at the barrier).
   unsigned char* ring = smem;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + size_t(ST) * a.stage_bytes);
   uint64_t* empty = full + ST;
-  float* red = reinterpret_cast<float*>(empty + ST);
-  int8_t* xs = reinterpret_cast<int8_t*>(red + size_t(ST + 1) * NW * TRA);
+  uint64_t* rfree = empty + ST;
+  float* red = reinterpret_cast<float*>(rfree + R);
+  int8_t* xs = reinterpret_cast<int8_t*>(red + size_t(R) * NW * TRA);
   float2* xs_d = reinterpret_cast<float2*>(xs + LV * kFfnChunk);
   float* scratch = reinterpret_cast<float*>(xs_d + kFfnChunk / 64);
   if (threadIdx.x == 0) {
@@ -238,6 +244,7 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], unsigned(NW));
     }
+    for (int k = 0; k < R; ++k) mbar_init(&rfree[k], 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -333,14 +340,15 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
             a.parts[int64_t(c) * D + r0 + rr] = ((q[0] + q[TRA]) + q[2 * TRA]) + q[3 * TRA];
           }
         }
-        __syncwarp();  // every lane's reads of this red slot before the next arrive that lets it be rewritten
+        __syncwarp();  // every lane's reads of this red slot before the arrive that lets it be rewritten
+        if (lane == 0) mbar_arrive(&rfree[slot]);
         int s0, s1;
         if (j < nA && plan.ends_run(j, s0, s1)) arrive(s0, s1);  // the sub-run's last stage
         // Phase B's first stage consumed: the consumers are past the barrier, so the block departs here, off their path
         // (the departure's atomic waits an L2 round trip for its count; blocks without phase B depart in the site).
         if (j == nA && nB > 0 && barrier && lane == 0) depart_and_reset(arrivals, gsize);
         if (++es == ST) es = 0, eph ^= 1u;
-        if (++slot == ST + 1) slot = 0;
+        if (++slot == R) slot = 0;
       }
     }
     wait_once();
@@ -353,13 +361,19 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
   const int g = ln.g, t = ln.t;
   uint4 XP[4];
   float4 xv0, xv1;
-  int s = 0, slot = 0;
+  int s = 0, slot = 0, jr = 0;  // jr: stages consumed (both phases)
   unsigned ph = 0;
+  // Stage jr's partials [NW][TRA], once the producer has summed stage jr - R's from the same slot.
+  auto red_slot = [&]() -> float* {
+    if (jr >= R) mbar_wait(&rfree[slot], unsigned((jr / R - 1) & 1));
+    return red + size_t(slot) * NW * TRA;
+  };
   auto next = [&] {
     __syncwarp();  // every lane's reads of the stage and writes of red before lane 0's arrive (a release)
     if (lane == 0) mbar_arrive(&empty[s]);
     if (++s == ST) s = 0, ph ^= 1u;
-    if (++slot == ST + 1) slot = 0;
+    if (++slot == R) slot = 0;
+    ++jr;
   };
   // Phase A: K = D, S = G / 2 <= NW steps a row (ffn_fused_supported); warp w takes step w (none past S), its B read
   // once.
@@ -372,7 +386,7 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
     const uint16_t* srow = reinterpret_cast<const uint16_t*>(st + TRA * (D >> 2)) + g * G + (LV == 2 ? (t & 1) : 0);
     float yg[RBA] = {}, yg8[RBA] = {};
     if (w < SA) mv7_window_step<LV, RBA>(wrow, 16 * (D >> 2), D >> 2, srow, 16 * G, G, G, w, t, XP, xv0, xv1, yg, yg8);
-    mv7_put_rows<LV, RBA>(red + (size_t(slot) * NW + w) * TRA + g, ln.holder, yg, yg8);
+    mv7_put_rows<LV, RBA>(red_slot() + w * TRA + g, ln.holder, yg, yg8);
     next();
   }
   // The group's barrier, then the chunk's site (warps 0-3: 128 slots of 8 elements) into xs / xs_d.
@@ -429,7 +443,7 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
     float yg[RBA] = {}, yg8[RBA] = {};
     mv7_window_step<LV, RBA>(wrow, kFfnRowsB * 256, 256, srow, kFfnRowsB * 8, 8, kFfnChunk >> 7, cc, t, XP, xv0, xv1, yg,
                             yg8);
-    mv7_put_rows<LV, RBA>(red + (size_t(slot) * NW + w) * TRA + g, ln.holder, yg, yg8);
+    mv7_put_rows<LV, RBA>(red_slot() + w * TRA + g, ln.holder, yg, yg8);
     next();
   }
 }
@@ -442,17 +456,20 @@ const void* ffn_fused_kernel_for(int lv, int rows_a) {
 }
 
 struct FfnShape {
-  int stages = 0;
+  int stages = 0, red_slots = 0;
   int64_t stage_bytes = 0, smem = 0;
 };
-FfnShape ffn_shape(int64_t D, int levels, int rows_a) {
+// red_slots 0: one partials slot per ring slot + 1 (no wait); 2-4: that many (FfnArgs::red_slots).
+FfnShape ffn_shape(int64_t D, int levels, int rows_a, int red_slots) {
   FfnShape f;
   f.stage_bytes = std::max<int64_t>(rows_a * (D / 4 + D / 64), rows_a / 16 * kFfnRowsB * (256 + 16));
   const int64_t rest_fixed = levels * kFfnChunk + (kFfnChunk / 64) * 8 + 128 * 8 * 4;
-  for (int st = kFfnMaxStages; st >= 2; --st) {
-    const int64_t bytes = st * f.stage_bytes + 16 * st + (st + 1) * kFfnWarps * rows_a * 4 + rest_fixed;
+  for (int st = red_slots ? kFfnMaxStages : 8; st >= 2; --st) {
+    const int r = red_slots ? red_slots : st + 1;
+    const int64_t bytes = st * f.stage_bytes + 16 * st + 8 * r + r * kFfnWarps * rows_a * 4 + rest_fixed;
     if (bytes <= kFfnSmem) {
       f.stages = st;
+      f.red_slots = r;
       f.smem = bytes;
       break;
     }
@@ -661,9 +678,11 @@ bool ffn_fused_shape_ok(const FfnFusedDesc& d, int sms) {
   const int64_t C = d.F / kFfnChunk;
   return d.D >= 1024 && d.D % 1024 == 0 && d.D / 256 <= kFfnWarps && d.F >= kFfnChunk && d.F % kFfnChunk == 0 &&
          C <= sms && sms / C <= kFfnChunk / 8 && d.n >= 1 && d.n <= kFfnChunk && (d.n & (d.n - 1)) == 0 &&
-         (d.levels == 1 || d.levels == 2) && (d.rows_a == 16 || d.rows_a == 32) &&
-         ffn_shape(d.D, d.levels, d.rows_a).stages >= 2 && d.b_copy >= 0 && d.b_copy <= 2 && ((d.phases >= 0 &&
-         d.phases <= 3) || d.phases == kFfnNoSite || d.phases == (kFfnNoSite | kFfnNoBarrier)) && (d.b_copy != 2 || ffn_fused_tensor_maps_available()) && d.balance >= 0 && d.balance <= 2 &&
+         (d.levels == 1 || d.levels == 2) && (d.rows_a == 16 || d.rows_a == 32) && d.red_slots >= 0 &&
+         d.red_slots != 1 && d.red_slots <= 4 && ffn_shape(d.D, d.levels, d.rows_a, d.red_slots).stages >= 2 &&
+         d.b_copy >= 0 && d.b_copy <= 2 &&
+         ((d.phases >= 0 && d.phases <= 3) || d.phases == kFfnNoSite || d.phases == (kFfnNoSite | kFfnNoBarrier)) &&
+         (d.b_copy != 2 || ffn_fused_tensor_maps_available()) && d.balance >= 0 && d.balance <= 2 &&
          (d.balance == 0 || (sms <= kFfnMaxGrid && C <= kFfnMaxChunks && d.balance_weight >= 0.f &&
                              d.balance_weight <= 4.f));
 }
@@ -674,7 +693,7 @@ bool ffn_fused_supported(const FfnFusedDesc& d, int sms) {
 }
 
 Launch ffn_fused_launch(const FfnFusedDesc& d, int sms) {
-  const FfnShape sh = ffn_shape(d.D, d.levels, d.rows_a);
+  const FfnShape sh = ffn_shape(d.D, d.levels, d.rows_a, d.red_slots);
   FfnArgs a{};
   a.gw = d.gate.words;
   a.gs = d.gate.scales;
@@ -693,6 +712,7 @@ Launch ffn_fused_launch(const FfnFusedDesc& d, int sms) {
   a.F = d.F;
   a.stages = sh.stages;
   a.stage_bytes = int32_t(sh.stage_bytes);
+  a.red_slots = sh.red_slots;
   while ((int64_t(1) << a.log2n) < d.n) ++a.log2n;
   a.norm = float(1.0 / __builtin_sqrt(double(d.n)));
   a.b_copy = d.b_copy;

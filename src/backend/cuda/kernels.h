@@ -563,6 +563,9 @@ struct FfnFusedDesc {
                                     // are even (a 7-block group's blocks take fewer gate / up rows). Bit-identical.
   float balance_weight = 1.0f;      // balance 2: an ffn_down row's weight against its bytes (0 = balance 1's even
                                     // gate / up shares; 0-4)
+  int32_t red_slots = 0;            // round 35: slots of the stage partials: 0 one per ring slot + 1 (no wait; the ring
+                                    // at most 8 deep), 2-4 that many (a wait for a free one; the bytes saved deepen the
+                                    // ring: the 27b at 32-row stages 5 slots, not 4). Bit-identical.
 };
 bool ffn_fused_tensor_maps_available();  // the driver's tensor-map encoder is reachable (b_copy 2)
 // balance 1 / 2's phase-A table, for the host tests: block b's units [lo[b], hi[b]) of the unit sequence whose segment k
