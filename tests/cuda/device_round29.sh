@@ -4,8 +4,7 @@
 # 27b decode A/B (AB: "name:ENV=V,ENV=V ..."; prev* runs bonsai_prev; `bench -p 0 -n 128 -r 2`), compute-sanitizer
 # racecheck on RACE_FILTER and memcheck on MEM_FILTER (each at most SAN_TIMEOUT s), the v7 timeline (TRACE=1), then
 # FINAL=1 (device_round21.sh's final benches). Staged by stage_devbin.sh; `bash .devbin-me/device_round29.sh` with carry
-# [".devbin-me"]. CLUSTER_PROBE=1: tests/cuda/cluster_ffn_probe.cu (compiled there with nvcc) after the tests;
-# PERSIST_PROBE=1 (round 35): tests/cuda/persist_chain_probe.cu the same way.
+# [".devbin-me"]. CLUSTER_PROBE=1: tests/cuda/cluster_ffn_probe.cu (compiled there with nvcc) after the tests.
 # Round 30: KBENCH=<gtest filter> runs those CudaBench cases (BONSAI_CUDA_BENCH=1) after the probe; at the end every file
 # of $OUT is packed into $OUT/out.tgz (a call brings back at most 8 files). Round 31: DELTA_OUT entries of AB run only
 # once CudaOps.DeltaStepWithOutProjectionEqualsApart passed (DO_OK), as FFN_FUSED ones need CudaFfnFused (FFN_OK).
@@ -31,7 +30,6 @@ grep -q "^\[       OK \] CudaOps.DeltaStepWithOutProjectionEqualsApart" "$OUT/te
   ! grep -q "^\[  FAILED  \] CudaModel" "$OUT/test_cuda.log" && DO_OK=1
 echo "FFN_OK=$FFN_OK DO_OK=$DO_OK"
 [ "${CLUSTER_PROBE:-0}" = 1 ] && device_probe cluster_ffn_probe 120  # needs no pack
-[ "${PERSIST_PROBE:-0}" = 1 ] && device_probe persist_chain_probe 120  # round 35: + gap kernels and L2 prefetches
 if [ -n "${KBENCH:-}" ] && [ $FFN_OK = 1 ]; then
   BONSAI_CUDA_BENCH=1 timeout ${KBENCH_TIMEOUT:-150} $B/test_cuda --gtest_filter="$KBENCH" > "$OUT/kbench.log" 2>&1
   echo "kbench rc=$?"; grep -E "^ffn|^probe|FAILED|Failure" "$OUT/kbench.log" | head -20

@@ -18,17 +18,9 @@
 //               on a monotonic counter) and dynamic chunks (blocks claim SB-byte chunks with an atomic, so a faster SM
 //               takes more; p - 1 finished = its done counter at its chunk count), each at several stage sizes.
 // Both against the plain-load read probe over the same buffer. Rates count the weight bytes once.
-//
-// Round 35: the real chain has small kernels between the products (the AddNorm sites, the conv, the delta step: 5-12
-// us "gap before" a product in round 26's trace), during which DRAM idles. The launches' form is run again with a
-// latency-bound gap kernel (GAP_US of spinning) between every two products, and with the next product's weights
-// prefetched into L2 (cp.async.bulk.prefetch.L2: each block the head of the next product's slice for its SM) either by
-// the gap kernel or by the product kernel's producer once its last copy is issued, so the question "would an L2
-// prefetch across launch boundaries take the gaps off the stream" has a number before anything is built.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -55,18 +47,6 @@ struct ChainArgs {
   unsigned* sink;        // [blocks] the XORs (kept live)
   unsigned* claim;       // dynamic: [P] chunks claimed of each product (zero when the run starts)
   unsigned* done;        // dynamic: [P] chunks consumed of each product (zero when the run starts)
-  int np;                // launches: the chain's products (the next product is p1 when p1 < np)
-  int64_t tail_pf;       // launches: bytes of the next product's slice each block prefetches into L2 after its last copy
-};
-// The gap kernel between two launches: a latency-bound stand-in for the small kernels (no weights), which may prefetch
-// the next product's slice heads.
-struct GapArgs {
-  const char* w;
-  const Product* prod;
-  int next;          // the product after the gap
-  int64_t pf;        // bytes of its slice each block prefetches (0: none)
-  long long spin;    // clock cycles each block spins after the dependency
-  unsigned* sink;
 };
 
 __device__ __forceinline__ int64_t lmin(int64_t x, int64_t y) { return x < y ? x : y; }
@@ -101,28 +81,6 @@ __device__ __forceinline__ void slice(const Product& p, int64_t& lo, int64_t& n)
   const int64_t G = gridDim.x, b = blockIdx.x, q = p.bytes / 16;
   lo = p.off + 16 * (q * b / G);
   n = 16 * (q * (b + 1) / G - q * b / G);
-}
-
-// The first `bytes` of block blockIdx.x's slice of product p into L2 (no shared memory, no wait: the copy engine's
-// prefetch, 64 KB an instruction).
-__device__ __forceinline__ void prefetch_slice_head(const char* w, const Product& p, int64_t bytes) {
-  int64_t lo, n;
-  slice(p, lo, n);
-  n = lmin(n, bytes & ~int64_t(15));
-  for (int64_t c = 0; c < n; c += 65536) {
-    const unsigned b = unsigned(lmin(65536, n - c));
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(w + lo + c), "r"(b) : "memory");
-  }
-}
-
-__global__ void gap_kernel(const GapArgs a) {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  if (a.pf > 0 && threadIdx.x == 0) prefetch_slice_head(a.w, a.prod[a.next], a.pf);
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  const long long t0 = clock64();
-  unsigned x = threadIdx.x;
-  while (clock64() - t0 < a.spin) x = x * 1664525u + 1013904223u;
-  if (x == 0x9e3779b9u) a.sink[blockIdx.x] = x;  // (never) keeps the loop
 }
 
 template <int SB>
@@ -217,7 +175,6 @@ __global__ __launch_bounds__(kThreads, 1) void chain_kernel(const ChainArgs a) {
             advance();
           }
         }
-        if (MODE == 0 && a.tail_pf > 0 && a.p1 < a.np) prefetch_slice_head(a.w, a.prod[a.p1], a.tail_pf);
       }
     }
     if constexpr (MODE == 0) asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -350,7 +307,7 @@ int main() {
     cudaGraph_t g;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
     for (int p = 0; p < P; ++p) {
-      ChainArgs a{w, dprod, p, p + 1, counter, 0, 0, sink, nullptr, nullptr, P, 0};
+      ChainArgs a{w, dprod, p, p + 1, counter, 0, 0, sink, nullptr, nullptr};
       cudaLaunchConfig_t cfg{};
       cfg.gridDim = dim3(unsigned(sms));
       cfg.blockDim = dim3(kThreads);
@@ -370,59 +327,6 @@ int main() {
     report(what, time_ms([&] { cudaGraphLaunch(exec, st); }, 10));
   }
 
-  // Round 35: launches with a gap kernel between every two products, and L2 prefetches of the next product's slice heads
-  // (by the gap kernel, or by the product's producer after its last copy). GAP_US: the gap kernel's spin (default 2).
-  {
-    constexpr int S = 4, SB = 48 * 1024;
-    int clock_khz = 0;
-    CK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
-    const char* gu = std::getenv("GAP_US");
-    const double gap_us = gu && *gu ? std::atof(gu) : 2.0;
-    struct Form {
-      bool gap;
-      double gap_pf_mb, tail_pf_mb;  // the next product's bytes prefetched, in all (split over the blocks)
-    };
-    for (const Form fm : {Form{false, 0, 0}, Form{false, 0, 8}, Form{true, 0, 0}, Form{true, 4, 0}, Form{true, 8, 0},
-                          Form{true, 16, 0}, Form{true, 0, 4}, Form{true, 0, 8}, Form{true, 0, 16}, Form{true, 8, 8}}) {
-      cudaGraphExec_t exec;
-      cudaGraph_t g;
-      CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-      cudaLaunchAttribute at[1];
-      at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      at[0].val.programmaticStreamSerializationAllowed = 1;
-      auto config = [&](unsigned threads, size_t smem) {
-        cudaLaunchConfig_t cfg{};
-        cfg.gridDim = dim3(unsigned(sms));
-        cfg.blockDim = dim3(threads);
-        cfg.dynamicSmemBytes = smem;
-        cfg.stream = st;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-        return cfg;
-      };
-      const int64_t tail = int64_t(fm.tail_pf_mb * 1e6) / sms, gpf = int64_t(fm.gap_pf_mb * 1e6) / sms;
-      for (int p = 0; p < P; ++p) {
-        if (fm.gap && p > 0) {
-          const GapArgs ga{w, dprod, p, gpf, (long long)(gap_us * clock_khz * 1e-3), sink};
-          cudaLaunchConfig_t cfg = config(128, 0);
-          CK(cudaLaunchKernelEx(&cfg, gap_kernel, ga));
-        }
-        const ChainArgs a{w, dprod, p, p + 1, counter, 0, 0, sink, nullptr, nullptr, P, tail};
-        cudaLaunchConfig_t cfg = config(kThreads, size_t(S * SB));
-        CK(cudaLaunchKernelEx(&cfg, chain_kernel<0, S, SB>, a));
-      }
-      CK(cudaStreamEndCapture(st, &g));
-      CK(cudaGraphInstantiate(&exec, g, 0));
-      char what[160];
-      std::snprintf(what, sizeof what, "launches%s, L2 prefetch of the next product: %.0f MB by the gap kernel, %.0f MB "
-                    "after the last copy", fm.gap ? " + gap kernels" : "", fm.gap_pf_mb, fm.tail_pf_mb);
-      report(what, time_ms([&] { cudaGraphLaunch(exec, st); }, 10));
-      CK(cudaGraphExecDestroy(exec));
-      CK(cudaGraphDestroy(g));
-    }
-    std::printf("(gap kernels: %.1f us of spinning each, %d of them)\n", gap_us, P - 1);
-  }
-
   // Persistent: one kernel of one block per SM; `sites` extra grid barriers per boundary (< 0: none at all).
   unsigned base = 0;
   auto persistent = [&](auto kernel, int mode, int stages, int sb, int sites) -> int {
@@ -431,7 +335,7 @@ int main() {
     int run_no = 0;
     auto run = [&] {
       unsigned* c = counts + size_t(run_no++ % kRuns) * 2 * size_t(P);
-      ChainArgs a{w, dprod, 0, P, counter, base, sites, sink, c, c + P, P, 0};
+      ChainArgs a{w, dprod, 0, P, counter, base, sites, sink, c, c + P};
       kernel<<<sms, kThreads, stages * sb, st>>>(a);
       const unsigned barriers = sites < 0 ? 0u : unsigned(P - 1) * unsigned(sites) + (mode != 2 ? unsigned(P) : 0u);
       base += barriers * unsigned(sms);
