@@ -393,8 +393,12 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
   if (w < 4) {
     const int tt = threadIdx.x;  // slot 0..127
     // The slot's 8 signs (constant weights' data, often out of L2 by now) are read before the wait, off its path.
-    uint2 sgn = make_uint2(0u, 0u);
-    if (a.signs) sgn = __ldg(reinterpret_cast<const uint2*>(a.signs + int64_t(c) * kFfnChunk + 8 * tt));
+    uint32_t sg0 = 0u, sg1 = 0u;  // (two words: the 4-byte alignment site_slot_front assumed)
+    if (a.signs) {
+      const uint32_t* sp = reinterpret_cast<const uint32_t*>(a.signs + int64_t(c) * kFfnChunk + 8 * tt);
+      sg0 = __ldg(sp);
+      sg1 = __ldg(sp + 1);
+    }
     if (tt == 0 && barrier) {
       poll_until_at_least(arrivals, 2 * kFfnSeg);  // all the chunk's gate and up units
       if (nB == 0) depart_and_reset(arrivals, gsize);  // (else the producer departs, after phase B's first stage)
@@ -415,7 +419,7 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
       }
   #pragma unroll
       for (int k = 0; k < 8; ++k) v[k] = siluf_(v[k]) * u[k];  // site_slot_front's SiluMul, the same expression
-      if (a.signs) site_slot_signs(sgn.x, sgn.y, v);  // site_slot_front's sign step, with the words read above
+      if (a.signs) site_slot_signs(sg0, sg1, v);  // site_slot_front's sign step, with the words read above
       SitePrologue sp{};
       sp.pre = kPreNone;
       sp.log2n = a.log2n;
