@@ -346,7 +346,10 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
         if (j < nA && plan.ends_run(j, s0, s1)) arrive(s0, s1);  // the sub-run's last stage
         // Phase B's first stage consumed: the consumers are past the barrier, so the block departs here, off their path
         // (the departure's atomic waits an L2 round trip for its count; blocks without phase B depart in the site).
-        if (j == nA && nB > 0 && barrier && lane == 0) depart_and_reset(arrivals, gsize);
+        if (j == nA && nB > 0 && barrier) {
+          wait_once();  // (a block without gate / up units has not waited yet: the counters are the last launch's)
+          if (lane == 0) depart_and_reset(arrivals, gsize);
+        }
         if (++es == ST) es = 0, eph ^= 1u;
         if (++slot == R) slot = 0;
       }
