@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
@@ -168,6 +169,106 @@ TEST(CudaPolicy, FfnBalanceTable) {
   EXPECT_TRUE(cuda::ffn_balance_table(d, 132).lo.empty());
   d.balance = 3;
   EXPECT_FALSE(cuda::ffn_fused_shape_ok(d, 132));
+}
+
+// Round 35: the partials slots' protocol (Options::ffn_red_slots), run as the kernel runs it on the host: a producer
+// that waits for a ring slot to be consumed, issues the next copy, sums the consumed stage's partials from its slot
+// and frees it; consumers that wait for each stage, then (cuda::ffn_red_wait: the kernel's own rule) for the slot their
+// partials go to, write them and release the stage. The mbarriers are modelled with their parity waits (a wait for
+// parity p passes while the completed-phase count's parity is not p, so a wait two phases off would pass wrongly),
+// and the two sides advance in random order. Checked: nothing deadlocks, the producer sums every stage's own partials,
+// and no partials are overwritten before they are summed.
+namespace {
+struct Mbar {
+  int count, arrived = 0, done = 0;  // done: completed phases
+  explicit Mbar(int c) : count(c) {}
+  void arrive() {
+    if (++arrived == count) arrived = 0, ++done;
+  }
+  bool passes(unsigned parity) const { return unsigned(done & 1) != parity; }
+};
+// One run of n stages through an st-deep ring with r partials slots; "" when it went through, else what broke.
+std::string run_red_protocol(int n, int st, int r, uint64_t seed) {
+  std::vector<Mbar> full(size_t(st), Mbar(1)), empty(size_t(st), Mbar(1)), rfree(size_t(r), Mbar(1));
+  std::vector<int> slot_stage(size_t(r), -1);  // whose partials a slot holds
+  std::vector<bool> summed(size_t(n), false);
+  int pi = 0, pstep = 0, cj = 0, cstep = 0;  // producer at loop i (step 0 wait, 1 issue, 2 sum); consumer at stage j
+  std::string err;
+  // One step of a side; false when it is done or blocked.
+  auto producer = [&] {
+    if (pi >= n + st) return false;
+    if (pstep == 0) {  // stage pi - st consumed
+      if (pi >= st && !empty[size_t((pi - st) % st)].passes(unsigned(((pi - st) / st) & 1))) return false;
+      pstep = 1;
+    } else if (pstep == 1) {
+      if (pi < n) full[size_t(pi % st)].arrive();  // the copy, landed at once
+      pstep = 2;
+    } else {
+      if (pi >= st) {
+        const int j = pi - st, k = j % r;
+        if (slot_stage[size_t(k)] != j && err.empty())
+          err = "stage " + std::to_string(j) + " summed from a slot holding stage " + std::to_string(slot_stage[size_t(k)]);
+        summed[size_t(j)] = true;
+        rfree[size_t(k)].arrive();
+      }
+      ++pi, pstep = 0;
+    }
+    return true;
+  };
+  auto consumer = [&] {
+    if (cj >= n) return false;
+    if (cstep == 0) {
+      if (!full[size_t(cj % st)].passes(unsigned((cj / st) & 1))) return false;
+      cstep = 1;
+      return true;
+    }
+    const int k = cj % r, p = cuda::ffn_red_wait(cj, r);
+    if (p >= 0 && !rfree[size_t(k)].passes(unsigned(p))) return false;
+    const int old = slot_stage[size_t(k)];
+    if (old >= 0 && !summed[size_t(old)] && err.empty())
+      err = "stage " + std::to_string(cj) + " overwrote stage " + std::to_string(old) + "'s partials unsummed";
+    slot_stage[size_t(k)] = cj;
+    empty[size_t(cj % st)].arrive();
+    ++cj, cstep = 0;
+    return true;
+  };
+  uint64_t x = seed * 2654435761u + 1;
+  while (err.empty() && (pi < n + st || cj < n)) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    const bool first = (x >> 33) & 1;  // which side tries first
+    if (!(first ? producer() || consumer() : consumer() || producer()))
+      return "deadlock at producer loop " + std::to_string(pi) + ", consumer stage " + std::to_string(cj);
+  }
+  if (!err.empty()) return err;
+  for (int j = 0; j < n; ++j)
+    if (!summed[size_t(j)]) return "stage " + std::to_string(j) + " never summed";
+  return "";
+}
+}  // namespace
+
+TEST(CudaPolicy, FfnPartialsSlotsProtocol) {
+  for (const int st : {2, 3, 4, 5, 8, 10})
+    for (const int r : {2, 3, 4, st + 1})
+      for (const int n : {1, 2, 5, 11, 23, 40})
+        for (uint64_t seed = 1; seed <= 20; ++seed) {
+          const std::string e = run_red_protocol(n, st, r, seed);
+          ASSERT_TRUE(e.empty()) << "ring " << st << ", " << r << " slots, " << n << " stages, seed " << seed << ": " << e;
+        }
+  // The rule itself: no wait on a slot's first use, then the parity of the producer's sum of stage jr - R.
+  EXPECT_EQ(cuda::ffn_red_wait(0, 3), -1);
+  EXPECT_EQ(cuda::ffn_red_wait(2, 3), -1);
+  EXPECT_EQ(cuda::ffn_red_wait(3, 3), 0);
+  EXPECT_EQ(cuda::ffn_red_wait(5, 3), 0);
+  EXPECT_EQ(cuda::ffn_red_wait(6, 3), 1);
+  EXPECT_EQ(cuda::ffn_red_wait(9, 3), 0);
+  // The ring it buys at the 27b shape: 5 slots of 32-row stages with 3 partials slots, 4 without.
+  cuda::FfnFusedDesc d;
+  d.D = 5120;
+  d.F = 17408;
+  d.red_slots = 3;
+  EXPECT_EQ(cuda::ffn_ring_stages(d), 5);
+  d.red_slots = 0;
+  EXPECT_EQ(cuda::ffn_ring_stages(d), 4);
 }
 
 // Round 34: the kernel's phase-A plan (the same FfnPlanA code the kernel runs), walked on the host for every block:

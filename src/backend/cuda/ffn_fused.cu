@@ -105,6 +105,11 @@ static_assert(offsetof(FfnArgs, gw) == sizeof(FfnArgs::tm) && offsetof(FfnArgs, 
                   offsetof(FfnArgs, pad) == offsetof(FfnArgs, pos) + kFfnMaxChunks,
               "FfnArgs: no holes between the fields (equal arguments must be equal bytes)");
 
+// The consumers' wait before they write stage jr's partials into slot jr % R: -1 none (the slot's first use), else
+// the parity of the rfree phase to wait for, i.e. the producer's sum of stage jr - R (that slot's completion jr / R - 1;
+// the producer is never a phase further, since it sums stage jr only after the consumers are done with it).
+__host__ __device__ __forceinline__ int ffn_red_wait_parity(int jr, int R) { return jr < R ? -1 : (jr / R - 1) & 1; }
+
 // Group geometry: block b is in group b C / B; group c holds blocks [ceil(c B / C), ceil((c + 1) B / C)).
 __host__ __device__ __forceinline__ void ffn_group(int b, int B, int C, int& c, int& r, int& gsize) {
   c = int(int64_t(b) * C / B);
@@ -368,7 +373,7 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
   unsigned ph = 0;
   // Stage jr's partials [NW][TRA], once the producer has summed stage jr - R's from the same slot.
   auto red_slot = [&]() -> float* {
-    if (jr >= R) mbar_wait(&rfree[slot], unsigned((jr / R - 1) & 1));
+    if (const int p = ffn_red_wait_parity(jr, R); p >= 0) mbar_wait(&rfree[slot], unsigned(p));
     return red + size_t(slot) * NW * TRA;
   };
   auto next = [&] {
@@ -642,6 +647,9 @@ void down_maps(const FfnFusedDesc& d, CUtensorMap (&tm)[4]) {
 }  // namespace
 
 bool ffn_fused_tensor_maps_available() { return tensor_map_encoder() != nullptr; }
+
+int ffn_red_wait(int jr, int red_slots) { return ffn_red_wait_parity(jr, red_slots); }
+int ffn_ring_stages(const FfnFusedDesc& d) { return ffn_shape(d.D, d.levels, d.rows_a, d.red_slots).stages; }
 
 std::vector<FfnStageA> ffn_phase_a_plan(const FfnFusedDesc& d, int sms, int block) {
   std::vector<FfnStageA> out;
