@@ -425,7 +425,7 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
         v[0] = g0.x, v[1] = g0.y, v[2] = g0.z, v[3] = g0.w, v[4] = g1.x, v[5] = g1.y, v[6] = g1.z, v[7] = g1.w;
         u[0] = u0.x, u[1] = u0.y, u[2] = u0.z, u[3] = u0.w, u[4] = u1.x, u[5] = u1.y, u[6] = u1.z, u[7] = u1.w;
       }
-  #pragma unroll
+#pragma unroll
       for (int k = 0; k < 8; ++k) v[k] = siluf_(v[k]) * u[k];  // site_slot_front's SiluMul, the same expression
       if (a.signs) site_slot_signs(sg0, sg1, v);  // site_slot_front's sign step, with the words read above
       SitePrologue sp{};
