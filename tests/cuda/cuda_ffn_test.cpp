@@ -78,21 +78,23 @@ TEST(CudaFfnFused, MatchesTheThreeLaunches) {
       ASSERT_TRUE(ref.ran && f1.ran && f2.ran && f12.ran && f16.ran) << what;
       struct Form {
         int copy, rows, balance, red = 0;
+        bool early = true;
       };
       for (const Form& fm : {Form{1, 32, 0}, Form{1, 16, 0}, Form{2, 32, 0}, Form{2, 16, 0}, Form{2, 32, 1},
                              Form{0, 16, 1}, Form{2, 32, 2}, Form{1, 16, 2}, Form{2, 32, 0, 3}, Form{2, 16, 2, 2},
-                             Form{0, 32, 1, 4}}) {
+                             Form{0, 32, 1, 4}, Form{2, 32, 0, 0, false}, Form{1, 16, 2, 3, false}}) {
         CudaBackend::Options oc = o;
         oc.ffn_b_copy = fm.copy;
         oc.ffn_rows = fm.rows;
         oc.ffn_balance = fm.balance;
         oc.ffn_red_slots = fm.red;
+        oc.ffn_early = fm.early;
         CudaBackend bc(oc);
         for (TernaryMatrix* m : {&gate, &up, &down}) bc.prepare_matrix(*m);
         const CudaBackend::FfnKernelRun fc = bc.run_ffn_kernel(twice, 2, x.data(), sg, c.n, true, 0);
         const std::string form = what + " b_copy " + std::to_string(fm.copy) + ", " + std::to_string(fm.rows) +
                                  "-row stages, balance " + std::to_string(fm.balance) + ", red slots " +
-                                 std::to_string(fm.red);
+                                 std::to_string(fm.red) + (fm.early ? "" : ", round 34's barrier order");
         ASSERT_TRUE(fc.ran) << form;
         EXPECT_TRUE(bit_equal(f1.y, fc.y) && bit_equal(f1.gu, fc.gu)) << form << ": differs from b_copy 0";
         for (size_t i = 0; i < fc.counters.size(); ++i) EXPECT_EQ(fc.counters[i], 0) << form << ": counter " << i;

@@ -125,7 +125,7 @@ TEST(CudaModel, TinyPackMatchesReference) {
     const char* name;
     CudaBackend::Options o;
   };
-  std::vector<Config> configs(32);
+  std::vector<Config> configs(33);
   configs[0].name = "default";  // q16
   configs[1].name = "no-graphs";
   configs[1].o.graphs = false;
@@ -203,6 +203,8 @@ TEST(CudaModel, TinyPackMatchesReference) {
   configs[30].o.ffn_balance = 2;
   configs[31].name = "ffn-fused red3";  // round 35: 3 partials slots, a 5-deep ring
   configs[31].o.ffn_red_slots = 3;
+  configs[32].name = "ffn-fused late";  // round 35's default against round 34's barrier order (BONSAI_CUDA_FFN_EARLY=0)
+  configs[32].o.ffn_early = false;
   std::vector<ModelRun> runs;
   std::vector<uint64_t> nodes;
   for (const Config& cfg : configs) {
@@ -242,6 +244,8 @@ TEST(CudaModel, TinyPackMatchesReference) {
   EXPECT_EQ(nodes[30], nodes[0]);
   EXPECT_EQ(runs[0].logits, runs[31].logits) << "3 partials slots and a deeper ring";
   EXPECT_EQ(nodes[31], nodes[0]);
+  EXPECT_EQ(runs[0].logits, runs[32].logits) << "the departure and signs after the barrier's wait (round 34's order)";
+  EXPECT_EQ(nodes[32], nodes[0]);
   // the fused out projection ran: 3 GDN layers x (the step, gdn_out -> one launch) fewer; the conv: one fewer each;
   // both (with the fused FFN, the default): 3 + 3
   EXPECT_EQ(nodes[23] + 3, nodes[0]);

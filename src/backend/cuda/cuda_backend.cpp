@@ -137,6 +137,7 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   if (const char* e = std::getenv("BONSAI_CUDA_FFN_BALANCE"); e && *e) o.ffn_balance = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_FFN_BALANCE_W"); e && *e) o.ffn_balance_weight = float(std::atof(e));
   if (const char* e = std::getenv("BONSAI_CUDA_FFN_RED"); e && *e) o.ffn_red_slots = std::atoi(e);
+  o.ffn_early = flag("BONSAI_CUDA_FFN_EARLY", o.ffn_early);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_ROW_NORM"); e && *e) o.site_row_norm = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_ROW_EARLY"); e && *e) o.site_row_norm_early = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA_ROWS"); e && *e) o.delta_rows = std::atoi(e);
@@ -347,6 +348,7 @@ struct CudaBackend::Impl {
     d.balance = opt.ffn_balance;
     d.balance_weight = opt.ffn_balance_weight;
     d.red_slots = opt.ffn_red_slots;
+    d.early = opt.ffn_early;
     if (d.balance != 0 && !cuda::ffn_fused_shape_ok(d, sms)) d.balance = 0;
     if (d.red_slots != 0 && !cuda::ffn_fused_shape_ok(d, sms)) d.red_slots = 0;  // (a count outside 2-4)
   }

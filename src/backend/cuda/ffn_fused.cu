@@ -93,14 +93,16 @@ struct FfnArgs {
                           // site and the barrier off phase 0 too (kFfnNoSite, kFfnNoBarrier)
   int32_t balance;        // phase A's rows (FfnFusedDesc::balance): 0 the group's chunk over its blocks, else seq / perm
   int32_t red_slots;      // R: slots of the partials (>= 2; stages + 1 needs no wait, fewer leave room for a deeper ring)
+  int32_t early;          // 1: the departure by the producer and the site's signs read before the wait (round 35); 0:
+                          // both after the wait, by the site's threads (round 34's order)
   uint16_t seq[2 * kFfnMaxGrid];  // balance != 0: block b's phase-A units are [seq[2 b], seq[2 b + 1]) of the sequence
   uint8_t perm[kFfnMaxChunks];    // balance != 0: the sequence's segment k holds chunk perm[k]
   uint8_t pos[kFfnMaxChunks];     // its inverse: chunk c is segment pos[c]
-  uint8_t pad[104];       // explicit: sizeof is a multiple of the tensor maps' 128-byte alignment, no hidden padding
+  uint8_t pad[100];       // explicit: sizeof is a multiple of the tensor maps' 128-byte alignment, no hidden padding
 };
 static_assert(offsetof(FfnArgs, pad) + sizeof(FfnArgs::pad) == sizeof(FfnArgs), "FfnArgs: no tail padding");
 static_assert(offsetof(FfnArgs, gw) == sizeof(FfnArgs::tm) && offsetof(FfnArgs, D) == sizeof(FfnArgs::tm) + 13 * 8 &&
-                  offsetof(FfnArgs, seq) == offsetof(FfnArgs, D) + 16 + 8 * 4 &&
+                  offsetof(FfnArgs, seq) == offsetof(FfnArgs, D) + 16 + 9 * 4 &&
                   offsetof(FfnArgs, perm) == offsetof(FfnArgs, seq) + sizeof(FfnArgs::seq) &&
                   offsetof(FfnArgs, pad) == offsetof(FfnArgs, pos) + kFfnMaxChunks,
               "FfnArgs: no holes between the fields (equal arguments must be equal bytes)");
@@ -351,7 +353,7 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
         if (j < nA && plan.ends_run(j, s0, s1)) arrive(s0, s1);  // the sub-run's last stage
         // Phase B's first stage consumed: the consumers are past the barrier, so the block departs here, off their path
         // (the departure's atomic waits an L2 round trip for its count; blocks without phase B depart in the site).
-        if (j == nA && nB > 0 && barrier) {
+        if (j == nA && nB > 0 && barrier && a.early) {
           wait_once();  // (a block without gate / up units has not waited yet: the counters are the last launch's)
           if (lane == 0) depart_and_reset(arrivals, gsize);
         }
@@ -400,19 +402,23 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
   // The group's barrier, then the chunk's site (warps 0-3: 128 slots of 8 elements) into xs / xs_d.
   if (w < 4) {
     const int tt = threadIdx.x;  // slot 0..127
-    // The slot's 8 signs (constant weights' data, often out of L2 by now) are read before the wait, off its path.
+    // The slot's 8 signs (constant weights' data, often out of L2 by now): read before the wait, off its path (early).
     uint32_t sg0 = 0u, sg1 = 0u;  // (two words: the 4-byte alignment site_slot_front assumed)
-    if (a.signs) {
+    auto load_signs = [&] {
+      if (!a.signs) return;
       const uint32_t* sp = reinterpret_cast<const uint32_t*>(a.signs + int64_t(c) * kFfnChunk + 8 * tt);
       sg0 = __ldg(sp);
       sg1 = __ldg(sp + 1);
-    }
+    };
+    if (a.early) load_signs();
     if (tt == 0 && barrier) {
       poll_until_at_least(arrivals, 2 * kFfnSeg);  // all the chunk's gate and up units
-      if (nB == 0) depart_and_reset(arrivals, gsize);  // (else the producer departs, after phase B's first stage)
+      // (early, with phase B: the producer departs after its first stage, off the site's path)
+      if (nB == 0 || !a.early) depart_and_reset(arrivals, gsize);
     }
     asm volatile("bar.sync 2, 128;" ::: "memory");
     if (site) {
+      if (!a.early) load_signs();
       const int e = 8 * tt;  // chunk-local element of the slot
       const float* gp = a.g + int64_t(c) * kFfnChunk + e;
       const float* up = a.u + int64_t(c) * kFfnChunk + e;
@@ -728,6 +734,7 @@ Launch ffn_fused_launch(const FfnFusedDesc& d, int sms) {
   a.stages = sh.stages;
   a.stage_bytes = int32_t(sh.stage_bytes);
   a.red_slots = sh.red_slots;
+  a.early = d.early ? 1 : 0;
   while ((int64_t(1) << a.log2n) < d.n) ++a.log2n;
   a.norm = float(1.0 / __builtin_sqrt(double(d.n)));
   a.b_copy = d.b_copy;

@@ -566,6 +566,9 @@ struct FfnFusedDesc {
   int32_t red_slots = 0;            // round 35: slots of the stage partials: 0 one per ring slot + 1 (no wait; the ring
                                     // at most 8 deep), 2-4 that many (a wait for a free one; the bytes saved deepen the
                                     // ring: the 27b at 32-row stages 5 slots, not 4). Bit-identical.
+  bool early = true;                // round 35: the group barrier's departure by the producer after phase B's first
+                                    // stage, and the site's signs read before the wait (false: both after it, by the
+                                    // site's threads, as in round 34). Bit-identical.
 };
 bool ffn_fused_tensor_maps_available();  // the driver's tensor-map encoder is reachable (b_copy 2)
 // balance 1 / 2's phase-A table, for the host tests: block b's units [lo[b], hi[b]) of the unit sequence whose segment k
