@@ -224,7 +224,7 @@ std::string run_red_protocol(int n, int st, int r, uint64_t seed) {
       cstep = 1;
       return true;
     }
-    const int k = cj % r, p = cuda::ffn_red_wait(cj, r);
+    const int k = cj % r, p = cuda::ffn_red_wait(cj, r, st);
     if (p >= 0 && !rfree[size_t(k)].passes(unsigned(p))) return false;
     const int old = slot_stage[size_t(k)];
     if (old >= 0 && !summed[size_t(old)] && err.empty())
@@ -257,12 +257,14 @@ TEST(CudaPolicy, FfnPartialsSlotsProtocol) {
           ASSERT_TRUE(e.empty()) << "ring " << st << ", " << r << " slots, " << n << " stages, seed " << seed << ": " << e;
         }
   // The rule itself: no wait on a slot's first use, then the parity of the producer's sum of stage jr - R.
-  EXPECT_EQ(cuda::ffn_red_wait(0, 3), -1);
-  EXPECT_EQ(cuda::ffn_red_wait(2, 3), -1);
-  EXPECT_EQ(cuda::ffn_red_wait(3, 3), 0);
-  EXPECT_EQ(cuda::ffn_red_wait(5, 3), 0);
-  EXPECT_EQ(cuda::ffn_red_wait(6, 3), 1);
-  EXPECT_EQ(cuda::ffn_red_wait(9, 3), 0);
+  EXPECT_EQ(cuda::ffn_red_wait(0, 3, 5), -1);
+  EXPECT_EQ(cuda::ffn_red_wait(2, 3, 5), -1);
+  EXPECT_EQ(cuda::ffn_red_wait(3, 3, 5), 0);
+  EXPECT_EQ(cuda::ffn_red_wait(5, 3, 5), 0);
+  EXPECT_EQ(cuda::ffn_red_wait(6, 3, 5), 1);
+  EXPECT_EQ(cuda::ffn_red_wait(9, 3, 5), 0);
+  // One slot more than the ring (red_slots 0, the default): never a wait; the simulation above proves it safe.
+  for (const int jr : {0, 4, 5, 9, 23}) EXPECT_EQ(cuda::ffn_red_wait(jr, 5, 4), -1) << jr;
   // The ring it buys at the 27b shape: 5 slots of 32-row stages with 3 partials slots, 4 without.
   cuda::FfnFusedDesc d;
   d.D = 5120;

@@ -107,10 +107,15 @@ static_assert(offsetof(FfnArgs, gw) == sizeof(FfnArgs::tm) && offsetof(FfnArgs, 
                   offsetof(FfnArgs, pad) == offsetof(FfnArgs, pos) + kFfnMaxChunks,
               "FfnArgs: no holes between the fields (equal arguments must be equal bytes)");
 
-// The consumers' wait before they write stage jr's partials into slot jr % R: -1 none (the slot's first use), else
-// the parity of the rfree phase to wait for, i.e. the producer's sum of stage jr - R (that slot's completion jr / R - 1;
-// the producer is never a phase further, since it sums stage jr only after the consumers are done with it).
-__host__ __device__ __forceinline__ int ffn_red_wait_parity(int jr, int R) { return jr < R ? -1 : (jr / R - 1) & 1; }
+// Whether the partials slots need rfree at all: with R > ST (v7's ST + 1) the producer has summed stage jr - R before
+// it issues stage jr's copy, which the consumers wait for anyway, so neither side touches rfree (no hot-path cost).
+__host__ __device__ __forceinline__ bool ffn_red_waits(int R, int ST) { return R <= ST; }
+// The consumers' wait before they write stage jr's partials into slot jr % R: -1 none (R > ST, or the slot's first
+// use), else the parity of the rfree phase to wait for, i.e. the producer's sum of stage jr - R (that slot's completion
+// jr / R - 1; the producer is never a phase further, since it sums stage jr only after the consumers are done with it).
+__host__ __device__ __forceinline__ int ffn_red_wait_parity(int jr, int R, int ST) {
+  return !ffn_red_waits(R, ST) || jr < R ? -1 : (jr / R - 1) & 1;
+}
 
 // Group geometry: block b is in group b C / B; group c holds blocks [ceil(c B / C), ceil((c + 1) B / C)).
 __host__ __device__ __forceinline__ void ffn_group(int b, int B, int C, int& c, int& r, int& gsize) {
@@ -348,7 +353,7 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
           }
         }
         __syncwarp();  // every lane's reads of this red slot before the arrive that lets it be rewritten
-        if (lane == 0) mbar_arrive(&rfree[slot]);
+        if (lane == 0 && ffn_red_waits(R, ST)) mbar_arrive(&rfree[slot]);
         int s0, s1;
         if (j < nA && plan.ends_run(j, s0, s1)) arrive(s0, s1);  // the sub-run's last stage
         // Phase B's first stage consumed: the consumers are past the barrier, so the block departs here, off their path
@@ -375,7 +380,7 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
   unsigned ph = 0;
   // Stage jr's partials [NW][TRA], once the producer has summed stage jr - R's from the same slot.
   auto red_slot = [&]() -> float* {
-    if (const int p = ffn_red_wait_parity(jr, R); p >= 0) mbar_wait(&rfree[slot], unsigned(p));
+    if (const int p = ffn_red_wait_parity(jr, R, ST); p >= 0) mbar_wait(&rfree[slot], unsigned(p));
     return red + size_t(slot) * NW * TRA;
   };
   auto next = [&] {
@@ -654,7 +659,7 @@ void down_maps(const FfnFusedDesc& d, CUtensorMap (&tm)[4]) {
 
 bool ffn_fused_tensor_maps_available() { return tensor_map_encoder() != nullptr; }
 
-int ffn_red_wait(int jr, int red_slots) { return ffn_red_wait_parity(jr, red_slots); }
+int ffn_red_wait(int jr, int red_slots, int stages) { return ffn_red_wait_parity(jr, red_slots, stages); }
 int ffn_ring_stages(const FfnFusedDesc& d) { return ffn_shape(d.D, d.levels, d.rows_a, d.red_slots).stages; }
 
 std::vector<FfnStageA> ffn_phase_a_plan(const FfnFusedDesc& d, int sms, int block) {

@@ -585,8 +585,9 @@ struct FfnStageA {
 };
 std::vector<FfnStageA> ffn_phase_a_plan(const FfnFusedDesc& d, int sms, int block);
 // Round 35, for the host tests: the kernel's rule for a consumer's wait before it writes stage jr's partials into slot
-// jr % R (-1: no wait, else the parity of the slot's rfree phase it waits for), and the ring depth of a shape.
-int ffn_red_wait(int jr, int red_slots);
+// jr % R of an ST-deep ring (-1: no wait, else the parity of the slot's rfree phase it waits for), and the ring depth
+// of a shape.
+int ffn_red_wait(int jr, int red_slots, int stages);
 int ffn_ring_stages(const FfnFusedDesc& d);
 bool ffn_fused_supported(const FfnFusedDesc& d, int sms);
 bool ffn_fused_shape_ok(const FfnFusedDesc& d, int sms);  // its shape half (D, F, n, levels, rows_a; no pointers)
