@@ -299,17 +299,10 @@ TEST(CudaBench, FfnFusedVsThreeLaunches) {
   // Round 34: Options::ffn_balance 1 / 2 (gate / up rows over all blocks: evenly, or so that both phases' bytes are).
   static const char* const kCopy[3] = {"bulk rows", "cp.async lanes", "tensor maps"};
   // Round 35: Options::ffn_red_slots 3 (a 5-deep ring at 32-row stages, 10 at 16).
-  struct Form {
-    int rows, copy, balance, red = 0;
-  };
+  using Form = cudatest::FfnForm;  // {rows, copy, balance, red}
   for (const Form& fm : {Form{32, 0, 0}, Form{32, 1, 0}, Form{32, 2, 0}, Form{32, 2, 1}, Form{32, 2, 2},
                          Form{32, 2, 0, 3}, Form{32, 2, 2, 3}, Form{16, 2, 0, 3}, Form{16, 0, 0}}) {
-    CudaBackend::Options o;
-    o.ffn_rows = fm.rows;
-    o.ffn_b_copy = fm.copy;
-    o.ffn_balance = fm.balance;
-    o.ffn_red_slots = fm.red;
-    CudaBackend be(o);
+    CudaBackend be(fm.on(CudaBackend::Options{}));
     for (const TernaryMatrix* m : list) be.prepare_matrix(*m);
     for (int rep = 0; rep < 2; ++rep)
       for (int phases : {-1, 3, 1, 2, 0, 4, 12}) {  // -1: the three launches; 4 / 12: phase 0 less the site / the barrier

@@ -76,20 +76,11 @@ TEST(CudaFfnFused, MatchesTheThreeLaunches) {
       for (TernaryMatrix* m : {&gate, &up, &down}) be16.prepare_matrix(*m);
       const CudaBackend::FfnKernelRun f16 = be16.run_ffn_kernel(mats, 1, x.data(), sg, c.n, true, 0);
       ASSERT_TRUE(ref.ran && f1.ran && f2.ran && f12.ran && f16.ran) << what;
-      struct Form {
-        int copy, rows, balance, red = 0;
-        bool early = true;
-      };
-      for (const Form& fm : {Form{1, 32, 0}, Form{1, 16, 0}, Form{2, 32, 0}, Form{2, 16, 0}, Form{2, 32, 1},
-                             Form{0, 16, 1}, Form{2, 32, 2}, Form{1, 16, 2}, Form{2, 32, 0, 3}, Form{2, 16, 2, 2},
-                             Form{0, 32, 1, 4}, Form{2, 32, 0, 0, false}, Form{1, 16, 2, 3, false}}) {
-        CudaBackend::Options oc = o;
-        oc.ffn_b_copy = fm.copy;
-        oc.ffn_rows = fm.rows;
-        oc.ffn_balance = fm.balance;
-        oc.ffn_red_slots = fm.red;
-        oc.ffn_early = fm.early;
-        CudaBackend bc(oc);
+      using Form = cudatest::FfnForm;  // {rows, copy, balance, red, early}
+      for (const Form& fm : {Form{32, 1, 0}, Form{16, 1, 0}, Form{32, 2, 0}, Form{16, 2, 0}, Form{32, 2, 1},
+                             Form{16, 0, 1}, Form{32, 2, 2}, Form{16, 1, 2}, Form{32, 2, 0, 3}, Form{16, 2, 2, 2},
+                             Form{32, 0, 1, 4}, Form{32, 2, 0, 0, false}, Form{16, 1, 2, 3, false}}) {
+        CudaBackend bc(fm.on(o));
         for (TernaryMatrix* m : {&gate, &up, &down}) bc.prepare_matrix(*m);
         const CudaBackend::FfnKernelRun fc = bc.run_ffn_kernel(twice, 2, x.data(), sg, c.n, true, 0);
         const std::string form = what + " b_copy " + std::to_string(fm.copy) + ", " + std::to_string(fm.rows) +

@@ -181,4 +181,19 @@ inline std::vector<float> f16_reference(const TernaryMatrix& w, const std::vecto
   return ternary_reference(w, site_activation(x, M, w.cols, levels, true, row_units), M);
 }
 
+// One form of the fused batch-1 FFN (CudaBackend::Options::ffn_*), as the FFN tests and the kernel bench sweep them:
+// stage rows, ffn_down's copy form, the balance mode, the partials slots and the barrier order.
+struct FfnForm {
+  int rows = 32, copy = 2, balance = 0, red = 0;
+  bool early = true;
+  CudaBackend::Options on(CudaBackend::Options o) const {
+    o.ffn_rows = rows;
+    o.ffn_b_copy = copy;
+    o.ffn_balance = balance;
+    o.ffn_red_slots = red;
+    o.ffn_early = early;
+    return o;
+  }
+};
+
 }  // namespace bonsai::cudatest
