@@ -266,6 +266,51 @@ TEST(CudaPolicy, FfnPartialsSlotsProtocol) {
   EXPECT_EQ(cuda::ffn_ring_stages(d), 4);
 }
 
+// The shared memory the kernel carves (FfnSmemLayout, the same code), for every shape the launch can pick: the ring's
+// stages 128-byte aligned (the tensor maps' boxes land there), the mbarriers 8-byte aligned right after the ring, and
+// the regions after them 16-byte aligned (xs is read as uint4, scratch written as float4), in order, none overlapping,
+// within 227 KB. Round 35's first layout put them 8 bytes off wherever 2 ST + R was odd (the 27b's ST 4 / R 5): a
+// misaligned-address fault on the device that only this shape showed.
+TEST(CudaPolicy, FfnSharedMemoryRegionsAligned) {
+  int shapes = 0;
+  for (const int64_t D : {1024, 2048, 3072, 4096, 5120})
+    for (const int levels : {1, 2})
+      for (const int rows : {16, 32})
+        for (const int red : {0, 2, 3, 4}) {
+          cuda::FfnFusedDesc d;
+          d.D = D;
+          d.F = 17408;
+          d.levels = levels;
+          d.rows_a = rows;
+          d.red_slots = red;
+          const cuda::FfnSmemRegions g = cuda::ffn_smem_regions(d);
+          const std::string at = "D " + std::to_string(D) + ", LV " + std::to_string(levels) + ", rows " +
+                                 std::to_string(rows) + ", red " + std::to_string(red);
+          ASSERT_GE(g.stages, 2) << at;
+          ++shapes;
+          EXPECT_EQ(g.stage_bytes % 128, 0) << at;
+          EXPECT_EQ(g.full, g.stages * g.stage_bytes) << at;
+          EXPECT_EQ(g.red_slots, red ? red : g.stages + 1) << at;
+          EXPECT_GE(g.red, g.full + 8 * (2 * g.stages + g.red_slots)) << at;  // after every mbarrier
+          EXPECT_LT(g.red, g.full + 8 * (2 * g.stages + g.red_slots) + 16) << at;
+          EXPECT_GE(g.xs, g.red + int64_t(g.red_slots) * 20 * rows * 4) << at;
+          EXPECT_GE(g.xs_d, g.xs + levels * 1024) << at;
+          EXPECT_GE(g.scratch, g.xs_d + 16 * 8) << at;
+          EXPECT_EQ(g.end, g.scratch + 128 * 8 * 4) << at;
+          for (const int64_t off : {g.red, g.xs, g.xs_d, g.scratch}) EXPECT_EQ(off % 16, 0) << at << ": " << off;
+          EXPECT_LE(g.end, 227 * 1024) << at;
+          EXPECT_EQ(int64_t(cuda::ffn_fused_launch(d, 132).smem), g.end) << at;  // the launch asks for exactly this
+        }
+  EXPECT_EQ(shapes, 80);
+  // The shapes that exposed it: an odd number of mbarriers (the 27b's 4 + 4 + 5, and 5 + 5 + 3 at 3 partials slots).
+  cuda::FfnFusedDesc d;
+  d.D = 5120;
+  d.F = 17408;
+  EXPECT_EQ(cuda::ffn_smem_regions(d).red, 4 * 43520 + 8 * 13 + 8);
+  d.red_slots = 3;
+  EXPECT_EQ(cuda::ffn_smem_regions(d).red, 5 * 43520 + 8 * 13 + 8);
+}
+
 // Round 34: the kernel's phase-A plan (the same FfnPlanA code the kernel runs), walked on the host for every block:
 // - every gate and up row is computed by exactly one stage, stages never cross a chunk or output boundary and hold at
 //   most rows_a rows;
@@ -401,8 +446,8 @@ TEST(CudaPolicy, FfnFusedSupportedShapes) {
       const uint32_t r = red ? uint32_t(red) : slots + 1;
       EXPECT_EQ(l.grid.x, 132u);
       EXPECT_EQ(l.block.x, 21u * 32u);
-      EXPECT_EQ(l.smem, slots * stage + 16 * slots + 8 * r + r * 20 * rows * 4 + 2 * 1024 + 16 * 8 + 128 * 8 * 4)
-          << rows << " " << red;
+      const uint32_t bars_end = (slots * stage + 16 * slots + 8 * r + 15) / 16 * 16;  // the partials 16-byte aligned
+      EXPECT_EQ(l.smem, bars_end + r * 20 * rows * 4 + 2 * 1024 + 16 * 8 + 128 * 8 * 4) << rows << " " << red;
       EXPECT_LE(l.smem, 227u * 1024u);
     }
   d.red_slots = 3;

@@ -117,6 +117,24 @@ __host__ __device__ __forceinline__ int ffn_red_wait_parity(int jr, int R, int S
   return !ffn_red_waits(R, ST) || jr < R ? -1 : (jr / R - 1) & 1;
 }
 
+// The shared memory's regions (byte offsets), one definition for the kernel and the launch's size: ring [ST][stage_bytes]
+// | full [ST], empty [ST], rfree [R] (mbarriers) | red float [R][NW][TRA] | xs int8 [LV][1,024] | xs_d float2 [16] |
+// scratch float [128][8] | end. Every region after the mbarriers starts 16-byte aligned: xs is read as uint4 and scratch
+// written as float4. (Round 35's rfree made the mbarriers 8 (2 ST + R) bytes, an odd number of 8-byte words at ST 4 /
+// R 5 (the 27b) or ST 5 / R 3, and the regions after them 8 bytes off: a misaligned-address fault on the device.)
+struct FfnSmemLayout {
+  int64_t full, red, xs, xs_d, scratch, end;
+  __host__ __device__ static constexpr int64_t up16(int64_t x) { return (x + 15) & ~int64_t(15); }
+  __host__ __device__ FfnSmemLayout(int ST, int64_t stage_bytes, int R, int LV, int TRA) {
+    full = int64_t(ST) * stage_bytes;
+    red = up16(full + 8 * (2 * int64_t(ST) + R));
+    xs = red + int64_t(R) * kFfnWarps * TRA * 4;
+    xs_d = up16(xs + int64_t(LV) * kFfnChunk);
+    scratch = up16(xs_d + (kFfnChunk / 64) * 8);
+    end = scratch + 128 * 8 * 4;
+  }
+};
+
 // Group geometry: block b is in group b C / B; group c holds blocks [ceil(c B / C), ceil((c + 1) B / C)).
 __host__ __device__ __forceinline__ void ffn_group(int b, int B, int C, int& c, int& r, int& gsize) {
   c = int(int64_t(b) * C / B);
@@ -236,21 +254,22 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
       nrow = 8 * min(UB, ub1 - u);
     }
   };
-  // Shared memory: ring [ST][stage_bytes] | full [ST], empty [ST], rfree [R] | red float [R][NW][TRA] (stage j's partials
-  // in slot j % R) | xs int8 [LV][1,024] then xds float2 [16] (the chunk's digits) | scratch float [128][8] (the site's
-  // strides 256 / 512).
+  // Shared memory (FfnSmemLayout): ring [ST][stage_bytes] | full [ST], empty [ST], rfree [R] | red float [R][NW][TRA]
+  // (stage j's partials in slot j % R) | xs int8 [LV][1,024] then xds float2 [16] (the chunk's digits) | scratch float
+  // [128][8] (the site's strides 256 / 512).
   // Why rfree: the consumers may run ST stages ahead of the producer's sums, so with R = ST + 1 slots (v7's form) a slot
   // is always free; with fewer, a consumer waits for the sum of stage j - R (rfree[j % R]) before it writes stage j's,
   // and the bytes saved buy a deeper ring (the 27b at 32-row stages: 5 slots instead of 4, so a 7-block group's whole
   // ffn_down share, 731 rows, is in flight at the barrier).
+  const FfnSmemLayout lay(ST, a.stage_bytes, R, LV, TRA);
   unsigned char* ring = smem;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + size_t(ST) * a.stage_bytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + lay.full);
   uint64_t* empty = full + ST;
   uint64_t* rfree = empty + ST;
-  float* red = reinterpret_cast<float*>(rfree + R);
-  int8_t* xs = reinterpret_cast<int8_t*>(red + size_t(R) * NW * TRA);
-  float2* xs_d = reinterpret_cast<float2*>(xs + LV * kFfnChunk);
-  float* scratch = reinterpret_cast<float*>(xs_d + kFfnChunk / 64);
+  float* red = reinterpret_cast<float*>(smem + lay.red);
+  int8_t* xs = reinterpret_cast<int8_t*>(smem + lay.xs);
+  float2* xs_d = reinterpret_cast<float2*>(smem + lay.xs_d);
+  float* scratch = reinterpret_cast<float*>(smem + lay.scratch);
   if (threadIdx.x == 0) {
     for (int s = 0; s < ST; ++s) {
       mbar_init(&full[s], 1);
@@ -486,10 +505,9 @@ struct FfnShape {
 FfnShape ffn_shape(int64_t D, int levels, int rows_a, int red_slots) {
   FfnShape f;
   f.stage_bytes = std::max<int64_t>(rows_a * (D / 4 + D / 64), rows_a / 16 * kFfnRowsB * (256 + 16));
-  const int64_t rest_fixed = levels * kFfnChunk + (kFfnChunk / 64) * 8 + 128 * 8 * 4;
   for (int st = red_slots ? kFfnMaxStages : 8; st >= 2; --st) {
     const int r = red_slots ? red_slots : st + 1;
-    const int64_t bytes = st * f.stage_bytes + 16 * st + 8 * r + r * kFfnWarps * rows_a * 4 + rest_fixed;
+    const int64_t bytes = FfnSmemLayout(st, f.stage_bytes, r, levels, rows_a).end;
     if (bytes <= kFfnSmem) {
       f.stages = st;
       f.red_slots = r;
@@ -661,6 +679,15 @@ bool ffn_fused_tensor_maps_available() { return tensor_map_encoder() != nullptr;
 
 int ffn_red_wait(int jr, int red_slots, int stages) { return ffn_red_wait_parity(jr, red_slots, stages); }
 int ffn_ring_stages(const FfnFusedDesc& d) { return ffn_shape(d.D, d.levels, d.rows_a, d.red_slots).stages; }
+FfnSmemRegions ffn_smem_regions(const FfnFusedDesc& d) {
+  const FfnShape sh = ffn_shape(d.D, d.levels, d.rows_a, d.red_slots);
+  FfnSmemRegions r;
+  if (sh.stages == 0) return r;
+  const FfnSmemLayout lay(sh.stages, sh.stage_bytes, sh.red_slots, d.levels, d.rows_a);
+  r.stages = sh.stages, r.red_slots = sh.red_slots, r.stage_bytes = sh.stage_bytes;
+  r.full = lay.full, r.red = lay.red, r.xs = lay.xs, r.xs_d = lay.xs_d, r.scratch = lay.scratch, r.end = lay.end;
+  return r;
+}
 
 std::vector<FfnStageA> ffn_phase_a_plan(const FfnFusedDesc& d, int sms, int block) {
   std::vector<FfnStageA> out;

@@ -589,6 +589,14 @@ std::vector<FfnStageA> ffn_phase_a_plan(const FfnFusedDesc& d, int sms, int bloc
 // of a shape.
 int ffn_red_wait(int jr, int red_slots, int stages);
 int ffn_ring_stages(const FfnFusedDesc& d);
+// Its shared memory's regions (byte offsets from the dynamic shared memory's start) for a shape, as the kernel carves
+// them: the ring's stages, the mbarriers at `full` (2 ST + R of 8 bytes), the partials at `red`, the chunk's digits at
+// `xs` / `xs_d`, the site's exchange at `scratch`, and `end` (the launch's dynamic shared memory).
+struct FfnSmemRegions {
+  int stages = 0, red_slots = 0;
+  int64_t stage_bytes = 0, full = 0, red = 0, xs = 0, xs_d = 0, scratch = 0, end = 0;
+};
+FfnSmemRegions ffn_smem_regions(const FfnFusedDesc& d);
 bool ffn_fused_supported(const FfnFusedDesc& d, int sms);
 bool ffn_fused_shape_ok(const FfnFusedDesc& d, int sms);  // its shape half (D, F, n, levels, rows_a; no pointers)
 Launch ffn_fused_launch(const FfnFusedDesc& d, int sms);
