@@ -125,7 +125,7 @@ TEST(CudaModel, TinyPackMatchesReference) {
     const char* name;
     CudaBackend::Options o;
   };
-  std::vector<Config> configs(33);
+  std::vector<Config> configs(31);
   configs[0].name = "default";  // q16
   configs[1].name = "no-graphs";
   configs[1].o.graphs = false;
@@ -201,10 +201,6 @@ TEST(CudaModel, TinyPackMatchesReference) {
   configs[29].o.ffn_b_copy = 1;
   configs[30].name = "ffn-fused balance2";  // round 34: gate / up rows over all blocks, both phases' bytes even
   configs[30].o.ffn_balance = 2;
-  configs[31].name = "ffn-fused red3";  // round 35: 3 partials slots, a 5-deep ring
-  configs[31].o.ffn_red_slots = 3;
-  configs[32].name = "ffn-fused late";  // round 35's default against round 34's barrier order (BONSAI_CUDA_FFN_EARLY=0)
-  configs[32].o.ffn_early = false;
   std::vector<ModelRun> runs;
   std::vector<uint64_t> nodes;
   for (const Config& cfg : configs) {

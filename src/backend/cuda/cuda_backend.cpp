@@ -136,8 +136,6 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   if (const char* e = std::getenv("BONSAI_CUDA_FFN_BCOPY"); e && *e) o.ffn_b_copy = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_FFN_BALANCE"); e && *e) o.ffn_balance = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_FFN_BALANCE_W"); e && *e) o.ffn_balance_weight = float(std::atof(e));
-  if (const char* e = std::getenv("BONSAI_CUDA_FFN_RED"); e && *e) o.ffn_red_slots = std::atoi(e);
-  o.ffn_early = flag("BONSAI_CUDA_FFN_EARLY", o.ffn_early);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_ROW_NORM"); e && *e) o.site_row_norm = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_ROW_EARLY"); e && *e) o.site_row_norm_early = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA_ROWS"); e && *e) o.delta_rows = std::atoi(e);
@@ -340,17 +338,13 @@ struct CudaBackend::Impl {
   int levels() const { return opt.act_levels == 1 ? 1 : 2; }
   // The fused FFN's forms from the options: Options::ffn_b_copy, with the tensor-map form (2) falling back to cp.async
   // lanes (1) where the driver's encoder is unreachable; Options::ffn_balance, falling back to the group split (0), not
-  // to the three launches, where its table cannot hold the shape (192 blocks, 64 chunks) or the weight is out of range;
-  // Options::ffn_red_slots, falling back to 0 outside 2-4.
+  // to the three launches, where its table cannot hold the shape (192 blocks, 64 chunks) or the weight is out of range.
   void set_ffn_forms(cuda::FfnFusedDesc& d, int sms) const {
     d.rows_a = opt.ffn_rows;
     d.b_copy = opt.ffn_b_copy == 2 && !cuda::ffn_fused_tensor_maps_available() ? 1 : opt.ffn_b_copy;
     d.balance = opt.ffn_balance;
     d.balance_weight = opt.ffn_balance_weight;
-    d.red_slots = opt.ffn_red_slots;
-    d.early = opt.ffn_early;
     if (d.balance != 0 && !cuda::ffn_fused_shape_ok(d, sms)) d.balance = 0;
-    if (d.red_slots != 0 && !cuda::ffn_fused_shape_ok(d, sms)) d.red_slots = 0;  // (a count outside 2-4)
   }
   // Options::row_units where it pays: GEMM v3's scaling. Under --act f16 GEMM v4 has no per-group scaling to save and
   // its stated bound was measured on per-group units (with row units the fixture gate gave 724/726).

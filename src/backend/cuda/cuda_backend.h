@@ -107,11 +107,6 @@ class CudaBackend final : public Backend {
                                // block's gate / up + ffn_down bytes are even; bit-identical. BONSAI_CUDA_FFN_BALANCE
     float ffn_balance_weight = 1.0f;  // balance 2's weight of an ffn_down row against its bytes (a tuning knob for the
                                       // device A/B: 1 = by bytes). BONSAI_CUDA_FFN_BALANCE_W
-    int ffn_red_slots = 0;     // round 35: its partials' slots (cuda::FfnFusedDesc::red_slots): 0 one per ring slot + 1,
-                               // 2-4 that many, for a deeper ring (27b: 5 x 32-row stages, not 4); bit-identical.
-                               // BONSAI_CUDA_FFN_RED
-    bool ffn_early = true;     // round 35: its barrier's departure and the site's signs off the site's path
-                               // (cuda::FfnFusedDesc::early); bit-identical. BONSAI_CUDA_FFN_EARLY=0: round 34's order
     bool delta_site = true;    // round 26: a decode token's gated-norm site (the gdn_out input) computed by the delta
                                // step's launch, by the last block of each 1024-chunk (delta_site_supported), instead
                                // of a site_row_kernel after it; bit-identical; BONSAI_CUDA_DELTA_SITE=0|1

@@ -26,9 +26,8 @@
 //            the mbarrier counting them); 2 one 2-D tensor-map box for the words and one for the scales.
 // The weights depend on nothing, so the producer streams phase B's stages right behind phase A's: they land while the
 // group meets and the site is computed. Counters: arrivals (units) and departures (blocks) per group, zero before the
-// first launch. A block departs once its consumers are past the barrier (its producer counts it out when they have
-// consumed phase B's first stage, off the site's path); the group's last block to depart zeroes both (the next launch
-// touches them only after its pdl_wait, i.e. after this launch has completed).
+// first launch; the group's last block to depart zeroes both (the next launch touches them only after its pdl_wait,
+// i.e. after this launch has completed).
 #include <cuda.h>  // CUtensorMap and its encoder's signature (the encoder itself comes through the runtime)
 
 #include <algorithm>
@@ -59,7 +58,7 @@ constexpr int kFfnWarps = 20;                      // consumer warps; warp kFfnW
 constexpr int kFfnBlocksB = kFfnWarps / 4;         // 16-row blocks of a warp set in phase B (4 steps of a 1,024 chunk)
 constexpr int kFfnRowsB = 16 * kFfnBlocksB;        // 80 rows: a phase-B stage holds RBA such sets
 constexpr int kFfnChunk = 1024;
-constexpr int kFfnMaxStages = 10;                  // (8 with red_slots 0: the pre-round-35 shapes)
+constexpr int kFfnMaxStages = 8;
 constexpr int kFfnSmem = 227 * 1024;               // an sm_90 block's most dynamic shared memory
 constexpr int kFfnMaxGrid = 192;                   // balance != 0: the most blocks (SMs) its table holds
 constexpr int kFfnMaxChunks = 64;                  // F / 1,024 at most with balance != 0
@@ -92,43 +91,31 @@ struct FfnArgs {
                           // group barrier and the site alone) time a part (wrong output); 4 / 12 take the site / the
                           // site and the barrier off phase 0 too (kFfnNoSite, kFfnNoBarrier)
   int32_t balance;        // phase A's rows (FfnFusedDesc::balance): 0 the group's chunk over its blocks, else seq / perm
-  int32_t red_slots;      // R: slots of the partials (>= 2; stages + 1 needs no wait, fewer leave room for a deeper ring)
-  int32_t early;          // 1: the departure by the producer and the site's signs read before the wait (round 35); 0:
-                          // both after the wait, by the site's threads (round 34's order)
   uint16_t seq[2 * kFfnMaxGrid];  // balance != 0: block b's phase-A units are [seq[2 b], seq[2 b + 1]) of the sequence
   uint8_t perm[kFfnMaxChunks];    // balance != 0: the sequence's segment k holds chunk perm[k]
   uint8_t pos[kFfnMaxChunks];     // its inverse: chunk c is segment pos[c]
-  uint8_t pad[100];       // explicit: sizeof is a multiple of the tensor maps' 128-byte alignment, no hidden padding
+  uint8_t pad[108];       // explicit: sizeof is a multiple of the tensor maps' 128-byte alignment, no hidden padding
 };
 static_assert(offsetof(FfnArgs, pad) + sizeof(FfnArgs::pad) == sizeof(FfnArgs), "FfnArgs: no tail padding");
 static_assert(offsetof(FfnArgs, gw) == sizeof(FfnArgs::tm) && offsetof(FfnArgs, D) == sizeof(FfnArgs::tm) + 13 * 8 &&
-                  offsetof(FfnArgs, seq) == offsetof(FfnArgs, D) + 16 + 9 * 4 &&
+                  offsetof(FfnArgs, seq) == offsetof(FfnArgs, D) + 16 + 7 * 4 &&
                   offsetof(FfnArgs, perm) == offsetof(FfnArgs, seq) + sizeof(FfnArgs::seq) &&
                   offsetof(FfnArgs, pad) == offsetof(FfnArgs, pos) + kFfnMaxChunks,
               "FfnArgs: no holes between the fields (equal arguments must be equal bytes)");
 
-// Whether the partials slots need rfree at all: with R > ST (v7's ST + 1) the producer has summed stage jr - R before
-// it issues stage jr's copy, which the consumers wait for anyway, so neither side touches rfree (no hot-path cost).
-__host__ __device__ __forceinline__ bool ffn_red_waits(int R, int ST) { return R <= ST; }
-// The consumers' wait before they write stage jr's partials into slot jr % R: -1 none (R > ST, or the slot's first
-// use), else the parity of the rfree phase to wait for, i.e. the producer's sum of stage jr - R (that slot's completion
-// jr / R - 1; the producer is never a phase further, since it sums stage jr only after the consumers are done with it).
-__host__ __device__ __forceinline__ int ffn_red_wait_parity(int jr, int R, int ST) {
-  return !ffn_red_waits(R, ST) || jr < R ? -1 : (jr / R - 1) & 1;
-}
-
 // The shared memory's regions (byte offsets), one definition for the kernel and the launch's size: ring [ST][stage_bytes]
-// | full [ST], empty [ST], rfree [R] (mbarriers) | red float [R][NW][TRA] | xs int8 [LV][1,024] | xs_d float2 [16] |
-// scratch float [128][8] | end. Every region after the mbarriers starts 16-byte aligned: xs is read as uint4 and scratch
-// written as float4. (Round 35's rfree made the mbarriers 8 (2 ST + R) bytes, an odd number of 8-byte words at ST 4 /
-// R 5 (the 27b) or ST 5 / R 3, and the regions after them 8 bytes off: a misaligned-address fault on the device.)
+// | full [ST], empty [ST] (mbarriers) | red float [ST + 1][NW][TRA] (stage j's partials in slot j % (ST + 1), as v7) |
+// xs int8 [LV][1,024] | xs_d float2 [16] | scratch float [128][8] | end. Every region after the mbarriers starts 16-byte
+// aligned: xs is read as uint4 and scratch written as float4. (Round 35 put R more mbarriers there for fewer partials
+// slots; an odd count left the regions after them 8 bytes off, a misaligned-address fault at the 27b shape. Measured
+// slower, removed in round 36; the alignment stays explicit.)
 struct FfnSmemLayout {
   int64_t full, red, xs, xs_d, scratch, end;
   __host__ __device__ static constexpr int64_t up16(int64_t x) { return (x + 15) & ~int64_t(15); }
-  __host__ __device__ FfnSmemLayout(int ST, int64_t stage_bytes, int R, int LV, int TRA) {
+  __host__ __device__ FfnSmemLayout(int ST, int64_t stage_bytes, int LV, int TRA) {
     full = int64_t(ST) * stage_bytes;
-    red = up16(full + 8 * (2 * int64_t(ST) + R));
-    xs = red + int64_t(R) * kFfnWarps * TRA * 4;
+    red = up16(full + 16 * int64_t(ST));
+    xs = red + int64_t(ST + 1) * kFfnWarps * TRA * 4;
     xs_d = up16(xs + int64_t(LV) * kFfnChunk);
     scratch = up16(xs_d + (kFfnChunk / 64) * 8);
     end = scratch + 128 * 8 * 4;
@@ -233,7 +220,7 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int NW = kFfnWarps, TRA = 16 * RBA;  // TRA: rows of a phase-A stage, and of a warp's red row
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  const int D = int(a.D), C = int(a.F / kFfnChunk), ST = a.stages, R = a.red_slots;
+  const int D = int(a.D), C = int(a.F / kFfnChunk), ST = a.stages;
   int c, r, gsize;
   ffn_group(int(blockIdx.x), int(gridDim.x), C, c, r, gsize);
   // Phase A: FfnPlanA (above); phase B: units [ub0, ub1) of D / 8 (the group's chunk).
@@ -254,18 +241,12 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
       nrow = 8 * min(UB, ub1 - u);
     }
   };
-  // Shared memory (FfnSmemLayout): ring [ST][stage_bytes] | full [ST], empty [ST], rfree [R] | red float [R][NW][TRA]
-  // (stage j's partials in slot j % R) | xs int8 [LV][1,024] then xds float2 [16] (the chunk's digits) | scratch float
-  // [128][8] (the site's strides 256 / 512).
-  // Why rfree: the consumers may run ST stages ahead of the producer's sums, so with R = ST + 1 slots (v7's form) a slot
-  // is always free; with fewer, a consumer waits for the sum of stage j - R (rfree[j % R]) before it writes stage j's,
-  // and the bytes saved buy a deeper ring (the 27b at 32-row stages: 5 slots instead of 4, so a 7-block group's whole
-  // ffn_down share, 731 rows, is in flight at the barrier).
-  const FfnSmemLayout lay(ST, a.stage_bytes, R, LV, TRA);
+  // Shared memory (FfnSmemLayout): ring [ST][stage_bytes] | full [ST], empty [ST] | red float [ST + 1][NW][TRA] |
+  // xs int8 [LV][1,024] then xds float2 [16] (the chunk's digits) | scratch float [128][8] (the site's strides 256 / 512).
+  const FfnSmemLayout lay(ST, a.stage_bytes, LV, TRA);
   unsigned char* ring = smem;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + lay.full);
   uint64_t* empty = full + ST;
-  uint64_t* rfree = empty + ST;
   float* red = reinterpret_cast<float*>(smem + lay.red);
   int8_t* xs = reinterpret_cast<int8_t*>(smem + lay.xs);
   float2* xs_d = reinterpret_cast<float2*>(smem + lay.xs_d);
@@ -275,7 +256,6 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], unsigned(NW));
     }
-    for (int k = 0; k < R; ++k) mbar_init(&rfree[k], 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -371,18 +351,11 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
             a.parts[int64_t(c) * D + r0 + rr] = ((q[0] + q[TRA]) + q[2 * TRA]) + q[3 * TRA];
           }
         }
-        __syncwarp();  // every lane's reads of this red slot before the arrive that lets it be rewritten
-        if (lane == 0 && ffn_red_waits(R, ST)) mbar_arrive(&rfree[slot]);
+        __syncwarp();  // every lane's reads of this red slot before the next arrive that lets it be rewritten
         int s0, s1;
         if (j < nA && plan.ends_run(j, s0, s1)) arrive(s0, s1);  // the sub-run's last stage
-        // Phase B's first stage consumed: the consumers are past the barrier, so the block departs here, off their path
-        // (the departure's atomic waits an L2 round trip for its count; blocks without phase B depart in the site).
-        if (j == nA && nB > 0 && barrier && a.early) {
-          wait_once();  // (a block without gate / up units has not waited yet: the counters are the last launch's)
-          if (lane == 0) depart_and_reset(arrivals, gsize);
-        }
         if (++es == ST) es = 0, eph ^= 1u;
-        if (++slot == R) slot = 0;
+        if (++slot == ST + 1) slot = 0;
       }
     }
     wait_once();
@@ -395,19 +368,13 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
   const int g = ln.g, t = ln.t;
   uint4 XP[4];
   float4 xv0, xv1;
-  int s = 0, slot = 0, jr = 0;  // jr: stages consumed (both phases)
+  int s = 0, slot = 0;
   unsigned ph = 0;
-  // Stage jr's partials [NW][TRA], once the producer has summed stage jr - R's from the same slot.
-  auto red_slot = [&]() -> float* {
-    if (const int p = ffn_red_wait_parity(jr, R, ST); p >= 0) mbar_wait(&rfree[slot], unsigned(p));
-    return red + size_t(slot) * NW * TRA;
-  };
   auto next = [&] {
     __syncwarp();  // every lane's reads of the stage and writes of red before lane 0's arrive (a release)
     if (lane == 0) mbar_arrive(&empty[s]);
     if (++s == ST) s = 0, ph ^= 1u;
-    if (++slot == R) slot = 0;
-    ++jr;
+    if (++slot == ST + 1) slot = 0;
   };
   // Phase A: K = D, S = G / 2 <= NW steps a row (ffn_fused_supported); warp w takes step w (none past S), its B read
   // once.
@@ -420,29 +387,18 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
     const uint16_t* srow = reinterpret_cast<const uint16_t*>(st + TRA * (D >> 2)) + g * G + (LV == 2 ? (t & 1) : 0);
     float yg[RBA] = {}, yg8[RBA] = {};
     if (w < SA) mv7_window_step<LV, RBA>(wrow, 16 * (D >> 2), D >> 2, srow, 16 * G, G, G, w, t, XP, xv0, xv1, yg, yg8);
-    mv7_put_rows<LV, RBA>(red_slot() + w * TRA + g, ln.holder, yg, yg8);
+    mv7_put_rows<LV, RBA>(red + (size_t(slot) * NW + w) * TRA + g, ln.holder, yg, yg8);
     next();
   }
   // The group's barrier, then the chunk's site (warps 0-3: 128 slots of 8 elements) into xs / xs_d.
   if (w < 4) {
     const int tt = threadIdx.x;  // slot 0..127
-    // The slot's 8 signs (constant weights' data, often out of L2 by now): read before the wait, off its path (early).
-    uint32_t sg0 = 0u, sg1 = 0u;  // (two words: the 4-byte alignment site_slot_front assumed)
-    auto load_signs = [&] {
-      if (!a.signs) return;
-      const uint32_t* sp = reinterpret_cast<const uint32_t*>(a.signs + int64_t(c) * kFfnChunk + 8 * tt);
-      sg0 = __ldg(sp);
-      sg1 = __ldg(sp + 1);
-    };
-    if (a.early) load_signs();
     if (tt == 0 && barrier) {
       poll_until_at_least(arrivals, 2 * kFfnSeg);  // all the chunk's gate and up units
-      // (early, with phase B: the producer departs after its first stage, off the site's path)
-      if (nB == 0 || !a.early) depart_and_reset(arrivals, gsize);
+      depart_and_reset(arrivals, gsize);
     }
     asm volatile("bar.sync 2, 128;" ::: "memory");
     if (site) {
-      if (!a.early) load_signs();
       const int e = 8 * tt;  // chunk-local element of the slot
       const float* gp = a.g + int64_t(c) * kFfnChunk + e;
       const float* up = a.u + int64_t(c) * kFfnChunk + e;
@@ -457,12 +413,12 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
       }
 #pragma unroll
       for (int k = 0; k < 8; ++k) v[k] = siluf_(v[k]) * u[k];  // site_slot_front's SiluMul, the same expression
-      if (a.signs) site_slot_signs(sg0, sg1, v);  // site_slot_front's sign step, with the words read above
       SitePrologue sp{};
       sp.pre = kPreNone;
+      sp.signs = a.signs ? a.signs + int64_t(c) * kFfnChunk : nullptr;
       sp.log2n = a.log2n;
       sp.norm = a.norm;
-      site_slot_front(sp, e, lane, 0.f, true, nullptr, v);  // (no signs here:) strides 1 .. min(n, 256) / 2
+      site_slot_front(sp, e, lane, 0.f, true, nullptr, v);  // signs, strides 1 .. min(n, 256) / 2
       const int nn = 1 << a.log2n;
       if (nn > 256) {
         store8(scratch + tt * 8, v);
@@ -485,7 +441,7 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
     float yg[RBA] = {}, yg8[RBA] = {};
     mv7_window_step<LV, RBA>(wrow, kFfnRowsB * 256, 256, srow, kFfnRowsB * 8, 8, kFfnChunk >> 7, cc, t, XP, xv0, xv1, yg,
                             yg8);
-    mv7_put_rows<LV, RBA>(red_slot() + w * TRA + g, ln.holder, yg, yg8);
+    mv7_put_rows<LV, RBA>(red + (size_t(slot) * NW + w) * TRA + g, ln.holder, yg, yg8);
     next();
   }
 }
@@ -498,19 +454,16 @@ const void* ffn_fused_kernel_for(int lv, int rows_a) {
 }
 
 struct FfnShape {
-  int stages = 0, red_slots = 0;
+  int stages = 0;
   int64_t stage_bytes = 0, smem = 0;
 };
-// red_slots 0: one partials slot per ring slot + 1 (no wait); 2-4: that many (FfnArgs::red_slots).
-FfnShape ffn_shape(int64_t D, int levels, int rows_a, int red_slots) {
+FfnShape ffn_shape(int64_t D, int levels, int rows_a) {
   FfnShape f;
   f.stage_bytes = std::max<int64_t>(rows_a * (D / 4 + D / 64), rows_a / 16 * kFfnRowsB * (256 + 16));
-  for (int st = red_slots ? kFfnMaxStages : 8; st >= 2; --st) {
-    const int r = red_slots ? red_slots : st + 1;
-    const int64_t bytes = FfnSmemLayout(st, f.stage_bytes, r, levels, rows_a).end;
+  for (int st = kFfnMaxStages; st >= 2; --st) {
+    const int64_t bytes = FfnSmemLayout(st, f.stage_bytes, levels, rows_a).end;
     if (bytes <= kFfnSmem) {
       f.stages = st;
-      f.red_slots = r;
       f.smem = bytes;
       break;
     }
@@ -677,14 +630,12 @@ void down_maps(const FfnFusedDesc& d, CUtensorMap (&tm)[4]) {
 
 bool ffn_fused_tensor_maps_available() { return tensor_map_encoder() != nullptr; }
 
-int ffn_red_wait(int jr, int red_slots, int stages) { return ffn_red_wait_parity(jr, red_slots, stages); }
-int ffn_ring_stages(const FfnFusedDesc& d) { return ffn_shape(d.D, d.levels, d.rows_a, d.red_slots).stages; }
 FfnSmemRegions ffn_smem_regions(const FfnFusedDesc& d) {
-  const FfnShape sh = ffn_shape(d.D, d.levels, d.rows_a, d.red_slots);
+  const FfnShape sh = ffn_shape(d.D, d.levels, d.rows_a);
   FfnSmemRegions r;
   if (sh.stages == 0) return r;
-  const FfnSmemLayout lay(sh.stages, sh.stage_bytes, sh.red_slots, d.levels, d.rows_a);
-  r.stages = sh.stages, r.red_slots = sh.red_slots, r.stage_bytes = sh.stage_bytes;
+  const FfnSmemLayout lay(sh.stages, sh.stage_bytes, d.levels, d.rows_a);
+  r.stages = sh.stages, r.stage_bytes = sh.stage_bytes;
   r.full = lay.full, r.red = lay.red, r.xs = lay.xs, r.xs_d = lay.xs_d, r.scratch = lay.scratch, r.end = lay.end;
   return r;
 }
@@ -731,8 +682,8 @@ bool ffn_fused_shape_ok(const FfnFusedDesc& d, int sms) {
   const int64_t C = d.F / kFfnChunk;
   return d.D >= 1024 && d.D % 1024 == 0 && d.D / 256 <= kFfnWarps && d.F >= kFfnChunk && d.F % kFfnChunk == 0 &&
          C <= sms && sms / C <= kFfnChunk / 8 && d.n >= 1 && d.n <= kFfnChunk && (d.n & (d.n - 1)) == 0 &&
-         (d.levels == 1 || d.levels == 2) && (d.rows_a == 16 || d.rows_a == 32) && d.red_slots >= 0 &&
-         d.red_slots != 1 && d.red_slots <= 4 && ffn_shape(d.D, d.levels, d.rows_a, d.red_slots).stages >= 2 &&
+         (d.levels == 1 || d.levels == 2) && (d.rows_a == 16 || d.rows_a == 32) &&
+         ffn_shape(d.D, d.levels, d.rows_a).stages >= 2 &&
          d.b_copy >= 0 && d.b_copy <= 2 &&
          ((d.phases >= 0 && d.phases <= 3) || d.phases == kFfnNoSite || d.phases == (kFfnNoSite | kFfnNoBarrier)) &&
          (d.b_copy != 2 || ffn_fused_tensor_maps_available()) && d.balance >= 0 && d.balance <= 2 &&
@@ -746,7 +697,7 @@ bool ffn_fused_supported(const FfnFusedDesc& d, int sms) {
 }
 
 Launch ffn_fused_launch(const FfnFusedDesc& d, int sms) {
-  const FfnShape sh = ffn_shape(d.D, d.levels, d.rows_a, d.red_slots);
+  const FfnShape sh = ffn_shape(d.D, d.levels, d.rows_a);
   FfnArgs a{};
   a.gw = d.gate.words;
   a.gs = d.gate.scales;
@@ -765,8 +716,6 @@ Launch ffn_fused_launch(const FfnFusedDesc& d, int sms) {
   a.F = d.F;
   a.stages = sh.stages;
   a.stage_bytes = int32_t(sh.stage_bytes);
-  a.red_slots = sh.red_slots;
-  a.early = d.early ? 1 : 0;
   while ((int64_t(1) << a.log2n) < d.n) ++a.log2n;
   a.norm = float(1.0 / __builtin_sqrt(double(d.n)));
   a.b_copy = d.b_copy;

@@ -563,12 +563,6 @@ struct FfnFusedDesc {
                                     // are even (a 7-block group's blocks take fewer gate / up rows). Bit-identical.
   float balance_weight = 1.0f;      // balance 2: an ffn_down row's weight against its bytes (0 = balance 1's even
                                     // gate / up shares; 0-4)
-  int32_t red_slots = 0;            // round 35: slots of the stage partials: 0 one per ring slot + 1 (no wait; the ring
-                                    // at most 8 deep), 2-4 that many (a wait for a free one; the bytes saved deepen the
-                                    // ring: the 27b at 32-row stages 5 slots, not 4). Bit-identical.
-  bool early = true;                // round 35: the group barrier's departure by the producer after phase B's first
-                                    // stage, and the site's signs read before the wait (false: both after it, by the
-                                    // site's threads, as in round 34). Bit-identical.
 };
 bool ffn_fused_tensor_maps_available();  // the driver's tensor-map encoder is reachable (b_copy 2)
 // balance 1 / 2's phase-A table, for the host tests: block b's units [lo[b], hi[b]) of the unit sequence whose segment k
@@ -584,16 +578,11 @@ struct FfnStageA {
   int output = 0, row = 0, rows = 0, arrive_chunk = -1, arrive_units = 0;
 };
 std::vector<FfnStageA> ffn_phase_a_plan(const FfnFusedDesc& d, int sms, int block);
-// Round 35, for the host tests: the kernel's rule for a consumer's wait before it writes stage jr's partials into slot
-// jr % R of an ST-deep ring (-1: no wait, else the parity of the slot's rfree phase it waits for), and the ring depth
-// of a shape.
-int ffn_red_wait(int jr, int red_slots, int stages);
-int ffn_ring_stages(const FfnFusedDesc& d);
 // Its shared memory's regions (byte offsets from the dynamic shared memory's start) for a shape, as the kernel carves
-// them: the ring's stages, the mbarriers at `full` (2 ST + R of 8 bytes), the partials at `red`, the chunk's digits at
-// `xs` / `xs_d`, the site's exchange at `scratch`, and `end` (the launch's dynamic shared memory).
+// them: the ring's `stages` slots, the mbarriers at `full` (2 ST of 8 bytes), the partials at `red` (ST + 1 slots), the
+// chunk's digits at `xs` / `xs_d`, the site's exchange at `scratch`, and `end` (the launch's dynamic shared memory).
 struct FfnSmemRegions {
-  int stages = 0, red_slots = 0;
+  int stages = 0;
   int64_t stage_bytes = 0, full = 0, red = 0, xs = 0, xs_d = 0, scratch = 0, end = 0;
 };
 FfnSmemRegions ffn_smem_regions(const FfnFusedDesc& d);
