@@ -9,6 +9,7 @@
 # of $OUT is packed into $OUT/out.tgz (a call brings back at most 8 files). Round 31: DELTA_OUT entries of AB run only
 # once CudaOps.DeltaStepWithOutProjectionEqualsApart passed (DO_OK), as FFN_FUSED ones need CudaFfnFused (FFN_OK).
 # Round 32: KBENCH2 (an ungated kernel bench) and ABB (batched A/B entries, `--batch ${ABB_BATCH:-32}`). Round 33: TG8K.
+# Round 36: NCU_FFN=1 (below).
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
 device_header "$OUT/gpu.csv"
 start_27b_pack
@@ -80,6 +81,18 @@ if [ "${TRACE:-0}" = 1 ]; then
     > "$L/trace_bench.txt" 2>&1
   echo "trace rc=$?"; python3 $B/v7_trace_report.py $L/v7trace.txt > "$OUT/v7trace_report.txt" 2>&1; head -30 "$OUT/v7trace_report.txt"
   stamp "trace"
+fi
+# Round 36: NCU_FFN=1: Nsight Compute on one fused-FFN launch of the 27b decode (eager, past the first tokens), alone
+# (ncu serialises the launches): its duration, DRAM / SM throughput and warp stalls (phase A streams at ~65 % of the
+# probe in the kernel bench).
+if [ "${NCU_FFN:-0}" = 1 ] && [ $FFN_OK = 1 ] && command -v ncu > /dev/null; then
+  BONSAI_CUDA_GRAPHS=0 timeout ${NCU_TIMEOUT:-120} ncu --clock-control none -k "regex:ffn_fused_kernel" --launch-skip 192 \
+    --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+    --section SchedulerStats $B/bonsai bench --backend cuda -m "$P27" -p 0 -n 8 -r 1 > "$OUT/ncu_ffn.txt" 2>&1
+  echo "ncu rc=$?"
+  grep -E "Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Issue Slots|No Eligible|Warp Cycles Per Issued|Stall|L2 Hit|Mem Busy|Max Bandwidth" \
+    "$OUT/ncu_ffn.txt" | head -${NCU_LINES:-30}
+  stamp "ncu"
 fi
 if [ "${FINAL:-0}" = 1 ]; then
   timeout 150 $B/bonsai bench --backend cuda -m "$P27" -p 512,2048 -n 128 -r 2 -d 0,8192 --json > "$OUT/bench.json" 2> "$OUT/bench.txt"
