@@ -269,14 +269,12 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
       if (!waited) pdl_wait();  // g / u / parts / the counters may still be used by earlier kernels
       waited = true;
     };
-    // Sub-run [s0, s1)'s rows are stored: count its units in on its chunk. One release by lane 0 after the warp
-    // barrier publishes every lane's stores (the barrier orders them before it; a release is cumulative), where each
-    // lane's __threadfence (fence.sc) and a relaxed add took one more L2 round trip (round 29's probe: 2.39 against
-    // 2.69 us a grid barrier).
+    // Sub-run [s0, s1)'s rows are stored: count its units in on its chunk (every lane's stores fenced first).
     auto arrive = [&](int s0, int s1) {
       wait_once();
+      __threadfence();
       __syncwarp();
-      if (lane == 0) red_release_add(a.count + 2 * plan.chunk_of(s0), s1 - s0);
+      if (lane == 0) atomicAdd(a.count + 2 * plan.chunk_of(s0), s1 - s0);
     };
     if (nA == 0 && barrier)  // (the bench's phases without gate / up: every sub-run counted in at once)
       for (int k = 0; k < na_all; ++k) {
