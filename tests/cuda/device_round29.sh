@@ -9,7 +9,7 @@
 # of $OUT is packed into $OUT/out.tgz (a call brings back at most 8 files). Round 31: DELTA_OUT entries of AB run only
 # once CudaOps.DeltaStepWithOutProjectionEqualsApart passed (DO_OK), as FFN_FUSED ones need CudaFfnFused (FFN_OK).
 # Round 32: KBENCH2 (an ungated kernel bench) and ABB (batched A/B entries, `--batch ${ABB_BATCH:-32}`). Round 33: TG8K.
-# Round 36: NCU_FFN=1 (below).
+# Round 36: NCU_FFN=1 (below); GDN_PROBE=1: tests/cuda/gdn_mixer_probe.cu, as CLUSTER_PROBE.
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
 device_header "$OUT/gpu.csv"
 start_27b_pack
@@ -31,6 +31,7 @@ grep -q "^\[       OK \] CudaOps.DeltaStepWithOutProjectionEqualsApart" "$OUT/te
   ! grep -q "^\[  FAILED  \] CudaModel" "$OUT/test_cuda.log" && DO_OK=1
 echo "FFN_OK=$FFN_OK DO_OK=$DO_OK"
 [ "${CLUSTER_PROBE:-0}" = 1 ] && device_probe cluster_ffn_probe 120  # needs no pack
+[ "${GDN_PROBE:-0}" = 1 ] && device_probe gdn_mixer_probe 120  # round 36: the GDN mixer as one launch of head groups
 if [ -n "${KBENCH:-}" ] && [ $FFN_OK = 1 ]; then
   BONSAI_CUDA_BENCH=1 timeout ${KBENCH_TIMEOUT:-150} $B/test_cuda --gtest_filter="$KBENCH" > "$OUT/kbench.log" 2>&1
   echo "kbench rc=$?"; grep -E "^ffn|^probe|FAILED|Failure" "$OUT/kbench.log" | head -20
