@@ -314,7 +314,7 @@ TEST(CudaBench, FfnFusedVsThreeLaunches) {
             be.run_ffn_kernel(list.data(), kFfns, x.data(), signs.data(), 1024, phases != -1, 50, phases < 0 ? 3 : phases);
         ASSERT_TRUE(r.ran);
         const double b = phases == 1 ? bytes * 2 / 3 : phases == 2 ? bytes / 3 : phases == 3 ? bytes : 0.0;
-        std::string bal = fm.balance == 1 ? ", balance 1 (gate / up even)" : fm.balance == 2 ? ", balance 2 (bytes even)" : "";
+        const std::string bal = fm.balance == 1 ? ", balance 1 (gate / up even)" : fm.balance == 2 ? ", balance 2 (bytes even)" : "";
         char line[256];
         if (phases == 0 || phases >= 4)
           std::snprintf(line, sizeof line, "ffn 27b, one fused launch, %d-row stages%s, no weights (%s): %.2f us", fm.rows,
