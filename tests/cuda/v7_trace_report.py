@@ -6,13 +6,18 @@ For launch i: A(i) = its last block's done (the product is complete), W(i) = its
 (its predecessor on the chain is complete). gap = W(i) - A(i-1): the small kernels between two products on the chain;
 prod = A(i) - W(i): the product once its input is ready. Its parts, per block then the median over blocks, after W(i):
 staged (the activations in shared memory), full0 / full_last (its first / last stage's bytes landed; negative = before
-the input was ready), done. 'start' / 'issued' are the blocks' first instruction and first copy issue, after A(i-1)."""
+the input was ready), done. 'start' / 'issued' are the blocks' first instruction and first copy issue, after A(i-1).
+
+Round 36: the fused FFN's launches (one a layer) are traced too, as shape 'ffn fused' (slots 0-23 as v7's, its stages
+both phases'), and a second table gives their own events after W: last_a (phase A's last stage consumed), polled (the
+group barrier passed), site (the chunk's digits ready), full_b (phase B's first stage seen)."""
 import statistics
 import sys
 
 SLOTS = dict(start=0, issued=1, cwait=2, staged=3, pwait=4, done=5, stages=6, full0=8, empty0=16)
+FFN_SLOTS = dict(last_a=24, polled=25, site=26, full_b=27)
 NAMES = {(5120, 16384): "qkv+z", (6144, 5120): "gdn_out", (5120, 34816): "gate+up", (17408, 5120): "ffn_down",
-         (5120, 248320): "head"}
+         (5120, 248320): "head", (5120, 52224): "ffn fused"}
 
 
 def read(path):
@@ -30,6 +35,7 @@ def read(path):
 def main():
     ls = read(sys.argv[1])
     per = {}
+    ffn = {k: [] for k in FFN_SLOTS}
     prev_done = None
     total_gap = total_prod = 0.0
     for L in ls:
@@ -56,16 +62,25 @@ def main():
         d["done_med"].append((med(lambda r: r[SLOTS["done"]]) - w) / 1e3)
         d["stagger"].append((med(lambda r: r[0]) - min(r[0] for r in rows)) / 1e3)
         d["stages"].append(med(lambda r: r[SLOTS["stages"]]))
+        if name == "ffn fused":
+            for k, slot in FFN_SLOTS.items():
+                seen = [r[slot] for r in rows if r[slot]]
+                if seen:
+                    ffn[k].append((statistics.median(seen) - w) / 1e3)
         prev_done = done
     span = (max(max(r[SLOTS["done"]] for r in L["rows"] if r[0]) for L in ls) -
             min(min(r[0] for r in L["rows"] if r[0]) for L in ls)) / 1e3
-    print(f"{len(ls)} v7 launches, first start to last done {span:.1f} us: products (W->A) {total_prod:.1f} us, "
+    print(f"{len(ls)} traced launches, first start to last done {span:.1f} us: products (W->A) {total_prod:.1f} us, "
           f"between products (A->W) {total_gap:.1f} us")
     keys = ("gap", "start", "issued", "prod", "staged", "full0", "full_last", "done_med", "stagger", "stages")
     print(f"{'shape':10s} {'n':>4s} " + " ".join(f"{k:>9s}" for k in keys))
     for name, d in sorted(per.items(), key=lambda kv: -sum(kv[1]["prod"])):
         vals = [statistics.median(d[k]) if d[k] else float("nan") for k in keys]
         print(f"{name:10s} {len(d['prod']):4d} " + " ".join(f"{v:9.2f}" for v in vals))
+    if ffn["last_a"]:
+        print("ffn fused, its own events after W (medians over blocks, then over launches, us):")
+        print("  " + " ".join(f"{k:>9s}" for k in FFN_SLOTS))
+        print("  " + " ".join(f"{statistics.median(ffn[k]) if ffn[k] else float('nan'):9.2f}" for k in FFN_SLOTS))
 
 
 if __name__ == "__main__":

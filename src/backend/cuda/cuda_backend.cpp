@@ -245,8 +245,9 @@ struct CudaBackend::Impl {
   Scratch mv6_part, mv6_cnt;  // split-K v6: partials float [S, M, N], arrival counters int32 [N / 16] (zeroed)
   Scratch mvw_part, mvw_cnt;  // batched wgmma: partials float [2 SMs, 16, 512], counters int32 [row blocks] (zeroed)
   Scratch xh;                 // GEMM v4's fp16 activation tiles [ceil(M / 8)][K / 64][1024 B]
-  // Round 24, diagnostic (BONSAI_CUDA_MV7_TRACE=<file>, in builds with -DBONSAI_V7_TRACE): every matvec v7 launch of a
-  // recorded decode step writes its blocks' timeline (cuda::kV7TraceSlots u64 per block) into trace_buf
+  // Round 24, diagnostic (BONSAI_CUDA_MV7_TRACE=<file>, in builds with -DBONSAI_V7_TRACE): every matvec v7 launch (and
+  // since round 36 every fused FFN launch) of a recorded decode step writes its blocks' timeline (cuda::kV7TraceSlots
+  // u64 per block) into trace_buf
   // [kTraceLaunches][SMs][slots]; the last step's is written to the file when the backend is destroyed
   // (tests/cuda/v7_trace_report.py reads it).
   static constexpr int64_t kTraceLaunches = 1024;
@@ -606,17 +607,25 @@ struct CudaBackend::Impl {
   // Points each v7 launch of ls (the product of t [n outputs] over K) at its slice of trace_buf (BONSAI_CUDA_MV7_TRACE;
   // recorded steps only).
   void trace_v7(std::vector<cuda::Launch>& ls, const cuda::TernaryDev* t, int n, int64_t K) {
+    int64_t N = 0;
+    for (int i = 0; i < n; ++i) N += t[i].N;
+    for (cuda::Launch& l : ls)
+      if (uint64_t* slice = next_trace_slice(); slice && cuda::matvec7_set_trace(l, slice))
+        trace_meta.push_back({K, N, int64_t(l.grid.x)});
+  }
+  // The same for a fused FFN launch (round 36; its shape as K = D, N = 3 F: gate, up and ffn_down's rows).
+  void trace_ffn(cuda::Launch& l, int64_t D, int64_t F) {
+    if (uint64_t* slice = next_trace_slice(); slice && cuda::ffn_fused_set_trace(l, slice))
+      trace_meta.push_back({D, 3 * F, int64_t(l.grid.x)});
+  }
+  // The next launch's slice of trace_buf (allocated on first use), or null once it is full.
+  uint64_t* next_trace_slice() {
     const int64_t per = int64_t(prop.multiProcessorCount) * cuda::kV7TraceSlots;
     if (!trace_buf) {
       trace_buf = static_cast<uint64_t*>(device_alloc(size_t(kTraceLaunches * per) * 8, "the v7 timeline"));
       CUDA_CHECK(cudaMemsetAsync(trace_buf, 0, size_t(kTraceLaunches * per) * 8, stream));
     }
-    int64_t N = 0;
-    for (int i = 0; i < n; ++i) N += t[i].N;
-    for (cuda::Launch& l : ls)
-      if (int64_t(trace_meta.size()) < kTraceLaunches &&
-          cuda::matvec7_set_trace(l, trace_buf + int64_t(trace_meta.size()) * per))
-        trace_meta.push_back({K, N, int64_t(l.grid.x)});
+    return int64_t(trace_meta.size()) < kTraceLaunches ? trace_buf + int64_t(trace_meta.size()) * per : nullptr;
   }
   // The last complete step's timeline into trace_path: a line "launch i K N blocks" per launch, then a line per block
   // of its kV7TraceSlots values.
@@ -1650,7 +1659,9 @@ void CudaBackend::swiglu_ffn(const TernaryMatrix& gate, const TernaryMatrix& up,
   d.signs = I.dev(signs);
   d.parts = static_cast<float*>(I.ensure(I.ffn_parts, size_t(C * E) * 4, "fused FFN partials"));
   d.count = static_cast<int32_t*>(I.ensure(I.ffn_cnt, size_t(2 * C) * 4, "fused FFN counters", true));
-  I.emit_with_parts(cuda::ffn_fused_launch(d, sms), delta, d.parts, C, E);
+  cuda::Launch l = cuda::ffn_fused_launch(d, sms);
+  if (!I.trace_path.empty() && I.recording) I.trace_ffn(l, E, F);
+  I.emit_with_parts(l, delta, d.parts, C, E);
 }
 
 void CudaBackend::sigmoid_gate_mul(float* x, const float* gate, int64_t n) {

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "backend/cuda/async_copy.cuh"
+#include "backend/cuda/block_trace.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.h"
@@ -80,6 +81,7 @@ struct FfnArgs {
   const int8_t* signs;    // [F] the down input site's signs, or null
   float* parts;           // [C, D] chunk c's share of y
   int32_t* count;         // [2 C] per group: arrivals, departures (zero between launches)
+  uint64_t* trace;        // round 36, diagnostic: u64 [blocks, kV7TraceSlots] event times (kernels.h), or null
   int64_t D, F;
   int32_t stages;         // ring depth
   int32_t stage_bytes;    // one stage: phase A words [16 RBA, D/4 B] then scales [16 RBA, D/64 B]; phase B words
@@ -94,10 +96,10 @@ struct FfnArgs {
   uint16_t seq[2 * kFfnMaxGrid];  // balance != 0: block b's phase-A units are [seq[2 b], seq[2 b + 1]) of the sequence
   uint8_t perm[kFfnMaxChunks];    // balance != 0: the sequence's segment k holds chunk perm[k]
   uint8_t pos[kFfnMaxChunks];     // its inverse: chunk c is segment pos[c]
-  uint8_t pad[108];       // explicit: sizeof is a multiple of the tensor maps' 128-byte alignment, no hidden padding
+  uint8_t pad[100];       // explicit: sizeof is a multiple of the tensor maps' 128-byte alignment, no hidden padding
 };
 static_assert(offsetof(FfnArgs, pad) + sizeof(FfnArgs::pad) == sizeof(FfnArgs), "FfnArgs: no tail padding");
-static_assert(offsetof(FfnArgs, gw) == sizeof(FfnArgs::tm) && offsetof(FfnArgs, D) == sizeof(FfnArgs::tm) + 13 * 8 &&
+static_assert(offsetof(FfnArgs, gw) == sizeof(FfnArgs::tm) && offsetof(FfnArgs, D) == sizeof(FfnArgs::tm) + 14 * 8 &&
                   offsetof(FfnArgs, seq) == offsetof(FfnArgs, D) + 16 + 7 * 4 &&
                   offsetof(FfnArgs, perm) == offsetof(FfnArgs, seq) + sizeof(FfnArgs::seq) &&
                   offsetof(FfnArgs, pad) == offsetof(FfnArgs, pos) + kFfnMaxChunks,
@@ -252,6 +254,8 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
   float2* xs_d = reinterpret_cast<float2*>(smem + lay.xs_d);
   float* scratch = reinterpret_cast<float*>(smem + lay.scratch);
   if (threadIdx.x == 0) {
+    BLOCK_TRACE(a.trace, kV7TrStart);
+    BLOCK_TRACE_VALUE(a.trace, kV7TrStages, n);
     for (int s = 0; s < ST; ++s) {
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], unsigned(NW));
@@ -266,7 +270,10 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
   if (w == NW) {  // ---- producer: copies ST stages ahead; sums each stage once it is consumed ----
     bool waited = false;
     auto wait_once = [&] {
-      if (!waited) pdl_wait();  // g / u / parts / the counters may still be used by earlier kernels
+      if (!waited) {
+        pdl_wait();  // g / u / parts / the counters may still be used by earlier kernels
+        if (lane == 0) BLOCK_TRACE(a.trace, kV7TrProducerWaited);
+      }
       waited = true;
     };
     // Sub-run [s0, s1)'s rows are stored: count its units in on its chunk (every lane's stores fenced first).
@@ -284,7 +291,10 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
     int s = 0, es = 0, slot = 0;
     unsigned eph = 0;
     for (int i = 0; i < n + ST; ++i) {
-      if (i >= ST) mbar_wait(&empty[es], eph);  // stage i - ST consumed
+      if (i >= ST) {
+        mbar_wait(&empty[es], eph);  // stage i - ST consumed
+        if (lane == 0 && i - ST < kV7TrMaxStages) BLOCK_TRACE(a.trace, kV7TrEmpty0 + i - ST);
+      }
       if (i < n) {
         int o, r0, nrow;
         stage_at(i, o, r0, nrow);
@@ -326,6 +336,7 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
           }
         }
         __syncwarp();
+        if (lane == 0 && i == 0) BLOCK_TRACE(a.trace, kV7TrIssued);
         if (++s == ST) s = 0;
       }
       if (i >= ST) {
@@ -359,11 +370,13 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
       }
     }
     wait_once();
+    if (lane == 0) BLOCK_TRACE(a.trace, kV7TrDone);
     return;
   }
 
   // ---- consumers ----
   pdl_wait();  // the input's digits depend on earlier kernels
+  if (threadIdx.x == 0) BLOCK_TRACE(a.trace, kV7TrConsumerWaited);
   const Mv7OneToken<LV> ln(lane);
   const int g = ln.g, t = ln.t;
   uint4 XP[4];
@@ -380,8 +393,10 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
   // once.
   const int SA = (G + 1) >> 1;
   ln.load_b(w, D, a.xq, a.xds, XP, xv0, xv1);
+  if (threadIdx.x == 0) BLOCK_TRACE(a.trace, kV7TrStaged);
   for (int j = 0; j < nA; ++j) {
     mbar_wait(&full[s], ph);
+    if (threadIdx.x == 0 && j < kV7TrMaxStages) BLOCK_TRACE(a.trace, kV7TrFull0 + j);
     const unsigned char* st = ring + size_t(s) * a.stage_bytes;
     const unsigned char* wrow = st + g * (D >> 2) + 16 * t;
     const uint16_t* srow = reinterpret_cast<const uint16_t*>(st + TRA * (D >> 2)) + g * G + (LV == 2 ? (t & 1) : 0);
@@ -390,11 +405,13 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
     mv7_put_rows<LV, RBA>(red + (size_t(slot) * NW + w) * TRA + g, ln.holder, yg, yg8);
     next();
   }
+  if (threadIdx.x == 0) BLOCK_TRACE(a.trace, kFfnTrLastA);
   // The group's barrier, then the chunk's site (warps 0-3: 128 slots of 8 elements) into xs / xs_d.
   if (w < 4) {
     const int tt = threadIdx.x;  // slot 0..127
     if (tt == 0 && barrier) {
       poll_until_at_least(arrivals, 2 * kFfnSeg);  // all the chunk's gate and up units
+      BLOCK_TRACE(a.trace, kFfnTrPolled);
       depart_and_reset(arrivals, gsize);
     }
     asm volatile("bar.sync 2, 128;" ::: "memory");
@@ -429,11 +446,14 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
     }  // site
   }
   asm volatile("bar.sync 1, %0;" ::"r"(NW * 32) : "memory");  // the chunk's digits are in xs / xs_d
+  if (threadIdx.x == 0) BLOCK_TRACE(a.trace, kFfnTrSite);
   // Phase B: a stage is RBA x 5 row blocks x the chunk's 4 steps; warp w takes row blocks w / 4 + 5 b, step w % 4.
   const int rb = w >> 2, cc = w & 3;
   ln.load_b(cc, kFfnChunk, xs, xs_d, XP, xv0, xv1);
   for (int j = 0; j < nB; ++j) {
     mbar_wait(&full[s], ph);
+    if (threadIdx.x == 0 && j == 0) BLOCK_TRACE(a.trace, kFfnTrFullB);
+    if (threadIdx.x == 0 && nA + j < kV7TrMaxStages) BLOCK_TRACE(a.trace, kV7TrFull0 + nA + j);
     const unsigned char* st = ring + size_t(s) * a.stage_bytes;
     const unsigned char* wrow = st + (16 * rb + g) * 256 + 16 * t;
     const uint16_t* srow =
@@ -629,6 +649,19 @@ void down_maps(const FfnFusedDesc& d, CUtensorMap (&tm)[4]) {
 }  // namespace
 
 bool ffn_fused_tensor_maps_available() { return tensor_map_encoder() != nullptr; }
+
+bool ffn_fused_set_trace(Launch& l, uint64_t* trace) {
+  if (!kBlockTraceCompiled || l.size != sizeof(FfnArgs)) return false;
+  bool fused = false;
+  for (const int lv : {1, 2})
+    for (const int rows : {16, 32}) fused = fused || l.func == ffn_fused_kernel_for(lv, rows);
+  if (!fused) return false;
+  FfnArgs a;
+  std::memcpy(&a, l.args, sizeof a);
+  a.trace = trace;
+  std::memcpy(l.args, &a, sizeof a);
+  return true;
+}
 
 FfnSmemRegions ffn_smem_regions(const FfnFusedDesc& d) {
   const FfnShape sh = ffn_shape(d.D, d.levels, d.rows_a);

@@ -586,6 +586,19 @@ struct FfnSmemRegions {
   int64_t stage_bytes = 0, full = 0, red = 0, xs = 0, xs_d = 0, scratch = 0, end = 0;
 };
 FfnSmemRegions ffn_smem_regions(const FfnFusedDesc& d);
+// Round 36, diagnostic: the fused FFN's per-block timeline, in the builds and the buffer of v7's (kV7TraceSlots a block,
+// matvec7_trace_compiled). Slots 0-6 and the stage slots as v7's: start; the producer's first copy issued; the
+// consumers (thread 0) past griddepcontrol.wait; phase A's activations loaded; the producer past its wait; the
+// producer's last partials written; the stage count; thread 0 past full[j] (both phases' stages in order) and the
+// producer past empty[j]. Then the fused kernel's own events (thread 0):
+enum FfnTraceSlot : int {
+  kFfnTrLastA = 24,   // phase A's last stage consumed
+  kFfnTrPolled = 25,  // the group barrier passed (its poll)
+  kFfnTrSite = 26,    // the chunk's digits in shared memory (past the site's block barrier)
+  kFfnTrFullB = 27,   // phase B's first stage's bytes seen
+};
+// False (l unchanged) when l is not a fused-FFN launch or the trace is not compiled in.
+bool ffn_fused_set_trace(Launch& l, uint64_t* trace);
 bool ffn_fused_supported(const FfnFusedDesc& d, int sms);
 bool ffn_fused_shape_ok(const FfnFusedDesc& d, int sms);  // its shape half (D, F, n, levels, rows_a; no pointers)
 Launch ffn_fused_launch(const FfnFusedDesc& d, int sms);

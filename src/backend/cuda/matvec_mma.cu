@@ -49,6 +49,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "backend/cuda/block_trace.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/matvec_step.cuh"
 #include "backend/cuda/mbarrier.cuh"
@@ -567,25 +568,10 @@ constexpr int kV7MaxWarps = 20;  // consumer warps; one more warp issues the cop
 constexpr int kV7MaxStages = 8;
 constexpr int kV7StageLoads = 4;  // the activation staging's loads in flight per lane (round 25)
 
-// Round 24's timeline (Mv7Args::trace; matvec7_set_trace): %globaltimer (ns) at a block's events, slot numbers in
-// kernels.h. Compiled in only with -DBONSAI_V7_TRACE (CMAKE_CUDA_FLAGS): the dormant checks alone cost 0.7 % of a
-// decode token (H200, tg128 221.3 vs 223.0 tok/s in one call), so the default kernel carries none.
-#ifdef BONSAI_V7_TRACE
-__device__ __forceinline__ uint64_t global_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-#define V7_TRACE_VALUE(slot, v)                                                   \
-  do {                                                                            \
-    if (a.trace) a.trace[int64_t(blockIdx.x) * kV7TraceSlots + (slot)] = (v); \
-  } while (0)
-#else
-#define V7_TRACE_VALUE(slot, v) \
-  do {                          \
-  } while (0)
-#endif
-#define V7_TRACE(slot) V7_TRACE_VALUE(slot, global_ns())
+// Round 24's timeline (Mv7Args::trace; matvec7_set_trace; block_trace.cuh): %globaltimer (ns) at a block's events,
+// slot numbers in kernels.h; compiled in only with -DBONSAI_V7_TRACE.
+#define V7_TRACE_VALUE(slot, v) BLOCK_TRACE_VALUE(a.trace, slot, v)
+#define V7_TRACE(slot) BLOCK_TRACE(a.trace, slot)
 
 struct Mv7Args {
   Mv6Out o[kMaxOuts];          // t0: first 8-row unit of the output; k0 unused
@@ -1093,13 +1079,7 @@ bool is_matvec7(const Launch& l) {
 }
 }  // namespace
 
-bool matvec7_trace_compiled() {
-#ifdef BONSAI_V7_TRACE
-  return true;
-#else
-  return false;
-#endif
-}
+bool matvec7_trace_compiled() { return kBlockTraceCompiled; }
 
 bool matvec7_set_trace(Launch& l, uint64_t* trace) {
   if (!matvec7_trace_compiled() || !is_matvec7(l)) return false;
