@@ -76,14 +76,16 @@ TEST(CudaFfnFused, MatchesTheThreeLaunches) {
       for (TernaryMatrix* m : {&gate, &up, &down}) be16.prepare_matrix(*m);
       const CudaBackend::FfnKernelRun f16 = be16.run_ffn_kernel(mats, 1, x.data(), sg, c.n, true, 0);
       ASSERT_TRUE(ref.ran && f1.ran && f2.ran && f12.ran && f16.ran) << what;
-      using Form = cudatest::FfnForm;  // {rows, copy, balance}
+      using Form = cudatest::FfnForm;  // {rows, copy, balance, release}
       for (const Form& fm : {Form{32, 1, 0}, Form{16, 1, 0}, Form{32, 2, 0}, Form{16, 2, 0}, Form{32, 2, 1},
-                             Form{16, 0, 1}, Form{32, 2, 2}, Form{16, 1, 2}}) {
+                             Form{16, 0, 1}, Form{32, 2, 2}, Form{16, 1, 2}, Form{32, 2, 0, true},
+                             Form{16, 1, 2, true}}) {
         CudaBackend bc(fm.on(o));
         for (TernaryMatrix* m : {&gate, &up, &down}) bc.prepare_matrix(*m);
         const CudaBackend::FfnKernelRun fc = bc.run_ffn_kernel(twice, 2, x.data(), sg, c.n, true, 0);
         const std::string form = what + " b_copy " + std::to_string(fm.copy) + ", " + std::to_string(fm.rows) +
-                                 "-row stages, balance " + std::to_string(fm.balance);
+                                 "-row stages, balance " + std::to_string(fm.balance) +
+                                 (fm.release ? ", release arrival" : "");
         ASSERT_TRUE(fc.ran) << form;
         EXPECT_TRUE(bit_equal(f1.y, fc.y) && bit_equal(f1.gu, fc.gu)) << form << ": differs from b_copy 0";
         for (size_t i = 0; i < fc.counters.size(); ++i) EXPECT_EQ(fc.counters[i], 0) << form << ": counter " << i;

@@ -125,7 +125,7 @@ TEST(CudaModel, TinyPackMatchesReference) {
     const char* name;
     CudaBackend::Options o;
   };
-  std::vector<Config> configs(31);
+  std::vector<Config> configs(32);
   configs[0].name = "default";  // q16
   configs[1].name = "no-graphs";
   configs[1].o.graphs = false;
@@ -201,6 +201,8 @@ TEST(CudaModel, TinyPackMatchesReference) {
   configs[29].o.ffn_b_copy = 1;
   configs[30].name = "ffn-fused balance2";  // round 34: gate / up rows over all blocks, both phases' bytes even
   configs[30].o.ffn_balance = 2;
+  configs[31].name = "ffn-fused release";  // round 36: the group barrier's arrival as one red.release
+  configs[31].o.ffn_release = true;
   std::vector<ModelRun> runs;
   std::vector<uint64_t> nodes;
   for (const Config& cfg : configs) {
@@ -238,6 +240,8 @@ TEST(CudaModel, TinyPackMatchesReference) {
   EXPECT_EQ(nodes.at(28), nodes.at(0));
   EXPECT_EQ(runs.at(0).logits, runs.at(30).logits) << "gate / up rows over all blocks (balance 2)";
   EXPECT_EQ(nodes.at(30), nodes.at(0));
+  EXPECT_EQ(runs.at(0).logits, runs.at(31).logits) << "the barrier's arrival as one release";
+  EXPECT_EQ(nodes.at(31), nodes.at(0));
   // the fused out projection ran: 3 GDN layers x (the step, gdn_out -> one launch) fewer; the conv: one fewer each;
   // both (with the fused FFN, the default): 3 + 3
   EXPECT_EQ(nodes.at(23) + 3, nodes.at(0));

@@ -1769,6 +1769,7 @@ TEST(CudaPolicy, RowNormSiteTakesChunkPartialsOfOneRow) {
   EXPECT_TRUE(CudaBackend::Options{}.ffn_fused);
   EXPECT_EQ(CudaBackend::Options{}.ffn_b_copy, 2);
   EXPECT_EQ(CudaBackend::Options{}.ffn_balance, 0);
+  EXPECT_FALSE(CudaBackend::Options{}.ffn_release);  // round 36: not yet run on a GPU (BONSAI_CUDA_FFN_RELEASE=1)
 }
 
 // Round 26: where the delta step takes the gated-norm site into its launch (host only: runs in CI). The 27b's decode

@@ -182,13 +182,15 @@ inline std::vector<float> f16_reference(const TernaryMatrix& w, const std::vecto
 }
 
 // One form of the fused batch-1 FFN (CudaBackend::Options::ffn_*), as the FFN tests and the kernel bench sweep them:
-// stage rows, ffn_down's copy form and the balance mode.
+// stage rows, ffn_down's copy form, the balance mode and the barrier's release arrival.
 struct FfnForm {
   int rows = 32, copy = 2, balance = 0;
+  bool release = false;
   CudaBackend::Options on(CudaBackend::Options o) const {
     o.ffn_rows = rows;
     o.ffn_b_copy = copy;
     o.ffn_balance = balance;
+    o.ffn_release = release;
     return o;
   }
 };

@@ -40,6 +40,13 @@ __device__ __forceinline__ void poll_until_at_least(const int32_t* p, int want) 
   }
 }
 
+// A software barrier's arrival: adds n at p with release semantics (gpu scope). Called by one thread after a barrier
+// of the threads whose stores it publishes (bar.sync / bar.warp.sync order them before it, and a release is
+// cumulative), it replaces a fence in every thread and a relaxed atomic; poll_until_at_least is its acquire.
+__device__ __forceinline__ void red_release_add(int32_t* p, int n) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(n) : "memory");
+}
+
 // A software barrier's exit, after the poll of pair[0] above: counts this block out in pair[1]; the last of the n blocks
 // to leave (every one past its poll) zeroes both, so the next launch finds them zero.
 __device__ __forceinline__ void depart_and_reset(int32_t* pair, int n) {

@@ -136,6 +136,7 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   if (const char* e = std::getenv("BONSAI_CUDA_FFN_BCOPY"); e && *e) o.ffn_b_copy = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_FFN_BALANCE"); e && *e) o.ffn_balance = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_FFN_BALANCE_W"); e && *e) o.ffn_balance_weight = float(std::atof(e));
+  o.ffn_release = flag("BONSAI_CUDA_FFN_RELEASE", o.ffn_release);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_ROW_NORM"); e && *e) o.site_row_norm = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_ROW_EARLY"); e && *e) o.site_row_norm_early = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA_ROWS"); e && *e) o.delta_rows = std::atoi(e);
@@ -345,6 +346,7 @@ struct CudaBackend::Impl {
     d.b_copy = opt.ffn_b_copy == 2 && !cuda::ffn_fused_tensor_maps_available() ? 1 : opt.ffn_b_copy;
     d.balance = opt.ffn_balance;
     d.balance_weight = opt.ffn_balance_weight;
+    d.release = opt.ffn_release;
     if (d.balance != 0 && !cuda::ffn_fused_shape_ok(d, sms)) d.balance = 0;
   }
   // Options::row_units where it pays: GEMM v3's scaling. Under --act f16 GEMM v4 has no per-group scaling to save and
