@@ -30,7 +30,7 @@
 
 #include <cuda_runtime.h>
 
-#include "backend/cuda/mbarrier.cuh"
+#include "probe_ring.cuh"
 #include "probe_util.cuh"
 
 using namespace bonsai::cuda;
@@ -53,8 +53,6 @@ struct FfnArgs {
   int32_t cs;          // cluster size (modes 1, 2)
 };
 
-__device__ __forceinline__ int64_t lmin(int64_t x, int64_t y) { return x < y ? x : y; }
-
 // Part `i` of `parts` of [off, off + bytes), in 16-byte units.
 __device__ __forceinline__ void part_of(int64_t off, int64_t bytes, int i, int parts, int64_t& lo, int64_t& n) {
   const int64_t q = bytes / 16;
@@ -65,14 +63,9 @@ __device__ __forceinline__ void part_of(int64_t off, int64_t bytes, int i, int p
 __global__ __launch_bounds__(kThreads) void ffn_kernel(const FfnArgs a) {
   extern __shared__ __align__(128) char ring[];  // [kStages][kStageBytes]
   __shared__ uint64_t full[kStages], empty[kStages];
+  ProbeRing<kStages, kStageBytes, kConsumers> rg{ring, full, empty};
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kConsumers);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
+  if (threadIdx.x == 0) rg.init();
   __syncthreads();
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   // This block's two runs: split mode one run (its 1 / grid of the launch's product); cluster modes its 1 / cs of its
@@ -98,18 +91,8 @@ __global__ __launch_bounds__(kThreads) void ffn_kernel(const FfnArgs a) {
     part_of(clo, cn, r, parts, lo[1], n[1]);
   }
   if (warp == 0) {  // ---- producer: both runs' stages in order, as far ahead as the ring allows ----
-    int s = 0, issued = 0;
-    unsigned ph = 0;
     for (int run = 0; run < 2; ++run) {
-      if (lane == 0)
-        for (int64_t c = 0; c < n[run]; c += kStageBytes, ++issued) {
-          if (issued >= kStages) mbar_wait(&empty[s], ph ^ 1u);
-          const unsigned bytes = unsigned(lmin(kStageBytes, n[run] - c));
-          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-          mbar_expect_tx(&full[s], bytes);
-          bulk_load(ring + size_t(s) * kStageBytes, a.w + lo[run] + c, bytes, &full[s]);
-          if (++s == kStages) s = 0, ph ^= 1u;
-        }
+      if (lane == 0) rg.produce(a.w + lo[run], n[run]);
       __syncwarp();
       // The cluster barrier counts every non-exited thread: the producer warp arrives once its gate+up copies are
       // issued (never waits) and streams on. Arriving only after run 1 would deadlock: run 1's stages free up only
@@ -121,8 +104,7 @@ __global__ __launch_bounds__(kThreads) void ffn_kernel(const FfnArgs a) {
   }
   // ---- consumers: warp w XORs 16-byte words w, w + kConsumers, ... of each stage ----
   const int cw = warp - 1;
-  int s = 0;
-  unsigned ph = 0, acc = 0;
+  unsigned acc = 0;
   asm volatile("griddepcontrol.wait;" ::: "memory");  // the previous FFN's output
   for (int run = 0; run < 2; ++run) {
     if (run == 1 && a.mode == 1) {  // gate+up of the whole chunk consumed (its SwiGLU + quantiser would be here)
@@ -142,18 +124,7 @@ __global__ __launch_bounds__(kThreads) void ffn_kernel(const FfnArgs a) {
       }
       asm volatile("bar.sync 1, %0;" ::"r"(kConsumers * 32) : "memory");
     }
-    for (int64_t c = 0; c < n[run]; c += kStageBytes) {
-      mbar_wait(&full[s], ph);
-      const int words = int(lmin(kStageBytes, n[run] - c) / 16);
-      const uint4* st = reinterpret_cast<const uint4*>(ring + size_t(s) * kStageBytes);
-      for (int i = cw * 32 + lane; i < words; i += 32 * kConsumers) {
-        const uint4 v = st[i];
-        acc ^= v.x ^ v.y ^ v.z ^ v.w;
-      }
-      __syncwarp();
-      if (lane == 0) mbar_arrive(&empty[s]);
-      if (++s == kStages) s = 0, ph ^= 1u;
-    }
+    acc = rg.consume(n[run], cw, lane, acc);
   }
   acc = __reduce_xor_sync(0xffffffffu, acc);
   if (lane == 0 && acc == 0x9e3779b9u) a.sink[blockIdx.x] = acc;  // never: keeps the reads

@@ -30,7 +30,7 @@
 
 #include <cuda_runtime.h>
 
-#include "backend/cuda/mbarrier.cuh"
+#include "probe_ring.cuh"
 #include "probe_util.cuh"
 
 using namespace bonsai::cuda;
@@ -55,8 +55,6 @@ struct MixerArgs {
   unsigned* count;     // group modes: [2 x kGroups] arrival counters, monotone over launches (zeroed once)
   int32_t mode;        // 0 chain (a product launch), 1 group, 2 1bar, 3 nobar
 };
-
-__device__ __forceinline__ int64_t lmin(int64_t x, int64_t y) { return x < y ? x : y; }
 
 // Part `i` of `parts` of [off, off + bytes), in 16-byte units.
 __device__ __forceinline__ void part_of(int64_t off, int64_t bytes, int i, int parts, int64_t& lo, int64_t& n) {
@@ -84,14 +82,9 @@ __device__ __forceinline__ void group_barrier(unsigned* c, int gsize, bool polle
 __global__ __launch_bounds__(kThreads) void mixer_kernel(const MixerArgs a) {
   extern __shared__ __align__(128) char ring[];  // [kStages][kStageBytes]
   __shared__ uint64_t full[kStages], empty[kStages];
+  ProbeRing<kStages, kStageBytes, kConsumers> rg{ring, full, empty};
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kConsumers);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
+  if (threadIdx.x == 0) rg.init();
   __syncthreads();
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   // This block's runs: chain mode one (its 1 / grid of the launch's product); group modes its share of its group's
@@ -116,25 +109,14 @@ __global__ __launch_bounds__(kThreads) void mixer_kernel(const MixerArgs a) {
     part_of(clo, cn, r, gsize, s_lo, s_n);
   }
   if (warp == 0) {  // ---- producer: both runs' stages in order, as far ahead as the ring allows ----
-    int s = 0, issued = 0;
-    unsigned ph = 0;
-    for (int run = 0; run < 2; ++run)
-      if (lane == 0)
-        for (int64_t c = 0; c < n[run]; c += kStageBytes, ++issued) {
-          if (issued >= kStages) mbar_wait(&empty[s], ph ^ 1u);
-          const unsigned bytes = unsigned(lmin(kStageBytes, n[run] - c));
-          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-          mbar_expect_tx(&full[s], bytes);
-          bulk_load(ring + size_t(s) * kStageBytes, a.w + lo[run] + c, bytes, &full[s]);
-          if (++s == kStages) s = 0, ph ^= 1u;
-        }
+    if (lane == 0)
+      for (int run = 0; run < 2; ++run) rg.produce(a.w + lo[run], n[run]);
     asm volatile("griddepcontrol.wait;" ::: "memory");
     return;
   }
   // ---- consumers: warp w XORs 16-byte words w, w + kConsumers, ... of each stage ----
   const int cw = warp - 1, ct = threadIdx.x - 32;
-  int s = 0;
-  unsigned ph = 0, acc = 0;
+  unsigned acc = 0;
   asm volatile("griddepcontrol.wait;" ::: "memory");  // the previous layer's output
   for (int run = 0; run < 2; ++run) {
     if (run == 1 && a.mode != 0) {  // group modes: the group's qkv+z rows are done; the step over its state slice
@@ -147,18 +129,7 @@ __global__ __launch_bounds__(kThreads) void mixer_kernel(const MixerArgs a) {
       }
       if (a.mode == 1) group_barrier(a.count + kGroups + group, gsize, ct == 0);  // the site's exchange
     }
-    for (int64_t c = 0; c < n[run]; c += kStageBytes) {
-      mbar_wait(&full[s], ph);
-      const int words = int(lmin(kStageBytes, n[run] - c) / 16);
-      const uint4* stg = reinterpret_cast<const uint4*>(ring + size_t(s) * kStageBytes);
-      for (int i = cw * 32 + lane; i < words; i += 32 * kConsumers) {
-        const uint4 v = stg[i];
-        acc ^= v.x ^ v.y ^ v.z ^ v.w;
-      }
-      __syncwarp();
-      if (lane == 0) mbar_arrive(&empty[s]);
-      if (++s == kStages) s = 0, ph ^= 1u;
-    }
+    acc = rg.consume(n[run], cw, lane, acc);
   }
   acc = __reduce_xor_sync(0xffffffffu, acc);
   if (lane == 0 && acc == 0x9e3779b9u) a.sink[blockIdx.x] = acc;  // never: keeps the reads
@@ -240,19 +211,8 @@ int main() {
   const double probe_gbs = total / (probe_ms * 1e-3) / 1e9;
   const double floor_ms = moved / (probe_gbs * 1e9) * 1e3;
   std::printf("read probe: %.0f GB/s; these bytes (weights + state twice) take %.3f ms at it\n", probe_gbs, floor_ms);
-  // Launches with the programmatic-serialization attribute (PDL), as the backend's.
   auto launch = [&](auto kernel, dim3 grid, dim3 block, size_t smem, auto... args) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, kernel, args...);
+    return launch_pdl(st, kernel, grid, block, smem, args...);
   };
   // One graph of a mode's launches for the 48 layers; returns its ms per token, -1 on an error (printed).
   auto chain = [&](int mode) -> double {

@@ -308,17 +308,7 @@ int main() {
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
     for (int p = 0; p < P; ++p) {
       ChainArgs a{w, dprod, p, p + 1, counter, 0, 0, sink, nullptr, nullptr};
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = dim3(unsigned(sms));
-      cfg.blockDim = dim3(kThreads);
-      cfg.dynamicSmemBytes = size_t(S * SB);
-      cfg.stream = st;
-      cudaLaunchAttribute at[1];
-      at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      at[0].val.programmaticStreamSerializationAllowed = 1;
-      cfg.attrs = at;
-      cfg.numAttrs = 1;
-      CK(cudaLaunchKernelEx(&cfg, chain_kernel<0, S, SB>, a));
+      CK(launch_pdl(st, chain_kernel<0, S, SB>, dim3(unsigned(sms)), dim3(kThreads), size_t(S * SB), a));
     }
     CK(cudaStreamEndCapture(st, &g));
     CK(cudaGraphInstantiate(&exec, g, 0));

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdio>
+#include <utility>
 
 #include <cuda_runtime.h>
 
@@ -43,4 +44,21 @@ double time_events_ms(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, F&& run, 
       !ok(cudaEventElapsedTime(&ms, e0, e1), "elapsed") || !ok(cudaGetLastError(), "launch"))
     return -1;
   return double(ms) / reps;
+}
+
+// A launch with the programmatic-serialization attribute (PDL: the next kernel may start before this one ends and
+// waits at its griddepcontrol.wait), as the backend launches its kernels.
+template <class... Exp, class... Act>
+cudaError_t launch_pdl(cudaStream_t st, void (*kernel)(Exp...), dim3 grid, dim3 block, size_t smem, Act&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Act>(args)...);
 }
