@@ -53,20 +53,9 @@ struct FfnArgs {
   int32_t cs;          // cluster size (modes 1, 2)
 };
 
-// Part `i` of `parts` of [off, off + bytes), in 16-byte units.
-__device__ __forceinline__ void part_of(int64_t off, int64_t bytes, int i, int parts, int64_t& lo, int64_t& n) {
-  const int64_t q = bytes / 16;
-  lo = off + 16 * (q * i / parts);
-  n = 16 * (q * (i + 1) / parts - q * i / parts);
-}
-
 __global__ __launch_bounds__(kThreads) void ffn_kernel(const FfnArgs a) {
-  extern __shared__ __align__(128) char ring[];  // [kStages][kStageBytes]
-  __shared__ uint64_t full[kStages], empty[kStages];
-  ProbeRing<kStages, kStageBytes, kConsumers> rg{ring, full, empty};
+  auto rg = ProbeRing<kStages, kStageBytes, kConsumers>::start();  // the weight ring, its barriers initialised
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (threadIdx.x == 0) rg.init();
-  __syncthreads();
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   // This block's two runs: split mode one run (its 1 / grid of the launch's product); cluster modes its 1 / cs of its
   // cluster's chunk of gate+up, then of down.
@@ -78,10 +67,7 @@ __global__ __launch_bounds__(kThreads) void ffn_kernel(const FfnArgs a) {
   } else {
     int c = int(blockIdx.x) / a.cs, r = int(blockIdx.x) % a.cs, parts = a.cs;
     if (a.mode == 3) {
-      const int g = int(gridDim.x);
-      c = int(int64_t(blockIdx.x) * kChunks / g);
-      const int b0 = int((int64_t(c) * g + kChunks - 1) / kChunks), b1 = int((int64_t(c + 1) * g + kChunks - 1) / kChunks);
-      r = int(blockIdx.x) - b0, parts = b1 - b0;
+      probe_group(int(blockIdx.x), int(gridDim.x), kChunks, c, r, parts);
       group = c, gsize = parts;
     }
     int64_t clo, cn;
@@ -111,19 +97,8 @@ __global__ __launch_bounds__(kThreads) void ffn_kernel(const FfnArgs a) {
       asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
       asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
     }
-    if (run == 1 && a.mode == 3) {  // the group's software barrier: one arrival a block, a poll for the group's last
-      asm volatile("bar.sync 1, %0;" ::"r"(kConsumers * 32) : "memory");
-      if (cw == 0 && lane == 0) {
-        __threadfence();
-        const unsigned old = atomicAdd(a.count + group, 1u);
-        const unsigned target = (old / unsigned(gsize) + 1u) * unsigned(gsize);
-        unsigned seen;
-        do {
-          asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(a.count + group) : "memory");
-        } while (int(seen - target) < 0);
-      }
-      asm volatile("bar.sync 1, %0;" ::"r"(kConsumers * 32) : "memory");
-    }
+    // the group's software barrier: one arrival a block, a poll for the group's last
+    if (run == 1 && a.mode == 3) group_barrier<kConsumers>(a.count + group, gsize, cw == 0 && lane == 0);
     acc = rg.consume(n[run], cw, lane, acc);
   }
   acc = __reduce_xor_sync(0xffffffffu, acc);

@@ -56,36 +56,9 @@ struct MixerArgs {
   int32_t mode;        // 0 chain (a product launch), 1 group, 2 1bar, 3 nobar
 };
 
-// Part `i` of `parts` of [off, off + bytes), in 16-byte units.
-__device__ __forceinline__ void part_of(int64_t off, int64_t bytes, int i, int parts, int64_t& lo, int64_t& n) {
-  const int64_t q = bytes / 16;
-  lo = off + 16 * (q * i / parts);
-  n = 16 * (q * (i + 1) / parts - q * i / parts);
-}
-
-// One consumer thread of the group's blocks meets the others of group g on counter c (monotone: the target is the
-// next multiple of the group's size), between two barriers of the block's consumer warps.
-__device__ __forceinline__ void group_barrier(unsigned* c, int gsize, bool poller) {
-  asm volatile("bar.sync 1, %0;" ::"r"(kConsumers * 32) : "memory");
-  if (poller) {
-    __threadfence();
-    const unsigned old = atomicAdd(c, 1u);
-    const unsigned target = (old / unsigned(gsize) + 1u) * unsigned(gsize);
-    unsigned seen;
-    do {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(c) : "memory");
-    } while (int(seen - target) < 0);
-  }
-  asm volatile("bar.sync 1, %0;" ::"r"(kConsumers * 32) : "memory");
-}
-
 __global__ __launch_bounds__(kThreads) void mixer_kernel(const MixerArgs a) {
-  extern __shared__ __align__(128) char ring[];  // [kStages][kStageBytes]
-  __shared__ uint64_t full[kStages], empty[kStages];
-  ProbeRing<kStages, kStageBytes, kConsumers> rg{ring, full, empty};
+  auto rg = ProbeRing<kStages, kStageBytes, kConsumers>::start();  // the weight ring, its barriers initialised
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (threadIdx.x == 0) rg.init();
-  __syncthreads();
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   // This block's runs: chain mode one (its 1 / grid of the launch's product); group modes its share of its group's
   // qkv+z bytes, then of its group's gdn_out bytes, and its share of the group's state slice.
@@ -95,11 +68,7 @@ __global__ __launch_bounds__(kThreads) void mixer_kernel(const MixerArgs a) {
     part_of(a.a_off, a.a_bytes, int(blockIdx.x), int(gridDim.x), lo[0], n[0]);
     lo[1] = n[1] = 0;
   } else {
-    const int g = int(gridDim.x);
-    group = int(int64_t(blockIdx.x) * kGroups / g);
-    const int b0 = int((int64_t(group) * g + kGroups - 1) / kGroups);
-    const int b1 = int((int64_t(group + 1) * g + kGroups - 1) / kGroups);
-    r = int(blockIdx.x) - b0, gsize = b1 - b0;
+    probe_group(int(blockIdx.x), int(gridDim.x), kGroups, group, r, gsize);
     int64_t clo, cn;
     part_of(a.a_off, a.a_bytes, group, kGroups, clo, cn);
     part_of(clo, cn, r, gsize, lo[0], n[0]);
@@ -120,14 +89,14 @@ __global__ __launch_bounds__(kThreads) void mixer_kernel(const MixerArgs a) {
   asm volatile("griddepcontrol.wait;" ::: "memory");  // the previous layer's output
   for (int run = 0; run < 2; ++run) {
     if (run == 1 && a.mode != 0) {  // group modes: the group's qkv+z rows are done; the step over its state slice
-      if (a.mode != 3) group_barrier(a.count + group, gsize, ct == 0);
+      if (a.mode != 3) group_barrier<kConsumers>(a.count + group, gsize, ct == 0);
       float4* st = reinterpret_cast<float4*>(a.state) + s_lo / 16;
       for (int64_t i = ct; i < s_n / 16; i += kConsumers * 32) {
         float4 v = __ldcg(st + i);
         v.x = v.x * 0.999f + 1e-3f, v.y = v.y * 0.999f + 1e-3f, v.z = v.z * 0.999f + 1e-3f, v.w = v.w * 0.999f;
         __stcg(st + i, v);
       }
-      if (a.mode == 1) group_barrier(a.count + kGroups + group, gsize, ct == 0);  // the site's exchange
+      if (a.mode == 1) group_barrier<kConsumers>(a.count + kGroups + group, gsize, ct == 0);  // the site's exchange
     }
     acc = rg.consume(n[run], cw, lane, acc);
   }
