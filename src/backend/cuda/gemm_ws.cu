@@ -48,6 +48,10 @@ struct WsLayout {
   static constexpr int sc_off = units_off + S * TOK * 4;           // [S][kWsRows] u32: each row's d_w (an fp16 pair)
   static constexpr int bar_off = sc_off + S * kWsRows * 4;          // [2][S] u64: full, empty
   static constexpr int bytes = bar_off + 2 * S * 8;
+  // Round 35's fault was a hand-carved region 8 bytes off its access width; these hold for every instantiation: each
+  // stage's swizzle atoms on 1024 B (the base is), the raw words' and units' 16 B copies, the mbarriers' 8 B.
+  static_assert(x_bytes % 1024 == 0 && raw_off % 16 == 0 && units_off % 16 == 0 && sc_off % 4 == 0 && bar_off % 8 == 0);
+  static_assert(1024 + bytes <= 227 * 1024, "the launch asks for bytes + 1 KB (the base's rounding)");
 };
 
 #ifdef BONSAI_WGMMA

@@ -76,6 +76,8 @@ struct MvwLayout {
   static constexpr int u_off = w_off + S * w_bytes;
   static constexpr int bar_off = u_off + S * u_bytes;  // [2][S] u64: full, empty
   static constexpr int bytes = bar_off + 2 * S * 8;
+  // Each stage's swizzle atoms on 1024 B, the words' and units' 16 B copies, the mbarriers' 8 B (round 35's lesson).
+  static_assert(x_bytes % 1024 == 0 && w_off % 16 == 0 && u_off % 16 == 0 && bar_off % 8 == 0);
 };
 
 
