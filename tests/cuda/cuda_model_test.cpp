@@ -201,8 +201,8 @@ TEST(CudaModel, TinyPackMatchesReference) {
   configs[29].o.ffn_b_copy = 1;
   configs[30].name = "ffn-fused balance2";  // round 34: gate / up rows over all blocks, both phases' bytes even
   configs[30].o.ffn_balance = 2;
-  configs[31].name = "ffn-fused release";  // round 36: the group barrier's arrival as one red.release
-  configs[31].o.ffn_release = true;
+  configs[31].name = "ffn-fused lane fences";  // round 36's default arrival: a fence per lane, relaxed adds (round 37:
+  configs[31].o.ffn_release = false;           // the default is one red.release by lane 0)
   std::vector<ModelRun> runs;
   std::vector<uint64_t> nodes;
   for (const Config& cfg : configs) {

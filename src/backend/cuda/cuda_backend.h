@@ -107,8 +107,9 @@ class CudaBackend final : public Backend {
                                // block's gate / up + ffn_down bytes are even; bit-identical. BONSAI_CUDA_FFN_BALANCE
     float ffn_balance_weight = 1.0f;  // balance 2's weight of an ffn_down row against its bytes (a tuning knob for the
                                       // device A/B: 1 = by bytes). BONSAI_CUDA_FFN_BALANCE_W
-    bool ffn_release = false;  // round 36: its barrier's arrival as one red.release (cuda::FfnFusedDesc::release); built,
-                               // not yet run on a GPU, so off. BONSAI_CUDA_FFN_RELEASE=1
+    bool ffn_release = true;   // round 36: its barrier's arrival as one red.release (cuda::FfnFusedDesc::release); on
+                               // since round 37 (H100: no-weights launch + barrier 5.89 vs 6.18 us, tg128 205.8 / 207.1
+                               // vs 204.7 / 204.8 tok/s). BONSAI_CUDA_FFN_RELEASE=0: a fence per lane + relaxed adds
     bool delta_site = true;    // round 26: a decode token's gated-norm site (the gdn_out input) computed by the delta
                                // step's launch, by the last block of each 1024-chunk (delta_site_supported), instead
                                // of a site_row_kernel after it; bit-identical; BONSAI_CUDA_DELTA_SITE=0|1

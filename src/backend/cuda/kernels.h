@@ -562,8 +562,8 @@ struct FfnFusedDesc {
                                     // chunks' evenly over all blocks; 2 so that every block's gate / up + ffn_down bytes
                                     // are even (a 7-block group's blocks take fewer gate / up rows). Bit-identical.
   bool release = false;             // round 36: the group barrier's arrival as one red.release by the producer's lane 0
-                                    // after a warp barrier, not a fence in every lane and a relaxed add (not yet run on
-                                    // a GPU: off). Same values.
+                                    // after a warp barrier, not a fence in every lane and a relaxed add. Same values.
+                                    // The backend's default since round 37 (Options::ffn_release).
   float balance_weight = 1.0f;      // balance 2: an ffn_down row's weight against its bytes (0 = balance 1's even
                                     // gate / up shares; 0-4)
 };
