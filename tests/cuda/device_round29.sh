@@ -80,7 +80,7 @@ stamp "sanitizer"
 if [ "${TRACE:-0}" = 1 ]; then
   BONSAI_CUDA_MV7_TRACE=$L/v7trace.txt timeout 90 $B/bonsai_trace bench --backend cuda -m "$P27" -p 0 -n 16 -r 1 \
     > "$L/trace_bench.txt" 2>&1
-  echo "trace rc=$?"; python3 $B/v7_trace_report.py $L/v7trace.txt > "$OUT/v7trace_report.txt" 2>&1; head -30 "$OUT/v7trace_report.txt"
+  echo "trace rc=$?"; python3 $B/v7_trace_report.py $L/v7trace.txt > "$OUT/v7trace_report.txt" 2>&1; head -50 "$OUT/v7trace_report.txt"
   stamp "trace"
 fi
 # Round 36: NCU_FFN=1: Nsight Compute on one fused-FFN launch of the 27b decode (eager, past the first tokens), alone

@@ -26,6 +26,22 @@ __device__ __forceinline__ uint64_t global_ns() {
 #endif
 #define BLOCK_TRACE(trace, slot) BLOCK_TRACE_VALUE(trace, slot, global_ns())
 
+// Round 37: the decode chain's small kernels (the sites, the conv + a / b pair, the delta step) in the same buffer, three
+// events a block packed at trace[3 * flat block + event] (ChainTraceEvent, kernels.h; the host writes them out in v7's
+// slots 0 / 2 / 5), by thread 0: where the time between two products goes.
+#ifdef BONSAI_V7_TRACE
+#define CHAIN_TRACE(trace, ev)                                                                                   \
+  do {                                                                                                           \
+    if ((trace) && threadIdx.x == 0)                                                                             \
+      (trace)[3 * (int64_t(blockIdx.x) + int64_t(gridDim.x) * (blockIdx.y + int64_t(gridDim.y) * blockIdx.z)) + \
+              (ev)] = global_ns();                                                                               \
+  } while (0)
+#else
+#define CHAIN_TRACE(trace, ev) \
+  do {                         \
+  } while (0)
+#endif
+
 // Whether the kernels were built with their timelines (the backend's BONSAI_CUDA_MV7_TRACE needs it).
 constexpr bool kBlockTraceCompiled =
 #ifdef BONSAI_V7_TRACE

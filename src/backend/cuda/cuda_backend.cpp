@@ -620,6 +620,17 @@ struct CudaBackend::Impl {
     if (uint64_t* slice = next_trace_slice(); slice && cuda::ffn_fused_set_trace(l, slice))
       trace_meta.push_back({D, 3 * F, int64_t(l.grid.x)});
   }
+  // The same for the chain's small kernels (round 37; cuda::ChainKernel k as K = -k, N = 0; three events a block).
+  void trace_chain(cuda::Launch& l) {
+    const int64_t cap = int64_t(prop.multiProcessorCount) * cuda::kV7TraceSlots;
+    uint64_t* slice = next_trace_slice();
+    if (!slice) return;
+    for (auto set : {cuda::site_row_chain_trace, cuda::conv_dense_chain_trace, cuda::delta_chain_trace})
+      if (const cuda::ChainKernel k = set(l, slice, cap); k != cuda::ChainKernel::kNone) {
+        trace_meta.push_back({-int64_t(k), 0, int64_t(l.grid.x) * l.grid.y * l.grid.z});
+        return;
+      }
+  }
   // The next launch's slice of trace_buf (allocated on first use), or null once it is full.
   uint64_t* next_trace_slice() {
     const int64_t per = int64_t(prop.multiProcessorCount) * cuda::kV7TraceSlots;
@@ -630,7 +641,7 @@ struct CudaBackend::Impl {
     return int64_t(trace_meta.size()) < kTraceLaunches ? trace_buf + int64_t(trace_meta.size()) * per : nullptr;
   }
   // The last complete step's timeline into trace_path: a line "launch i K N blocks" per launch, then a line per block
-  // of its kV7TraceSlots values.
+  // of its kV7TraceSlots values (a chain kernel's three events in slots 0, 2 and 5: start, past the wait, done).
   void write_trace() {
     const std::vector<TraceMeta>& m = trace_last.empty() ? trace_meta : trace_last;
     if (!trace_buf || m.empty()) return;
@@ -643,6 +654,14 @@ struct CudaBackend::Impl {
       std::fprintf(f, "launch %zu %lld %lld %lld\n", i, (long long)m[i].K, (long long)m[i].N, (long long)m[i].blocks);
       for (int64_t b = 0; b < m[i].blocks; ++b) {
         const uint64_t* r = h.data() + int64_t(i) * per + b * cuda::kV7TraceSlots;
+        uint64_t chain[cuda::kV7TraceSlots] = {};
+        if (m[i].K < 0) {
+          const uint64_t* e = h.data() + int64_t(i) * per + 3 * b;
+          chain[cuda::kV7TrStart] = e[cuda::kChainStart];
+          chain[cuda::kV7TrConsumerWaited] = e[cuda::kChainWait];
+          chain[cuda::kV7TrDone] = e[cuda::kChainDone];
+          r = chain;
+        }
         for (int k = 0; k < cuda::kV7TraceSlots; ++k) std::fprintf(f, k ? " %llu" : "%llu", (unsigned long long)r[k]);
         std::fprintf(f, "\n");
       }
@@ -713,6 +732,7 @@ struct CudaBackend::Impl {
     ++st.kernels;
     if (!recording) return launch_now(l);
     rec.push_back(l);
+    if (!trace_path.empty()) trace_chain(rec.back());
     // Options::graph_segment: the recorded part goes to the GPU now (as its own cached graph), so the GPU runs the
     // step's first layers while the host records the rest. The boundary costs the programmatic edge between two
     // kernels; the segments fall at the same launch indices every step, so they hit the cache as whole steps do.

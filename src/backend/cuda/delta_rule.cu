@@ -8,11 +8,16 @@
 // w, w + 4, ... (Dk/4 of them, in registers for the whole call). Columns of S are independent in the
 // delta rule (kv_j = sum_i S_ij k_i; S_ij += k_i delta_j; o_j = sum_i S_ij q_i), so slices need no
 // communication; per token only the 4 warps' partial sums meet in shared memory.
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <iterator>
 #include <stdexcept>
 #include <type_traits>
 
 #include "backend/cuda/async_copy.cuh"
+#include "backend/cuda/block_trace.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gdn_inputs.cuh"
 #include "backend/cuda/matvec_step.cuh"
@@ -42,6 +47,7 @@ struct DeltaArgs {
   int32_t l2_q, l2_k;
   float eps_q, eps_k, q_scale;
   int32_t pad;
+  uint64_t* trace;  // round 37, diagnostic: delta_step_kernel's u64 [3 x blocks] chain events (CHAIN_TRACE), or null
 };
 using DeltaRowsArgs = WithRows<DeltaArgs>;  // batched decode: token m is row m's, with its own state
 
@@ -397,6 +403,7 @@ __global__ __launch_bounds__(W * 32, OUT ? 2 : 0) void delta_step_kernel(
   constexpr int kR = int(kDeltaMaxDk) / W;  // state rows per thread at most
   __shared__ float part[W][2][32];  // [warp][P, Q][lane]
   __shared__ float dots[W][3];      // [warp][k.k, q.q, k.q]
+  CHAIN_TRACE(a.trace, kChainStart);
   pdl_trigger();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t h = blockIdx.x, j = int64_t(blockIdx.y) * 32 + lane;
@@ -427,6 +434,7 @@ __global__ __launch_bounds__(W * 32, OUT ? 2 : 0) void delta_step_kernel(
     }
   }
   pdl_wait();
+  CHAIN_TRACE(a.trace, kChainWait);
   __shared__ float conv_qk[CONV ? 2 * kDeltaMaxDk : 1];  // CONV: q then k of the K head after the conv
   __shared__ float conv_v[CONV ? 32 : 1];                // CONV: v of the block's 32 columns
   __shared__ float ab_part[CONV ? 2 : 1][W];             // CONV: [a, b][warp] partial dot products
@@ -550,6 +558,7 @@ __global__ __launch_bounds__(W * 32, OUT ? 2 : 0) void delta_step_kernel(
   }
   if constexpr (LV != 0) delta_site_finish<LV>(site_part<LV>(args), e0, site_last);
   if constexpr (OUT) delta_out<LV>(args.o, site_part<LV>(args), e0, site_last, out_w);
+  CHAIN_TRACE(a.trace, kChainDone);
 }
 
 // Batched decode (round 18): one token of each of B sequences, one block per (V head, sequence) with W warps, the
@@ -788,7 +797,8 @@ Launch delta_launch(const DeltaDesc& d) {
               d.eps_q,
               d.eps_k,
               d.q_scale,
-              0};
+              0,
+              nullptr};
   // Batched rows keep delta_kernel: there the state traffic is the limit (B = 32: ~70 % of it), and delta_step_kernel's
   // registers (74 at 8 warps, 135 at 4, vs 64) leave fewer bytes in flight per SM: B = 32 measured 1,950 vs 2,206 tok/s.
   if (d.rows) {
@@ -869,6 +879,27 @@ Launch delta_launch(const DeltaDesc& d) {
   if (d.T == 1 && sw == 8) return make_launch(reinterpret_cast<const void*>(&delta_step_kernel<8>), grid, dim3(256), 0, a);
   if (d.T == 1 && sw == 4) return make_launch(reinterpret_cast<const void*>(&delta_step_kernel<4>), grid, dim3(128), 0, a);
   return make_launch(reinterpret_cast<const void*>(&delta_kernel<DeltaArgs>), grid, dim3(kDeltaWarps * 32), 0, a);
+}
+
+ChainKernel delta_chain_trace(Launch& l, uint64_t* trace, int64_t capacity) {
+  // Every delta_step_kernel instance delta_launch picks; each one's argument starts with its DeltaArgs.
+  static const void* const kSteps[] = {
+      reinterpret_cast<const void*>(&delta_step_kernel<8>), reinterpret_cast<const void*>(&delta_step_kernel<4>),
+      reinterpret_cast<const void*>(&delta_step_kernel<8, 1>), reinterpret_cast<const void*>(&delta_step_kernel<8, 2>),
+      reinterpret_cast<const void*>(&delta_step_kernel<4, 1>), reinterpret_cast<const void*>(&delta_step_kernel<4, 2>),
+      delta_conv_kernel<0>(false), delta_conv_kernel<0>(true), delta_conv_kernel<1>(false), delta_conv_kernel<1>(true),
+      delta_conv_kernel<2>(false), delta_conv_kernel<2>(true), delta_out_kernel(1, false, false),
+      delta_out_kernel(1, true, false), delta_out_kernel(1, true, true), delta_out_kernel(2, false, false),
+      delta_out_kernel(2, true, false), delta_out_kernel(2, true, true)};
+  using ConvStep = DeltaConvStepArgs<0>;
+  using OutStep = DeltaOutStepArgs<2, true>;
+  static_assert(offsetof(DeltaSiteArgs, a) == 0 && offsetof(ConvStep, s) == 0 && offsetof(OutStep, k) == 0,
+                "DeltaArgs first in every step argument");
+  if (!kBlockTraceCompiled || l.size < sizeof(DeltaArgs) || 3 * int64_t(l.grid.x) * l.grid.y * l.grid.z > capacity ||
+      std::find(std::begin(kSteps), std::end(kSteps), l.func) == std::end(kSteps))
+    return ChainKernel::kNone;
+  std::memcpy(l.args + offsetof(DeltaArgs, trace), &trace, sizeof trace);
+  return ChainKernel::kDeltaStep;
 }
 
 }  // namespace bonsai::cuda

@@ -3,7 +3,9 @@
 // not for tricks.
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
+#include "backend/cuda/block_trace.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/gdn_inputs.cuh"
 
@@ -263,9 +265,10 @@ __device__ __forceinline__ float wload(const void* w, int64_t i) {
 // 96 blocks instead of 12), each 8-weight load serves the tile's tokens; shared-memory reduce.
 constexpr int kDenseToks = 8;
 
-// Block (row, token tile): the body, also run by conv_dense_kernel's blocks past the conv's.
+// Block (row, token tile): the body, also run by conv_dense_kernel's blocks past the conv's (trace: its chain events).
 template <bool BF16>
-__device__ __forceinline__ void dense_block(const DenseArgs& a, int64_t row, int64_t tile) {
+__device__ __forceinline__ void dense_block(const DenseArgs& a, int64_t row, int64_t tile,
+                                            [[maybe_unused]] uint64_t* trace = nullptr) {
   __shared__ float red[kThreads / 32][kDenseToks];
   pdl_trigger();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -280,6 +283,7 @@ __device__ __forceinline__ void dense_block(const DenseArgs& a, int64_t row, int
       asm volatile("prefetch.global.L2 [%0];" ::"l"(wb + off));
   }
   pdl_wait();
+  CHAIN_TRACE(trace, kChainWait);
   float* y = second ? a.y1 : a.y0;
   const int64_t m0 = tile * kDenseToks;
   const int mt = int(a.M - m0 < kDenseToks ? a.M - m0 : int64_t(kDenseToks));
@@ -424,9 +428,11 @@ struct ConvArgs {
 };
 using ConvRowsArgs = WithRows<ConvArgs>;  // batched decode: token m (grid.y) is row m's, state t.a[m]
 
-// Block (channel block bx, token / row by): the body, also run by conv_dense_kernel's first blocks.
+// Block (channel block bx, token / row by): the body, also run by conv_dense_kernel's first blocks (trace: its chain
+// events).
 template <class Args>
-__device__ __forceinline__ void conv_block(const Args& args, int64_t bx, int64_t by) {
+__device__ __forceinline__ void conv_block(const Args& args, int64_t bx, int64_t by,
+                                           [[maybe_unused]] uint64_t* trace = nullptr) {
   const ConvArgs& a = base_of(args);
   pdl_trigger();
   const int64_t c = bx * kThreads + threadIdx.x;
@@ -435,6 +441,7 @@ __device__ __forceinline__ void conv_block(const Args& args, int64_t bx, int64_t
 #pragma unroll
   for (int j = 0; j < kMaxConvKernel; ++j) tap[j] = c < a.C && j < a.Kc ? a.taps[c * a.Kc + j] : 0.f;
   pdl_wait();
+  CHAIN_TRACE(trace, kChainWait);
   if (c >= a.C) return;
   int64_t t0 = 0, t1 = a.T;  // tokens of this thread's sequence
   float* state = a.state;
@@ -466,11 +473,14 @@ struct ConvDenseArgs {
   ConvArgs conv;
   DenseArgs dense;
   int64_t conv_blocks;
+  uint64_t* trace;  // round 37, diagnostic: u64 [3 x blocks] chain events (CHAIN_TRACE), or null
 };
 template <bool BF16>
 __global__ __launch_bounds__(kThreads) void conv_dense_kernel(const ConvDenseArgs a) {
-  if (int64_t(blockIdx.x) < a.conv_blocks) conv_block(a.conv, blockIdx.x, 0);
-  else dense_block<BF16>(a.dense, int64_t(blockIdx.x) - a.conv_blocks, 0);
+  CHAIN_TRACE(a.trace, kChainStart);
+  if (int64_t(blockIdx.x) < a.conv_blocks) conv_block(a.conv, blockIdx.x, 0, a.trace);
+  else dense_block<BF16>(a.dense, int64_t(blockIdx.x) - a.conv_blocks, 0, a.trace);
+  CHAIN_TRACE(a.trace, kChainDone);  // thread 0: a conv block's first channel always exists
 }
 
 // Round 22: a batched step's conv rows (blocks [0, conv_blocks x M): channel block, row) and its a / b pair
@@ -1019,6 +1029,18 @@ Launch argmax_rows_launch(const float* x, int64_t rows, int64_t n, int32_t* out,
 Launch probe_launch(const void* buf, int64_t n16, uint32_t* sink, int blocks) {
   ProbeArgs a{reinterpret_cast<const uint4*>(buf), sink, n16};
   return make_launch(reinterpret_cast<const void*>(&probe_kernel), dim3(unsigned(blocks)), dim3(512), 0, a);
+}
+
+ChainKernel conv_dense_chain_trace(Launch& l, uint64_t* trace, int64_t capacity) {
+  if (!kBlockTraceCompiled || l.size != sizeof(ConvDenseArgs) || 3 * int64_t(l.grid.x) * l.grid.y * l.grid.z > capacity ||
+      (l.func != reinterpret_cast<const void*>(&conv_dense_kernel<true>) &&
+       l.func != reinterpret_cast<const void*>(&conv_dense_kernel<false>)))
+    return ChainKernel::kNone;
+  ConvDenseArgs a;
+  std::memcpy(&a, l.args, sizeof a);
+  a.trace = trace;
+  std::memcpy(l.args, &a, sizeof a);
+  return ChainKernel::kConvDense;
 }
 
 }  // namespace bonsai::cuda

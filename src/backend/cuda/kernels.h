@@ -176,6 +176,27 @@ enum V7TraceSlot : int {
 bool matvec7_trace_compiled();
 // False (l unchanged) when l is not a matvec v7 launch or the trace is not compiled in.
 bool matvec7_set_trace(Launch& l, uint64_t* trace);
+// Round 37, diagnostic: the decode chain's small kernels' timeline in the same builds and buffer (block_trace.cuh's
+// CHAIN_TRACE): thread 0 of each block writes %globaltimer (ns) at trace[3 * flat block + event].
+enum ChainTraceEvent : int {
+  kChainStart = 0,  // thread 0 enters
+  kChainWait = 1,   // thread 0 is past griddepcontrol.wait (its input is complete)
+  kChainDone = 2,   // thread 0 is done (after the block's last barrier)
+};
+enum class ChainKernel : int {  // what a *_chain_trace function found (0: not a traced chain kernel)
+  kNone = 0,
+  kAddNormSite = 1,       // site_row_norm_kernel, one delta
+  kAddNormSiteParts = 2,  // site_row_norm_kernel over chunk partials (after the fused FFN)
+  kRowSite = 3,           // site_row_kernel (SiLU / sigmoid / gated-norm pre-ops)
+  kConvDense = 4,         // conv_dense_kernel: the GDN conv and the a / b pair
+  kDeltaStep = 5,         // delta_step_kernel (with its site, its conv or its out projection where fused)
+};
+// Each points l at trace (capacity: u64 entries) when it is one of its file's traced kernels, 3 x its blocks <= capacity
+// and the trace is compiled in; else kNone and l unchanged.
+// The backend asks each kernel file in turn.
+ChainKernel site_row_chain_trace(Launch& l, uint64_t* trace, int64_t capacity);    // site_row.cu
+ChainKernel conv_dense_chain_trace(Launch& l, uint64_t* trace, int64_t capacity);  // elementwise.cu
+ChainKernel delta_chain_trace(Launch& l, uint64_t* trace, int64_t capacity);       // delta_rule.cu
 // Matvec v7 with the one-row activation site as its prologue (round 11; warp_site.cuh): every block's consumer warps
 // compute the site of d (pre-op, signs, FWHT, int8 digits) into shared memory while the producer's weight copies are in
 // flight; no site kernel, no fp32 site written. AddNorm writes h += delta (each block a slice, once all blocks have read

@@ -8,6 +8,9 @@
 // norm needs the whole row), prefill rows the warp site.
 #include <cooperative_groups.h>
 
+#include <cstring>
+
+#include "backend/cuda/block_trace.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.h"
@@ -22,6 +25,7 @@ struct SiteRowArgs {
   int8_t* xq;      // [rows, LV, K]
   float2* xds;     // [rows, K/64]
   int64_t ld, K;   // row stride of src / src2 / pre_out; row length
+  uint64_t* trace; // round 37, diagnostic: u64 [3 x blocks] chain events (CHAIN_TRACE), or null
 };
 
 constexpr int kRowThreads = 128;
@@ -44,8 +48,10 @@ __device__ __forceinline__ void site_row_tail(const SiteRowArgs& a, const SitePr
 template <int LV>
 __global__ __launch_bounds__(kRowThreads) void site_row_kernel(const SiteRowArgs a) {
   __shared__ __align__(16) float scratch[kRowThreads * 8];  // [128 slots][8]: strides 256 / 512
+  CHAIN_TRACE(a.trace, kChainStart);
   pdl_trigger();
   pdl_wait();
+  CHAIN_TRACE(a.trace, kChainWait);
   const int64_t r = blockIdx.y;
   const int t = threadIdx.x, lane = t & 31, e = int(blockIdx.x << 10) + 8 * t;
   SitePrologue s = a.s;
@@ -55,6 +61,7 @@ __global__ __launch_bounds__(kRowThreads) void site_row_kernel(const SiteRowArgs
   float v[8];
   site_slot_front(s, e, lane, 0.f, false, pre_out, v);
   site_row_tail<LV>(a, s, r, e, scratch, v);
+  CHAIN_TRACE(a.trace, kChainDone);
 }
 
 // AddNorm rows (round 26): block (tile blockIdx.x of C, row blockIdx.y) of a C-block cluster. The slot's src + resid,
@@ -69,6 +76,7 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kRowThreads) site_ro
   __shared__ __align__(16) float scratch[kRowThreads * 8];  // [128 slots][8]: strides 256 / 512
   __shared__ float wsum[kRowThreads / 32];                 // [4] the warps' sums of squares
   __shared__ float bsum;                                    // this block's, read by the cluster
+  CHAIN_TRACE(a.trace, kChainStart);
   pdl_trigger();
   const int64_t r = blockIdx.y;
   const int t = threadIdx.x, lane = t & 31, e = int(blockIdx.x << 10) + 8 * t;
@@ -80,6 +88,7 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kRowThreads) site_ro
   uint32_t sg0 = 0, sg1 = 0;  // the slot's sign bytes (site_slot_signs)
   if (s.signs) sg0 = *reinterpret_cast<const uint32_t*>(s.signs + e), sg1 = *reinterpret_cast<const uint32_t*>(s.signs + e + 4);
   pdl_wait();
+  CHAIN_TRACE(a.trace, kChainWait);
   s.src += r * a.ld;
   if (s.resid) s.resid += r * a.ld;
   float* pre_out = s.pre_out ? s.pre_out + r * a.ld : nullptr;
@@ -133,6 +142,22 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kRowThreads) site_ro
   site_slot_strides(1 << s.log2n, lane, v);
   site_row_tail<LV>(a, s, r, e, scratch, v);
   cluster_wait();
+  CHAIN_TRACE(a.trace, kChainDone);
+}
+
+// One instance per cluster width (__cluster_dims__ is compile-time), digit count and source form (plain / partials):
+// [parts][levels - 1][C - 1].
+using RowNormTable = const void* const[2][2][kSiteMaxCluster];
+const RowNormTable& row_norm_kernels() {
+#define BONSAI_ROW_NORM_ROW(LV, P)                                                                          \
+  {reinterpret_cast<const void*>(&site_row_norm_kernel<1, LV, P>), reinterpret_cast<const void*>(&site_row_norm_kernel<2, LV, P>), \
+   reinterpret_cast<const void*>(&site_row_norm_kernel<3, LV, P>), reinterpret_cast<const void*>(&site_row_norm_kernel<4, LV, P>), \
+   reinterpret_cast<const void*>(&site_row_norm_kernel<5, LV, P>), reinterpret_cast<const void*>(&site_row_norm_kernel<6, LV, P>), \
+   reinterpret_cast<const void*>(&site_row_norm_kernel<7, LV, P>), reinterpret_cast<const void*>(&site_row_norm_kernel<8, LV, P>)}
+  static RowNormTable kernels = {{BONSAI_ROW_NORM_ROW(1, false), BONSAI_ROW_NORM_ROW(2, false)},
+                                 {BONSAI_ROW_NORM_ROW(1, true), BONSAI_ROW_NORM_ROW(2, true)}};
+#undef BONSAI_ROW_NORM_ROW
+  return kernels;
 }
 
 }  // namespace
@@ -155,17 +180,8 @@ Launch site_row_norm_launch(const SiteDesc& d, int early_rows) {
   a.xds = d.xds;
   a.ld = d.ld;
   a.K = d.K;
-  // one instance per cluster width (__cluster_dims__ is compile-time), digit count and source form (plain / partials)
-#define BONSAI_ROW_NORM_ROW(LV, P)                                                                          \
-  {reinterpret_cast<const void*>(&site_row_norm_kernel<1, LV, P>), reinterpret_cast<const void*>(&site_row_norm_kernel<2, LV, P>), \
-   reinterpret_cast<const void*>(&site_row_norm_kernel<3, LV, P>), reinterpret_cast<const void*>(&site_row_norm_kernel<4, LV, P>), \
-   reinterpret_cast<const void*>(&site_row_norm_kernel<5, LV, P>), reinterpret_cast<const void*>(&site_row_norm_kernel<6, LV, P>), \
-   reinterpret_cast<const void*>(&site_row_norm_kernel<7, LV, P>), reinterpret_cast<const void*>(&site_row_norm_kernel<8, LV, P>)}
-  static const void* const kernels[2][2][kSiteMaxCluster] = {{BONSAI_ROW_NORM_ROW(1, false), BONSAI_ROW_NORM_ROW(2, false)},
-                                                             {BONSAI_ROW_NORM_ROW(1, true), BONSAI_ROW_NORM_ROW(2, true)}};
-#undef BONSAI_ROW_NORM_ROW
   const int64_t C = d.K / 1024;
-  Launch l = make_launch(kernels[d.nparts > 1 ? 1 : 0][d.levels == 2 ? 1 : 0][C - 1], dim3(unsigned(C), unsigned(d.rows)),
+  Launch l = make_launch(row_norm_kernels()[d.nparts > 1 ? 1 : 0][d.levels == 2 ? 1 : 0][C - 1], dim3(unsigned(C), unsigned(d.rows)),
                          dim3(kRowThreads), 0, a);
   // Round 27: at several rows the clusters start only once the kernel before them has completed. Launched early (a
   // programmatic edge) at 5-32 decode rows, bench --batch failed with an unspecified launch failure that PDL off and
@@ -196,6 +212,25 @@ Launch site_row_launch(const SiteDesc& d) {
   const void* f = d.levels == 2 ? reinterpret_cast<const void*>(&site_row_kernel<2>)
                                 : reinterpret_cast<const void*>(&site_row_kernel<1>);
   return make_launch(f, dim3(unsigned(d.K >> 10), unsigned(d.rows)), dim3(kRowThreads), 0, a);
+}
+
+ChainKernel site_row_chain_trace(Launch& l, uint64_t* trace, int64_t capacity) {
+  if (!kBlockTraceCompiled || l.size != sizeof(SiteRowArgs) || 3 * int64_t(l.grid.x) * l.grid.y * l.grid.z > capacity)
+    return ChainKernel::kNone;
+  ChainKernel kind = ChainKernel::kNone;
+  for (int p = 0; p < 2; ++p)
+    for (int lv = 0; lv < 2; ++lv)
+      for (int c = 0; c < kSiteMaxCluster; ++c)
+        if (l.func == row_norm_kernels()[p][lv][c]) kind = p ? ChainKernel::kAddNormSiteParts : ChainKernel::kAddNormSite;
+  if (l.func == reinterpret_cast<const void*>(&site_row_kernel<1>) ||
+      l.func == reinterpret_cast<const void*>(&site_row_kernel<2>))
+    kind = ChainKernel::kRowSite;
+  if (kind == ChainKernel::kNone) return kind;
+  SiteRowArgs a;
+  std::memcpy(&a, l.args, sizeof a);
+  a.trace = trace;
+  std::memcpy(l.args, &a, sizeof a);
+  return kind;
 }
 
 }  // namespace bonsai::cuda
