@@ -298,15 +298,17 @@ TEST(CudaBench, FfnFusedVsThreeLaunches) {
   // group barrier and the SwiGLU site: the fused kernel's fixed cost, round 33's open question).
   // Round 34: Options::ffn_balance 1 / 2 (gate / up rows over all blocks: evenly, or so that both phases' bytes are).
   static const char* const kCopy[3] = {"bulk rows", "cp.async lanes", "tensor maps"};
-  // Round 36: the barrier's arrival as one release (Options::ffn_release), with its own no-weights probes.
-  using Form = cudatest::FfnForm;  // {rows, copy, balance, release}
-  for (const Form& fm : {Form{32, 0, 0}, Form{32, 1, 0}, Form{32, 2, 0}, Form{32, 2, 0, true}, Form{32, 2, 1},
-                         Form{32, 2, 2}, Form{16, 0, 0}}) {
+  // Round 36: the barrier's arrival as one release (Options::ffn_release), with its own no-weights probes. Round 37: the
+  // kernel's own sum of the partials (Options::ffn_reduce; the whole FFN only).
+  using Form = cudatest::FfnForm;  // {rows, copy, balance, release, reduce}
+  for (const Form& fm : {Form{32, 0, 0}, Form{32, 1, 0}, Form{32, 2, 0}, Form{32, 2, 0, true}, Form{32, 2, 0, true, true},
+                         Form{32, 2, 1}, Form{32, 2, 2}, Form{16, 0, 0}}) {
     CudaBackend be(fm.on(CudaBackend::Options{}));
     for (const TernaryMatrix* m : list) be.prepare_matrix(*m);
     for (int rep = 0; rep < 2; ++rep)
       for (int phases : {-1, 3, 1, 2, 0, 4, 12}) {  // -1: the three launches; 4 / 12: phase 0 less the site / the barrier
         if (phases == -1 && (fm.rows != 32 || fm.copy != 0)) continue;
+        if (fm.reduce && phases != 3) continue;
         if (phases >= 4 && (fm.rows != 32 || fm.copy != 2 || fm.balance != 0)) continue;
         // phases 1 / 0 copy no ffn_down stage: once per balance / arrival form
         if (((phases == 1 || phases == 0) && fm.copy != 0 && !fm.balance && !fm.release) || (phases != 3 && rep == 1))
@@ -318,7 +320,7 @@ TEST(CudaBench, FfnFusedVsThreeLaunches) {
         const std::string bal = std::string(fm.balance == 1   ? ", balance 1 (gate / up even)"
                                             : fm.balance == 2 ? ", balance 2 (bytes even)"
                                                               : "") +
-                                (fm.release ? ", release arrival" : "");
+                                (fm.release ? ", release arrival" : "") + (fm.reduce ? ", own sum" : "");
         char line[256];
         if (phases == 0 || phases >= 4)
           std::snprintf(line, sizeof line, "ffn 27b, one fused launch, %d-row stages%s, no weights (%s): %.2f us", fm.rows,

@@ -40,6 +40,8 @@ bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
 // - round 34: gate / up rows split evenly over all blocks, or so that every block's bytes of both phases are even
 //   (Options::ffn_balance 1 / 2: a block's rows run across chunk and output boundaries, each chunk's barrier counts
 //   units from several groups' blocks) bit-identical, counters zero.
+// - round 37: the kernel's own sum of the partials (Options::ffn_reduce) bit-identical to the chunk-order sum of the
+//   same launch's partials (the AddNorm site's order), its tile counters zero after two launches in one graph.
 TEST(CudaFfnFused, MatchesTheThreeLaunches) {
   BONSAI_REQUIRE_GPU();
   struct Case {
@@ -76,18 +78,22 @@ TEST(CudaFfnFused, MatchesTheThreeLaunches) {
       for (TernaryMatrix* m : {&gate, &up, &down}) be16.prepare_matrix(*m);
       const CudaBackend::FfnKernelRun f16 = be16.run_ffn_kernel(mats, 1, x.data(), sg, c.n, true, 0);
       ASSERT_TRUE(ref.ran && f1.ran && f2.ran && f12.ran && f16.ran) << what;
-      using Form = cudatest::FfnForm;  // {rows, copy, balance, release}
+      using Form = cudatest::FfnForm;  // {rows, copy, balance, release, reduce}
       for (const Form& fm : {Form{32, 1, 0}, Form{16, 1, 0}, Form{32, 2, 0}, Form{16, 2, 0}, Form{32, 2, 1},
                              Form{16, 0, 1}, Form{32, 2, 2}, Form{16, 1, 2}, Form{32, 2, 0, true},
-                             Form{16, 1, 2, true}}) {
+                             Form{16, 1, 2, true}, Form{32, 2, 0, true, true}, Form{16, 1, 2, false, true}}) {
         CudaBackend bc(fm.on(o));
         for (TernaryMatrix* m : {&gate, &up, &down}) bc.prepare_matrix(*m);
         const CudaBackend::FfnKernelRun fc = bc.run_ffn_kernel(twice, 2, x.data(), sg, c.n, true, 0);
         const std::string form = what + " b_copy " + std::to_string(fm.copy) + ", " + std::to_string(fm.rows) +
                                  "-row stages, balance " + std::to_string(fm.balance) +
-                                 (fm.release ? ", release arrival" : "");
+                                 (fm.release ? ", release arrival" : "") + (fm.reduce ? ", own sum" : "");
         ASSERT_TRUE(fc.ran) << form;
         EXPECT_TRUE(bit_equal(f1.y, fc.y) && bit_equal(f1.gu, fc.gu)) << form << ": differs from b_copy 0";
+        if (fm.reduce) {
+          EXPECT_TRUE(bit_equal(fc.y, fc.parts_sum)) << form << ": the kernel's sum differs from its partials' sum";
+          EXPECT_EQ(fc.counters.size(), size_t(2 * (c.F / 1024) + (c.D + 31) / 32)) << form;
+        }
         for (size_t i = 0; i < fc.counters.size(); ++i) EXPECT_EQ(fc.counters[i], 0) << form << ": counter " << i;
       }
       EXPECT_TRUE(bit_equal(f1.y, f12.y)) << what << ": the second FFN of a graph differs";
@@ -287,6 +293,17 @@ TEST(CudaPolicy, FfnFusedSupportedShapes) {
   d.F = 17408;
   EXPECT_TRUE(cuda::ffn_fused_supported(d, 132));
   EXPECT_FALSE(cuda::ffn_fused_supported(d, 16));  // 17 groups need 17 blocks
+  // round 37: the kernel's own sum needs its tile counters, and the whole FFN (a timing phase would leave y unwritten)
+  d.y = reinterpret_cast<float*>(16);
+  EXPECT_FALSE(cuda::ffn_fused_supported(d, 132));
+  d.tile_count = reinterpret_cast<int32_t*>(16);
+  EXPECT_TRUE(cuda::ffn_fused_supported(d, 132));
+  d.phases = 2;
+  EXPECT_FALSE(cuda::ffn_fused_supported(d, 132));
+  d.phases = 3;
+  d.y = nullptr;
+  EXPECT_FALSE(cuda::ffn_fused_supported(d, 132));
+  d.tile_count = nullptr;
   d.n = 2048;
   EXPECT_FALSE(cuda::ffn_fused_supported(d, 132));  // the site's block must fit a chunk
   d.n = 1024;

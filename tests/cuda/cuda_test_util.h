@@ -182,15 +182,17 @@ inline std::vector<float> f16_reference(const TernaryMatrix& w, const std::vecto
 }
 
 // One form of the fused batch-1 FFN (CudaBackend::Options::ffn_*), as the FFN tests and the kernel bench sweep them:
-// stage rows, ffn_down's copy form, the balance mode and the barrier's release arrival.
+// stage rows, ffn_down's copy form, the balance mode, the barrier's release arrival and the kernel's own sum of the
+// partials (round 37).
 struct FfnForm {
   int rows = 32, copy = 2, balance = 0;
-  bool release = false;
+  bool release = false, reduce = false;
   CudaBackend::Options on(CudaBackend::Options o) const {
     o.ffn_rows = rows;
     o.ffn_b_copy = copy;
     o.ffn_balance = balance;
     o.ffn_release = release;
+    o.ffn_reduce = reduce;
     return o;
   }
 };

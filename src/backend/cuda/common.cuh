@@ -47,6 +47,15 @@ __device__ __forceinline__ void red_release_add(int32_t* p, int n) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(n) : "memory");
 }
 
+// A last-arriver count (round 37): adds n at p with acq_rel semantics (gpu scope) and returns the old value, so the
+// thread that completes a count sees what every earlier arriver published before its add (their releases), as
+// red_release_add's arrival does for a poll. Called after a barrier of the threads whose stores it publishes.
+__device__ __forceinline__ int atom_add_acq_rel(int32_t* p, int n) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(n) : "memory");
+  return old;
+}
+
 // A software barrier's exit, after the poll of pair[0] above: counts this block out in pair[1]; the last of the n blocks
 // to leave (every one past its poll) zeroes both, so the next launch finds them zero.
 __device__ __forceinline__ void depart_and_reset(int32_t* pair, int n) {

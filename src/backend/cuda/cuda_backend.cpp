@@ -137,6 +137,7 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   if (const char* e = std::getenv("BONSAI_CUDA_FFN_BALANCE"); e && *e) o.ffn_balance = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_FFN_BALANCE_W"); e && *e) o.ffn_balance_weight = float(std::atof(e));
   o.ffn_release = flag("BONSAI_CUDA_FFN_RELEASE", o.ffn_release);
+  o.ffn_reduce = flag("BONSAI_CUDA_FFN_REDUCE", o.ffn_reduce);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_ROW_NORM"); e && *e) o.site_row_norm = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_ROW_EARLY"); e && *e) o.site_row_norm_early = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA_ROWS"); e && *e) o.delta_rows = std::atoi(e);
@@ -325,6 +326,7 @@ struct CudaBackend::Impl {
   Scratch delta_out_flags;  // its per-chunk flags int32 [2 Nv Dv / 1024] (zeroed, left zero by each launch)
   std::map<std::array<int64_t, 5>, bool> delta_out_fit;  // (levels, conv, bf16, D, Nv Dv) -> delta_out_resident
   Scratch ffn_parts;       // round 30: ffn_fused's chunk partials float [F / 1024, E] (summed by the next AddNorm site)
+  Scratch ffn_tiles;       // round 37 (Options::ffn_reduce): its tile counters int32 [ceil(E / 32)], zero between launches
   Scratch ffn_cnt;         // its group counters: int32 [2 F / 1024] (zeroed, left zero by each launch)
   bool recording = false;
   std::vector<cuda::Launch> rec;
@@ -1681,9 +1683,18 @@ void CudaBackend::swiglu_ffn(const TernaryMatrix& gate, const TernaryMatrix& up,
   d.signs = I.dev(signs);
   d.parts = static_cast<float*>(I.ensure(I.ffn_parts, size_t(C * E) * 4, "fused FFN partials"));
   d.count = static_cast<int32_t*>(I.ensure(I.ffn_cnt, size_t(2 * C) * 4, "fused FFN counters", true));
+  if (I.opt.ffn_reduce) {  // round 37: the kernel sums the partials into delta itself
+    d.y = delta;
+    d.tile_count = static_cast<int32_t*>(I.ensure(I.ffn_tiles, size_t((E + 31) / 32) * 4, "fused FFN tile counters", true));
+  }
   cuda::Launch l = cuda::ffn_fused_launch(d, sms);
   if (!I.trace_path.empty() && I.recording) I.trace_ffn(l, E, F);
-  I.emit_with_parts(l, delta, d.parts, C, E);
+  if (d.y) {
+    I.emit(l);
+    I.last_matvec = -1;  // no v7 launch to patch with the next product's L2 prefetch
+  } else {
+    I.emit_with_parts(l, delta, d.parts, C, E);
+  }
 }
 
 void CudaBackend::sigmoid_gate_mul(float* x, const float* gate, int64_t n) {
@@ -2287,9 +2298,10 @@ CudaBackend::FfnKernelRun CudaBackend::run_ffn_kernel(const TernaryMatrix* const
   float* parts = allocate(size_t(std::max<int64_t>(C, 1) * D));  // [C, D] chunk partials (fused)
   float* xq2 = allocate(size_t((lv * F + 3) / 4));             // int8 [lv, F] the down input's digits (unfused)
   float* xds2 = allocate(size_t(F / 32));                      // float2 [F/64]
-  float* cnt = allocate(size_t(std::max<int64_t>(2 * C, 1)));  // int32 [2C] the fused kernel's group counters
+  const int64_t n_cnt = std::max<int64_t>(2 * C, 1) + (I.opt.ffn_reduce ? (D + 31) / 32 : 0);
+  float* cnt = allocate(size_t(n_cnt));  // int32 [2C] the fused kernel's group counters, then its tile counters
   float* sg = signs ? allocate(size_t((F + 3) / 4)) : nullptr;  // int8 [F]
-  zero(cnt, size_t(std::max<int64_t>(2 * C, 1)));
+  zero(cnt, size_t(n_cnt));
   auto poison = [&](float* q, int64_t n) { CUDA_CHECK(cudaMemsetAsync(q, 0xff, size_t(n) * 4, I.stream)); };  // NaN
   poison(gu, 2 * F);  // a row no kernel writes shows
   poison(y, D);
@@ -2315,6 +2327,10 @@ CudaBackend::FfnKernelRun CudaBackend::run_ffn_kernel(const TernaryMatrix* const
       d.signs = reinterpret_cast<const int8_t*>(sg);
       d.parts = parts;
       d.count = reinterpret_cast<int32_t*>(cnt);
+      if (I.opt.ffn_reduce) {
+        d.y = y;
+        d.tile_count = reinterpret_cast<int32_t*>(cnt) + std::max<int64_t>(2 * C, 1);
+      }
       d.D = D;
       d.F = F;
       d.n = n;
@@ -2356,12 +2372,18 @@ CudaBackend::FfnKernelRun CudaBackend::run_ffn_kernel(const TernaryMatrix* const
     copy_to_host(gu, out.gu.size(), out.gu.data());
     out.y = std::vector<float>(size_t(D), 0.f);
     if (fused) {
-      out.counters = std::vector<int32_t>(size_t(2 * C));
+      out.counters = std::vector<int32_t>(size_t(n_cnt));  // (C >= 1: the kernel ran)
       CUDA_CHECK(cudaMemcpy(out.counters.data(), cnt, out.counters.size() * 4, cudaMemcpyDeviceToHost));
       std::vector<float> p(size_t(C * D));
       copy_to_host(parts, p.size(), p.data());
-      for (int64_t c = 0; c < C; ++c)
-        for (int64_t i = 0; i < D; ++i) out.y[size_t(i)] += p[size_t(c * D + i)];
+      out.parts_sum = std::vector<float>(size_t(D), 0.f);
+      for (int64_t i = 0; i < D; ++i) {  // the AddNorm site's order: chunk 0, then + chunk 1, ...
+        float v = p[size_t(i)];
+        for (int64_t c = 1; c < C; ++c) v += p[size_t(c * D + i)];
+        out.parts_sum[size_t(i)] = v;
+      }
+      if (I.opt.ffn_reduce) copy_to_host(y, out.y.size(), out.y.data());
+      else out.y = out.parts_sum;
     } else {
       copy_to_host(y, out.y.size(), out.y.data());
     }

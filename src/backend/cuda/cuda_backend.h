@@ -107,6 +107,9 @@ class CudaBackend final : public Backend {
                                // block's gate / up + ffn_down bytes are even; bit-identical. BONSAI_CUDA_FFN_BALANCE
     float ffn_balance_weight = 1.0f;  // balance 2's weight of an ffn_down row against its bytes (a tuning knob for the
                                       // device A/B: 1 = by bytes). BONSAI_CUDA_FFN_BALANCE_W
+    bool ffn_reduce = false;   // round 37: the fused FFN sums its chunk partials itself (cuda::FfnFusedDesc::y), so the
+                               // AddNorm site after it reads one delta, not F / 1,024 partials; the same bits. Built,
+                               // not yet run on a GPU: off. BONSAI_CUDA_FFN_REDUCE=1
     bool ffn_release = true;   // round 36: its barrier's arrival as one red.release (cuda::FfnFusedDesc::release); on
                                // since round 37 (H100: no-weights launch + barrier 5.89 vs 6.18 us, tg128 205.8 / 207.1
                                // vs 204.7 / 204.8 tok/s). BONSAI_CUDA_FFN_RELEASE=0: a fence per lane + relaxed adds
@@ -417,7 +420,10 @@ class CudaBackend final : public Backend {
   // programmatic edges between them. ran = false (nothing run) where the fused kernel does not support the shapes.
   struct FfnKernelRun {
     std::vector<float> gu, y;
-    std::vector<int32_t> counters;  // fused: the group counters after the run (zero unless a launch left them dirty)
+    std::vector<int32_t> counters;  // fused: the group counters after the run (zero unless a launch left them dirty),
+                                    // then (Options::ffn_reduce) the tile counters
+    std::vector<float> parts_sum;   // fused: the host's sum of the last launch's chunk partials in chunk order (y is this
+                                    // unless Options::ffn_reduce: then the kernel's own sum)
     double us = 0;
     bool ran = false;
   };

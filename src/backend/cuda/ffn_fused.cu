@@ -63,6 +63,8 @@ constexpr int kFfnMaxStages = 8;
 constexpr int kFfnSmem = 227 * 1024;               // an sm_90 block's most dynamic shared memory
 constexpr int kFfnMaxGrid = 192;                   // balance != 0: the most blocks (SMs) its table holds
 constexpr int kFfnMaxChunks = 64;                  // F / 1,024 at most with balance != 0
+constexpr int kFfnTileUnits = 4;                   // FfnArgs::y's tiles: 4 8-row units = 32 rows, a lane a row
+constexpr int kFfnReduceBatch = 24;                // its loads in flight a lane (one round trip up to 24 chunks)
 constexpr int kFfnNoSite = 4, kFfnNoBarrier = 8;   // FfnArgs::phases' bench-only flags (with phases 0): the fixed part's parts
 
 struct FfnArgs {
@@ -82,6 +84,8 @@ struct FfnArgs {
   float* parts;           // [C, D] chunk c's share of y
   int32_t* count;         // [2 C] per group: arrivals, departures (zero between launches)
   uint64_t* trace;        // round 36, diagnostic: u64 [blocks, kV7TraceSlots] event times (kernels.h), or null
+  float* y;               // round 37 (FfnFusedDesc::y): [D] the partials' sum, by the kernel's own tile reduction; or null
+  int32_t* tile_count;    // [ceil(D / 32)] 8-row units stored per 32-row tile of D over all chunks (zero between launches)
   int64_t D, F;
   int32_t stages;         // ring depth
   int32_t stage_bytes;    // one stage: phase A words [16 RBA, D/4 B] then scales [16 RBA, D/64 B]; phase B words
@@ -97,10 +101,10 @@ struct FfnArgs {
   uint16_t seq[2 * kFfnMaxGrid];  // balance != 0: block b's phase-A units are [seq[2 b], seq[2 b + 1]) of the sequence
   uint8_t perm[kFfnMaxChunks];    // balance != 0: the sequence's segment k holds chunk perm[k]
   uint8_t pos[kFfnMaxChunks];     // its inverse: chunk c is segment pos[c]
-  uint8_t pad[96];        // explicit: sizeof is a multiple of the tensor maps' 128-byte alignment, no hidden padding
+  uint8_t pad[80];        // explicit: sizeof is a multiple of the tensor maps' 128-byte alignment, no hidden padding
 };
 static_assert(offsetof(FfnArgs, pad) + sizeof(FfnArgs::pad) == sizeof(FfnArgs), "FfnArgs: no tail padding");
-static_assert(offsetof(FfnArgs, gw) == sizeof(FfnArgs::tm) && offsetof(FfnArgs, D) == sizeof(FfnArgs::tm) + 14 * 8 &&
+static_assert(offsetof(FfnArgs, gw) == sizeof(FfnArgs::tm) && offsetof(FfnArgs, D) == sizeof(FfnArgs::tm) + 16 * 8 &&
                   offsetof(FfnArgs, seq) == offsetof(FfnArgs, D) + 16 + 8 * 4 &&
                   offsetof(FfnArgs, perm) == offsetof(FfnArgs, seq) + sizeof(FfnArgs::seq) &&
                   offsetof(FfnArgs, pad) == offsetof(FfnArgs, pos) + kFfnMaxChunks,
@@ -215,6 +219,46 @@ struct FfnPlanA {
     return u + su >= s1;
   }
 };
+
+// Round 37 (FfnArgs::y): the producer warp, its block's phase-B rows [8 ub0, 8 ub1) of parts[c] stored, counts them in on
+// each 32-row tile of D they touch; the block whose count completes a tile (C x its units: every chunk's rows) sums the
+// tile's C partials into y, lane l row l, in chunk order: the AddNorm site's order over parts (site_row_norm_kernel's
+// PARTS), so y + resid there is the same bits. Its count is zeroed for the next launch (which reads it only after its
+// pdl_wait). Why: the site after the FFN summed 17 partials through 5 SMs, latency-bound behind the next product's
+// weight stream (9.2 us against 2.1 for one delta: round 37's chain trace); here the sums run in ~80 blocks at once.
+__device__ __forceinline__ void reduce_tiles(const FfnArgs& a, int D, int C, int ub0, int ub1, int lane) {
+  __syncwarp();  // every lane's parts stores before the lanes' releases (cumulative, as the barrier's arrival)
+  const int U = D / 8, t0 = ub0 / kFfnTileUnits, t1 = (ub1 - 1) / kFfnTileUnits + 1;
+  for (int tb = t0; tb < t1; tb += 32) {
+    const int tile = tb + lane;
+    bool last = false;
+    if (tile < t1) {
+      const int lo = max(ub0, tile * kFfnTileUnits), hi = min(ub1, (tile + 1) * kFfnTileUnits);
+      const int want = C * (min(U, (tile + 1) * kFfnTileUnits) - tile * kFfnTileUnits);
+      last = atom_add_acq_rel(a.tile_count + tile, hi - lo) + (hi - lo) == want;
+    }
+    // The completed tiles one by one, the whole warp on each (the winner's acquire, then the warp barrier, orders the
+    // other lanes' L2 reads after every chunk's stores).
+    for (unsigned m = __ballot_sync(~0u, last); m; m &= m - 1) {
+      const int tl = tb + __ffs(int(m)) - 1, row = tl * 32 + lane;
+      __syncwarp();
+      if (row < D) {
+        float v = __ldcg(a.parts + row);
+        for (int c0 = 1; c0 < C; c0 += kFfnReduceBatch) {
+          float p[kFfnReduceBatch];
+#pragma unroll
+          for (int q = 0; q < kFfnReduceBatch; ++q)
+            if (c0 + q < C) p[q] = __ldcg(a.parts + int64_t(c0 + q) * D + row);
+#pragma unroll
+          for (int q = 0; q < kFfnReduceBatch; ++q)
+            if (c0 + q < C) v += p[q];
+        }
+        a.y[row] = v;
+      }
+      if (lane == 0) a.tile_count[tl] = 0;
+    }
+  }
+}
 
 // RBA: 16-row blocks a warp takes per stage, 1 or 2: phase A's stages of 16 RBA rows (2: as v7's gate+up), phase B's of
 // 80 RBA rows (warp w: row blocks w / 4 + 5 b, b < RBA), so both phases' stages fill the same ring slots.
@@ -380,6 +424,7 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
       }
     }
     wait_once();
+    if (a.y && nB > 0) reduce_tiles(a, D, C, ub0, ub1, lane);
     if (lane == 0) BLOCK_TRACE(a.trace, kV7TrDone);
     return;
   }
@@ -736,7 +781,8 @@ bool ffn_fused_shape_ok(const FfnFusedDesc& d, int sms) {
 
 bool ffn_fused_supported(const FfnFusedDesc& d, int sms) {
   return ffn_fused_shape_ok(d, sms) && d.gate.words && d.up.words && d.down.words && d.xq && d.xds && d.g && d.u &&
-         d.parts && d.count && aligned16(d.g) && aligned16(d.u) && aligned16(d.parts);
+         d.parts && d.count && aligned16(d.g) && aligned16(d.u) && aligned16(d.parts) && (!d.y) == (!d.tile_count) &&
+         (!d.y || d.phases == 3);
 }
 
 Launch ffn_fused_launch(const FfnFusedDesc& d, int sms) {
@@ -755,6 +801,8 @@ Launch ffn_fused_launch(const FfnFusedDesc& d, int sms) {
   a.signs = d.signs;
   a.parts = d.parts;
   a.count = d.count;
+  a.y = d.y;
+  a.tile_count = d.tile_count;
   a.D = d.D;
   a.F = d.F;
   a.stages = sh.stages;

@@ -571,6 +571,9 @@ struct FfnFusedDesc {
   const int8_t* signs = nullptr;    // [F] or null
   float* parts = nullptr;           // [F / 1024, D]
   int32_t* count = nullptr;         // [2 F / 1024]
+  float* y = nullptr;               // round 37: [D] the partials' sum, in chunk order, by the kernel (its blocks sum each
+                                    // 32-row tile once every chunk has stored it); null: parts only (the site sums them)
+  int32_t* tile_count = nullptr;    // with y: [ceil(D / 32)] zero before the first launch, left zero
   int64_t D = 0, F = 0, n = 1024;
   int32_t levels = 2;
   int32_t rows_a = 32;              // rows of a gate / up stage: 16 or 32 (v7's gate+up shape)
