@@ -10,6 +10,9 @@
 # once CudaOps.DeltaStepWithOutProjectionEqualsApart passed (DO_OK), as FFN_FUSED ones need CudaFfnFused (FFN_OK).
 # Round 32: KBENCH2 (an ungated kernel bench) and ABB (batched A/B entries, `--batch ${ABB_BATCH:-32}`). Round 33: TG8K.
 # Round 36: NCU_FFN=1 (below); GDN_PROBE=1: tests/cuda/gdn_mixer_probe.cu, as CLUSTER_PROBE.
+# Round 37: TRACE_ENVS="name:ENV=V,... ..." runs the timeline once per entry (default one run of the defaults: "d:X=1"),
+# each report in $OUT/v7trace_report_<name>.txt; PROF2=1: one decode step's launch order with each kernel's eager time
+# (BONSAI_CUDA_PROFILE=2, graphs off) into $OUT/prof2.txt.
 source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
 device_header "$OUT/gpu.csv"
 start_27b_pack
@@ -78,10 +81,21 @@ done
 [ -n "${MEM_FILTER:-}" ] && SAN_TOOLS=memcheck run_sanitizer "$MEM_FILTER" ${SAN_TIMEOUT:-100}
 stamp "sanitizer"
 if [ "${TRACE:-0}" = 1 ]; then
-  BONSAI_CUDA_MV7_TRACE=$L/v7trace.txt timeout 90 $B/bonsai_trace bench --backend cuda -m "$P27" -p 0 -n 16 -r 1 \
-    > "$L/trace_bench.txt" 2>&1
-  echo "trace rc=$?"; python3 $B/v7_trace_report.py $L/v7trace.txt > "$OUT/v7trace_report.txt" 2>&1; head -50 "$OUT/v7trace_report.txt"
+  for entry in ${TRACE_ENVS:-d:X=1}; do
+    name=${entry%%:*}
+    env $(echo "${entry#*:}" | tr , " ") BONSAI_CUDA_MV7_TRACE=$L/v7trace.txt timeout 90 $B/bonsai_trace bench --backend cuda -m "$P27" \
+      -p 0 -n 16 -r 1 > "$L/trace_bench.txt" 2>&1
+    echo "trace $name rc=$?"
+    python3 $B/v7_trace_report.py $L/v7trace.txt > "$OUT/v7trace_report_$name.txt" 2>&1
+    head -${TRACE_LINES:-50} "$OUT/v7trace_report_$name.txt"
+  done
   stamp "trace"
+fi
+if [ "${PROF2:-0}" = 1 ]; then
+  BONSAI_CUDA_PROFILE=2 BONSAI_CUDA_GRAPHS=0 timeout 90 $B/bonsai bench --backend cuda -m "$P27" -p 0 -n 4 -r 1 \
+    > "$OUT/prof2.txt" 2>&1
+  echo "prof2 rc=$?"; grep -n "launch order" "$OUT/prof2.txt"
+  stamp "prof2"
 fi
 # Round 36: NCU_FFN=1: Nsight Compute on one fused-FFN launch of the 27b decode (eager, past the first tokens), alone
 # (ncu serialises the launches): its duration, DRAM / SM throughput and warp stalls (phase A streams at ~65 % of the
