@@ -138,6 +138,7 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   if (const char* e = std::getenv("BONSAI_CUDA_FFN_BALANCE_W"); e && *e) o.ffn_balance_weight = float(std::atof(e));
   o.ffn_release = flag("BONSAI_CUDA_FFN_RELEASE", o.ffn_release);
   o.ffn_reduce = flag("BONSAI_CUDA_FFN_REDUCE", o.ffn_reduce);
+  if (const char* e = std::getenv("BONSAI_CUDA_FFN_EARLY"); e && *e) o.ffn_early = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_ROW_NORM"); e && *e) o.site_row_norm = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_ROW_EARLY"); e && *e) o.site_row_norm_early = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_DELTA_ROWS"); e && *e) o.delta_rows = std::atoi(e);
@@ -349,6 +350,7 @@ struct CudaBackend::Impl {
     d.balance = opt.ffn_balance;
     d.balance_weight = opt.ffn_balance_weight;
     d.release = opt.ffn_release;
+    d.early = opt.ffn_early;
     if (d.balance != 0 && !cuda::ffn_fused_shape_ok(d, sms)) d.balance = 0;
   }
   // Options::row_units where it pays: GEMM v3's scaling. Under --act f16 GEMM v4 has no per-group scaling to save and

@@ -110,6 +110,8 @@ class CudaBackend final : public Backend {
     bool ffn_reduce = false;   // round 37: the fused FFN sums its chunk partials itself (cuda::FfnFusedDesc::y), so the
                                // AddNorm site after it reads one delta, not F / 1,024 partials; the same bits. Built,
                                // not yet run on a GPU: off. BONSAI_CUDA_FFN_REDUCE=1
+    int ffn_early = -1;        // round 37: its stages streamed before its wait for the kernel before it (-1: the whole
+                               // ring; cuda::FfnFusedDesc::early). BONSAI_CUDA_FFN_EARLY
     bool ffn_release = true;   // round 36: its barrier's arrival as one red.release (cuda::FfnFusedDesc::release); on
                                // since round 37 (H100: no-weights launch + barrier 5.89 vs 6.18 us, tg128 205.8 / 207.1
                                // vs 204.7 / 204.8 tok/s). BONSAI_CUDA_FFN_RELEASE=0: a fence per lane + relaxed adds

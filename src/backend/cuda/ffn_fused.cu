@@ -98,14 +98,17 @@ struct FfnArgs {
                           // site and the barrier off phase 0 too (kFfnNoSite, kFfnNoBarrier)
   int32_t balance;        // phase A's rows (FfnFusedDesc::balance): 0 the group's chunk over its blocks, else seq / perm
   int32_t release;        // 1: the barrier's arrival as one red.release by lane 0 (FfnFusedDesc::release; round 36)
+  int32_t early;          // round 37 (FfnFusedDesc::early): stages the producer issues before its pdl_wait (>= ST: all
+                          // the ring's, round 30's form)
+  int32_t reserved;       // (zero: keeps the fields hole-free)
   uint16_t seq[2 * kFfnMaxGrid];  // balance != 0: block b's phase-A units are [seq[2 b], seq[2 b + 1]) of the sequence
   uint8_t perm[kFfnMaxChunks];    // balance != 0: the sequence's segment k holds chunk perm[k]
   uint8_t pos[kFfnMaxChunks];     // its inverse: chunk c is segment pos[c]
-  uint8_t pad[80];        // explicit: sizeof is a multiple of the tensor maps' 128-byte alignment, no hidden padding
+  uint8_t pad[72];        // explicit: sizeof is a multiple of the tensor maps' 128-byte alignment, no hidden padding
 };
 static_assert(offsetof(FfnArgs, pad) + sizeof(FfnArgs::pad) == sizeof(FfnArgs), "FfnArgs: no tail padding");
 static_assert(offsetof(FfnArgs, gw) == sizeof(FfnArgs::tm) && offsetof(FfnArgs, D) == sizeof(FfnArgs::tm) + 16 * 8 &&
-                  offsetof(FfnArgs, seq) == offsetof(FfnArgs, D) + 16 + 8 * 4 &&
+                  offsetof(FfnArgs, seq) == offsetof(FfnArgs, D) + 16 + 10 * 4 &&
                   offsetof(FfnArgs, perm) == offsetof(FfnArgs, seq) + sizeof(FfnArgs::seq) &&
                   offsetof(FfnArgs, pad) == offsetof(FfnArgs, pos) + kFfnMaxChunks,
               "FfnArgs: no holes between the fields (equal arguments must be equal bytes)");
@@ -350,6 +353,9 @@ __global__ __launch_bounds__((kFfnWarps + 1) * 32, 1) void ffn_fused_kernel(cons
         if (lane == 0 && i - ST < kV7TrMaxStages) BLOCK_TRACE(a.trace, kV7TrEmpty0 + i - ST);
       }
       if (i < n) {
+        // Round 37: the first `early` stages stream before the wait, the rest after it: a ring's worth of copies in
+        // flight while the kernel before this one completes may delay its completion (its last stores queue behind them).
+        if (i == a.early) wait_once();
         int o, r0, nrow;
         stage_at(i, o, r0, nrow);
         unsigned char* st = ring + size_t(s) * a.stage_bytes;
@@ -812,6 +818,7 @@ Launch ffn_fused_launch(const FfnFusedDesc& d, int sms) {
   a.b_copy = d.b_copy;
   a.phases = d.phases;
   a.release = d.release ? 1 : 0;
+  a.early = d.early < 0 ? sh.stages : d.early;
   put_balance(a, d, sms);
   if (d.b_copy == 2) down_maps(d, a.tm);
   const void* f = ffn_fused_kernel_for(d.levels, d.rows_a);

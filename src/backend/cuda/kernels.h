@@ -588,6 +588,8 @@ struct FfnFusedDesc {
   bool release = false;             // round 36: the group barrier's arrival as one red.release by the producer's lane 0
                                     // after a warp barrier, not a fence in every lane and a relaxed add. Same values.
                                     // The backend's default since round 37 (Options::ffn_release).
+  int32_t early = -1;               // round 37: ring stages streamed before the kernel's wait for its predecessor (-1: the
+                                    // whole ring, round 30's form); the same values
   float balance_weight = 1.0f;      // balance 2: an ffn_down row's weight against its bytes (0 = balance 1's even
                                     // gate / up shares; 0-4)
 };
