@@ -125,7 +125,7 @@ TEST(CudaModel, TinyPackMatchesReference) {
     const char* name;
     CudaBackend::Options o;
   };
-  std::vector<Config> configs(34);
+  std::vector<Config> configs(35);
   configs[0].name = "default";  // q16
   configs[1].name = "no-graphs";
   configs[1].o.graphs = false;
@@ -207,6 +207,8 @@ TEST(CudaModel, TinyPackMatchesReference) {
   configs[32].o.ffn_reduce = true;
   configs[33].name = "ffn-fused early 1";  // round 37: one stage streamed before the wait, the rest after
   configs[33].o.ffn_early = 1;
+  configs[34].name = "v7 early 1";  // round 37: the products' copies after their wait but the first stage's
+  configs[34].o.matvec7_early = 1;
   std::vector<ModelRun> runs;
   std::vector<uint64_t> nodes;
   for (const Config& cfg : configs) {
@@ -249,6 +251,7 @@ TEST(CudaModel, TinyPackMatchesReference) {
   EXPECT_EQ(runs.at(0).logits, runs.at(32).logits) << "the partials summed by the FFN kernel, in the site's order";
   EXPECT_EQ(nodes.at(32), nodes.at(0));
   EXPECT_EQ(runs.at(0).logits, runs.at(33).logits) << "the FFN's copies issued after its wait";
+  EXPECT_EQ(runs.at(0).logits, runs.at(34).logits) << "v7's copies issued after its wait";
   // the fused out projection ran: 3 GDN layers x (the step, gdn_out -> one launch) fewer; the conv: one fewer each;
   // both (with the fused FFN, the default): 3 + 3
   EXPECT_EQ(nodes.at(23) + 3, nodes.at(0));

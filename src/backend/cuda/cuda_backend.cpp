@@ -117,6 +117,7 @@ CudaBackend::Options cuda_options(int device, const std::string& activations) {
   o.matvec7 = flag("BONSAI_CUDA_MV7", o.matvec7);
   if (const char* e = std::getenv("BONSAI_CUDA_MV7_K32"); e && *e) o.matvec7_k32 = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_MV7_FIRST"); e && *e) o.matvec7_first = std::atoi(e);
+  if (const char* e = std::getenv("BONSAI_CUDA_MV7_EARLY"); e && *e) o.matvec7_early = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_PROLOGUE"); e && *e) o.site_prologue = std::atoi(e);
   if (const char* e = std::getenv("BONSAI_CUDA_SITE_EARLY"); e && *e) o.site_early = std::atoi(e);
   o.site_row = flag("BONSAI_CUDA_SITE_ROW", o.site_row);
@@ -397,7 +398,7 @@ struct CudaBackend::Impl {
     const int cfg6 = opt.matvec6_cfg == 0 && opt.matvec7 ? (opt.matvec7_k32 == 0 ? 11 : opt.matvec7_k32 == 2 ? 8 : 14) : opt.matvec6_cfg;
     if (opt.matvec == 6 && cuda::matvec6_supported(M, lv, K) && (M > 1 || K <= 8192 || cfg6 != 0))
       return out.push_back(cuda::matvec6_launch(t, n, K, xq, xds, M, lv, sms, cfg6, 1, nullptr, nullptr, true,
-                                                opt.matvec7_first));
+                                                opt.matvec7_first, opt.matvec7_early));
     // Batched decode (matvec_mma_batch.cu): the tensor-core kernel with a column per activation plane, above v6's M
     // up to 8 tokens and for products of >= 4 row blocks of 16 per SM, where it measured faster than v3 (H200 round 9,
     // us, mvb / v3 at M8 q16: gate+up 46.9 / 71.6, qkv+z 17.9 / 24.0, head 252 / 360; slower on the 5,120-row

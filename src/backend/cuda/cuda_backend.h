@@ -165,6 +165,8 @@ class CudaBackend final : public Backend {
                                      // of the same rows), else slice major (BONSAI_CUDA_MV6_SPLIT_ILV=0)
     int matvec7_first = -1;    // round 15: rows of a v7 block's first stage: -1 = its ragged remainder (it ended the block
                                // before: tg128 +0.8 % in one H200 call), 0 = a whole stage, N = N rows; BONSAI_CUDA_MV7_FIRST
+    int matvec7_early = -1;    // round 37: stages a plain v7 block streams before its wait for the kernel before it (-1:
+                               // the whole ring; a diagnostic for the chain's small kernels); BONSAI_CUDA_MV7_EARLY
     bool matvec7 = true;       // round 10: with matvec6_cfg 0, the bulk-copy-ring matvec v7 (matvec_mma.cu, cfg 8) wherever
                                // v6 serves, and for one token over K > 8,192 (ffn_down) instead of v3: the default since
                                // the same-call A/B on the H200 (tg128 185.9 vs 163.3 / 172.0 tok/s for v6 + v3, 8k

@@ -154,7 +154,9 @@ bool matvec6_supported(int64_t M, int levels, int64_t K);
 // order (a block reads contiguous stretches of the same rows, as unsplit), else slice major.
 Launch matvec6_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
                       int levels, int sms, int cfg = 0, int split = 1, float* part = nullptr, int32_t* counters = nullptr,
-                      bool interleave = true, int v7_first = -1);
+                      bool interleave = true, int v7_first = -1, int v7_early = -1);
+// v7_early (round 37; CudaBackend::Options::matvec7_early): stages a plain v7 block streams before its wait for the
+// kernel before it (-1: the whole ring, as before).
 // v7_first (round 15; CudaBackend::Options::matvec7_first): rows of a v7 block's first stage, -1 = its ragged remainder
 // (units mod the stage's units; none: a whole stage), 0 = a whole stage (the remainder last), N = N rows.
 // Round 24, diagnostic: v7's per-block timeline, in builds with -DBONSAI_V7_TRACE in CMAKE_CUDA_FLAGS (else

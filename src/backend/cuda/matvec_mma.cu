@@ -582,7 +582,8 @@ struct Mv7Args {
   int32_t n_outs, stages;      // stages: ST, the ring depth
   int32_t stage_bytes, words_bytes;  // one stage: words u32 [TR, K/16] then scales fp16 [TR, K/128]
   int32_t xs_bytes;            // activations staged in shared memory (0: read from global memory)
-  int32_t site_early;          // fused site: stages the producer issues before the prologue is done (the rest after)
+  int32_t site_early;          // fused site: stages the producer issues before the prologue is done (the rest after);
+                               // plain (round 37): stages it issues before its pdl_wait (>= stages: the whole ring)
   int32_t first_rows;          // rows of a block's FIRST stage (round 15): -1 = its ragged remainder (units mod TR / 8)
                                // first instead of last, 0 = TR (the remainder last), N = N rows
   SitePrologue site;           // active (M = 1): the consumers compute the activations into the staging area
@@ -674,6 +675,13 @@ __global__ __launch_bounds__((kV7MaxWarps + 1) * 32, 1) void matvec7_kernel(cons
         if (lane == 0 && i - ST < kV7TrMaxStages) V7_TRACE(kV7TrEmpty0 + i - ST);
       }
       if (i < nt) {
+        // Round 37 (plain instances): the rest of the copies after the wait, so that a ring's worth of copies does not
+        // hold up the completion of the kernel before this one (its last stores queue behind them).
+        if (!SITE && !waited && i == a.site_early && i < ST) {
+          pdl_wait();
+          waited = true;
+          if (lane == 0) V7_TRACE(kV7TrProducerWaited);
+        }
         if (!ready && i >= a.site_early) {  // the rest of the copies once the prologue's loads are done
           mbar_wait(xready, 0);
           ready = true;
@@ -1116,7 +1124,8 @@ int matvec6_split_for(const TernaryDev* outs, int n_outs, int64_t K, int64_t M, 
 }
 
 Launch matvec6_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_t* xq, const float2* xds, int64_t M,
-                      int levels, int sms, int cfg, int split, float* part, int32_t* counters, bool interleave, int v7_first) {
+                      int levels, int sms, int cfg, int split, float* part, int32_t* counters, bool interleave, int v7_first,
+                      int v7_early) {
   Mv6Args a{};
   a.xq = xq;
   a.xds = xds;
@@ -1131,7 +1140,7 @@ Launch matvec6_launch(const TernaryDev* outs, int n_outs, int64_t K, const int8_
   cfg = mv6_resolve_cfg(rows, K, cfg);
   if (cfg >= 8 && cfg <= 14 && split <= 1) {
     Launch l;
-    if (mv7_launch(outs, n_outs, K, xq, xds, M, lv, sms, cfg, nullptr, l, -1, v7_first)) return l;
+    if (mv7_launch(outs, n_outs, K, xq, xds, M, lv, sms, cfg, nullptr, l, v7_early, v7_first)) return l;
     cfg = mv6_resolve_cfg(rows, K, 0);  // a K too long for two stages: v6
   }
   if (split > 1) {
