@@ -123,15 +123,12 @@ int main() {
   float* fsink;
   CK(cudaMalloc(&fsink, 4));
   CK(cudaFuncSetAttribute(ffn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kStages * kStageBytes));
-  cudaStream_t st;
-  CK(cudaStreamCreate(&st));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
+  ProbeTimer tm;
+  CK(tm.init());
+  const cudaStream_t st = tm.st;
   std::printf("device: %d SMs; %d FFNs, %.3f GB (gate+up %.2f MB, down %.2f MB each)\n", sms, kFfns, total / 1e9,
               up / 1e6, down / 1e6);
-  auto time_ms = [&](auto&& run, int reps) { return time_events_ms(st, e0, e1, run, reps); };
-  const double probe_ms = time_ms([&] { read_only<<<4 * sms, 512, 0, st>>>(reinterpret_cast<const float4*>(w), size_t(total) / 16, fsink); }, 5);
+  const double probe_ms = tm.read_ms(w, size_t(total), sms, fsink);
   std::printf("read probe: %.0f GB/s (%.3f ms for these bytes)\n", total / (probe_ms * 1e-3) / 1e9, probe_ms);
   // One graph of the launches of a configuration; returns its ms per token (the 64 FFNs), -1 on an error (printed).
   auto chain = [&](int mode, int cs) -> double {
@@ -168,7 +165,7 @@ int main() {
       std::printf("graph (mode %d, cs %d): %s\n", mode, cs, cudaGetErrorString(cudaGetLastError()));
       return -1;
     }
-    const double ms = time_ms([&] { cudaGraphLaunch(exec, st); }, 10);
+    const double ms = tm.ms([&] { cudaGraphLaunch(exec, st); }, 10);
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(g);
     return ms;

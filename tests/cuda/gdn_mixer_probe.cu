@@ -166,17 +166,14 @@ int main() {
   float* fsink;
   CK(cudaMalloc(&fsink, 4));
   CK(cudaFuncSetAttribute(mixer_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kStages * kStageBytes));
-  cudaStream_t st;
-  CK(cudaStreamCreate(&st));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
+  ProbeTimer tm;
+  CK(tm.init());
+  const cudaStream_t st = tm.st;
   const double moved = double(total) + 2.0 * kLayers * kStateBytes;  // weights once, the state read and written
   std::printf("device: %d SMs; %d GDN mixers, %.3f GB of weights (qkv+z + a / b %.2f MB, gdn_out %.2f MB each) + "
               "state %.2f MB a layer read and written\n",
               sms, kLayers, total / 1e9, abytes / 1e6, bbytes / 1e6, kStateBytes / 1e6);
-  auto time_ms = [&](auto&& run, int reps) { return time_events_ms(st, e0, e1, run, reps); };
-  const double probe_ms = time_ms([&] { read_only<<<4 * sms, 512, 0, st>>>(reinterpret_cast<const float4*>(w), size_t(total) / 16, fsink); }, 5);
+  const double probe_ms = tm.read_ms(w, size_t(total), sms, fsink);
   const double probe_gbs = total / (probe_ms * 1e-3) / 1e9;
   const double floor_ms = moved / (probe_gbs * 1e9) * 1e3;
   std::printf("read probe: %.0f GB/s; these bytes (weights + state twice) take %.3f ms at it\n", probe_gbs, floor_ms);
@@ -215,7 +212,7 @@ int main() {
       std::printf("graph (mode %d): %s\n", mode, cudaGetErrorString(cudaGetLastError()));
       return -1;
     }
-    const double ms = time_ms([&] { cudaGraphLaunch(exec, st); }, 10);
+    const double ms = tm.ms([&] { cudaGraphLaunch(exec, st); }, 10);
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(g);
     return ms;

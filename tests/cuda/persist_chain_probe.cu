@@ -282,16 +282,13 @@ int main() {
   constexpr int kRuns = 16;  // MODE 2 runs per configuration (2 warm-ups + 10 timed): their own zeroed counters
   unsigned* counts;          // [kRuns][2][P] claim, done
   CK(cudaMalloc(&counts, sizeof(unsigned) * 2 * size_t(kRuns) * size_t(P)));
-  cudaStream_t st;
-  CK(cudaStreamCreate(&st));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
+  ProbeTimer tm;
+  CK(tm.init());
+  const cudaStream_t st = tm.st;
   std::printf("device: %d SMs; the chain: %d products, %.3f GB\n", sms, P, double(total) / 1e9);
 
-  auto time_ms = [&](auto&& run, int reps) { return time_events_ms(st, e0, e1, run, reps); };
   // The read probe over the same bytes.
-  const double probe_ms = time_ms([&] { read_only<<<4 * sms, 512, 0, st>>>(reinterpret_cast<const float4*>(w), size_t(total) / 16, fsink); }, 5);
+  const double probe_ms = tm.read_ms(w, size_t(total), sms, fsink);
   const double probe = double(total) / (probe_ms * 1e-3) / 1e9;
   std::printf("read probe: %.0f GB/s (%.3f ms for the chain's bytes)\n", probe, probe_ms);
   auto report = [&](const char* what, double ms) {
@@ -314,7 +311,7 @@ int main() {
     CK(cudaGraphInstantiate(&exec, g, 0));
     char what[96];
     std::snprintf(what, sizeof what, "launches (%d kernels, PDL, one graph; %d x %d KB)", P, S, SB / 1024);
-    report(what, time_ms([&] { cudaGraphLaunch(exec, st); }, 10));
+    report(what, tm.ms([&] { cudaGraphLaunch(exec, st); }, 10));
   }
 
   // Persistent: one kernel of one block per SM; `sites` extra grid barriers per boundary (< 0: none at all).
@@ -330,7 +327,7 @@ int main() {
       const unsigned barriers = sites < 0 ? 0u : unsigned(P - 1) * unsigned(sites) + (mode != 2 ? unsigned(P) : 0u);
       base += barriers * unsigned(sms);
     };
-    const double ms = time_ms(run, 10);
+    const double ms = tm.ms(run, 10);
     char what[128];
     std::snprintf(what, sizeof what, "persistent %s, %d x %d KB, %s",
                   mode == 1 ? "static slices" : (mode == 3 ? "static slices, acq/rel barriers" : "dynamic chunks"),

@@ -46,6 +46,26 @@ double time_events_ms(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, F&& run, 
   return double(ms) / reps;
 }
 
+// The probes' timing rig: a stream and two events. ms(run, reps): time_events_ms on them; read_ms: the plain-load read
+// probe over `bytes` at w (the rate every probe reports against).
+struct ProbeTimer {
+  cudaStream_t st = nullptr;
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  cudaError_t init() {
+    cudaError_t e = cudaStreamCreate(&st);
+    if (e == cudaSuccess) e = cudaEventCreate(&e0);
+    if (e == cudaSuccess) e = cudaEventCreate(&e1);
+    return e;
+  }
+  template <class F>
+  double ms(F&& run, int reps) const {
+    return time_events_ms(st, e0, e1, run, reps);
+  }
+  double read_ms(const void* w, size_t bytes, int sms, float* fsink) const {
+    return ms([&] { read_only<<<4 * sms, 512, 0, st>>>(static_cast<const float4*>(w), bytes / 16, fsink); }, 5);
+  }
+};
+
 // A launch with the programmatic-serialization attribute (PDL: the next kernel may start before this one ends and
 // waits at its griddepcontrol.wait), as the backend launches its kernels.
 template <class... Exp, class... Act>
