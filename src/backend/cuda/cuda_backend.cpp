@@ -632,7 +632,7 @@ struct CudaBackend::Impl {
     if (!slice) return;
     for (auto set : {cuda::site_row_chain_trace, cuda::conv_dense_chain_trace, cuda::delta_chain_trace})
       if (const cuda::ChainKernel k = set(l, slice, cap); k != cuda::ChainKernel::kNone) {
-        trace_meta.push_back({-int64_t(k), 0, int64_t(l.grid.x) * l.grid.y * l.grid.z});
+        trace_meta.push_back({-int64_t(k), 0, cuda::launch_blocks(l)});
         return;
       }
   }
@@ -720,10 +720,12 @@ struct CudaBackend::Impl {
     return true;
   }
   // A launch that leaves its output as n chunk partials [n][stride] (ffn_fused, the delta step's out projection):
-  // dst = their sum is pending, for the AddNorm site that reads dst to take (else parts_sum_launch).
+  // dst = their sum is pending, for the AddNorm site that reads dst to take (else parts_sum_launch). parts null: the
+  // launch wrote dst itself (ffn_fused with FfnFusedDesc::y), nothing pending.
   void emit_with_parts(const cuda::Launch& l, float* dst, float* parts, int64_t n, int64_t stride) {
     emit(l);
     last_matvec = -1;  // no v7 launch to patch with the next product's L2 prefetch
+    if (!parts) return;
     Pending q{PK::Parts};
     q.dst = dst;
     q.src = parts;
@@ -1692,12 +1694,7 @@ void CudaBackend::swiglu_ffn(const TernaryMatrix& gate, const TernaryMatrix& up,
   }
   cuda::Launch l = cuda::ffn_fused_launch(d, sms);
   if (!I.trace_path.empty() && I.recording) I.trace_ffn(l, E, F);
-  if (d.y) {
-    I.emit(l);
-    I.last_matvec = -1;  // no v7 launch to patch with the next product's L2 prefetch
-  } else {
-    I.emit_with_parts(l, delta, d.parts, C, E);
-  }
+  I.emit_with_parts(l, delta, d.y ? nullptr : d.parts, C, E);
 }
 
 void CudaBackend::sigmoid_gate_mul(float* x, const float* gate, int64_t n) {

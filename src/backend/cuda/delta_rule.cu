@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
-#include <cstring>
 #include <iterator>
 #include <stdexcept>
 #include <type_traits>
@@ -895,10 +894,10 @@ ChainKernel delta_chain_trace(Launch& l, uint64_t* trace, int64_t capacity) {
   using OutStep = DeltaOutStepArgs<2, true>;
   static_assert(offsetof(DeltaSiteArgs, a) == 0 && offsetof(ConvStep, s) == 0 && offsetof(OutStep, k) == 0,
                 "DeltaArgs first in every step argument");
-  if (!kBlockTraceCompiled || l.size < sizeof(DeltaArgs) || 3 * int64_t(l.grid.x) * l.grid.y * l.grid.z > capacity ||
+  if (!kBlockTraceCompiled || l.size < sizeof(DeltaArgs) || 3 * launch_blocks(l) > capacity ||
       std::find(std::begin(kSteps), std::end(kSteps), l.func) == std::end(kSteps))
     return ChainKernel::kNone;
-  std::memcpy(l.args + offsetof(DeltaArgs, trace), &trace, sizeof trace);
+  set_arg_field(l, &DeltaArgs::trace, trace);  // (the argument's first bytes: its DeltaArgs)
   return ChainKernel::kDeltaStep;
 }
 

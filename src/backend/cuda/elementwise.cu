@@ -3,7 +3,6 @@
 // not for tricks.
 #include <algorithm>
 #include <cstdlib>
-#include <cstring>
 
 #include "backend/cuda/block_trace.cuh"
 #include "backend/cuda/common.cuh"
@@ -1032,14 +1031,11 @@ Launch probe_launch(const void* buf, int64_t n16, uint32_t* sink, int blocks) {
 }
 
 ChainKernel conv_dense_chain_trace(Launch& l, uint64_t* trace, int64_t capacity) {
-  if (!kBlockTraceCompiled || l.size != sizeof(ConvDenseArgs) || 3 * int64_t(l.grid.x) * l.grid.y * l.grid.z > capacity ||
+  if (!kBlockTraceCompiled || l.size != sizeof(ConvDenseArgs) || 3 * launch_blocks(l) > capacity ||
       (l.func != reinterpret_cast<const void*>(&conv_dense_kernel<true>) &&
        l.func != reinterpret_cast<const void*>(&conv_dense_kernel<false>)))
     return ChainKernel::kNone;
-  ConvDenseArgs a;
-  std::memcpy(&a, l.args, sizeof a);
-  a.trace = trace;
-  std::memcpy(l.args, &a, sizeof a);
+  set_arg_field(l, &ConvDenseArgs::trace, trace);
   return ChainKernel::kConvDense;
 }
 

@@ -717,10 +717,7 @@ bool ffn_fused_set_trace(Launch& l, uint64_t* trace) {
   for (const int lv : {1, 2})
     for (const int rows : {16, 32}) fused = fused || l.func == ffn_fused_kernel_for(lv, rows);
   if (!fused) return false;
-  FfnArgs a;
-  std::memcpy(&a, l.args, sizeof a);
-  a.trace = trace;
-  std::memcpy(l.args, &a, sizeof a);
+  set_arg_field(l, &FfnArgs::trace, trace);
   return true;
 }
 

@@ -48,4 +48,17 @@ Launch make_launch(const void* func, dim3 grid, dim3 block, uint32_t smem, const
   return l;
 }
 
+// Sets field `f` of l's argument (of type A, which l must carry) to v: the diagnostics point a built launch at their
+// trace buffer this way.
+template <class A, class T>
+void set_arg_field(Launch& l, T A::*f, T v) {
+  static_assert(std::is_trivially_copyable_v<A> && sizeof(A) <= kLaunchArgBytes);
+  A a;
+  std::memcpy(&a, l.args, sizeof a);
+  a.*f = v;
+  std::memcpy(l.args, &a, sizeof a);
+}
+
+inline int64_t launch_blocks(const Launch& l) { return int64_t(l.grid.x) * l.grid.y * l.grid.z; }
+
 }  // namespace bonsai::cuda

@@ -1091,10 +1091,7 @@ bool matvec7_trace_compiled() { return kBlockTraceCompiled; }
 
 bool matvec7_set_trace(Launch& l, uint64_t* trace) {
   if (!matvec7_trace_compiled() || !is_matvec7(l)) return false;
-  Mv7Args a;
-  std::memcpy(&a, l.args, sizeof a);
-  a.trace = trace;
-  std::memcpy(l.args, &a, sizeof a);
+  set_arg_field(l, &Mv7Args::trace, trace);
   return true;
 }
 

@@ -8,8 +8,6 @@
 // norm needs the whole row), prefill rows the warp site.
 #include <cooperative_groups.h>
 
-#include <cstring>
-
 #include "backend/cuda/block_trace.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
@@ -215,7 +213,7 @@ Launch site_row_launch(const SiteDesc& d) {
 }
 
 ChainKernel site_row_chain_trace(Launch& l, uint64_t* trace, int64_t capacity) {
-  if (!kBlockTraceCompiled || l.size != sizeof(SiteRowArgs) || 3 * int64_t(l.grid.x) * l.grid.y * l.grid.z > capacity)
+  if (!kBlockTraceCompiled || l.size != sizeof(SiteRowArgs) || 3 * launch_blocks(l) > capacity)
     return ChainKernel::kNone;
   ChainKernel kind = ChainKernel::kNone;
   for (int p = 0; p < 2; ++p)
@@ -225,11 +223,7 @@ ChainKernel site_row_chain_trace(Launch& l, uint64_t* trace, int64_t capacity) {
   if (l.func == reinterpret_cast<const void*>(&site_row_kernel<1>) ||
       l.func == reinterpret_cast<const void*>(&site_row_kernel<2>))
     kind = ChainKernel::kRowSite;
-  if (kind == ChainKernel::kNone) return kind;
-  SiteRowArgs a;
-  std::memcpy(&a, l.args, sizeof a);
-  a.trace = trace;
-  std::memcpy(l.args, &a, sizeof a);
+  if (kind != ChainKernel::kNone) set_arg_field(l, &SiteRowArgs::trace, trace);
   return kind;
 }
 
